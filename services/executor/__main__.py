@@ -1,0 +1,7 @@
+"""``python -m services.executor``"""
+
+from services.executor import app
+from shared import service
+
+if __name__ == "__main__":
+    service.main("executor", service.plain("executor", app.setup))

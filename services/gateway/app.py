@@ -1,0 +1,102 @@
+"""Wiring of the gateway: HTTP app (REST + OpenAPI + health) served by uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import msgspec
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from services.gateway import auth, bus_client, openapi, rest, schemas
+from shared import projections, projector, service, settings
+
+log = structlog.get_logger(__name__)
+
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json"})
+
+
+def build_app(
+    gateway: settings.GatewaySettings, ctx: service.Context, api: rest.SessionsAPI
+) -> auth.BearerAuth:
+    spec = msgspec.json.encode(openapi.document(service.VERSION))
+
+    async def openapi_json(_: Request) -> Response:
+        return Response(spec, media_type="application/json")
+
+    async def healthz(_: Request) -> Response:
+        body = schemas.Health(status=ctx.status, instance=ctx.settings.instance, version=service.VERSION)
+        return rest.json_response(body, 200 if ctx.status == "ok" else 503)
+
+    routes = [
+        Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id)
+        for op in rest.OPERATIONS
+    ]
+    routes += [Route("/openapi.json", openapi_json), Route("/healthz", healthz)]
+    return auth.BearerAuth(Starlette(routes=routes), auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the service runner owns SIGTERM."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
+    async def setup(ctx: service.Context) -> service.Workload:
+        sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
+        client = bus_client.CommandClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
+        app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions))
+        server = _Server(
+            uvicorn.Config(
+                app,
+                host=gateway.host,
+                port=gateway.port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+                timeout_graceful_shutdown=int(ctx.settings.drain_timeout),
+            )
+        )
+        served = asyncio.Event()
+
+        async def serve() -> None:
+            try:
+                await server.serve()
+            finally:
+                served.set()
+            if not server.should_exit:
+                raise RuntimeError("HTTP server stopped unexpectedly")
+            await asyncio.Event().wait()  # stopped on purpose: wait to be cancelled
+
+        async def announce() -> None:
+            while not server.started:
+                if served.is_set():
+                    raise RuntimeError(f"could not listen on {gateway.host}:{gateway.port}")
+                await asyncio.sleep(0.01)
+            host, port = server.servers[0].sockets[0].getsockname()[:2]
+            url = f"http://{host}:{port}"
+            ctx.details["url"] = url
+            log.info("gateway.listening", url=url)
+            await asyncio.Event().wait()
+
+        async def stop_listening() -> None:
+            server.should_exit = True
+            await served.wait()
+
+        return service.Workload(tasks=[serve(), announce()], on_drain=[stop_listening])
+
+    return setup
+
+
+def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
+    gateway = settings.GatewaySettings.from_env(env)
+    return gateway.base, make_setup(gateway)

@@ -1,0 +1,79 @@
+"""The OpenAPI document, generated from :data:`rest.OPERATIONS` and the msgspec types."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from services.gateway import rest, schemas
+
+REF = "#/components/schemas/{name}"
+
+
+def document(version: str) -> dict[str, Any]:
+    types: list[Any] = [schemas.Health]
+    for op in rest.OPERATIONS:
+        if op.body is not None:
+            types.append(op.body)
+        types.extend(t for t, _ in op.responses.values() if t is not None)
+    unique = list(dict.fromkeys(types))
+    refs, components = msgspec.json.schema_components(unique, ref_template=REF)
+    ref_of = dict(zip(unique, refs, strict=True))
+
+    paths: dict[str, dict[str, Any]] = {}
+    for op in rest.OPERATIONS:
+        entry: dict[str, Any] = {
+            "operationId": op.operation_id,
+            "summary": op.summary,
+            "tags": ["sessions"],
+            "parameters": [
+                {
+                    "name": p.name,
+                    "in": p.where,
+                    "description": p.description,
+                    "required": p.required or p.where == "path",
+                    "schema": p.schema,
+                }
+                for p in op.params
+            ],
+            "responses": {
+                str(status): {
+                    "description": description,
+                    **({"content": {"application/json": {"schema": ref_of[t]}}} if t is not None else {}),
+                }
+                for status, (t, description) in sorted(op.responses.items())
+            },
+        }
+        if op.body is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": ref_of[op.body]}},
+            }
+        paths.setdefault(op.path, {})[op.method.lower()] = entry
+    paths["/healthz"] = {
+        "get": {
+            "operationId": "health",
+            "summary": "Liveness of this gateway instance (no key needed)",
+            "tags": ["operations"],
+            "security": [],
+            "responses": {
+                "200": {"description": "Serving.", "content": {"application/json": {"schema": ref_of[schemas.Health]}}},
+                "503": {"description": "Draining or starting."},
+            },
+        }
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Cloud Agent Sandbox control plane",
+            "version": version,
+            "description": "Session registry. Every call needs `Authorization: Bearer <SANDBOX_API_KEY>`.",
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{"apiKey": []}],
+    }

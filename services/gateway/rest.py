@@ -1,0 +1,226 @@
+"""The session registry's REST endpoints, declared once for routing and OpenAPI."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.gateway import bus_client, schemas
+from shared import commands, errors, ids, projector, states
+
+log = structlog.get_logger(__name__)
+
+MAX_BODY = 64 * 1024
+LIST_LIMIT_MAX = 1000
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+_encoder = msgspec.json.Encoder()
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def json_response(body: msgspec.Struct | None, status: int = 200, **headers: str) -> Response:
+    content = _encoder.encode(body) if body is not None else b""
+    return Response(content, status, media_type="application/json" if body is not None else None, headers=headers)
+
+
+def problem(exc: errors.SandboxError) -> Response:
+    status = exc.status if exc.status >= 400 else 500
+    return json_response(
+        schemas.Problem(error=exc.code, message=exc.message, status=status, retriable=exc.retriable),
+        status,
+        **({"retry-after": "1"} if exc.retriable else {}),
+    )
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    where: str  # "path" | "query" | "header"
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    operation_id: str
+    summary: str
+    handler_name: str
+    responses: dict[int, tuple[type | None, str]]
+    body: type | None = None
+    params: tuple[Param, ...] = ()
+
+
+SESSION_ID_PARAM = Param("session_id", "path", "The session id.", {"type": "string"}, required=True)
+ATTRIBUTION = (
+    Param("X-Org-Id", "header", "Organisation to attribute the session to (recorded on events)."),
+    Param("X-User-Id", "header", "User to attribute the session to (recorded on events)."),
+)
+IDEMPOTENCY = Param(
+    "Idempotency-Key",
+    "header",
+    "Makes retries of a write safe: the same key never causes a second transition.",
+)
+COMMON_ERRORS: dict[int, tuple[type | None, str]] = {
+    400: (schemas.Problem, "Invalid input; nothing was changed."),
+    401: (schemas.Problem, "Missing or wrong API key."),
+    503: (schemas.Problem, "The scheduler or NATS is unavailable; retry."),
+}
+
+OPERATIONS: tuple[Operation, ...] = (
+    Operation(
+        "POST", "/v1/sessions", "createSession", "Register a session id",
+        "create_session", {201: (schemas.Session, "Created."), 409: (schemas.Problem, "The session exists."), **COMMON_ERRORS},
+        body=schemas.CreateSessionRequest, params=(*ATTRIBUTION, IDEMPOTENCY),
+    ),
+    Operation(
+        "GET", "/v1/sessions", "listSessions", "List sessions (deleted ones only when asked for)",
+        "list_sessions", {200: (schemas.SessionList, "Matching sessions, oldest first."), **COMMON_ERRORS},
+        params=(
+            Param("status", "query", "Only sessions in this status.", {"type": "string", "enum": ["active", "stopped", "deleted"]}),
+            Param("org_id", "query", "Only sessions of this organisation."),
+            Param("user_id", "query", "Only sessions of this user."),
+            Param("limit", "query", "At most this many (default 100).", {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX}),
+        ),
+    ),
+    Operation(
+        "GET", "/v1/sessions/{session_id}", "getSession", "Get one session",
+        "get_session", {200: (schemas.Session, "The session."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        params=(SESSION_ID_PARAM,),
+    ),
+    Operation(
+        "POST", "/v1/sessions/{session_id}/stop", "stopSession", "Stop a session (idempotent)",
+        "stop_session", {200: (schemas.Session, "Stopped (or already stopped)."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+    Operation(
+        "DELETE", "/v1/sessions/{session_id}", "deleteSession", "Delete a session",
+        "delete_session", {204: (None, "Deleted."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+)
+
+
+class SessionsAPI:
+    def __init__(
+        self,
+        client: bus_client.CommandClient,
+        sessions: projector.ProjectionStore[states.SessionState],
+    ) -> None:
+        self.client = client
+        self.sessions = sessions
+
+    # ---- request helpers -------------------------------------------------------
+
+    @staticmethod
+    def _command_fields(request: Request, *, org_id: str | None = None, user_id: str | None = None) -> dict[str, Any]:
+        key = request.headers.get("idempotency-key")
+        request_id = request.headers.get("x-request-id")
+        if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
+            raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+        actor = commands.Actor(
+            via="rest",
+            org_id=ids.validate_attribution(org_id or request.headers.get("x-org-id"), what="org id"),
+            user_id=ids.validate_attribution(user_id or request.headers.get("x-user-id"), what="user id"),
+        )
+        return {
+            "command_id": ids.validate_idempotency_key(key) if key is not None else ids.new_id(),
+            "correlation_id": request_id or ids.new_id(),
+            "actor": actor,
+        }
+
+    @staticmethod
+    def _path_session_id(request: Request) -> str:
+        return ids.validate_session_id(request.path_params["session_id"])
+
+    @staticmethod
+    async def _body(request: Request, body_type: type[Any]) -> Any:
+        raw = await request.body()
+        if len(raw) > MAX_BODY:
+            raise errors.InvalidInput(f"request body is larger than {MAX_BODY} bytes")
+        if not raw:
+            raise errors.InvalidInput("request body is empty; send a JSON object")
+        try:
+            return msgspec.json.decode(raw, type=body_type)
+        except msgspec.ValidationError as exc:
+            raise errors.InvalidInput(f"invalid request body: {exc}") from None
+        except msgspec.DecodeError as exc:
+            raise errors.InvalidInput(f"request body is not valid JSON: {exc}") from None
+
+    # ---- operations ------------------------------------------------------------
+
+    async def create_session(self, request: Request) -> Response:
+        body: schemas.CreateSessionRequest = await self._body(request, schemas.CreateSessionRequest)
+        command = commands.CreateSession(
+            session_id=ids.validate_session_id(body.session_id),
+            image=ids.validate_image(body.image),
+            **self._command_fields(request, org_id=body.org_id, user_id=body.user_id),
+        )
+        state = await self.client.session(command)
+        assert state is not None
+        return json_response(schemas.Session.of(state), 201, location=f"/v1/sessions/{state.session_id}")
+
+    async def list_sessions(self, request: Request) -> Response:
+        query = request.query_params
+        status = query.get("status")
+        if status not in (None, "active", "stopped", "deleted"):
+            raise errors.InvalidInput("status must be one of: active, stopped, deleted")
+        raw_limit = query.get("limit", "100")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_LIMIT_MAX:
+            raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
+        org_id, user_id = query.get("org_id"), query.get("user_id")
+        matched = sorted(
+            (
+                s
+                for s in (await self.sessions.all()).values()
+                if (s.status == status if status else s.status != "deleted")
+                and (org_id is None or s.org_id == org_id)
+                and (user_id is None or s.user_id == user_id)
+            ),
+            key=lambda s: (s.created_at, s.session_id),
+        )
+        return json_response(
+            schemas.SessionList(
+                sessions=[schemas.Session.of(s) for s in matched[: int(raw_limit)]], count=len(matched)
+            )
+        )
+
+    async def get_session(self, request: Request) -> Response:
+        session_id = self._path_session_id(request)
+        state = await self.sessions.get(session_id)
+        if state is None or state.status == "deleted":
+            raise errors.NotFound(f"session {session_id!r} does not exist")
+        return json_response(schemas.Session.of(state))
+
+    async def stop_session(self, request: Request) -> Response:
+        command = commands.StopSession(session_id=self._path_session_id(request), **self._command_fields(request))
+        state = await self.client.session(command)
+        assert state is not None
+        return json_response(schemas.Session.of(state))
+
+    async def delete_session(self, request: Request) -> Response:
+        command = commands.DeleteSession(session_id=self._path_session_id(request), **self._command_fields(request))
+        await self.client.session(command)
+        return json_response(None, 204)
+
+    def endpoint(self, operation: Operation) -> Handler:
+        handler: Handler = getattr(self, operation.handler_name)
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except errors.SandboxError as exc:
+                if exc.status >= 500:
+                    log.warning("rest.failed", operation=operation.operation_id, code=exc.code, error=exc.message)
+                return problem(exc)
+
+        return endpoint

@@ -1,0 +1,7 @@
+"""``python -m services.reaper``"""
+
+from services.reaper import app
+from shared import service
+
+if __name__ == "__main__":
+    service.main("reaper", service.plain("reaper", app.setup))

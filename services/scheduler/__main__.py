@@ -1,0 +1,7 @@
+"""``python -m services.scheduler``"""
+
+from services.scheduler import app
+from shared import service
+
+if __name__ == "__main__":
+    service.main("scheduler", service.plain("scheduler", app.setup))

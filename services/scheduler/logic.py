@@ -1,0 +1,55 @@
+"""Pure session decisions: ``decide(state, command, meta) -> events``.
+
+No I/O and no clock: the caller supplies ``meta`` (which carries the time).
+A command whose id caused the state's last event is a duplicate and decides
+nothing, which makes redelivery harmless.
+"""
+
+from __future__ import annotations
+
+from shared import commands, errors, events, ids, states
+
+
+def validate(command: commands.SessionCommand) -> None:
+    """Reject malformed commands before any state is read (never trust the bus)."""
+    ids.validate_session_id(command.session_id)
+    ids.validate_attribution(command.actor.org_id, what="org id")
+    ids.validate_attribution(command.actor.user_id, what="user id")
+    if isinstance(command, commands.CreateSession):
+        ids.validate_image(command.image)
+
+
+def decide(
+    state: states.SessionState | None,
+    command: commands.SessionCommand,
+    meta: events.Meta,
+) -> list[events.SessionEvent]:
+    if state is not None and state.last_command_id == command.command_id:
+        return []
+    exists = state is not None and state.status != "deleted"
+    sid = command.session_id
+    match command:
+        case commands.CreateSession():
+            if exists:
+                assert state is not None
+                raise errors.Conflict(f"session {sid!r} already exists (status: {state.status})")
+            return [
+                events.SessionCreated(
+                    meta=meta,
+                    session_id=sid,
+                    image=command.image,
+                    org_id=command.actor.org_id,
+                    user_id=command.actor.user_id,
+                )
+            ]
+        case commands.StopSession():
+            if not exists:
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            assert state is not None
+            if state.status == "stopped":
+                return []
+            return [events.SessionStopped(meta=meta, session_id=sid)]
+        case commands.DeleteSession():
+            if not exists:
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            return [events.SessionDeleted(meta=meta, session_id=sid)]

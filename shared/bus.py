@@ -1,0 +1,74 @@
+"""Connecting to NATS and creating the stream and buckets, idempotently.
+
+Whichever process starts first creates the topology; the rest find it. A
+definition that changed between versions is updated in place for the event
+stream; buckets keep their existing definition (with a warning).
+"""
+
+from __future__ import annotations
+
+import nats
+import nats.js.errors
+import structlog
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from shared import errors, eventstore, settings, subjects
+
+log = structlog.get_logger(__name__)
+
+STREAM_NAME_IN_USE = 10058
+
+
+async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: float = 5.0) -> Client:
+    """Connect with unlimited reconnects; raise Unavailable if the first connect fails."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats.error", error=str(exc))
+
+    async def on_disconnected() -> None:
+        log.warning("nats.disconnected")
+
+    async def on_reconnected() -> None:
+        log.info("nats.reconnected")
+
+    try:
+        return await nats.connect(
+            servers=[s.strip() for s in bus.nats_url.split(",") if s.strip()],
+            name=name,
+            connect_timeout=connect_timeout,
+            allow_reconnect=True,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
+        )
+    except Exception as exc:
+        raise errors.Unavailable(f"cannot connect to NATS at {bus.nats_url}: {exc}") from exc
+
+
+async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> None:
+    """Create the event stream, the projection buckets and the health bucket if missing."""
+    stream = topology.events_stream_config()
+    try:
+        await js.add_stream(stream)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise eventstore.translate(exc, "creating the event stream") from exc
+        await js.update_stream(stream)
+        log.info("bus.stream_updated", stream=stream.name)
+    except Exception as exc:
+        raise eventstore.translate(exc, "creating the event stream") from exc
+    for config in [
+        *(topology.projection_bucket_config(kind) for kind in subjects.PROJECTED_KINDS),
+        topology.health_bucket_config(),
+    ]:
+        try:
+            await js.create_key_value(config)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != STREAM_NAME_IN_USE:
+                raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+            log.warning("bus.bucket_definition_differs", bucket=config.bucket)
+        except Exception as exc:
+            raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc

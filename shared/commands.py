@@ -1,0 +1,60 @@
+"""Commands (what a caller asks for) and the reply every command gets.
+
+Commands travel by NATS request/reply to the service that owns the decision.
+``command_id`` makes them idempotent: a redelivered or retried command with the
+same id leads to at most one transition.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared import states
+
+
+class Actor(msgspec.Struct, frozen=True, kw_only=True):
+    """Who asked, recorded on the events the command causes."""
+
+    via: str = "rest"
+    """The surface the request came through: ``rest``, ``mcp`` or ``cli``."""
+    org_id: str | None = None
+    user_id: str | None = None
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    command_id: str
+    correlation_id: str | None = None
+    actor: Actor = Actor()
+
+
+class CreateSession(Command, frozen=True, kw_only=True, tag="session.create"):
+    session_id: str
+    image: str | None = None
+
+
+class StopSession(Command, frozen=True, kw_only=True, tag="session.stop"):
+    session_id: str
+
+
+class DeleteSession(Command, frozen=True, kw_only=True, tag="session.delete"):
+    session_id: str
+
+
+SessionCommand = CreateSession | StopSession | DeleteSession
+COMMAND_TYPES: tuple[type[Command], ...] = (CreateSession, StopSession, DeleteSession)
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class CommandReply(msgspec.Struct, frozen=True, kw_only=True):
+    """What the deciding service answers. Exactly one of ``session``/``error`` is set
+    on success/failure (``session`` may be ``None`` after a delete)."""
+
+    ok: bool
+    appended: int = 0
+    """How many events this command appended (0 when it was a duplicate or a no-op)."""
+    session: states.SessionState | None = None
+    error: ErrorInfo | None = None

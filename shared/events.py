@@ -1,0 +1,133 @@
+"""Every event type: immutable, tagged, versioned, carrying who caused it and when.
+
+Rules (see docs/events.md, generated from this module):
+
+* The ``type`` tag of a class is its stable wire name; renaming the class never
+  changes it, and a tag is never reused for a different meaning.
+* ``v`` is the schema version of that type. Adding a field with a default is
+  compatible and keeps ``v``. Removing, renaming or retyping a field bumps ``v``
+  and registers an upcaster in :mod:`shared.codec` from the old shape.
+* Unknown fields are ignored when decoding, so older readers survive newer
+  optional fields.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+import msgspec
+
+from shared import subjects
+
+
+class Meta(msgspec.Struct, frozen=True, kw_only=True):
+    """Causation and attribution, on every event."""
+
+    event_id: str
+    """Unique id of this event (32 hex characters)."""
+    time: datetime
+    """When the deciding service produced it (UTC)."""
+    service: str
+    """The service that appended it."""
+    instance: str
+    """The service instance that appended it."""
+    command_id: str | None = None
+    """The command that caused it (also its de-duplication key)."""
+    correlation_id: str | None = None
+    """The request that started the chain (the gateway's request id)."""
+    org_id: str | None = None
+    user_id: str | None = None
+    session_id: str | None = None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of every event. Subclasses set ``tag=`` and ``kind``."""
+
+    kind: ClassVar[str]
+    v: int = 1
+    """Schema version of this event type."""
+    meta: Meta
+
+
+# ---- sessions ----------------------------------------------------------------
+
+
+class SessionEvent(Event, frozen=True, kw_only=True):
+    kind: ClassVar[str] = subjects.SESSION
+    session_id: str
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.session_id
+
+
+class SessionCreated(SessionEvent, frozen=True, kw_only=True, tag="session.created"):
+    """A session id was registered (first use, or again after it was deleted)."""
+
+    image: str | None = None
+    """Image the session's sandbox should use; ``None`` means the default."""
+    org_id: str | None = None
+    user_id: str | None = None
+
+
+class SessionStopped(SessionEvent, frozen=True, kw_only=True, tag="session.stopped"):
+    """The session was stopped; it keeps its record until deleted."""
+
+    reason: str = "requested"
+
+
+class SessionDeleted(SessionEvent, frozen=True, kw_only=True, tag="session.deleted"):
+    """The session was deleted; the id may be created again as a new incarnation."""
+
+    reason: str = "requested"
+
+
+# ---- service instances -------------------------------------------------------------
+
+
+class InstanceEvent(Event, frozen=True, kw_only=True):
+    kind: ClassVar[str] = subjects.INSTANCE
+    service: str
+    instance: str
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.instance
+
+
+class InstanceStarted(InstanceEvent, frozen=True, kw_only=True, tag="instance.started"):
+    """A service process started and joined the bus."""
+
+    pid: int
+    host: str
+    version: str
+
+
+class InstanceStopped(InstanceEvent, frozen=True, kw_only=True, tag="instance.stopped"):
+    """A service process drained and left cleanly (a crash leaves no such event)."""
+
+    reason: str = "signal"
+
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    SessionCreated,
+    SessionStopped,
+    SessionDeleted,
+    InstanceStarted,
+    InstanceStopped,
+)
+
+AnyEvent = SessionCreated | SessionStopped | SessionDeleted | InstanceStarted | InstanceStopped
+
+
+def tag_of(cls: type[Event]) -> str:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def current_version(cls: type[Event]) -> int:
+    default = cls.__struct_defaults__[cls.__struct_fields__.index("v")]
+    assert isinstance(default, int)
+    return default

@@ -1,0 +1,150 @@
+"""Appending events to, and reading them back from, the JetStream event stream.
+
+Each aggregate (one session, one service instance) has its own subject. An
+append carries ``Nats-Expected-Last-Subject-Sequence`` = the aggregate's last
+sequence as the writer saw it, so two writers deciding on the same state cannot
+both win (invariant 3: no lost updates); the loser gets
+:class:`~shared.errors.ConcurrencyError` and must reload and decide again.
+``Nats-Msg-Id`` (command id + position) makes a re-sent publish a no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+import nats.errors
+import nats.js.errors
+from nats.js import api
+from nats.js.client import JetStreamContext
+
+from shared import codec, errors, events, subjects
+
+WRONG_LAST_SEQUENCE = 10071
+NO_MESSAGE_FOUND = 10037
+
+
+@dataclass(frozen=True)
+class Stored:
+    """An event as stored: where it is and what came before it on its subject."""
+
+    seq: int
+    subject: str
+    prev_seq: int
+    """The aggregate's last sequence when this was appended (0: it was the first)."""
+    event: events.AnyEvent
+
+
+def _prev_seq(headers: dict[str, str] | None) -> int:
+    raw = (headers or {}).get(subjects.EXPECTED_LAST_SUBJECT_SEQUENCE)
+    return int(raw) if raw and raw.isdigit() else -1
+
+
+def stored_from_message(seq: int, subject: str, headers: dict[str, str] | None, data: bytes) -> Stored:
+    return Stored(seq=seq, subject=subject, prev_seq=_prev_seq(headers), event=codec.decode_event(data))
+
+
+def translate(exc: Exception, doing: str) -> errors.SandboxError:
+    """Map a NATS client error to the product's hierarchy."""
+    if isinstance(exc, nats.js.errors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
+        return errors.ConcurrencyError(f"{doing}: another writer appended first ({exc.description})")
+    if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
+        return errors.Unavailable(f"{doing}: JetStream did not answer (is the stream created?)")
+    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
+        return errors.Timeout(f"{doing}: NATS did not answer in time")
+    if isinstance(exc, nats.errors.ConnectionClosedError | nats.errors.ConnectionReconnectingError):
+        return errors.Unavailable(f"{doing}: not connected to NATS")
+    return errors.InfrastructureError(f"{doing}: {type(exc).__name__}: {exc}")
+
+
+class EventStore:
+    def __init__(self, js: JetStreamContext, topology: subjects.Topology) -> None:
+        self._js = js
+        self.topology = topology
+
+    async def append(
+        self,
+        subject: str,
+        new_events: Sequence[events.Event],
+        *,
+        expected_last_seq: int,
+    ) -> list[Stored]:
+        """Append ``new_events`` to ``subject`` iff its last sequence is ``expected_last_seq``.
+
+        Several events are chained: each expects the previous one's sequence, so a
+        concurrent writer can interleave at most before the first.
+        """
+        stored: list[Stored] = []
+        expected = expected_last_seq
+        for position, event in enumerate(new_events):
+            dedup = f"{event.meta.command_id or event.meta.event_id}:{position}"
+            headers = {
+                subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
+                subjects.MSG_ID: dedup,
+            }
+            try:
+                ack = await self._js.publish(
+                    subject,
+                    codec.encode(event),
+                    headers=headers,
+                    stream=self.topology.events_stream,
+                )
+            except Exception as exc:
+                raise translate(exc, f"appending to {subject}") from exc
+            stored.append(Stored(ack.seq, subject, expected, event))  # type: ignore[arg-type]
+            expected = ack.seq
+        return stored
+
+    async def load(self, subject: str, *, after: int = 0) -> list[Stored]:
+        """Every event on one aggregate subject after sequence ``after``, in order."""
+        out: list[Stored] = []
+        seq = after + 1
+        while True:
+            try:
+                msg = await self._js.get_msg(
+                    self.topology.events_stream, seq, subject=subject, next=True, direct=True
+                )
+            except nats.js.errors.NotFoundError:
+                return out
+            except Exception as exc:
+                raise translate(exc, f"reading {subject}") from exc
+            assert msg.seq is not None and msg.data is not None
+            out.append(stored_from_message(msg.seq, subject, msg.headers, msg.data))
+            seq = msg.seq + 1
+
+    async def last_seq(self) -> int:
+        info = await self._js.stream_info(self.topology.events_stream)
+        return info.state.last_seq
+
+    async def read(
+        self, filter_subject: str | None = None, *, start_seq: int = 1, follow: bool = False
+    ) -> AsyncIterator[Stored]:
+        """Stream stored events in order; stop at the current end unless ``follow``.
+
+        Uses an ordered consumer: no server-side state is left behind.
+        """
+        filter_subject = filter_subject or self.topology.events_all
+        try:
+            sub = await self._js.subscribe(
+                filter_subject,
+                stream=self.topology.events_stream,
+                ordered_consumer=True,
+                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                config=api.ConsumerConfig(opt_start_seq=max(1, start_seq)),
+                pending_msgs_limit=-1,
+                pending_bytes_limit=-1,
+            )
+        except Exception as exc:
+            raise translate(exc, "reading the event stream") from exc
+        try:
+            info = await sub.consumer_info()
+            if not follow and info.num_pending == 0:
+                return
+            while True:
+                msg = await sub.next_msg(timeout=None)
+                meta = msg.metadata
+                yield stored_from_message(meta.sequence.stream, msg.subject, msg.headers, msg.data)
+                if not follow and meta.num_pending == 0:
+                    return
+        finally:
+            await sub.unsubscribe()

@@ -1,0 +1,84 @@
+"""Identifier rules: what a session id may be, and the safe tokens derived from ids.
+
+User-supplied ids are validated, then *never* used raw in a NATS subject, a KV
+key, a file path or a Kubernetes name: those use :func:`token`, a fixed-length
+hex digest that cannot contain separators or wildcards whatever the input.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+from shared import errors
+
+SESSION_ID_MAX = 128
+_SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+_SESSION_ID_RULE = (
+    f"1 to {SESSION_ID_MAX} characters: letters, digits, '-' and '_', starting with a letter or digit"
+)
+ATTRIBUTION_MAX = 256
+_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+def validate_session_id(value: object, *, what: str = "session id") -> str:
+    """Return ``value`` if it is a well-formed session id, else raise InvalidInput."""
+    if not isinstance(value, str) or not value:
+        raise errors.InvalidInput(f"{what} is missing; it must be {_SESSION_ID_RULE}")
+    if len(value) > SESSION_ID_MAX:
+        raise errors.InvalidInput(
+            f"{what} is {len(value)} characters long; it must be {_SESSION_ID_RULE}"
+        )
+    if not _SESSION_ID.fullmatch(value):
+        raise errors.InvalidInput(f"{what} {value!r:.60} is not allowed; it must be {_SESSION_ID_RULE}")
+    return value
+
+
+def validate_attribution(value: object, *, what: str) -> str | None:
+    """Org and user ids are free text for attribution, but bounded and printable."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise errors.InvalidInput(f"{what} must be a string")
+    if len(value) > ATTRIBUTION_MAX:
+        raise errors.InvalidInput(f"{what} is longer than {ATTRIBUTION_MAX} characters")
+    if not value.isprintable():
+        raise errors.InvalidInput(f"{what} contains control characters")
+    return value
+
+
+def validate_idempotency_key(value: str) -> str:
+    if not _IDEMPOTENCY_KEY.fullmatch(value):
+        raise errors.InvalidInput(
+            "Idempotency-Key must be 1 to 128 characters of letters, digits, '_', '.', ':' or '-'"
+        )
+    return value
+
+
+def token(value: str) -> str:
+    """A 32-hex-character token for ``value``, safe in subjects, keys, paths and names."""
+    return hashlib.blake2b(value.encode(), digest_size=16).hexdigest()
+
+
+def new_id() -> str:
+    """A random 32-hex-character id (events, commands, instances)."""
+    return secrets.token_hex(16)
+
+
+IMAGE_MAX = 256
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
+
+
+def validate_image(value: object) -> str | None:
+    """An image reference (``python:3.12``, ``ghcr.io/org/img@sha256:...``) or a registered name."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise errors.InvalidInput("image must be a non-empty string when given")
+    if len(value) > IMAGE_MAX or not _IMAGE.fullmatch(value):
+        raise errors.InvalidInput(
+            f"image {value!r:.80} is not a valid image reference "
+            f"(up to {IMAGE_MAX} characters: letters, digits and . _ / : @ + -)"
+        )
+    return value

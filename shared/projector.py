@@ -1,0 +1,178 @@
+"""Writing projections into KV, and keeping them caught up with the stream.
+
+A projection entry stores the state *and* the stream sequence it reflects
+(``state.last_seq``). Applying a stored event is idempotent and order-safe:
+
+* already reflected (``last_seq >= seq``): nothing to do;
+* the next one (``last_seq == prev_seq``): fold it in;
+* a gap (an earlier event was never projected): rebuild the aggregate from its
+  subject in the stream.
+
+Every KV write is a revision CAS, so concurrent appliers never clobber each
+other. Writers apply right after appending (read-your-writes), and a durable
+pull consumer per kind (:func:`catch_up`) re-applies everything, so an update
+lost to a crash between append and KV write is caught up, never left stale.
+"""
+
+from __future__ import annotations
+
+from typing import Generic
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js import api
+from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
+
+from shared import codec, errors, eventstore, projections
+
+log = structlog.get_logger(__name__)
+
+
+class ProjectionStore(Generic[projections.S]):
+    """One kind's KV bucket, read and written through its projection."""
+
+    def __init__(
+        self,
+        kv: KeyValue,
+        projection: projections.Projection[projections.S],
+        store: eventstore.EventStore,
+    ) -> None:
+        self.kv = kv
+        self.projection = projection
+        self.store = store
+
+    @classmethod
+    async def open(
+        cls,
+        js: JetStreamContext,
+        projection: projections.Projection[projections.S],
+        store: eventstore.EventStore,
+    ) -> ProjectionStore[projections.S]:
+        kv = await js.key_value(store.topology.bucket(projection.kind))
+        return cls(kv, projection, store)
+
+    async def get_entry(self, key: str) -> tuple[projections.S | None, int | None]:
+        try:
+            entry = await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None, None
+        except Exception as exc:
+            raise eventstore.translate(exc, f"reading {self.projection.kind} {key}") from exc
+        if entry.value is None:
+            return None, entry.revision
+        return codec.decode_state(entry.value, self.projection.state_type), entry.revision
+
+    async def get(self, aggregate_id: str) -> projections.S | None:
+        state, _ = await self.get_entry(self.projection.key_of(aggregate_id))
+        return state
+
+    async def _write(self, key: str, state: projections.S, revision: int | None) -> None:
+        payload = codec.encode(state)
+        if revision is None:
+            await self.kv.create(key, payload)
+        else:
+            await self.kv.update(key, payload, last=revision)
+
+    async def apply(self, stored: eventstore.Stored) -> projections.S:
+        """Make the projection reflect ``stored`` (and everything before it)."""
+        key = self.projection.key_of_subject(stored.subject)
+        while True:
+            state, revision = await self.get_entry(key)
+            last = state.last_seq if state is not None else 0
+            if last >= stored.seq:
+                assert state is not None
+                return state
+            if last == stored.prev_seq:
+                new = self.projection.evolve(state, stored.event, stored.seq)
+            else:
+                log.info(
+                    "projection.gap", kind=self.projection.kind, key=key, have=last, event_seq=stored.seq
+                )
+                history = await self.store.load(stored.subject)
+                rebuilt = self.projection.fold((s.seq, s.event) for s in history)
+                if rebuilt is None:
+                    raise errors.CorruptEvent(f"{stored.subject} has no events but seq {stored.seq} was seen")
+                new = rebuilt
+            try:
+                await self._write(key, new, revision)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                continue  # someone else wrote in between: look again
+            except Exception as exc:
+                raise eventstore.translate(exc, f"writing {self.projection.kind} {key}") from exc
+            return new
+
+    async def rebuild(self, aggregate_subject: str) -> projections.S | None:
+        """Fold one aggregate from the stream and write it (used after a lost CAS race)."""
+        history = await self.store.load(aggregate_subject)
+        if not history:
+            return None
+        return await self.apply(history[-1])
+
+    async def all(self) -> dict[str, projections.S]:
+        """Every entry of the bucket, decoded (one pass with a KV watcher)."""
+        out: dict[str, projections.S] = {}
+        try:
+            watcher = await self.kv.watchall(ignore_deletes=True)
+        except Exception as exc:
+            raise eventstore.translate(exc, f"listing {self.projection.kind}s") from exc
+        try:
+            while True:
+                entry = await watcher.updates(timeout=10)
+                if entry is None:
+                    return out
+                if entry.value:
+                    out[entry.key] = codec.decode_state(entry.value, self.projection.state_type)
+        finally:
+            await watcher.stop()
+
+
+async def catch_up(
+    js: JetStreamContext, target: ProjectionStore[projections.S], *, batch: int = 256
+) -> None:
+    """Run forever: apply every event of one kind through a shared durable consumer.
+
+    Any number of instances may run this; the durable pull consumer hands each
+    event to one of them and redelivers it if that one dies before acking.
+    """
+    topology = target.store.topology
+    kind = target.projection.kind
+    durable = topology.projector_consumer(kind)
+    sub = await js.pull_subscribe(
+        topology.events_of_kind(kind),
+        durable=durable,
+        stream=topology.events_stream,
+        config=api.ConsumerConfig(
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=30,
+            max_ack_pending=10_000,
+            deliver_policy=api.DeliverPolicy.ALL,
+        ),
+    )
+    try:
+        while True:
+            try:
+                msgs = await sub.fetch(batch, timeout=1.0)
+            except (nats.errors.TimeoutError, TimeoutError):
+                continue
+            for msg in msgs:
+                try:
+                    stored = eventstore.stored_from_message(
+                        msg.metadata.sequence.stream, msg.subject, msg.headers, msg.data
+                    )
+                    await target.apply(stored)
+                except (errors.CorruptEvent, errors.InvalidTransition) as exc:
+                    log.error("projection.corrupt_event", kind=kind, seq=msg.metadata.sequence.stream, error=str(exc))
+                    await msg.term()
+                    continue
+                except errors.InfrastructureError as exc:
+                    log.warning("projection.retry_later", kind=kind, error=str(exc))
+                    await msg.nak(delay=1)
+                    continue
+                await msg.ack()
+    finally:
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:  # connection already closing
+            log.debug("projection.unsubscribe_failed", error=str(exc))

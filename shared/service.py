@@ -1,0 +1,261 @@
+"""The life of a service process: connect, join, serve, report health, drain.
+
+Every service's entry point is ``service.main(name, setup)``. ``setup`` gets a
+:class:`Context` (bus, event store, causation metadata), registers its
+subscribers on the faststream broker and returns a :class:`Workload` of
+long-running tasks. The runner then:
+
+1. creates the stream and buckets if this is the first process (idempotent);
+2. appends ``instance.started`` and starts reporting health;
+3. keeps the instance projection caught up (every service helps);
+4. on SIGTERM/SIGINT drains: stops taking work, lets in-flight handlers finish
+   within ``SBX_DRAIN_TIMEOUT``, appends ``instance.stopped``, removes its
+   health report, and exits 0. If any task dies, the process exits 1 so its
+   supervisor restarts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+from faststream.nats import NatsBroker
+from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+
+from shared import (
+    bus,
+    commands,
+    errors,
+    events,
+    eventstore,
+    health,
+    ids,
+    logs,
+    projections,
+    projector,
+    settings,
+    subjects,
+)
+
+log = structlog.get_logger(__name__)
+
+try:
+    VERSION = importlib.metadata.version("cloud-agent-sandbox")
+except importlib.metadata.PackageNotFoundError:  # running from a plain checkout
+    VERSION = "dev"
+
+STARTUP_TIMEOUT = 30.0
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Context:
+    """What a service's wiring gets from the runner."""
+
+    settings: settings.ServiceSettings
+    broker: NatsBroker
+    nc: Client
+    js: JetStreamContext
+    topology: subjects.Topology
+    store: eventstore.EventStore
+    started_at: datetime
+    details: dict[str, str] = field(default_factory=dict)
+    """Free-form facts added to every health report (kept short)."""
+    status: health.Status = "starting"
+
+    def meta(
+        self,
+        *,
+        command: commands.Command | None = None,
+        session_id: str | None = None,
+    ) -> events.Meta:
+        """Causation metadata for an event this instance appends now."""
+        actor = command.actor if command else None
+        return events.Meta(
+            event_id=ids.new_id(),
+            time=now(),
+            service=self.settings.service,
+            instance=self.settings.instance,
+            command_id=command.command_id if command else None,
+            correlation_id=command.correlation_id if command else None,
+            org_id=actor.org_id if actor else None,
+            user_id=actor.user_id if actor else None,
+            session_id=session_id,
+        )
+
+    def report(self) -> health.HealthReport:
+        return health.HealthReport(
+            service=self.settings.service,
+            instance=self.settings.instance,
+            pid=os.getpid(),
+            host=self.settings.hostname,
+            version=VERSION,
+            status=self.status,
+            started_at=self.started_at,
+            reported_at=now(),
+            interval=self.settings.health_interval,
+            details=dict(self.details),
+        )
+
+
+@dataclass
+class Workload:
+    """What a service runs besides its broker subscribers."""
+
+    tasks: list[Coroutine[Any, Any, None]] = field(default_factory=list)
+    """Run until cancelled; if one ends or fails, the process exits non-zero."""
+    on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called first on shutdown, to stop taking new work (e.g. close a listener)."""
+
+
+Setup = Callable[[Context], Awaitable[Workload]]
+
+
+async def _connect_with_retry(bus_settings: settings.BusSettings, name: str) -> Client:
+    deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
+    delay = 0.1
+    while True:
+        try:
+            return await bus.connect(bus_settings, name)
+        except errors.Unavailable as exc:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            log.warning("service.waiting_for_nats", error=str(exc), retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
+async def run(service_settings: settings.ServiceSettings, setup: Setup) -> int:
+    """Run one service instance until signalled; return the process exit code."""
+    s = service_settings
+    name = f"{s.service}/{s.instance}"
+    topology = subjects.Topology(s.bus.namespace)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    # Our own connection carries events and KV; the broker's carries subscribers,
+    # so draining the subscribers never cuts off the final events.
+    nc = await _connect_with_retry(s.bus, name)
+    js = nc.jetstream()
+    await bus.ensure_topology(js, topology)
+    broker = NatsBroker(
+        servers=[u.strip() for u in s.bus.nats_url.split(",") if u.strip()],
+        name=f"{name}/subscribers",
+        logger=None,
+        graceful_timeout=s.drain_timeout,
+        max_reconnect_attempts=-1,
+    )
+    store = eventstore.EventStore(js, topology)
+    ctx = Context(s, broker, nc, js, topology, store, started_at=now())
+    instances = await projector.ProjectionStore.open(js, projections.INSTANCES, store)
+    health_kv = await js.key_value(topology.health_bucket)
+
+    workload = await setup(ctx)
+    await broker.start()
+    started = events.InstanceStarted(
+        meta=ctx.meta(), service=s.service, instance=s.instance, pid=os.getpid(), host=s.hostname, version=VERSION
+    )
+    for stored in await store.append(
+        topology.aggregate_subject(subjects.INSTANCE, s.instance), [started], expected_last_seq=0
+    ):
+        await instances.apply(stored)
+    ctx.status = "ok"
+    log.info("service.started", nats=s.bus.nats_url, namespace=s.bus.namespace, pid=os.getpid())
+
+    tasks = [
+        asyncio.create_task(health.heartbeat(health_kv, ctx.report, s.health_interval), name="heartbeat"),
+        asyncio.create_task(projector.catch_up(js, instances), name="projector:instances"),
+        *(asyncio.create_task(t) for t in workload.tasks),
+    ]
+    stopper = asyncio.create_task(stop.wait(), name="stop-signal")
+    done, _ = await asyncio.wait([stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    exit_code, reason = 0, "signal"
+    for task in done:
+        if task is not stopper:
+            exit_code, reason = 1, f"task {task.get_name()} ended"
+            exc = task.exception() if not task.cancelled() else None
+            log.error("service.task_failed", task=task.get_name(), error=repr(exc))
+
+    log.info("service.draining", reason=reason)
+    ctx.status = "draining"
+    with contextlib.suppress(Exception):
+        await health.publish(health_kv, ctx.report())
+    for callback in workload.on_drain:
+        try:
+            await asyncio.wait_for(callback(), s.drain_timeout)
+        except Exception as exc:
+            log.warning("service.drain_callback_failed", error=repr(exc))
+    try:
+        await asyncio.wait_for(broker.stop(), s.drain_timeout + 1)
+    except Exception as exc:
+        log.warning("service.broker_stop_failed", error=repr(exc))
+    stopper.cancel()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(stopper, *tasks, return_exceptions=True)
+    try:
+        current = await instances.get(s.instance)
+        stopped = events.InstanceStopped(meta=ctx.meta(), service=s.service, instance=s.instance, reason=reason)
+        for stored in await store.append(
+            topology.aggregate_subject(subjects.INSTANCE, s.instance),
+            [stopped],
+            expected_last_seq=current.last_seq if current else 0,
+        ):
+            await instances.apply(stored)
+        await health_kv.delete(health.key(s.service, s.instance))
+    except Exception as exc:
+        log.warning("service.leave_failed", error=repr(exc))
+    await nc.drain()
+    log.info("service.stopped", exit_code=exit_code)
+    return exit_code
+
+
+Build = Callable[[Mapping[str, str]], tuple[settings.ServiceSettings, Setup]]
+
+
+def plain(service: str, setup: Setup) -> Build:
+    """A :data:`Build` for services that need only the common settings."""
+    return lambda env: (settings.ServiceSettings.from_env(service, env), setup)
+
+
+def main(service: str, build: Build) -> None:
+    """Entry point body for ``python -m services.<name>``."""
+    try:
+        service_settings, setup = build(os.environ)
+    except errors.ConfigError as exc:
+        print(f"{service}: configuration error: {exc.message}", file=sys.stderr)
+        raise SystemExit(2) from None
+    logs.configure(
+        service=service,
+        instance=service_settings.instance,
+        level=service_settings.log_level,
+        fmt=service_settings.log_format,
+    )
+    try:
+        code = asyncio.run(run(service_settings, setup))
+    except errors.SandboxError as exc:
+        log.error("service.failed", error=exc.message, code=exc.code)
+        code = 1
+    raise SystemExit(code)
+
+
+async def lifecycle_only(ctx: Context) -> Workload:
+    """Setup for a service whose own work is not built yet: it joins, reports and
+    drains, and says plainly in its health details that it does nothing else."""
+    ctx.details["capabilities"] = "none yet (lifecycle, health and events only)"
+    return Workload()

@@ -1,0 +1,180 @@
+"""Typed settings, read from the environment once at start-up and passed in.
+
+Logic never reads ``os.environ``; each service's entry point calls
+``*.from_env(os.environ)`` and hands the frozen result down. Invalid values stop
+start-up with a :class:`~shared.errors.ConfigError` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared import errors, ids
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_NAMESPACE = re.compile(r"[a-z][a-z0-9_]{0,31}")
+API_KEY_MIN_LENGTH = 16
+
+
+def parse_duration(text: str, *, name: str = "duration") -> float:
+    """Seconds in ``text``: ``90`` (seconds), ``90s``, ``500ms``, ``10m``, ``1h``, ``1h30m``, ``1d``."""
+    raw = text.strip().lower()
+    if not raw:
+        raise errors.ConfigError(f"{name} is empty; use e.g. 90, 90s, 10m or 1h")
+    try:
+        seconds = float(raw)
+    except ValueError:
+        pos, seconds = 0, 0.0
+        for match in _DURATION_PART.finditer(raw):
+            if match.start() != pos:
+                break
+            seconds += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+            pos = match.end()
+        if pos != len(raw) or pos == 0:
+            raise errors.ConfigError(
+                f"{name}={text!r} is not a duration; use e.g. 90, 90s, 500ms, 10m, 1h or 1h30m"
+            ) from None
+    if seconds < 0 or seconds != seconds or seconds == float("inf"):
+        raise errors.ConfigError(f"{name}={text!r} must be a finite, non-negative duration")
+    return seconds
+
+
+def _duration(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    if name not in env:
+        return default
+    value = parse_duration(env[name], name=name)
+    if value < minimum:
+        raise errors.ConfigError(f"{name}={env[name]!r} is below the minimum of {minimum}s")
+    return value
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise errors.ConfigError(f"{name}={raw!r} is not a TCP port (0-65535)")
+    return int(raw)
+
+
+def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = env.get(name, default).strip().lower()
+    if value not in allowed:
+        raise errors.ConfigError(f"{name}={value!r} must be one of: {', '.join(allowed)}")
+    return value
+
+
+@dataclass(frozen=True)
+class BusSettings:
+    """How to reach NATS and which slice of it this stack uses."""
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server URL(s), comma separated (``NATS_URL``)."""
+    namespace: str = "sbx"
+    """Prefix of every subject, stream and bucket (``SBX_NAMESPACE``); lets several
+    stacks, or several tests, share one NATS server without seeing each other."""
+    request_timeout: float = 5.0
+    """How long a command waits for its reply (``SBX_REQUEST_TIMEOUT``)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> BusSettings:
+        namespace = env.get("SBX_NAMESPACE", cls.namespace)
+        if not _NAMESPACE.fullmatch(namespace):
+            raise errors.ConfigError(
+                f"SBX_NAMESPACE={namespace!r} must be 1-32 characters: a-z, 0-9, '_', starting with a letter"
+            )
+        return cls(
+            nats_url=env.get("NATS_URL", cls.nats_url),
+            namespace=namespace,
+            request_timeout=_duration(env, "SBX_REQUEST_TIMEOUT", cls.request_timeout, minimum=0.05),
+        )
+
+
+@dataclass(frozen=True)
+class ServiceSettings:
+    """What every service process needs, whatever it does."""
+
+    service: str
+    """The service's name (``gateway``, ``scheduler``, ...)."""
+    instance: str
+    """This process's instance id (``SBX_INSTANCE_ID``; random by default)."""
+    bus: BusSettings = field(default_factory=BusSettings)
+    state_dir: Path = Path(".sbx")
+    """Where local state lives (``SBX_STATE_DIR``)."""
+    log_level: str = "info"
+    """``debug``, ``info``, ``warning`` or ``error`` (``SBX_LOG_LEVEL``)."""
+    log_format: str = "json"
+    """``json`` (one object a line) or ``console`` (``SBX_LOG_FORMAT``)."""
+    health_interval: float = 2.0
+    """Seconds between heartbeats (``SBX_HEALTH_INTERVAL``); a report older than
+    three intervals counts as lost."""
+    drain_timeout: float = 10.0
+    """Grace period for in-flight work on SIGTERM (``SBX_DRAIN_TIMEOUT``)."""
+    faults: frozenset[str] = frozenset()
+    """Fault-injection points for crash tests (``SBX_FAULTS``, comma separated).
+    Never set in production; see ``shared.faults``."""
+
+    @classmethod
+    def from_env(cls, service: str, env: Mapping[str, str]) -> ServiceSettings:
+        instance = env.get("SBX_INSTANCE_ID") or f"{service}-{ids.new_id()[:12]}"
+        if not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", instance):
+            raise errors.ConfigError(f"SBX_INSTANCE_ID={instance!r} must be 1-64 of A-Z a-z 0-9 _ -")
+        return cls(
+            service=service,
+            instance=instance,
+            bus=BusSettings.from_env(env),
+            state_dir=Path(env.get("SBX_STATE_DIR", ".sbx")),
+            log_level=_choice(env, "SBX_LOG_LEVEL", "info", ("debug", "info", "warning", "error")),
+            log_format=_choice(env, "SBX_LOG_FORMAT", "json", ("json", "console")),
+            health_interval=_duration(env, "SBX_HEALTH_INTERVAL", cls.health_interval, minimum=0.1),
+            drain_timeout=_duration(env, "SBX_DRAIN_TIMEOUT", cls.drain_timeout),
+            faults=frozenset(f for f in env.get("SBX_FAULTS", "").split(",") if f),
+        )
+
+    @property
+    def hostname(self) -> str:
+        return socket.gethostname()
+
+    @property
+    def pid(self) -> int:
+        return os.getpid()
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The gateway: the only service that listens on HTTP."""
+
+    base: ServiceSettings
+    api_key: str = field(repr=False)
+    """Shared key every REST and MCP call must present (``SANDBOX_API_KEY``).
+    Required: the gateway refuses to start without one."""
+    host: str = "127.0.0.1"
+    """Listen address (``SBX_GATEWAY_HOST``)."""
+    port: int = 8080
+    """Listen port (``SBX_GATEWAY_PORT``; 0 picks a free one)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
+        key = env.get("SANDBOX_API_KEY", "")
+        if not key:
+            raise errors.ConfigError(
+                "SANDBOX_API_KEY is not set; the gateway refuses to start without an API key "
+                "(`sbx up` generates one into <state-dir>/api-key)"
+            )
+        if len(key) < API_KEY_MIN_LENGTH or not key.isascii() or not key.isprintable() or " " in key:
+            raise errors.ConfigError(
+                f"SANDBOX_API_KEY must be at least {API_KEY_MIN_LENGTH} printable ASCII characters "
+                "without spaces"
+            )
+        return cls(
+            base=ServiceSettings.from_env("gateway", env),
+            api_key=key,
+            host=env.get("SBX_GATEWAY_HOST", cls.host),
+            port=_port(env, "SBX_GATEWAY_PORT", cls.port),
+        )

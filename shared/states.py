@@ -1,0 +1,51 @@
+"""Projected state of each aggregate kind: what the KV buckets hold.
+
+States are frozen Structs produced only by the pure ``evolve`` functions in
+:mod:`shared.projections`. ``last_seq`` is the stream sequence of the last event
+folded in, which is how a projection knows whether it is caught up.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+SessionStatus = Literal["active", "stopped", "deleted"]
+
+
+class SessionState(msgspec.Struct, frozen=True, kw_only=True):
+    session_id: str
+    status: SessionStatus
+    image: str | None = None
+    org_id: str | None = None
+    user_id: str | None = None
+    created_at: datetime
+    updated_at: datetime
+    incarnation: int = 1
+    """1 for the first life of this id; +1 each time it is created again after deletion."""
+    version: int = 1
+    """Number of events folded into this state (over all incarnations)."""
+    last_seq: int
+    """Stream sequence of the last event folded in."""
+    last_command_id: str | None = None
+    """The command that caused the last event (makes retries idempotent)."""
+
+
+InstanceStatus = Literal["running", "stopped"]
+
+
+class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
+    service: str
+    instance: str
+    status: InstanceStatus
+    pid: int
+    host: str
+    version: str
+    started_at: datetime
+    stopped_at: datetime | None = None
+    last_seq: int
+
+
+AnyState = SessionState | InstanceState

@@ -1,0 +1,119 @@
+"""Every subject, stream, consumer and KV bucket name, in exactly one place.
+
+All names hang off a *namespace* (``sbx`` by default) so that several stacks or
+tests share one NATS server without seeing each other. Aggregate subjects embed
+a :func:`shared.ids.token`, never a raw user-supplied id.
+
+Subjects (``<ns>`` is the namespace):
+
+=================================  =============================================
+``<ns>.evt.session.<token>``       events of one session (aggregate subject)
+``<ns>.evt.instance.<token>``      lifecycle events of one service instance
+``<ns>.cmd.session``               session commands, request/reply, queue group
+                                   ``scheduler``
+=================================  =============================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.js import api
+
+from shared import ids
+
+#: Header names, as NATS spells them.
+MSG_ID = "Nats-Msg-Id"
+EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+
+#: Aggregate kinds; each has its own subject space and projection bucket.
+SESSION = "session"
+INSTANCE = "instance"
+
+#: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
+DUPLICATE_WINDOW_SECONDS = 120.0
+
+#: How long a heartbeat survives without renewal. Fixed (not a setting) because
+#: every service creates the bucket and their definitions must agree.
+HEALTH_TTL_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Names for one namespace. Cheap to build; pass it around instead of strings."""
+
+    namespace: str = "sbx"
+
+    # ---- events --------------------------------------------------------------
+
+    @property
+    def events_stream(self) -> str:
+        return f"{self.namespace.upper()}_EVENTS"
+
+    @property
+    def events_all(self) -> str:
+        return f"{self.namespace}.evt.>"
+
+    def events_of_kind(self, kind: str) -> str:
+        return f"{self.namespace}.evt.{kind}.*"
+
+    def aggregate_subject(self, kind: str, aggregate_id: str) -> str:
+        return f"{self.namespace}.evt.{kind}.{ids.token(aggregate_id)}"
+
+    def kind_of(self, subject: str) -> str:
+        return subject.split(".")[2]
+
+    # ---- commands ------------------------------------------------------------
+
+    @property
+    def session_commands(self) -> str:
+        return f"{self.namespace}.cmd.session"
+
+    # ---- KV buckets ----------------------------------------------------------
+
+    def bucket(self, kind: str) -> str:
+        """The projection bucket of an aggregate kind (``sessions``, ``instances``)."""
+        return f"{self.namespace}_{kind}s"
+
+    @property
+    def health_bucket(self) -> str:
+        """Liveness reports (not a projection: entries expire, they are not state)."""
+        return f"{self.namespace}_health"
+
+    def projector_consumer(self, kind: str) -> str:
+        """Durable pull consumer that keeps a projection caught up."""
+        return f"projector_{kind}"
+
+    # ---- definitions -----------------------------------------------------------
+
+    def events_stream_config(self) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.events_stream,
+            description="Every lifecycle event of the product: the source of truth and the audit log.",
+            subjects=[self.events_all],
+            retention=api.RetentionPolicy.LIMITS,
+            storage=api.StorageType.FILE,
+            discard=api.DiscardPolicy.OLD,
+            duplicate_window=DUPLICATE_WINDOW_SECONDS,
+            allow_direct=True,
+        )
+
+    def projection_bucket_config(self, kind: str) -> api.KeyValueConfig:
+        return api.KeyValueConfig(
+            bucket=self.bucket(kind),
+            description=f"Projection of {kind} events (rebuildable with `sbx replay`).",
+            history=1,
+            storage=api.StorageType.FILE,
+        )
+
+    def health_bucket_config(self) -> api.KeyValueConfig:
+        return api.KeyValueConfig(
+            bucket=self.health_bucket,
+            description="Service heartbeats; an entry expires when its instance stops reporting.",
+            history=1,
+            ttl=HEALTH_TTL_SECONDS,
+            storage=api.StorageType.MEMORY,
+        )
+
+
+PROJECTED_KINDS = (SESSION, INSTANCE)
