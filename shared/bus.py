@@ -27,7 +27,7 @@ async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: floa
         log.warning("nats.error", error=str(exc))
 
     async def on_disconnected() -> None:
-        log.warning("nats.disconnected")
+        log.info("nats.disconnected")
 
     async def on_reconnected() -> None:
         log.info("nats.reconnected")

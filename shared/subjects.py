@@ -60,6 +60,10 @@ class Topology:
     def aggregate_subject(self, kind: str, aggregate_id: str) -> str:
         return f"{self.namespace}.evt.{kind}.{ids.token(aggregate_id)}"
 
+    def subject_of_key(self, kind: str, key: str) -> str:
+        """The aggregate subject behind a projection key (the key *is* the token)."""
+        return f"{self.namespace}.evt.{kind}.{key}"
+
     def kind_of(self, subject: str) -> str:
         return subject.split(".")[2]
 

@@ -1,0 +1,102 @@
+"""The ``sbx`` command line (typer). Each subcommand is a thin call into a module."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, TypeVar
+
+import typer
+
+from sbx import observe, stack, up
+from shared import errors, logs
+
+app = typer.Typer(
+    name="sbx",
+    help="Cloud Agent Sandbox: run a stack locally and inspect any stack.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+T = TypeVar("T")
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="State directory of the stack (default: $SBX_STATE_DIR or .sbx/)."),
+]
+Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+
+
+def _run(coro: Awaitable[int]) -> None:
+    # Library chatter (reconnect attempts while NATS starts) is not for the operator.
+    logs.configure(service="sbx", instance=str(os.getpid()), level="error", fmt="console")
+    try:
+        code = asyncio.run(coro)  # type: ignore[arg-type]
+    except errors.SandboxError as exc:
+        typer.echo(f"sbx: error: {exc.message}", err=True)
+        raise typer.Exit(2 if isinstance(exc, errors.ConfigError | errors.Conflict) else 1) from None
+    except KeyboardInterrupt:
+        code = 130
+    raise typer.Exit(code)
+
+
+def _with_stack(state_dir: Path | None, action: Callable[..., Awaitable[int]], **kwargs: object) -> None:
+    async def go() -> int:
+        url, namespace = stack.nats_url(stack.state_dir(state_dir, os.environ), os.environ)
+        nc, topology = await observe.connect(url, namespace)
+        try:
+            return await action(nc, topology, **kwargs)
+        finally:
+            await nc.close()
+
+    _run(go())
+
+
+@app.command("up")
+def up_command(
+    host: Annotated[str, typer.Option(help="Address the gateway listens on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Gateway port (0 picks a free one).", min=0, max=65535)] = 8080,
+    state_dir: StateDir = None,
+    nats_port: Annotated[int, typer.Option(help="Port of the embedded NATS server.", min=1, max=65535)] = 4222,
+) -> None:
+    """Start NATS (unless NATS_URL is set) and all six services; stop them on Ctrl-C."""
+    options = up.Options(host=host, port=port, state_dir=stack.state_dir(state_dir, os.environ), nats_port=nats_port)
+    _run(up.run(options, dict(os.environ)))
+
+
+@app.command("status")
+def status_command(state_dir: StateDir = None, json: Json = False) -> None:
+    """Health and pid of every service instance, and session counts. Exit 1 if a service is down."""
+    _with_stack(state_dir, observe.status, as_json=json)
+
+
+@app.command("events")
+def events_command(
+    session: Annotated[str | None, typer.Option(help="Only this session's events.")] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
+    since: Annotated[int, typer.Option(help="Start at this stream sequence.", min=1)] = 1,
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Print the audit stream (one JSON object a line with --json)."""
+    _with_stack(state_dir, observe.follow_events, session=session, follow=follow, as_json=json, since=since)
+
+
+@app.command("replay")
+def replay_command(
+    verify: Annotated[bool, typer.Option("--verify", help="Compare (default): exit 0 only if KV equals the fold.")] = False,
+    rebuild: Annotated[bool, typer.Option("--rebuild", help="Rewrite every projection from the stream.")] = False,
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Fold the whole event stream into fresh projections and compare with (or rewrite) the live KV."""
+    if verify and rebuild:
+        typer.echo("sbx: error: choose one of --verify and --rebuild", err=True)
+        raise typer.Exit(2)
+    _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
+
+
+if __name__ == "__main__":
+    app()

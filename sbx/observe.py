@@ -1,0 +1,139 @@
+"""``sbx status``, ``sbx events`` and ``sbx replay``: reading a stack through NATS."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from datetime import UTC, datetime
+from typing import Any
+
+from nats.aio.client import Client
+
+from sbx import stack
+from shared import bus, codec, eventstore, events, health, ids, projections, projector, replay, settings, subjects
+
+
+async def connect(url: str, namespace: str) -> tuple[Client, subjects.Topology]:
+    nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=namespace), "sbx-cli", connect_timeout=3)
+    return nc, subjects.Topology(namespace)
+
+
+# ---- status -----------------------------------------------------------------
+
+
+async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> int:
+    js = nc.jetstream()
+    reports = await health.read_all(await js.key_value(topology.health_bucket))
+    store = eventstore.EventStore(js, topology)
+    sessions = await (await projector.ProjectionStore.open(js, projections.SESSIONS, store)).all()
+    now = datetime.now(UTC)
+    instances = [
+        {
+            "service": r.service,
+            "instance": r.instance,
+            "pid": r.pid,
+            "host": r.host,
+            "status": health.liveness(r, now),
+            "version": r.version,
+            "since": r.started_at.isoformat(),
+            "last_report_age_s": round((now - r.reported_at).total_seconds(), 1),
+            "details": r.details,
+        }
+        for r in reports
+    ]
+    expected = [stack.service_name(m) for m in stack.SERVICES]
+    live = {i["service"] for i in instances if i["status"] == "ok"}
+    missing = [s for s in expected if s not in live]
+    counts = Counter(s.status for s in sessions.values())
+    if as_json:
+        print(json.dumps({"services": instances, "missing": missing, "sessions": dict(counts)}, indent=2))
+    else:
+        print(f"{'SERVICE':14} {'INSTANCE':28} {'PID':>7} {'STATUS':9} {'REPORT':>7}  DETAILS")
+        for i in instances:
+            details = " ".join(f"{k}={v}" for k, v in i["details"].items())
+            print(
+                f"{i['service']:14} {i['instance']:28} {i['pid']:>7} {i['status']:9} "
+                f"{i['last_report_age_s']:>6}s  {details}"
+            )
+        for name in missing:
+            print(f"{name:14} {'-':28} {'-':>7} {'down':9}")
+        print("\nsessions: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"))
+    return 1 if missing else 0
+
+
+# ---- events -----------------------------------------------------------------
+
+
+def _summary(event: events.AnyEvent) -> str:
+    fields = codec.to_builtins(event)
+    fields.pop("meta"), fields.pop("type"), fields.pop("v")
+    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+
+
+def event_record(stored: eventstore.Stored) -> dict[str, Any]:
+    return {"seq": stored.seq, "subject": stored.subject, "event": codec.to_builtins(stored.event)}
+
+
+async def follow_events(
+    nc: Client,
+    topology: subjects.Topology,
+    *,
+    session: str | None,
+    follow: bool,
+    as_json: bool,
+    since: int,
+) -> int:
+    store = eventstore.EventStore(nc.jetstream(), topology)
+    subject = None
+    if session is not None:
+        subject = topology.aggregate_subject(subjects.SESSION, ids.validate_session_id(session))
+    async for stored in store.read(subject, start_seq=since, follow=follow):
+        if as_json:
+            print(json.dumps(event_record(stored)), flush=True)
+        else:
+            meta = stored.event.meta
+            who = " ".join(
+                f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v
+            )
+            print(
+                f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
+                f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
+                f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]",
+                flush=True,
+            )
+    return 0
+
+
+# ---- replay -----------------------------------------------------------------
+
+
+async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild: bool, as_json: bool) -> int:
+    js = nc.jetstream()
+    report = await (replay.rebuild(js, topology) if rebuild else replay.verify(js, topology))
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "events": report.events,
+                    "seconds": round(report.seconds, 3),
+                    "aggregates": report.aggregates,
+                    "differences": [d.__dict__ for d in report.differences],
+                    "rebuilt": rebuild,
+                },
+                default=str,
+                indent=2,
+            )
+        )
+    else:
+        sizes = ", ".join(f"{n} {k}s" for k, n in report.aggregates.items())
+        print(f"replayed {report.events} events into {sizes} in {report.seconds:.2f}s ({report.rate:,.0f} events/s)")
+        for difference in report.differences:
+            print(("rewrote " if rebuild else "DIFFERS ") + difference.describe())
+        if not report.differences:
+            print("projections match the event stream")
+        elif rebuild:
+            print(f"rewrote {len(report.differences)} entries from the stream")
+        else:
+            print(f"{len(report.differences)} projection entries differ from the stream", file=sys.stderr)
+    return 0 if rebuild or not report.differences else 1

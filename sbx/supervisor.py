@@ -1,0 +1,149 @@
+"""Running child processes: start, restart with back-off, stop in order.
+
+The restart rule is a pure function (:func:`restart_delay`); the rest is thin
+process handling. Children get SIGTERM if the supervisor itself dies
+(``PR_SET_PDEATHSIG``), so a killed ``sbx up`` never leaves orphans behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import IO
+
+#: A child that ran at least this long before exiting restarts without back-off.
+HEALTHY_RUN_SECONDS = 30.0
+MAX_DELAY_SECONDS = 30.0
+PR_SET_PDEATHSIG = 1
+
+
+def restart_delay(consecutive_failures: int) -> float:
+    """Seconds to wait before restart number ``consecutive_failures`` (1, 2, ...)."""
+    if consecutive_failures <= 0:
+        return 0.0
+    return min(0.25 * 2 ** (consecutive_failures - 1), MAX_DELAY_SECONDS)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def say(message: str) -> None:
+    print(f"sbx: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    output: IO[bytes] | None = None
+    """Where stdout/stderr go (``None``: inherit the supervisor's)."""
+    proc: asyncio.subprocess.Process | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restarts: int = 0
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.returncode is None else None
+
+
+class Supervisor:
+    def __init__(self, *, stop_timeout: float = 15.0) -> None:
+        self.children: list[Child] = []
+        self.stopping = False
+        self.stop_timeout = stop_timeout
+        self._watchers: list[asyncio.Task[None]] = []
+
+    async def _spawn(self, child: Child) -> None:
+        child.exited.clear()
+        child.proc = await asyncio.create_subprocess_exec(
+            *child.argv,
+            env=child.env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=child.output,
+            stderr=child.output,
+            start_new_session=True,  # a terminal's Ctrl-C reaches only us; we stop children in order
+            preexec_fn=_die_with_parent,
+        )
+        child.started_at = time.monotonic()
+
+    async def start(self, child: Child) -> Child:
+        await self._spawn(child)
+        self.children.append(child)
+        self._watchers.append(asyncio.create_task(self._watch(child), name=f"watch:{child.name}"))
+        return child
+
+    async def _watch(self, child: Child) -> None:
+        while True:
+            assert child.proc is not None
+            code = await child.proc.wait()
+            child.exited.set()
+            if self.stopping:
+                return
+            ran = time.monotonic() - child.started_at
+            child.failures = 1 if ran >= HEALTHY_RUN_SECONDS else child.failures + 1
+            delay = restart_delay(child.failures)
+            say(f"{child.name} exited with {code} after {ran:.1f}s; restarting in {delay:.2f}s")
+            await asyncio.sleep(delay)
+            if self.stopping:
+                return
+            await self._spawn(child)
+            child.restarts += 1
+
+    async def stop(self, child: Child) -> None:
+        proc = child.proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), self.stop_timeout)
+        except TimeoutError:
+            say(f"{child.name} did not stop within {self.stop_timeout:.0f}s; killing it")
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+
+    async def stop_all(self, last: Child | None = None) -> None:
+        """Stop every child (in parallel), then ``last`` (the bus they drain into)."""
+        self.stopping = True
+        await asyncio.gather(*(self.stop(c) for c in self.children if c is not last))
+        if last is not None:
+            await self.stop(last)
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+
+
+def child_env(base: dict[str, str], **overrides: str | None) -> dict[str, str]:
+    env = {**base, "PYTHONUNBUFFERED": "1"}
+    for key, value in overrides.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def python_module(module: str) -> list[str]:
+    return [sys.executable, "-m", module]
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,173 @@
+"""``sbx up``: the embedded NATS server and all six services, supervised."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from sbx import natsd, stack, supervisor
+from shared import bus, errors, health, settings, subjects
+
+GATEWAY_READY_TIMEOUT = 60.0
+
+
+@dataclass(frozen=True)
+class Options:
+    host: str
+    port: int
+    state_dir: Path
+    nats_port: int
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+async def _wait_for_nats(url: str, child: supervisor.Child | None, log_path: Path | None) -> None:
+    deadline = asyncio.get_running_loop().time() + 15
+    while True:
+        try:
+            nc = await bus.connect(settings.BusSettings(nats_url=url), "sbx-up", connect_timeout=1)
+        except errors.Unavailable:
+            if child is not None and child.proc is not None and child.proc.returncode is not None:
+                tail = log_path.read_text()[-1500:] if log_path and log_path.exists() else ""
+                raise errors.ConfigError(f"nats-server exited with {child.proc.returncode}:\n{tail}") from None
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+            continue
+        await nc.close()
+        return
+
+
+async def _wait_for_gateway(url: str, namespace: str, gateway: supervisor.Child) -> str:
+    topology = subjects.Topology(namespace)
+    nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=namespace), "sbx-up")
+    try:
+        deadline = asyncio.get_running_loop().time() + GATEWAY_READY_TIMEOUT
+        while asyncio.get_running_loop().time() < deadline:
+            try:
+                kv = await nc.jetstream().key_value(topology.health_bucket)
+                for report in await health.read_all(kv):
+                    if report.service == "gateway" and report.pid == gateway.pid and "url" in report.details:
+                        return report.details["url"]
+            except Exception:  # bucket not created yet, or a read raced a restart
+                pass
+            await asyncio.sleep(0.1)
+        raise errors.Unavailable("the gateway did not report ready in time; see its log lines above")
+    finally:
+        await nc.close()
+
+
+async def run(options: Options, env: dict[str, str]) -> int:
+    state = options.state_dir
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = open(state / "up.lock", "w")  # noqa: SIM115 - held for the life of the process
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        info = stack.StackInfo.read(state)
+        raise errors.Conflict(
+            f"another `sbx up` is already running with state dir {state}/"
+            + (f" (pid {info.pid})" if info else "")
+        ) from None
+
+    key, generated = stack.api_key(state, env)
+    base = settings.BusSettings.from_env(env)
+    sup = supervisor.Supervisor(stop_timeout=settings.ServiceSettings.drain_timeout + 5)
+    nats_child: supervisor.Child | None = None
+    nats_log: Path | None = None
+    if env.get("NATS_URL"):
+        nats_url = env["NATS_URL"]
+    else:
+        if not _port_free("127.0.0.1", options.nats_port):
+            raise errors.ConfigError(
+                f"port {options.nats_port} on 127.0.0.1 is taken; pass --nats-port, "
+                "or set NATS_URL to use a NATS server that is already running"
+            )
+        nats_url = f"nats://127.0.0.1:{options.nats_port}"
+        nats_log = state / "nats.log"
+        nats_child = await sup.start(
+            supervisor.Child(
+                "nats-server",
+                natsd.command(state / "nats", "127.0.0.1", options.nats_port),
+                supervisor.child_env(env),
+                output=open(nats_log, "ab"),  # noqa: SIM115 - owned by the child for its life
+            )
+        )
+    await _wait_for_nats(nats_url, nats_child, nats_log)
+
+    common = {
+        "NATS_URL": nats_url,
+        "SBX_NAMESPACE": base.namespace,
+        "SBX_STATE_DIR": str(state.resolve()),
+    }
+    gateway: supervisor.Child | None = None
+    for module in stack.SERVICES:
+        is_gateway = module == "gateway"
+        child = await sup.start(
+            supervisor.Child(
+                stack.service_name(module),
+                supervisor.python_module(f"services.{module}"),
+                supervisor.child_env(
+                    env,
+                    **common,
+                    # Only the gateway needs the key; no other process gets it.
+                    SANDBOX_API_KEY=key if is_gateway else None,
+                    SBX_GATEWAY_HOST=options.host if is_gateway else None,
+                    SBX_GATEWAY_PORT=str(options.port) if is_gateway else None,
+                ),
+            )
+        )
+        if is_gateway:
+            gateway = child
+    assert gateway is not None
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        ready = asyncio.create_task(_wait_for_gateway(nats_url, base.namespace, gateway))
+        stopped = asyncio.create_task(stop.wait())
+        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            gateway_url = ready.result()
+            stack.StackInfo(os.getpid(), nats_url, base.namespace, gateway_url, nats_child is not None).write(state)
+            key_hint = "$SANDBOX_API_KEY" if env.get("SANDBOX_API_KEY") else f"$(cat {state}/api-key)"
+            if generated:
+                supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
+            print(
+                "\nCloud Agent Sandbox is up.\n"
+                f"  REST API  {gateway_url}/v1/sessions   (OpenAPI: {gateway_url}/openapi.json)\n"
+                f"  Auth      Authorization: Bearer {key_hint}\n"
+                f"  NATS      {nats_url}  (namespace {base.namespace}, "
+                f"{'embedded, store in ' + str(state / 'nats') if nats_child else 'external'})\n"
+                f"  Try       curl -H \"Authorization: Bearer {key_hint}\" {gateway_url}/v1/sessions\n"
+                f"  Inspect   sbx status | sbx events --follow | sbx replay --verify"
+                + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")
+                + "\nStop with Ctrl-C.\n",
+                flush=True,
+            )
+            await stopped
+        else:
+            ready.cancel()
+    finally:
+        supervisor.say("stopping services...")
+        await sup.stop_all(last=nats_child)
+        stack.StackInfo.path(state).unlink(missing_ok=True)
+        supervisor.say("stopped")
+    return 0
+
+
