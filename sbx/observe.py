@@ -24,7 +24,7 @@ async def connect(url: str, namespace: str) -> tuple[Client, subjects.Topology]:
 
 async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> int:
     js = nc.jetstream()
-    reports = await health.read_all(await js.key_value(topology.health_bucket))
+    reports = await health.read_all(js, topology.health_bucket)
     store = eventstore.EventStore(js, topology)
     sessions = await (await projector.ProjectionStore.open(js, projections.SESSIONS, store)).all()
     now = datetime.now(UTC)

@@ -58,8 +58,7 @@ async def _wait_for_gateway(url: str, namespace: str, gateway: supervisor.Child)
         deadline = asyncio.get_running_loop().time() + GATEWAY_READY_TIMEOUT
         while asyncio.get_running_loop().time() < deadline:
             try:
-                kv = await nc.jetstream().key_value(topology.health_bucket)
-                for report in await health.read_all(kv):
+                for report in await health.read_all(nc.jetstream(), topology.health_bucket):
                     if report.service == "gateway" and report.pid == gateway.pid and "url" in report.details:
                         return report.details["url"]
             except Exception:  # bucket not created yet, or a read raced a restart

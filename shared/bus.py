@@ -11,6 +11,7 @@ import nats
 import nats.js.errors
 import structlog
 from nats.aio.client import Client
+from nats.js import api
 from nats.js.client import JetStreamContext
 
 from shared import errors, eventstore, settings, subjects
@@ -72,3 +73,37 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
             log.warning("bus.bucket_definition_differs", bucket=config.bucket)
         except Exception as exc:
             raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+
+
+async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    """Every live key of a KV bucket and its value, in one ordered-consumer pass.
+
+    (nats-py's ``watchall`` can signal "initial values done" before delivering
+    them when they arrive faster than its consumer-info call returns; this reads
+    until the consumer itself says nothing is pending.)
+    """
+    prefix = f"$KV.{bucket}."
+    sub = await js.subscribe(
+        f"{prefix}>",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
+        pending_msgs_limit=-1,
+        pending_bytes_limit=-1,
+    )
+    out: dict[str, bytes] = {}
+    try:
+        if eventstore.nothing_to_read(await sub.consumer_info()):
+            return out
+        while True:
+            msg = await sub.next_msg(timeout=10)
+            key = msg.subject[len(prefix) :]
+            if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                out.pop(key, None)
+            else:
+                out[key] = msg.data
+            if msg.metadata.num_pending == 0:
+                return out
+    finally:
+        await sub.unsubscribe()
+

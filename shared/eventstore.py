@@ -35,6 +35,15 @@ class Stored:
     event: events.AnyEvent
 
 
+def nothing_to_read(info: api.ConsumerInfo) -> bool:
+    """True if a fresh consumer has neither delivered nor pending messages.
+
+    Messages may already be in flight to us when the info is taken, so pending
+    alone can be 0 although messages are on their way.
+    """
+    return info.num_pending == 0 and (info.delivered is None or not info.delivered.consumer_seq)
+
+
 def _prev_seq(headers: dict[str, str] | None) -> int:
     raw = (headers or {}).get(subjects.EXPECTED_LAST_SUBJECT_SEQUENCE)
     return int(raw) if raw and raw.isdigit() else -1
@@ -137,8 +146,7 @@ class EventStore:
         except Exception as exc:
             raise translate(exc, "reading the event stream") from exc
         try:
-            info = await sub.consumer_info()
-            if not follow and info.num_pending == 0:
+            if not follow and nothing_to_read(await sub.consumer_info()):
                 return
             while True:
                 msg = await sub.next_msg(timeout=None)

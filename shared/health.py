@@ -16,7 +16,9 @@ import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
-from shared import codec
+from nats.js.client import JetStreamContext
+
+from shared import bus, codec
 
 log = structlog.get_logger(__name__)
 
@@ -63,13 +65,7 @@ async def heartbeat(kv: KeyValue, make_report: Callable[[], HealthReport], inter
         await asyncio.sleep(interval)
 
 
-async def read_all(kv: KeyValue) -> list[HealthReport]:
-    out: list[HealthReport] = []
-    watcher = await kv.watchall(ignore_deletes=True)
-    try:
-        while (entry := await watcher.updates(timeout=5)) is not None:
-            if entry.value:
-                out.append(codec.decode_state(entry.value, HealthReport))
-    finally:
-        await watcher.stop()
-    return sorted(out, key=lambda r: (r.service, r.instance))
+async def read_all(js: JetStreamContext, bucket: str) -> list[HealthReport]:
+    raw = await bus.snapshot(js, bucket)
+    reports = [codec.decode_state(value, HealthReport) for value in raw.values()]
+    return sorted(reports, key=lambda r: (r.service, r.instance))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import Generic
 
+import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -25,7 +26,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import codec, errors, eventstore, projections
+from shared import bus, codec, errors, eventstore, projections
 
 log = structlog.get_logger(__name__)
 
@@ -35,11 +36,14 @@ class ProjectionStore(Generic[projections.S]):
 
     def __init__(
         self,
+        js: JetStreamContext,
         kv: KeyValue,
         projection: projections.Projection[projections.S],
         store: eventstore.EventStore,
     ) -> None:
+        self.store_js = js
         self.kv = kv
+        self.kv_bucket = store.topology.bucket(projection.kind)
         self.projection = projection
         self.store = store
 
@@ -51,7 +55,7 @@ class ProjectionStore(Generic[projections.S]):
         store: eventstore.EventStore,
     ) -> ProjectionStore[projections.S]:
         kv = await js.key_value(store.topology.bucket(projection.kind))
-        return cls(kv, projection, store)
+        return cls(js, kv, projection, store)
 
     async def get_entry(self, key: str) -> tuple[projections.S | None, int | None]:
         try:
@@ -111,21 +115,18 @@ class ProjectionStore(Generic[projections.S]):
         return await self.apply(history[-1])
 
     async def all(self) -> dict[str, projections.S]:
-        """Every entry of the bucket, decoded (one pass with a KV watcher)."""
-        out: dict[str, projections.S] = {}
+        """Every entry of the bucket, decoded, keyed by projection key."""
         try:
-            watcher = await self.kv.watchall(ignore_deletes=True)
+            raw = await bus.snapshot(self.store_js, self.kv_bucket)
         except Exception as exc:
             raise eventstore.translate(exc, f"listing {self.projection.kind}s") from exc
-        try:
-            while True:
-                entry = await watcher.updates(timeout=10)
-                if entry is None:
-                    return out
-                if entry.value:
-                    out[entry.key] = codec.decode_state(entry.value, self.projection.state_type)
-        finally:
-            await watcher.stop()
+        out: dict[str, projections.S] = {}
+        for key, value in raw.items():
+            try:
+                out[key] = codec.decode_state(value, self.projection.state_type)
+            except msgspec.DecodeError as exc:
+                raise errors.CorruptEvent(f"{self.kv_bucket} entry {key} does not decode: {exc}") from exc
+        return out
 
 
 async def catch_up(

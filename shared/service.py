@@ -138,15 +138,22 @@ async def _connect_with_retry(bus_settings: settings.BusSettings, name: str) -> 
             delay = min(delay * 2, 2.0)
 
 
-async def run(service_settings: settings.ServiceSettings, setup: Setup) -> int:
-    """Run one service instance until signalled; return the process exit code."""
+async def run(
+    service_settings: settings.ServiceSettings, setup: Setup, *, stop: asyncio.Event | None = None
+) -> int:
+    """Run one service instance until signalled (or ``stop`` is set); return the exit code.
+
+    Passing ``stop`` runs the service embedded in another program (tests do): no
+    signal handlers are installed then.
+    """
     s = service_settings
     name = f"{s.service}/{s.instance}"
     topology = subjects.Topology(s.bus.namespace)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
 
     # Our own connection carries events and KV; the broker's carries subscribers,
     # so draining the subscribers never cuts off the final events.

@@ -1,0 +1,143 @@
+"""Frozen wire samples in tests/samples must keep decoding to the same events and commands forever."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from shared import codec, commands, events
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples"
+EVENT_FILES = sorted((SAMPLES / "events").glob("*.json"))
+COMMAND_FILES = sorted((SAMPLES / "commands").glob("*.json"))
+T = datetime(2025, 1, 15, 9, 30, 0, 123456, tzinfo=UTC)
+
+#: file name -> (type, key fields as attribute paths). Every sample file must be listed.
+EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
+    "session.created.json": (
+        events.SessionCreated,
+        {"session_id": "task-42", "image": "python:3.12", "org_id": "acme", "user_id": "alice",
+         "meta.command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8", "meta.correlation_id": "req-0001",
+         "meta.time": T, "meta.service": "scheduler"},
+    ),
+    "session.created.minimal.json": (
+        events.SessionCreated,
+        {"session_id": "s1", "image": None, "org_id": None, "user_id": None,
+         "meta.command_id": "0000000000000000000000000000000a", "meta.time": T},
+    ),
+    "session.stopped.json": (
+        events.SessionStopped,
+        {"session_id": "task-42", "reason": "requested", "meta.event_id": "8c1f0e2d3b4a59687766554433221100"},
+    ),
+    "session.deleted.json": (
+        events.SessionDeleted,
+        {"session_id": "task-42", "reason": "expired", "meta.user_id": "alice"},
+    ),
+    "instance.started.json": (
+        events.InstanceStarted,
+        {"service": "executor", "instance": "executor-0a1b2c3d4e5f", "pid": 31337, "host": "node-7",
+         "version": "0.1.0", "meta.time": T, "meta.command_id": None},
+    ),
+    "instance.stopped.json": (
+        events.InstanceStopped,
+        {"service": "executor", "instance": "executor-0a1b2c3d4e5f", "reason": "signal"},
+    ),
+    "session.create.json": (
+        commands.CreateSession,
+        {"command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8", "correlation_id": "req-0001",
+         "session_id": "task-42", "image": "python:3.12", "actor.via": "rest", "actor.org_id": "acme",
+         "actor.user_id": "alice"},
+    ),
+    "session.create.minimal.json": (
+        commands.CreateSession,
+        {"command_id": "c-1", "session_id": "s1", "image": None, "correlation_id": None, "actor.via": "rest"},
+    ),
+    "session.stop.json": (
+        commands.StopSession,
+        {"command_id": "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b", "session_id": "task-42", "actor.via": "mcp",
+         "actor.org_id": "acme", "actor.user_id": None},
+    ),
+    "session.delete.json": (
+        commands.DeleteSession,
+        {"command_id": "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d", "session_id": "task-42", "actor.via": "cli",
+         "actor.user_id": "bob"},
+    ),
+}
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _tag(obj: msgspec.Struct) -> str:
+    return type(obj).__struct_config__.tag
+
+
+def _assert_expected(path: Path, decoded: msgspec.Struct) -> None:
+    assert path.name in EXPECTED, f"{path.name}: add its expected type and key fields to EXPECTED"
+    cls, fields = EXPECTED[path.name]
+    assert type(decoded) is cls
+    assert path.name.split(".json")[0].startswith(_tag(decoded)), "file name must start with its type tag"
+    for attr, want in fields.items():
+        assert _get(decoded, attr) == want, f"{path.name}: {attr}"
+
+
+def _assert_no_field_lost(stored: Any, reencoded: Any, where: str) -> None:
+    """Every stored key survives decoding unchanged (a rename without a version bump loses data)."""
+    if isinstance(stored, dict):
+        assert isinstance(reencoded, dict), where
+        for key, value in stored.items():
+            assert key in reencoded, f"{where}.{key} is no longer understood"
+            _assert_no_field_lost(value, reencoded[key], f"{where}.{key}")
+    else:
+        assert stored == reencoded, where
+
+
+def test_sample_folders_exist_and_are_not_empty() -> None:
+    assert EVENT_FILES and COMMAND_FILES
+
+
+def test_every_sample_file_has_expectations_and_vice_versa() -> None:
+    names = [p.name for p in EVENT_FILES + COMMAND_FILES]
+    assert len(names) == len(set(names))
+    assert set(names) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("path", EVENT_FILES, ids=lambda p: p.name)
+def test_event_sample_decodes(path: Path) -> None:
+    data = path.read_bytes()
+    event = codec.decode_event(data)
+    _assert_expected(path, event)
+    assert event.v == codec.CURRENT_VERSION[_tag(event)]  # old shapes arrive upcast
+    stored = json.loads(data)
+    if stored["v"] == event.v:  # same schema version: nothing may be silently dropped
+        _assert_no_field_lost(stored, json.loads(codec.encode(event)), path.name)
+
+
+@pytest.mark.parametrize("path", COMMAND_FILES, ids=lambda p: p.name)
+def test_command_sample_decodes(path: Path) -> None:
+    data = path.read_bytes()
+    command = codec.decode_command(data)
+    _assert_expected(path, command)
+    _assert_no_field_lost(json.loads(data), json.loads(codec.encode(command)), path.name)
+
+
+def test_every_event_type_has_a_sample() -> None:
+    covered = {type(codec.decode_event(p.read_bytes())) for p in EVENT_FILES}
+    missing = {events.tag_of(c) for c in events.EVENT_TYPES} - {events.tag_of(c) for c in covered}
+    assert not missing, f"add a sample under tests/samples/events for: {sorted(missing)}"
+
+
+def test_every_command_type_has_a_sample() -> None:
+    covered = {type(codec.decode_command(p.read_bytes())) for p in COMMAND_FILES}
+    missing = {c.__struct_config__.tag for c in commands.COMMAND_TYPES} - {
+        c.__struct_config__.tag for c in covered
+    }
+    assert not missing, f"add a sample under tests/samples/commands for: {sorted(missing)}"
