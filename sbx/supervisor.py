@@ -27,7 +27,7 @@ def restart_delay(consecutive_failures: int) -> float:
     """Seconds to wait before restart number ``consecutive_failures`` (1, 2, ...)."""
     if consecutive_failures <= 0:
         return 0.0
-    return min(0.25 * 2 ** (consecutive_failures - 1), MAX_DELAY_SECONDS)
+    return min(0.25 * 2 ** min(consecutive_failures - 1, 16), MAX_DELAY_SECONDS)
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec

@@ -91,7 +91,13 @@ class Running:
 
     async def stop(self) -> int:
         self.stop_event.set()
-        return await asyncio.wait_for(self.task, 15)
+        done, _ = await asyncio.wait([self.task], timeout=15)
+        if not done:
+            import sys
+            for t in asyncio.all_tasks():
+                t.print_stack(file=sys.stderr)
+            raise TimeoutError(f"{self.settings.service} did not stop")
+        return self.task.result()
 
 
 async def start_in_process(

@@ -223,19 +223,8 @@ def _stopped_raw(**changes: Any) -> dict[str, Any]:
         [1, 2, 3],
         "session.stopped",
     ],
-    ids=[
-        "unknown-tag",
-        "no-tag",
-        "non-string-tag",
-        "newer-v2",
-        "newer-v99",
-        "v0",
-        "v-as-string",
-        "bad-field-type",
-        "missing-meta",
-        "array",
-        "string",
-    ],
+    ids=["unknown-tag", "no-tag", "non-string-tag", "newer-v2", "newer-v99", "v0", "v-as-string",
+         "bad-field-type", "missing-meta", "array", "string"],
 )
 def test_undecodable_event_raises_corrupt_event(raw: Any) -> None:
     with pytest.raises(errors.CorruptEvent):

@@ -1,0 +1,181 @@
+"""The REST session registry end to end: HTTP -> gateway -> NATS -> scheduler -> events -> KV,
+with a real nats-server and both services running (in-process)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from services.gateway import app as gateway_app
+from services.scheduler import app as scheduler_app
+from shared import settings, subjects
+from tests import support
+
+AUTH = {"Authorization": f"Bearer {support.API_KEY}"}
+
+
+@pytest.fixture
+async def api(nats_server, namespace):
+    scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup)
+    base = support.service_settings(nats_server.url, namespace, "gateway")
+    gw_settings = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
+    gateway = await support.start_in_process(
+        nats_server.url, namespace, "gateway", gateway_app.make_setup(gw_settings), instance=base.instance
+    )
+    details = await support.wait_for_health(nats_server.url, namespace, "gateway", base.instance, key="url")
+    async with httpx.AsyncClient(base_url=details["url"], timeout=10) as client:
+        yield client
+    assert await gateway.stop() == 0
+    if not scheduler.task.done():
+        await scheduler.stop()
+
+
+async def count_events(nats_server, namespace) -> int:
+    nc, topology = await support.connect(nats_server.url, namespace)
+    try:
+        return len(await support.stream_events(nc, topology, subjects.SESSION))
+    finally:
+        await nc.close()
+
+
+async def test_session_lifecycle_over_rest(api, nats_server, namespace):
+    r = await api.post("/v1/sessions", json={"session_id": "task-42", "image": "python:3.12"},
+                       headers={**AUTH, "X-Org-Id": "acme", "X-User-Id": "ann"})
+    assert r.status_code == 201, r.text
+    assert r.headers["location"] == "/v1/sessions/task-42"
+    body = r.json()
+    assert body["status"] == "active" and body["org_id"] == "acme" and body["user_id"] == "ann"
+    assert (await api.get("/v1/sessions/task-42", headers=AUTH)).json() == body
+
+    assert (await api.post("/v1/sessions", json={"session_id": "task-42"}, headers=AUTH)).status_code == 409
+    await api.post("/v1/sessions", json={"session_id": "other", "org_id": "globex"}, headers=AUTH)
+
+    listed = (await api.get("/v1/sessions", headers=AUTH)).json()
+    assert [s["session_id"] for s in listed["sessions"]] == ["task-42", "other"] and listed["count"] == 2
+    only = (await api.get("/v1/sessions", params={"org_id": "globex"}, headers=AUTH)).json()
+    assert [s["session_id"] for s in only["sessions"]] == ["other"]
+
+    stopped = await api.post("/v1/sessions/task-42/stop", headers=AUTH)
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
+    assert (await api.post("/v1/sessions/task-42/stop", headers=AUTH)).status_code == 200
+    assert (await api.get("/v1/sessions", params={"status": "stopped"}, headers=AUTH)).json()["count"] == 1
+
+    assert (await api.delete("/v1/sessions/task-42", headers=AUTH)).status_code == 204
+    assert (await api.get("/v1/sessions/task-42", headers=AUTH)).status_code == 404
+    assert (await api.delete("/v1/sessions/task-42", headers=AUTH)).status_code == 404
+    assert (await api.get("/v1/sessions", params={"status": "deleted"}, headers=AUTH)).json()["count"] == 1
+
+    # created, stopped, (other) created, deleted: four transitions, four events.
+    assert await count_events(nats_server, namespace) == 4
+    recreated = await api.post("/v1/sessions", json={"session_id": "task-42"}, headers=AUTH)
+    assert recreated.status_code == 201 and recreated.json()["incarnation"] == 2
+
+
+async def test_idempotency_key_makes_retries_safe(api, nats_server, namespace):
+    headers = {**AUTH, "Idempotency-Key": "retry-me-1"}
+    first = await api.post("/v1/sessions", json={"session_id": "idem"}, headers=headers)
+    second = await api.post("/v1/sessions", json={"session_id": "idem"}, headers=headers)
+    assert first.status_code == second.status_code == 201
+    assert first.json() == second.json()
+    assert await count_events(nats_server, namespace) == 1
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-key-0123456789abcdef", f"Bearer {support.API_KEY}x", f"Bearer {support.API_KEY[:-1]}",
+     f"Bearer  {support.API_KEY}", f"Basic {support.API_KEY}", support.API_KEY, "Bearer"],
+)
+async def test_every_endpoint_refuses_a_bad_key_before_doing_anything(api, nats_server, namespace, authorization):
+    headers = {"Authorization": authorization} if authorization is not None else {}
+    calls = [
+        ("POST", "/v1/sessions", {"session_id": "sneaky"}),
+        ("GET", "/v1/sessions", None),
+        ("GET", "/v1/sessions/sneaky", None),
+        ("POST", "/v1/sessions/sneaky/stop", None),
+        ("DELETE", "/v1/sessions/sneaky", None),
+    ]
+    for method, path, body in calls:
+        r = await api.request(method, path, json=body, headers=headers)
+        assert r.status_code == 401, (method, path, r.status_code)
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert r.json()["error"] == "unauthorized"
+        assert support.API_KEY not in r.text
+    assert await count_events(nats_server, namespace) == 0
+
+
+async def test_lower_case_scheme_is_accepted(api):
+    r = await api.get("/v1/sessions", headers={"Authorization": f"bearer {support.API_KEY}"})
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b"", "empty"),
+        (b"{not json", "not valid JSON"),
+        (b"[]", "Expected `object`"),
+        (b'{"session_id": 42}', "Expected `str`"),
+        (b'{"session_id": "a.b"}', "session_id"),
+        (b'{"session_id": "a*"}', "session_id"),
+        (b'{"session_id": ">"}', "session_id"),
+        (b'{"session_id": "a b"}', "session_id"),
+        (b'{"session_id": "a/b"}', "session_id"),
+        (b'{"session_id": "a\\u0001"}', "session_id"),
+        (b'{"session_id": "' + b"x" * 129 + b'"}', "session_id"),
+        (b'{"session_id": "ok", "surprise": 1}', "surprise"),
+        (b'{"session_id": "ok", "image": "$(rm -rf /)"}', "image"),
+        (b'{"session_id": "ok", "org_id": "a\\nb"}', "org id"),
+        (b'{}', "session_id"),
+    ],
+)
+async def test_bad_bodies_get_400_and_change_nothing(api, nats_server, namespace, body, fragment):
+    r = await api.post("/v1/sessions", content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    problem = r.json()
+    assert problem["error"] == "invalid_input" and fragment in problem["message"], problem
+    assert await count_events(nats_server, namespace) == 0
+
+
+@pytest.mark.parametrize("path_id", ["a.b", "a%2Fb", "%3E", "a*", "x" * 129, "a%00b", "a%20b"])
+async def test_bad_ids_in_paths_get_400(api, nats_server, namespace, path_id):
+    for method, path in [("GET", f"/v1/sessions/{path_id}"), ("POST", f"/v1/sessions/{path_id}/stop"),
+                         ("DELETE", f"/v1/sessions/{path_id}")]:
+        r = await api.request(method, path, headers=AUTH)
+        assert r.status_code in (400, 404), (method, path, r.status_code)
+        if r.status_code == 400:
+            assert r.json()["error"] == "invalid_input"
+    assert await count_events(nats_server, namespace) == 0
+
+
+async def test_bad_query_and_headers(api):
+    assert (await api.get("/v1/sessions", params={"limit": "0"}, headers=AUTH)).status_code == 400
+    assert (await api.get("/v1/sessions", params={"status": "weird"}, headers=AUTH)).status_code == 400
+    bad_key = await api.post("/v1/sessions", json={"session_id": "k"}, headers={**AUTH, "Idempotency-Key": "a b"})
+    assert bad_key.status_code == 400
+
+
+async def test_openapi_is_generated_from_the_types(api):
+    r = await api.get("/openapi.json")  # public: documentation holds no secrets
+    assert r.status_code == 200
+    doc = r.json()
+    assert doc["openapi"].startswith("3.")
+    ops = {(path, method) for path, item in doc["paths"].items() for method in item}
+    assert {("/v1/sessions", "post"), ("/v1/sessions", "get"), ("/v1/sessions/{session_id}", "get"),
+            ("/v1/sessions/{session_id}/stop", "post"), ("/v1/sessions/{session_id}", "delete")} <= ops
+    request = doc["components"]["schemas"]["CreateSessionRequest"]
+    assert request["required"] == ["session_id"]
+    assert request["properties"]["session_id"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_-]*$"
+    assert set(doc["components"]["schemas"]["Session"]["properties"]["status"]["enum"]) == {"active", "stopped", "deleted"}
+    assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+
+
+async def test_no_scheduler_means_503_not_a_hang(nats_server, namespace):
+    base = support.service_settings(nats_server.url, namespace, "gateway")
+    gw = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
+    gateway = await support.start_in_process(nats_server.url, namespace, "gateway", gateway_app.make_setup(gw),
+                                             instance=base.instance)
+    details = await support.wait_for_health(nats_server.url, namespace, "gateway", base.instance, key="url")
+    async with httpx.AsyncClient(base_url=details["url"]) as client:
+        r = await client.post("/v1/sessions", json={"session_id": "nobody-home"}, headers=AUTH)
+    assert r.status_code == 503 and r.json()["retriable"] is True and r.headers["retry-after"]
+    assert await gateway.stop() == 0

@@ -1,0 +1,262 @@
+"""Pure session decisions (scheduler.logic.decide/validate) and the folds in shared.projections."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scheduler import logic
+from shared import commands, errors, events, projections, states
+
+T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+SID = "task-42"
+ACTOR = commands.Actor(via="rest", org_id="acme", user_id="alice")
+
+
+def meta(n: int = 0, command_id: str | None = "cmd-0") -> events.Meta:
+    return events.Meta(
+        event_id=f"{n:032x}",
+        time=T0 + timedelta(seconds=n),
+        service="scheduler",
+        instance="scheduler-1",
+        command_id=command_id,
+        session_id=SID,
+    )
+
+
+def create(cid: str = "cmd-c", image: str | None = "python:3.12", sid: str = SID) -> commands.CreateSession:
+    return commands.CreateSession(command_id=cid, actor=ACTOR, session_id=sid, image=image)
+
+
+def stop(cid: str = "cmd-s", sid: str = SID) -> commands.StopSession:
+    return commands.StopSession(command_id=cid, session_id=sid)
+
+
+def delete(cid: str = "cmd-d", sid: str = SID) -> commands.DeleteSession:
+    return commands.DeleteSession(command_id=cid, session_id=sid)
+
+
+def state(status: str, **kw: Any) -> states.SessionState:
+    fields: dict[str, Any] = dict(
+        session_id=SID, status=status, created_at=T0, updated_at=T0, last_seq=3, version=3,
+        last_command_id="cmd-earlier",
+    )
+    fields.update(kw)
+    return states.SessionState(**fields)
+
+
+# ---- decide -------------------------------------------------------------------------------
+
+
+def test_create_on_nothing() -> None:
+    m = meta(1, "cmd-c")
+    assert logic.decide(None, create(), m) == [
+        events.SessionCreated(meta=m, session_id=SID, image="python:3.12", org_id="acme", user_id="alice")
+    ]
+
+
+def test_create_on_deleted_starts_a_new_incarnation() -> None:
+    old = state("deleted", incarnation=2, version=6, last_seq=10)
+    m = meta(20, "cmd-c")
+    [event] = logic.decide(old, create(image=None), m)
+    assert isinstance(event, events.SessionCreated) and event.image is None
+    new = projections.evolve_session(old, event, 11)
+    assert (new.status, new.incarnation, new.version, new.last_seq) == ("active", 3, 7, 11)
+    assert new.created_at == new.updated_at == m.time
+    assert new.image is None and new.last_command_id == "cmd-c"
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_create_on_existing_is_a_conflict(status: str) -> None:
+    with pytest.raises(errors.Conflict, match=status):
+        logic.decide(state(status), create(), meta())
+
+
+def test_stop_active() -> None:
+    m = meta(2, "cmd-s")
+    assert logic.decide(state("active"), stop(), m) == [events.SessionStopped(meta=m, session_id=SID)]
+
+
+def test_stop_stopped_is_a_no_op() -> None:
+    assert logic.decide(state("stopped"), stop(), meta()) == []
+
+
+@pytest.mark.parametrize("current", [None, state("deleted")], ids=["missing", "deleted"])
+@pytest.mark.parametrize("command", [stop(), delete()], ids=["stop", "delete"])
+def test_stop_or_delete_missing_is_not_found(current: states.SessionState | None, command: Any) -> None:
+    with pytest.raises(errors.NotFound):
+        logic.decide(current, command, meta())
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_delete_existing(status: str) -> None:
+    m = meta(4, "cmd-d")
+    assert logic.decide(state(status), delete(), m) == [events.SessionDeleted(meta=m, session_id=SID)]
+
+
+@pytest.mark.parametrize(
+    ("status", "command"),
+    [
+        ("active", create("dup")),  # would otherwise be a Conflict
+        ("stopped", stop("dup")),
+        ("active", stop("dup")),  # would otherwise stop
+        ("deleted", delete("dup")),  # would otherwise be NotFound
+        ("deleted", stop("dup")),
+        ("stopped", delete("dup")),
+    ],
+)
+def test_duplicate_command_decides_nothing(status: str, command: Any) -> None:
+    assert logic.decide(state(status, last_command_id="dup"), command, meta(9, "dup")) == []
+
+
+# ---- validate -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [create(), create(image=None), stop(), delete()])
+def test_validate_accepts_well_formed(command: Any) -> None:
+    logic.validate(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        create(sid=""),
+        create(sid="a.b"),
+        create(sid="a>b"),
+        create(sid="*"),
+        stop(sid="../etc"),
+        delete(sid="x" * 129),
+        commands.CreateSession(command_id="c", session_id=SID, actor=commands.Actor(org_id="ac\nme")),
+        commands.StopSession(command_id="c", session_id=SID, actor=commands.Actor(user_id="bo\x00b")),
+        commands.DeleteSession(command_id="c", session_id=SID, actor=commands.Actor(org_id="o" * 257)),
+        create(image="a b"),
+        create(image="$(reboot)"),
+        create(image=""),
+        create(image="i" * 257),
+    ],
+)
+def test_validate_rejects_malformed(command: Any) -> None:
+    with pytest.raises(errors.InvalidInput):
+        logic.validate(command)
+
+
+# ---- evolve -------------------------------------------------------------------------------
+
+
+def created(n: int = 1) -> events.SessionCreated:
+    return events.SessionCreated(meta=meta(n, f"c{n}"), session_id=SID, org_id="acme")
+
+
+def stopped(n: int = 2) -> events.SessionStopped:
+    return events.SessionStopped(meta=meta(n, f"c{n}"), session_id=SID)
+
+
+def deleted(n: int = 3) -> events.SessionDeleted:
+    return events.SessionDeleted(meta=meta(n, f"c{n}"), session_id=SID)
+
+
+def started() -> events.InstanceStarted:
+    return events.InstanceStarted(
+        meta=meta(0, None), service="executor", instance="executor-1", pid=10, host="h", version="1.0"
+    )
+
+
+def test_session_lifecycle_fold() -> None:
+    s = projections.SESSIONS.fold([(5, created(1)), (8, stopped(2)), (13, deleted(3))])
+    assert s is not None
+    assert (s.status, s.version, s.last_seq, s.incarnation, s.org_id) == ("deleted", 3, 13, 1, "acme")
+    assert s.created_at == T0 + timedelta(seconds=1) and s.updated_at == T0 + timedelta(seconds=3)
+    assert s.last_command_id == "c3"
+
+
+@pytest.mark.parametrize(
+    ("before", "event"),
+    [
+        (None, stopped()),
+        (None, deleted()),
+        (state("active"), created()),
+        (state("stopped"), created()),
+        (state("stopped"), stopped()),
+        (state("deleted"), stopped()),
+        (state("deleted"), deleted()),
+        (None, started()),
+        (state("active"), started()),
+    ],
+)
+def test_evolve_session_refuses_impossible_events(before: states.SessionState | None, event: Any) -> None:
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_session(before, event, 99)
+
+
+def test_evolve_instance_started_then_stopped() -> None:
+    s = projections.evolve_instance(None, started(), 1)
+    assert (s.status, s.pid, s.host, s.version, s.started_at, s.stopped_at, s.last_seq) == (
+        "running", 10, "h", "1.0", T0, None, 1
+    )
+    stop_event = events.InstanceStopped(meta=meta(7, None), service="executor", instance="executor-1")
+    s2 = projections.evolve_instance(s, stop_event, 2)
+    assert s2 == msgspec.structs.replace(s, status="stopped", stopped_at=T0 + timedelta(seconds=7), last_seq=2)
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_instance(s2, stop_event, 3)
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_instance(s, started(), 3)
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_instance(None, stop_event, 1)
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_instance(s, created(), 3)
+
+
+# ---- property: decide then evolve never disagree ------------------------------------------
+
+KINDS = {"create": create, "stop": stop, "delete": delete}
+step = st.one_of(
+    st.just(("dup", "")),
+    st.tuples(st.sampled_from(sorted(KINDS)), st.sampled_from(["a", "b", "c", "d"])),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(step, max_size=40))
+def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
+    current: states.SessionState | None = None
+    seq = folded = 0
+    previous: Any = None
+    for n, (kind, cid) in enumerate(steps):
+        is_dup = kind == "dup" and previous is not None
+        command = previous if is_dup else KINDS["create" if kind == "dup" else kind](cid)
+        try:
+            produced = logic.decide(current, command, meta(n, command.command_id))
+        except errors.Conflict:
+            assert isinstance(command, commands.CreateSession)
+            produced = []
+        except errors.NotFound:
+            assert isinstance(command, commands.StopSession | commands.DeleteSession)
+            produced = []
+        if is_dup:
+            assert produced == []
+        assert len(produced) <= 1
+        for event in produced:
+            seq += 1 + n % 3  # sequences increase, not necessarily by one
+            before = current
+            current = projections.evolve_session(current, event, seq)
+            folded += 1
+            if isinstance(event, events.SessionCreated):  # incarnation only ever goes up, by one
+                assert current.incarnation == (before.incarnation + 1 if before else 1)
+            else:
+                assert before is not None and current.incarnation == before.incarnation
+            assert current.last_command_id == command.command_id
+            expected_status = {commands.CreateSession: "active", commands.StopSession: "stopped"}
+            assert current.status == expected_status.get(type(command), "deleted")
+        if current is not None:
+            assert current.version == folded
+            assert current.last_seq == seq
+            assert current.status in ("active", "stopped", "deleted")
+            assert current.session_id == SID
+        else:
+            assert folded == 0
+        previous = command
