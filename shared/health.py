@@ -18,7 +18,7 @@ from nats.js.kv import KeyValue
 
 from nats.js.client import JetStreamContext
 
-from shared import bus, codec
+from shared import aio, bus, codec
 
 log = structlog.get_logger(__name__)
 
@@ -62,6 +62,7 @@ async def heartbeat(kv: KeyValue, make_report: Callable[[], HealthReport], inter
             await publish(kv, make_report())
         except Exception as exc:
             log.warning("health.report_failed", error=str(exc))
+        aio.raise_if_cancelling()  # the client may have swallowed our cancellation
         await asyncio.sleep(interval)
 
 

@@ -26,7 +26,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import bus, codec, errors, eventstore, projections
+from shared import aio, bus, codec, errors, eventstore, projections
 
 log = structlog.get_logger(__name__)
 
@@ -156,7 +156,8 @@ async def catch_up(
             try:
                 msgs = await sub.fetch(batch, timeout=1.0)
             except (nats.errors.TimeoutError, TimeoutError):
-                continue
+                msgs = []
+            aio.raise_if_cancelling()  # the client may have swallowed our cancellation
             for msg in msgs:
                 try:
                     stored = eventstore.stored_from_message(
@@ -168,6 +169,7 @@ async def catch_up(
                     await msg.term()
                     continue
                 except errors.InfrastructureError as exc:
+                    aio.raise_if_cancelling()
                     log.warning("projection.retry_later", kind=kind, error=str(exc))
                     await msg.nak(delay=1)
                     continue

@@ -33,6 +33,7 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
 from shared import (
+    aio,
     bus,
     commands,
     errors,
@@ -211,10 +212,7 @@ async def run(
         await asyncio.wait_for(broker.stop(), s.drain_timeout + 1)
     except Exception as exc:
         log.warning("service.broker_stop_failed", error=repr(exc))
-    stopper.cancel()
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(stopper, *tasks, return_exceptions=True)
+    await aio.cancel_and_wait([stopper, *tasks])
     try:
         current = await instances.get(s.instance)
         stopped = events.InstanceStopped(meta=ctx.meta(), service=s.service, instance=s.instance, reason=reason)
