@@ -30,6 +30,11 @@ from shared import aio, bus, codec, errors, eventstore, projections
 
 log = structlog.get_logger(__name__)
 
+#: An event handed to a projector that dies before acking is redelivered after this
+#: long. Applying one event takes milliseconds; this bounds how long a crash can
+#: leave a projection behind.
+ACK_WAIT_SECONDS = 5.0
+
 
 class ProjectionStore(Generic[projections.S]):
     """One kind's KV bucket, read and written through its projection."""
@@ -146,7 +151,7 @@ async def catch_up(
         stream=topology.events_stream,
         config=api.ConsumerConfig(
             ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=30,
+            ack_wait=ACK_WAIT_SECONDS,
             max_ack_pending=10_000,
             deliver_policy=api.DeliverPolicy.ALL,
         ),
