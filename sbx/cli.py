@@ -39,6 +39,9 @@ def _run(coro: Awaitable[int]) -> None:
         raise typer.Exit(2 if isinstance(exc, errors.ConfigError | errors.Conflict) else 1) from None
     except KeyboardInterrupt:
         code = 130
+    except BrokenPipeError:  # `sbx events | head`
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+        code = 0
     raise typer.Exit(code)
 
 

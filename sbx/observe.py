@@ -24,7 +24,11 @@ async def connect(url: str, namespace: str) -> tuple[Client, subjects.Topology]:
 
 async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> int:
     js = nc.jetstream()
-    reports = await health.read_all(js, topology.health_bucket)
+    try:
+        reports = await health.read_all(js, topology.health_bucket)
+    except Exception as exc:  # no bucket yet: nothing has started in this namespace
+        print(f"sbx: no health reports ({type(exc).__name__}: {exc})", file=sys.stderr)
+        reports = []
     store = eventstore.EventStore(js, topology)
     sessions = await (await projector.ProjectionStore.open(js, projections.SESSIONS, store)).all()
     now = datetime.now(UTC)

@@ -84,7 +84,8 @@ async def run(options: Options, env: dict[str, str]) -> int:
 
     key, generated = stack.api_key(state, env)
     base = settings.BusSettings.from_env(env)
-    sup = supervisor.Supervisor(stop_timeout=settings.ServiceSettings.drain_timeout + 5)
+    drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
+    sup = supervisor.Supervisor(stop_timeout=drain + 5)
     nats_child: supervisor.Child | None = None
     nats_log: Path | None = None
     if env.get("NATS_URL"):
@@ -126,6 +127,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                     SANDBOX_API_KEY=key if is_gateway else None,
                     SBX_GATEWAY_HOST=options.host if is_gateway else None,
                     SBX_GATEWAY_PORT=str(options.port) if is_gateway else None,
+                    SBX_INSTANCE_ID=None,  # each process gets its own
                 ),
             )
         )

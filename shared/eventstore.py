@@ -86,7 +86,9 @@ class EventStore:
         stored: list[Stored] = []
         expected = expected_last_seq
         for position, event in enumerate(new_events):
-            dedup = f"{event.meta.command_id or event.meta.event_id}:{position}"
+            # Scoped to the aggregate: the same command id (or Idempotency-Key) used on
+            # another aggregate must never be mistaken for a duplicate.
+            dedup = f"{subject.rsplit('.', 1)[1]}:{event.meta.command_id or event.meta.event_id}:{position}"
             headers = {
                 subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
                 subjects.MSG_ID: dedup,
@@ -100,6 +102,10 @@ class EventStore:
                 )
             except Exception as exc:
                 raise translate(exc, f"appending to {subject}") from exc
+            if ack.duplicate:
+                # Already appended by an earlier attempt of this command; our view of
+                # the aggregate is stale. The caller reloads and decides again.
+                raise errors.ConcurrencyError(f"{dedup} was already appended to {subject} (seq {ack.seq})")
             stored.append(Stored(ack.seq, subject, expected, event))  # type: ignore[arg-type]
             expected = ack.seq
         return stored

@@ -76,7 +76,9 @@ def evolve_instance(
     state: states.InstanceState | None, event: events.AnyEvent, seq: int
 ) -> states.InstanceState:
     match event:
-        case events.InstanceStarted() if state is None:
+        case events.InstanceStarted():
+            # A fixed SBX_INSTANCE_ID may start again (after a clean stop or a crash
+            # that left no stop event): the new start replaces the old life.
             return states.InstanceState(
                 service=event.service,
                 instance=event.instance,

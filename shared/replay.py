@@ -13,9 +13,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import nats.js.errors
 from nats.js.client import JetStreamContext
 
-from shared import codec, eventstore, projections, projector, subjects
+from shared import codec, errors, eventstore, projections, projector, subjects
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,11 @@ async def verify(js: JetStreamContext, topology: subjects.Topology) -> Report:
 
 
 async def rebuild(js: JetStreamContext, topology: subjects.Topology) -> Report:
-    """Overwrite every projection with the fold of the stream (and drop strays)."""
+    """Rewrite every projection entry that differs from the fold of the stream.
+
+    Safe on a live stack: each write is a revision CAS, and an entry that moved
+    past the fold (a writer got there first) is left alone.
+    """
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
     folded, count = await fold_stream(store, up_to=await store.last_seq())
@@ -118,10 +123,25 @@ async def rebuild(js: JetStreamContext, topology: subjects.Topology) -> Report:
         live = await target.all()
         report.aggregates[kind] = len(folded[kind])
         for difference in diff(kind, folded[kind], live):
-            if difference.expected is None:
-                await target.kv.purge(difference.key)
-            else:
-                await target.kv.put(difference.key, codec.encode(folded[kind][difference.key]))
-            report.differences.append(difference)
+            if await _rewrite(target, difference.key, folded[kind].get(difference.key)):
+                report.differences.append(difference)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def _rewrite(target: projector.ProjectionStore[Any], key: str, want: Any) -> bool:
+    for _ in range(10):
+        have, revision = await target.get_entry(key)
+        if have is not None and want is not None and have.last_seq > want.last_seq:
+            return False  # a writer moved it on while we folded: newer than our fold
+        try:
+            if want is None:
+                await target.kv.purge(key)
+            elif revision is None:
+                await target.kv.create(key, codec.encode(want))
+            else:
+                await target.kv.update(key, codec.encode(want), last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            continue
+        return True
+    raise errors.ConcurrencyError(f"{target.kv_bucket} {key} kept changing during the rebuild")

@@ -178,8 +178,10 @@ async def run(
     started = events.InstanceStarted(
         meta=ctx.meta(), service=s.service, instance=s.instance, pid=os.getpid(), host=s.hostname, version=VERSION
     )
+    instance_subject = topology.aggregate_subject(subjects.INSTANCE, s.instance)
+    history = await store.load(instance_subject)  # non-empty only for a reused SBX_INSTANCE_ID
     for stored in await store.append(
-        topology.aggregate_subject(subjects.INSTANCE, s.instance), [started], expected_last_seq=0
+        instance_subject, [started], expected_last_seq=history[-1].seq if history else 0
     ):
         await instances.apply(stored)
     ctx.status = "ok"

@@ -116,7 +116,7 @@ class Topology:
             description="Service heartbeats; an entry expires when its instance stops reporting.",
             history=1,
             ttl=HEALTH_TTL_SECONDS,
-            storage=api.StorageType.MEMORY,
+            storage=api.StorageType.FILE,  # survives a NATS restart like the rest
         )
 
 

@@ -203,8 +203,10 @@ def test_evolve_instance_started_then_stopped() -> None:
     assert s2 == msgspec.structs.replace(s, status="stopped", stopped_at=T0 + timedelta(seconds=7), last_seq=2)
     with pytest.raises(errors.InvalidTransition):
         projections.evolve_instance(s2, stop_event, 3)
-    with pytest.raises(errors.InvalidTransition):
-        projections.evolve_instance(s, started(), 3)
+    # A reused SBX_INSTANCE_ID starts again, after a clean stop or after a crash.
+    for before in (s, s2):
+        again = projections.evolve_instance(before, started(), 3)
+        assert (again.status, again.stopped_at, again.last_seq) == ("running", None, 3)
     with pytest.raises(errors.InvalidTransition):
         projections.evolve_instance(None, stop_event, 1)
     with pytest.raises(errors.InvalidTransition):
