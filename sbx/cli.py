@@ -62,10 +62,14 @@ def up_command(
     host: Annotated[str, typer.Option(help="Address the gateway listens on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Gateway port (0 picks a free one).", min=0, max=65535)] = 8080,
     state_dir: StateDir = None,
-    nats_port: Annotated[int, typer.Option(help="Port of the embedded NATS server.", min=1, max=65535)] = 4222,
+    nats_port: Annotated[
+        int, typer.Option(help="Port of the embedded NATS server.", min=1, max=65535)
+    ] = 4222,
 ) -> None:
     """Start NATS (unless NATS_URL is set) and all six services; stop them on Ctrl-C."""
-    options = up.Options(host=host, port=port, state_dir=stack.state_dir(state_dir, os.environ), nats_port=nats_port)
+    options = up.Options(
+        host=host, port=port, state_dir=stack.state_dir(state_dir, os.environ), nats_port=nats_port
+    )
     _run(up.run(options, dict(os.environ)))
 
 
@@ -89,8 +93,12 @@ def events_command(
 
 @app.command("replay")
 def replay_command(
-    verify: Annotated[bool, typer.Option("--verify", help="Compare (default): exit 0 only if KV equals the fold.")] = False,
-    rebuild: Annotated[bool, typer.Option("--rebuild", help="Rewrite every projection from the stream.")] = False,
+    verify: Annotated[
+        bool, typer.Option("--verify", help="Compare (default): exit 0 only if KV equals the fold.")
+    ] = False,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="Rewrite every projection from the stream.")
+    ] = False,
     state_dir: StateDir = None,
     json: Json = False,
 ) -> None:

@@ -11,11 +11,25 @@ from typing import Any
 from nats.aio.client import Client
 
 from sbx import stack
-from shared import bus, codec, eventstore, events, health, ids, projections, projector, replay, settings, subjects
+from shared import (
+    bus,
+    codec,
+    events,
+    eventstore,
+    health,
+    ids,
+    projections,
+    projector,
+    replay,
+    settings,
+    subjects,
+)
 
 
 async def connect(url: str, namespace: str) -> tuple[Client, subjects.Topology]:
-    nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=namespace), "sbx-cli", connect_timeout=3)
+    nc = await bus.connect(
+        settings.BusSettings(nats_url=url, namespace=namespace), "sbx-cli", connect_timeout=3
+    )
     return nc, subjects.Topology(namespace)
 
 
@@ -97,9 +111,7 @@ async def follow_events(
             print(json.dumps(event_record(stored)), flush=True)
         else:
             meta = stored.event.meta
-            who = " ".join(
-                f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v
-            )
+            who = " ".join(f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v)
             print(
                 f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
                 f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
@@ -131,7 +143,10 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
         )
     else:
         sizes = ", ".join(f"{n} {k}s" for k, n in report.aggregates.items())
-        print(f"replayed {report.events} events into {sizes} in {report.seconds:.2f}s ({report.rate:,.0f} events/s)")
+        print(
+            f"replayed {report.events} events into {sizes} "
+            f"in {report.seconds:.2f}s ({report.rate:,.0f} events/s)"
+        )
         for difference in report.differences:
             print(("rewrote " if rebuild else "DIFFERS ") + difference.describe())
         if not report.differences:

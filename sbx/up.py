@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import signal
@@ -42,7 +43,9 @@ async def _wait_for_nats(url: str, child: supervisor.Child | None, log_path: Pat
         except errors.Unavailable:
             if child is not None and child.proc is not None and child.proc.returncode is not None:
                 tail = log_path.read_text()[-1500:] if log_path and log_path.exists() else ""
-                raise errors.ConfigError(f"nats-server exited with {child.proc.returncode}:\n{tail}") from None
+                raise errors.ConfigError(
+                    f"nats-server exited with {child.proc.returncode}:\n{tail}"
+                ) from None
             if asyncio.get_running_loop().time() > deadline:
                 raise
             await asyncio.sleep(0.1)
@@ -57,12 +60,10 @@ async def _wait_for_gateway(url: str, namespace: str, gateway: supervisor.Child)
     try:
         deadline = asyncio.get_running_loop().time() + GATEWAY_READY_TIMEOUT
         while asyncio.get_running_loop().time() < deadline:
-            try:
+            with contextlib.suppress(Exception):  # no bucket yet, or a read raced a restart
                 for report in await health.read_all(nc.jetstream(), topology.health_bucket):
                     if report.service == "gateway" and report.pid == gateway.pid and "url" in report.details:
                         return report.details["url"]
-            except Exception:  # bucket not created yet, or a read raced a restart
-                pass
             await asyncio.sleep(0.1)
         raise errors.Unavailable("the gateway did not report ready in time; see its log lines above")
     finally:
@@ -72,7 +73,7 @@ async def _wait_for_gateway(url: str, namespace: str, gateway: supervisor.Child)
 async def run(options: Options, env: dict[str, str]) -> int:
     state = options.state_dir
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = open(state / "up.lock", "w")  # noqa: SIM115 - held for the life of the process
+    lock = open(state / "up.lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -103,7 +104,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                 "nats-server",
                 natsd.command(state / "nats", "127.0.0.1", options.nats_port),
                 supervisor.child_env(env),
-                output=open(nats_log, "ab"),  # noqa: SIM115 - owned by the child for its life
+                output=open(nats_log, "ab"),
             )
         )
     await _wait_for_nats(nats_url, nats_child, nats_log)
@@ -145,7 +146,9 @@ async def run(options: Options, env: dict[str, str]) -> int:
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
             gateway_url = ready.result()
-            stack.StackInfo(os.getpid(), nats_url, base.namespace, gateway_url, nats_child is not None).write(state)
+            stack.StackInfo(os.getpid(), nats_url, base.namespace, gateway_url, nats_child is not None).write(
+                state
+            )
             key_hint = "$SANDBOX_API_KEY" if env.get("SANDBOX_API_KEY") else f"$(cat {state}/api-key)"
             if generated:
                 supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
@@ -155,7 +158,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                 f"  Auth      Authorization: Bearer {key_hint}\n"
                 f"  NATS      {nats_url}  (namespace {base.namespace}, "
                 f"{'embedded, store in ' + str(state / 'nats') if nats_child else 'external'})\n"
-                f"  Try       curl -H \"Authorization: Bearer {key_hint}\" {gateway_url}/v1/sessions\n"
+                f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
                 f"  Inspect   sbx status | sbx events --follow | sbx replay --verify"
                 + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")
                 + "\nStop with Ctrl-C.\n",
@@ -170,5 +173,3 @@ async def run(options: Options, env: dict[str, str]) -> int:
         stack.StackInfo.path(state).unlink(missing_ok=True)
         supervisor.say("stopped")
     return 0
-
-

@@ -106,4 +106,3 @@ async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
                 return out
     finally:
         await sub.unsubscribe()
-

@@ -14,9 +14,8 @@ from typing import Literal
 
 import msgspec
 import structlog
-from nats.js.kv import KeyValue
-
 from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 
 from shared import aio, bus, codec
 

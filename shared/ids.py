@@ -27,9 +27,7 @@ def validate_session_id(value: object, *, what: str = "session id") -> str:
     if not isinstance(value, str) or not value:
         raise errors.InvalidInput(f"{what} is missing; it must be {_SESSION_ID_RULE}")
     if len(value) > SESSION_ID_MAX:
-        raise errors.InvalidInput(
-            f"{what} is {len(value)} characters long; it must be {_SESSION_ID_RULE}"
-        )
+        raise errors.InvalidInput(f"{what} is {len(value)} characters long; it must be {_SESSION_ID_RULE}")
     if not _SESSION_ID.fullmatch(value):
         raise errors.InvalidInput(f"{what} {value!r:.60} is not allowed; it must be {_SESSION_ID_RULE}")
     return value

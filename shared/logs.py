@@ -45,4 +45,8 @@ def configure(*, service: str, instance: str, level: str = "info", fmt: str = "j
     )
     structlog.contextvars.bind_contextvars(service=service, instance=instance)
     # Libraries that log through the standard library (uvicorn, nats) go to stderr too.
-    logging.basicConfig(level=max(_LEVELS[level], logging.INFO), stream=sys.stderr, format="%(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=max(_LEVELS[level], logging.INFO),
+        stream=sys.stderr,
+        format="%(levelname)s %(name)s %(message)s",
+    )

@@ -90,9 +90,7 @@ def evolve_instance(
                 last_seq=seq,
             )
         case events.InstanceStopped() if state is not None and state.status == "running":
-            return msgspec.structs.replace(
-                state, status="stopped", stopped_at=event.meta.time, last_seq=seq
-            )
+            return msgspec.structs.replace(state, status="stopped", stopped_at=event.meta.time, last_seq=seq)
         case _:
             raise errors.InvalidTransition(
                 f"{events.tag_of(type(event))} at seq {seq} cannot follow "
@@ -121,9 +119,7 @@ class Projection(Generic[S]):
         return state
 
 
-SESSIONS: Projection[states.SessionState] = Projection(
-    subjects.SESSION, states.SessionState, evolve_session
-)
+SESSIONS: Projection[states.SessionState] = Projection(subjects.SESSION, states.SessionState, evolve_session)
 INSTANCES: Projection[states.InstanceState] = Projection(
     subjects.INSTANCE, states.InstanceState, evolve_instance
 )

@@ -134,9 +134,7 @@ class ProjectionStore(Generic[projections.S]):
         return out
 
 
-async def catch_up(
-    js: JetStreamContext, target: ProjectionStore[projections.S], *, batch: int = 256
-) -> None:
+async def catch_up(js: JetStreamContext, target: ProjectionStore[projections.S], *, batch: int = 256) -> None:
     """Run forever: apply every event of one kind through a shared durable consumer.
 
     Any number of instances may run this; the durable pull consumer hands each
@@ -170,7 +168,12 @@ async def catch_up(
                     )
                     await target.apply(stored)
                 except (errors.CorruptEvent, errors.InvalidTransition) as exc:
-                    log.error("projection.corrupt_event", kind=kind, seq=msg.metadata.sequence.stream, error=str(exc))
+                    log.error(
+                        "projection.corrupt_event",
+                        kind=kind,
+                        seq=msg.metadata.sequence.stream,
+                        error=str(exc),
+                    )
                     await msg.term()
                     continue
                 except errors.InfrastructureError as exc:

@@ -30,10 +30,13 @@ class Difference:
 
     def describe(self) -> str:
         if self.actual is None:
-            return f"{self.kind} {self.key}: missing from KV (stream has last_seq {self.expected and self.expected.get('last_seq')})"
+            seq = self.expected.get("last_seq") if self.expected else None
+            return f"{self.kind} {self.key}: missing from KV (stream has last_seq {seq})"
         if self.expected is None:
             return f"{self.kind} {self.key}: in KV but not in the stream"
-        fields = sorted(k for k in {*self.expected, *self.actual} if self.expected.get(k) != self.actual.get(k))
+        fields = sorted(
+            k for k in {*self.expected, *self.actual} if self.expected.get(k) != self.actual.get(k)
+        )
         changes = ", ".join(f"{k}: stream={self.expected.get(k)!r} kv={self.actual.get(k)!r}" for k in fields)
         return f"{self.kind} {self.key}: {changes}"
 
@@ -85,8 +88,12 @@ async def fold_stream(store: eventstore.EventStore, *, up_to: int) -> tuple[dict
     return folded, count
 
 
-async def _stores(js: JetStreamContext, store: eventstore.EventStore) -> dict[str, projector.ProjectionStore[Any]]:
-    return {kind: await projector.ProjectionStore.open(js, p, store) for kind, p in projections.BY_KIND.items()}
+async def _stores(
+    js: JetStreamContext, store: eventstore.EventStore
+) -> dict[str, projector.ProjectionStore[Any]]:
+    return {
+        kind: await projector.ProjectionStore.open(js, p, store) for kind, p in projections.BY_KIND.items()
+    }
 
 
 async def verify(js: JetStreamContext, topology: subjects.Topology) -> Report:

@@ -176,7 +176,12 @@ async def run(
     workload = await setup(ctx)
     await broker.start()
     started = events.InstanceStarted(
-        meta=ctx.meta(), service=s.service, instance=s.instance, pid=os.getpid(), host=s.hostname, version=VERSION
+        meta=ctx.meta(),
+        service=s.service,
+        instance=s.instance,
+        pid=os.getpid(),
+        host=s.hostname,
+        version=VERSION,
     )
     instance_subject = topology.aggregate_subject(subjects.INSTANCE, s.instance)
     history = await store.load(instance_subject)  # non-empty only for a reused SBX_INSTANCE_ID
@@ -217,7 +222,9 @@ async def run(
     await aio.cancel_and_wait([stopper, *tasks])
     try:
         current = await instances.get(s.instance)
-        stopped = events.InstanceStopped(meta=ctx.meta(), service=s.service, instance=s.instance, reason=reason)
+        stopped = events.InstanceStopped(
+            meta=ctx.meta(), service=s.service, instance=s.instance, reason=reason
+        )
         for stored in await store.append(
             topology.aggregate_subject(subjects.INSTANCE, s.instance),
             [stopped],

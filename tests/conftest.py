@@ -26,7 +26,9 @@ def namespace() -> str:
 
 
 @pytest.fixture
-async def bus(nats_server: support.NatsServer, namespace: str) -> AsyncIterator[tuple[Client, subjects.Topology]]:
+async def bus(
+    nats_server: support.NatsServer, namespace: str
+) -> AsyncIterator[tuple[Client, subjects.Topology]]:
     nc, topology = await support.connect(nats_server.url, namespace)
     yield nc, topology
     await nc.close()

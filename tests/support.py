@@ -70,7 +70,9 @@ class NatsServer:
             self.proc.wait(10)
 
 
-def service_settings(server_url: str, namespace: str, name: str, **overrides: Any) -> settings.ServiceSettings:
+def service_settings(
+    server_url: str, namespace: str, name: str, **overrides: Any
+) -> settings.ServiceSettings:
     base = settings.ServiceSettings(
         service=name,
         instance=f"{name}-{ids.new_id()[:8]}",
@@ -94,6 +96,7 @@ class Running:
         done, _ = await asyncio.wait([self.task], timeout=15)
         if not done:
             import sys
+
             for t in asyncio.all_tasks():
                 t.print_stack(file=sys.stderr)
             raise TimeoutError(f"{self.settings.service} did not stop")
@@ -111,8 +114,14 @@ async def start_in_process(
 
 
 async def wait_for_health(
-    server_url: str, namespace: str, service_name: str, instance: str | None = None, task: asyncio.Future[Any] | None = None,
-    *, key: str | None = None, timeout: float = 20.0,
+    server_url: str,
+    namespace: str,
+    service_name: str,
+    instance: str | None = None,
+    task: asyncio.Future[Any] | None = None,
+    *,
+    key: str | None = None,
+    timeout: float = 20.0,
 ) -> dict[str, str]:
     """Wait until an instance reports ``ok``; return its health details."""
     from shared import health
@@ -127,9 +136,12 @@ async def wait_for_health(
                 raise RuntimeError(f"{service_name} ended during start-up")
             with contextlib.suppress(Exception):
                 for report in await health.read_all(nc.jetstream(), topology.health_bucket):
-                    if report.service == service_name and report.status == "ok" and (
-                        instance is None or report.instance == instance
-                    ) and (key is None or key in report.details):
+                    if (
+                        report.service == service_name
+                        and report.status == "ok"
+                        and (instance is None or report.instance == instance)
+                        and (key is None or key in report.details)
+                    ):
                         return report.details
             await asyncio.sleep(0.05)
         raise TimeoutError(f"{service_name} did not become healthy")
@@ -144,7 +156,9 @@ async def connect(server_url: str, namespace: str) -> tuple[Client, subjects.Top
     return nc, topology
 
 
-async def send(nc: Client, topology: subjects.Topology, command: commands.Command, timeout: float = 5.0) -> commands.CommandReply:
+async def send(
+    nc: Client, topology: subjects.Topology, command: commands.Command, timeout: float = 5.0
+) -> commands.CommandReply:
     msg = await nc.request(topology.session_commands, codec.encode(command), timeout=timeout)
     return codec.decode_reply(msg.data)
 
@@ -193,5 +207,3 @@ def spawn_service(module: str, env: dict[str, str], log: Path) -> subprocess.Pop
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
     )
-
-

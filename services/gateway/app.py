@@ -35,8 +35,7 @@ def build_app(
         return rest.json_response(body, 200 if ctx.status == "ok" else 503)
 
     routes = [
-        Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id)
-        for op in rest.OPERATIONS
+        Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
     routes += [Route("/openapi.json", openapi_json), Route("/healthz", healthz)]
     return auth.BearerAuth(Starlette(routes=routes), auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)

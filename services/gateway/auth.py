@@ -13,6 +13,7 @@ import json
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+
 def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 

@@ -58,7 +58,10 @@ def document(version: str) -> dict[str, Any]:
             "tags": ["operations"],
             "security": [],
             "responses": {
-                "200": {"description": "Serving.", "content": {"application/json": {"schema": ref_of[schemas.Health]}}},
+                "200": {
+                    "description": "Serving.",
+                    "content": {"application/json": {"schema": ref_of[schemas.Health]}},
+                },
                 "503": {"description": "Draining or starting."},
             },
         }

@@ -27,7 +27,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def json_response(body: msgspec.Struct | None, status: int = 200, **headers: str) -> Response:
     content = _encoder.encode(body) if body is not None else b""
-    return Response(content, status, media_type="application/json" if body is not None else None, headers=headers)
+    return Response(
+        content, status, media_type="application/json" if body is not None else None, headers=headers
+    )
 
 
 def problem(exc: errors.SandboxError) -> Response:
@@ -78,33 +80,68 @@ COMMON_ERRORS: dict[int, tuple[type | None, str]] = {
 
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
-        "POST", "/v1/sessions", "createSession", "Register a session id",
-        "create_session", {201: (schemas.Session, "Created."), 409: (schemas.Problem, "The session exists."), **COMMON_ERRORS},
-        body=schemas.CreateSessionRequest, params=(*ATTRIBUTION, IDEMPOTENCY),
+        "POST",
+        "/v1/sessions",
+        "createSession",
+        "Register a session id",
+        "create_session",
+        {201: (schemas.Session, "Created."), 409: (schemas.Problem, "The session exists."), **COMMON_ERRORS},
+        body=schemas.CreateSessionRequest,
+        params=(*ATTRIBUTION, IDEMPOTENCY),
     ),
     Operation(
-        "GET", "/v1/sessions", "listSessions", "List sessions (deleted ones only when asked for)",
-        "list_sessions", {200: (schemas.SessionList, "Matching sessions, oldest first."), **COMMON_ERRORS},
+        "GET",
+        "/v1/sessions",
+        "listSessions",
+        "List sessions (deleted ones only when asked for)",
+        "list_sessions",
+        {200: (schemas.SessionList, "Matching sessions, oldest first."), **COMMON_ERRORS},
         params=(
-            Param("status", "query", "Only sessions in this status.", {"type": "string", "enum": ["active", "stopped", "deleted"]}),
+            Param(
+                "status",
+                "query",
+                "Only sessions in this status.",
+                {"type": "string", "enum": ["active", "stopped", "deleted"]},
+            ),
             Param("org_id", "query", "Only sessions of this organisation."),
             Param("user_id", "query", "Only sessions of this user."),
-            Param("limit", "query", "At most this many (default 100).", {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX}),
+            Param(
+                "limit",
+                "query",
+                "At most this many (default 100).",
+                {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
+            ),
         ),
     ),
     Operation(
-        "GET", "/v1/sessions/{session_id}", "getSession", "Get one session",
-        "get_session", {200: (schemas.Session, "The session."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        "GET",
+        "/v1/sessions/{session_id}",
+        "getSession",
+        "Get one session",
+        "get_session",
+        {200: (schemas.Session, "The session."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
         params=(SESSION_ID_PARAM,),
     ),
     Operation(
-        "POST", "/v1/sessions/{session_id}/stop", "stopSession", "Stop a session (idempotent)",
-        "stop_session", {200: (schemas.Session, "Stopped (or already stopped)."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        "POST",
+        "/v1/sessions/{session_id}/stop",
+        "stopSession",
+        "Stop a session (idempotent)",
+        "stop_session",
+        {
+            200: (schemas.Session, "Stopped (or already stopped)."),
+            404: (schemas.Problem, "No such session."),
+            **COMMON_ERRORS,
+        },
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
     ),
     Operation(
-        "DELETE", "/v1/sessions/{session_id}", "deleteSession", "Delete a session",
-        "delete_session", {204: (None, "Deleted."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        "DELETE",
+        "/v1/sessions/{session_id}",
+        "deleteSession",
+        "Delete a session",
+        "delete_session",
+        {204: (None, "Deleted."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
     ),
 )
@@ -122,11 +159,15 @@ class SessionsAPI:
     # ---- request helpers -------------------------------------------------------
 
     @staticmethod
-    def _command_fields(request: Request, *, org_id: str | None = None, user_id: str | None = None) -> dict[str, Any]:
+    def _command_fields(
+        request: Request, *, org_id: str | None = None, user_id: str | None = None
+    ) -> dict[str, Any]:
         key = request.headers.get("idempotency-key")
         request_id = request.headers.get("x-request-id")
         if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
-            raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+            raise errors.InvalidInput(
+                "X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'"
+            )
         actor = commands.Actor(
             via="rest",
             org_id=ids.validate_attribution(org_id or request.headers.get("x-org-id"), what="org id"),
@@ -202,13 +243,17 @@ class SessionsAPI:
         return json_response(schemas.Session.of(state))
 
     async def stop_session(self, request: Request) -> Response:
-        command = commands.StopSession(session_id=self._path_session_id(request), **self._command_fields(request))
+        command = commands.StopSession(
+            session_id=self._path_session_id(request), **self._command_fields(request)
+        )
         state = await self.client.session(command)
         assert state is not None
         return json_response(schemas.Session.of(state))
 
     async def delete_session(self, request: Request) -> Response:
-        command = commands.DeleteSession(session_id=self._path_session_id(request), **self._command_fields(request))
+        command = commands.DeleteSession(
+            session_id=self._path_session_id(request), **self._command_fields(request)
+        )
         await self.client.session(command)
         return json_response(None, 204)
 
@@ -220,7 +265,9 @@ class SessionsAPI:
                 return await handler(request)
             except errors.SandboxError as exc:
                 if exc.status >= 500:
-                    log.warning("rest.failed", operation=operation.operation_id, code=exc.code, error=exc.message)
+                    log.warning(
+                        "rest.failed", operation=operation.operation_id, code=exc.code, error=exc.message
+                    )
                 return problem(exc)
 
         return endpoint

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import queue
+import re
 import signal
 import stat
 import subprocess
@@ -26,8 +26,15 @@ SERVICES = {"gateway", "scheduler", "pool-manager", "executor", "reaper", "proxy
 
 def sbx(*args: str, state: Path, **kw) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    return subprocess.run([sys.executable, "-m", "sbx.cli", *args, "--state-dir", str(state)],
-                          env=env, capture_output=True, text=True, timeout=60, cwd=support.ROOT, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "sbx.cli", *args, "--state-dir", str(state)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=support.ROOT,
+        **kw,
+    )
 
 
 def read_until(proc: subprocess.Popen[str], pattern: str, timeout: float = 60) -> str:
@@ -59,9 +66,23 @@ def stack(tmp_path):
     state = tmp_path / "state"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
-         "--nats-port", str(support.free_port())],
-        env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "sbx.cli",
+            "up",
+            "--state-dir",
+            str(state),
+            "--port",
+            "0",
+            "--nats-port",
+            str(support.free_port()),
+        ],
+        env=env,
+        cwd=support.ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         banner = read_until(proc, r"Stop with Ctrl-C")
@@ -96,8 +117,15 @@ def test_sbx_up_runs_the_whole_product(stack):
         assert client.delete("/v1/sessions/e2e", headers=auth).status_code == 204
         assert client.get("/openapi.json").json()["paths"]
 
-    lines = [json.loads(line) for line in sbx("events", "--json", "--session", "e2e", state=state).stdout.splitlines()]
-    assert [line["event"]["type"] for line in lines] == ["session.created", "session.stopped", "session.deleted"]
+    lines = [
+        json.loads(line)
+        for line in sbx("events", "--json", "--session", "e2e", state=state).stdout.splitlines()
+    ]
+    assert [line["event"]["type"] for line in lines] == [
+        "session.created",
+        "session.stopped",
+        "session.deleted",
+    ]
     assert lines[0]["event"]["meta"]["org_id"] == "acme"
     everything = sbx("events", state=state).stdout
     assert everything.count("instance.started") == 6
@@ -109,12 +137,22 @@ def test_sbx_up_runs_the_whole_product(stack):
     # A crashed service is restarted by the supervisor.
     before = {i["service"]: i["pid"] for i in report["services"]}
     os.kill(before["scheduler"], signal.SIGKILL)
-    after = support_wait(lambda: (s := status(state))["rc"] == 0 and any(
-        i["service"] == "scheduler" and i["status"] == "ok" and i["pid"] != before["scheduler"]
-        for i in s["services"]) and s, timeout=60)
+    after = support_wait(
+        lambda: (
+            (s := status(state))["rc"] == 0
+            and any(
+                i["service"] == "scheduler" and i["status"] == "ok" and i["pid"] != before["scheduler"]
+                for i in s["services"]
+            )
+            and s
+        ),
+        timeout=60,
+    )
     assert after
     with httpx.Client(base_url=url, timeout=10) as client:
-        assert client.post("/v1/sessions", json={"session_id": "after-crash"}, headers=auth).status_code == 201
+        assert (
+            client.post("/v1/sessions", json={"session_id": "after-crash"}, headers=auth).status_code == 201
+        )
 
     # A second `sbx up` on the same state dir refuses clearly.
     second = sbx("up", "--port", "0", "--nats-port", str(support.free_port()), state=state)
@@ -132,12 +170,24 @@ def test_sbx_up_runs_the_whole_product(stack):
 
 def test_gateway_refuses_to_start_without_a_key():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    result = subprocess.run([sys.executable, "-m", "services.gateway"], env=env, capture_output=True,
-                            text=True, timeout=30, cwd=support.ROOT)
+    result = subprocess.run(
+        [sys.executable, "-m", "services.gateway"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=support.ROOT,
+    )
     assert result.returncode == 2
     assert "SANDBOX_API_KEY is not set" in result.stderr
-    short = subprocess.run([sys.executable, "-m", "services.gateway"], env={**env, "SANDBOX_API_KEY": "short"},
-                           capture_output=True, text=True, timeout=30, cwd=support.ROOT)
+    short = subprocess.run(
+        [sys.executable, "-m", "services.gateway"],
+        env={**env, "SANDBOX_API_KEY": "short"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=support.ROOT,
+    )
     assert short.returncode == 2 and "at least 16" in short.stderr
 
 

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from shared import codec, commands, ids, projections, projector, replay, subjects
-from shared import eventstore
+from shared import codec, commands, eventstore, ids, projections, projector, replay, subjects
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -20,7 +19,9 @@ async def test_kill_between_append_and_projection_is_caught_up(nats_server, name
     nc, topology = bus
     js = nc.jetstream()
     env = support.service_env(nats_server.url, namespace)
-    doomed = support.spawn_service("scheduler", {**env, "SBX_FAULTS": "scheduler.after_append"}, log_dir / "s1.log")
+    doomed = support.spawn_service(
+        "scheduler", {**env, "SBX_FAULTS": "scheduler.after_append"}, log_dir / "s1.log"
+    )
     try:
         await support.wait_for_health(nats_server.url, namespace, "scheduler")
         command = commands.CreateSession(command_id=ids.new_id(), session_id="crashy")
@@ -34,9 +35,13 @@ async def test_kill_between_append_and_projection_is_caught_up(nats_server, name
     # The event is in the stream; the projection was never written.
     history = [s for s in await support.stream_events(nc, topology, subjects.SESSION)]
     assert [type(s.event).__name__ for s in history] == ["SessionCreated"]
-    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, eventstore.EventStore(js, topology))
+    sessions = await projector.ProjectionStore.open(
+        js, projections.SESSIONS, eventstore.EventStore(js, topology)
+    )
     assert await sessions.get("crashy") is None
-    assert [d.key for d in (await replay.verify(js, topology)).differences] == [sessions.projection.key_of("crashy")]
+    assert [d.key for d in (await replay.verify(js, topology)).differences] == [
+        sessions.projection.key_of("crashy")
+    ]
 
     # A fresh instance catches the projection up by itself.
     healthy = support.spawn_service("scheduler", env, log_dir / "s2.log")
@@ -55,7 +60,10 @@ async def test_kill_between_append_and_projection_is_caught_up(nats_server, name
         cli = subprocess.run(
             [sys.executable, "-m", "sbx.cli", "replay", "--verify"],
             env={**env, "NATS_URL": nats_server.url, "SBX_NAMESPACE": namespace},
-            capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=support.ROOT,
         )
         assert cli.returncode == 0, cli.stdout + cli.stderr
         assert "projections match" in cli.stdout
@@ -76,19 +84,31 @@ async def test_verify_exits_nonzero_and_names_the_difference(nats_server, namesp
     env = {**support.service_env(nats_server.url, namespace)}
     cli = subprocess.run(
         [sys.executable, "-m", "sbx.cli", "replay", "--verify"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=support.ROOT,
     )
     assert cli.returncode == 1
     key = projections.SESSIONS.key_of("lagging")
     assert f"session {key}: missing from KV" in cli.stdout
     fixed = subprocess.run(
         [sys.executable, "-m", "sbx.cli", "replay", "--rebuild"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=support.ROOT,
     )
     assert fixed.returncode == 0 and "rewrote 1 entries" in fixed.stdout
     again = subprocess.run(
         [sys.executable, "-m", "sbx.cli", "replay", "--verify", "--json"],
-        env=env, capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=support.ROOT,
     )
     assert again.returncode == 0 and '"differences": []' in again.stdout
 
@@ -98,5 +118,7 @@ def support_created(sid: str):
 
     from shared import events
 
-    meta = events.Meta(event_id=ids.new_id(), time=datetime.now(UTC), service="test", instance="t", command_id=ids.new_id())
+    meta = events.Meta(
+        event_id=ids.new_id(), time=datetime.now(UTC), service="test", instance="t", command_id=ids.new_id()
+    )
     return events.SessionCreated(meta=meta, session_id=sid)

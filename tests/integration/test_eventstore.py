@@ -4,6 +4,7 @@ de-duplication, gap repair and catch-up."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import UTC, datetime
 
 import msgspec
@@ -14,7 +15,9 @@ from tests import support
 
 
 def meta(command_id: str | None = None) -> events.Meta:
-    return events.Meta(event_id=ids.new_id(), time=datetime.now(UTC), service="test", instance="t1", command_id=command_id)
+    return events.Meta(
+        event_id=ids.new_id(), time=datetime.now(UTC), service="test", instance="t1", command_id=command_id
+    )
 
 
 def created(sid: str) -> events.SessionCreated:
@@ -70,9 +73,11 @@ async def test_concurrent_writers_lose_no_update(bus):
     await asyncio.gather(*(writer(n) for n in range(8)))
     history = await store.load(subject)
     assert len(history) == 80
-    assert sorted(s.event.meta.command_id for s in history) == sorted(f"w{n}-{i}" for n in range(8) for i in range(10))
+    assert sorted(s.event.meta.command_id for s in history) == sorted(
+        f"w{n}-{i}" for n in range(8) for i in range(10)
+    )
     assert history[0].prev_seq == 0
-    assert all(b.prev_seq == a.seq for a, b in zip(history, history[1:], strict=False))
+    assert all(b.prev_seq == a.seq for a, b in itertools.pairwise(history))
     assert conflicts > 0, "the writers never actually raced; the test proves nothing"
 
 
@@ -95,8 +100,16 @@ async def test_projection_repairs_a_gap_from_the_stream(bus):
     sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
     subject = topology.aggregate_subject(subjects.SESSION, "gap")
     a = (await store.append(subject, [created("gap")], expected_last_seq=0))[0]
-    b = (await store.append(subject, [events.SessionStopped(meta=meta(), session_id="gap")], expected_last_seq=a.seq))[0]
-    c = (await store.append(subject, [events.SessionDeleted(meta=meta(), session_id="gap")], expected_last_seq=b.seq))[0]
+    b = (
+        await store.append(
+            subject, [events.SessionStopped(meta=meta(), session_id="gap")], expected_last_seq=a.seq
+        )
+    )[0]
+    c = (
+        await store.append(
+            subject, [events.SessionDeleted(meta=meta(), session_id="gap")], expected_last_seq=b.seq
+        )
+    )[0]
     assert await sessions.get("gap") is None
     state = await sessions.apply(c)
     assert state.status == "deleted" and state.version == 3 and state.last_seq == c.seq
@@ -112,13 +125,17 @@ async def test_catch_up_consumer_projects_unprojected_events(bus):
     store = eventstore.EventStore(js, topology)
     sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
     for n in range(20):
-        await store.append(topology.aggregate_subject(subjects.SESSION, f"c{n}"), [created(f"c{n}")], expected_last_seq=0)
+        await store.append(
+            topology.aggregate_subject(subjects.SESSION, f"c{n}"), [created(f"c{n}")], expected_last_seq=0
+        )
     report = await replay.verify(js, topology)
     assert len(report.differences) == 20 and all(d.actual is None for d in report.differences)
     task = asyncio.create_task(projector.catch_up(js, sessions))
     try:
+
         async def caught_up():
             return not (await replay.verify(js, topology)).differences
+
         await support.eventually(caught_up)
     finally:
         task.cancel()
@@ -130,12 +147,18 @@ async def test_verify_reports_a_tampered_projection(bus):
     js = nc.jetstream()
     store = eventstore.EventStore(js, topology)
     sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
-    [stored] = await store.append(topology.aggregate_subject(subjects.SESSION, "x"), [created("x")], expected_last_seq=0)
+    [stored] = await store.append(
+        topology.aggregate_subject(subjects.SESSION, "x"), [created("x")], expected_last_seq=0
+    )
     await sessions.apply(stored)
     assert not (await replay.verify(js, topology)).differences
     state = await sessions.get("x")
-    await sessions.kv.put(sessions.projection.key_of("ghost"), codec.encode(msgspec.structs.replace(state, session_id="ghost")))
-    await sessions.kv.put(sessions.projection.key_of("x"), codec.encode(msgspec.structs.replace(state, image="tampered")))
+    await sessions.kv.put(
+        sessions.projection.key_of("ghost"), codec.encode(msgspec.structs.replace(state, session_id="ghost"))
+    )
+    await sessions.kv.put(
+        sessions.projection.key_of("x"), codec.encode(msgspec.structs.replace(state, image="tampered"))
+    )
     report = await replay.verify(js, topology)
     described = sorted(d.describe() for d in report.differences)
     assert len(described) == 2

@@ -39,8 +39,11 @@ async def count_events(nats_server, namespace) -> int:
 
 
 async def test_session_lifecycle_over_rest(api, nats_server, namespace):
-    r = await api.post("/v1/sessions", json={"session_id": "task-42", "image": "python:3.12"},
-                       headers={**AUTH, "X-Org-Id": "acme", "X-User-Id": "ann"})
+    r = await api.post(
+        "/v1/sessions",
+        json={"session_id": "task-42", "image": "python:3.12"},
+        headers={**AUTH, "X-Org-Id": "acme", "X-User-Id": "ann"},
+    )
     assert r.status_code == 201, r.text
     assert r.headers["location"] == "/v1/sessions/task-42"
     body = r.json()
@@ -82,10 +85,20 @@ async def test_idempotency_key_makes_retries_safe(api, nats_server, namespace):
 
 @pytest.mark.parametrize(
     "authorization",
-    [None, "Bearer wrong-key-0123456789abcdef", f"Bearer {support.API_KEY}x", f"Bearer {support.API_KEY[:-1]}",
-     f"Bearer  {support.API_KEY}", f"Basic {support.API_KEY}", support.API_KEY, "Bearer"],
+    [
+        None,
+        "Bearer wrong-key-0123456789abcdef",
+        f"Bearer {support.API_KEY}x",
+        f"Bearer {support.API_KEY[:-1]}",
+        f"Bearer  {support.API_KEY}",
+        f"Basic {support.API_KEY}",
+        support.API_KEY,
+        "Bearer",
+    ],
 )
-async def test_every_endpoint_refuses_a_bad_key_before_doing_anything(api, nats_server, namespace, authorization):
+async def test_every_endpoint_refuses_a_bad_key_before_doing_anything(
+    api, nats_server, namespace, authorization
+):
     headers = {"Authorization": authorization} if authorization is not None else {}
     calls = [
         ("POST", "/v1/sessions", {"session_id": "sneaky"}),
@@ -125,7 +138,7 @@ async def test_lower_case_scheme_is_accepted(api):
         (b'{"session_id": "ok", "surprise": 1}', "surprise"),
         (b'{"session_id": "ok", "image": "$(rm -rf /)"}', "image"),
         (b'{"session_id": "ok", "org_id": "a\\nb"}', "org id"),
-        (b'{}', "session_id"),
+        (b"{}", "session_id"),
     ],
 )
 async def test_bad_bodies_get_400_and_change_nothing(api, nats_server, namespace, body, fragment):
@@ -138,8 +151,11 @@ async def test_bad_bodies_get_400_and_change_nothing(api, nats_server, namespace
 
 @pytest.mark.parametrize("path_id", ["a.b", "a%2Fb", "%3E", "a*", "x" * 129, "a%00b", "a%20b"])
 async def test_bad_ids_in_paths_get_400(api, nats_server, namespace, path_id):
-    for method, path in [("GET", f"/v1/sessions/{path_id}"), ("POST", f"/v1/sessions/{path_id}/stop"),
-                         ("DELETE", f"/v1/sessions/{path_id}")]:
+    for method, path in [
+        ("GET", f"/v1/sessions/{path_id}"),
+        ("POST", f"/v1/sessions/{path_id}/stop"),
+        ("DELETE", f"/v1/sessions/{path_id}"),
+    ]:
         r = await api.request(method, path, headers=AUTH)
         assert r.status_code in (400, 404), (method, path, r.status_code)
         if r.status_code == 400:
@@ -150,7 +166,9 @@ async def test_bad_ids_in_paths_get_400(api, nats_server, namespace, path_id):
 async def test_bad_query_and_headers(api):
     assert (await api.get("/v1/sessions", params={"limit": "0"}, headers=AUTH)).status_code == 400
     assert (await api.get("/v1/sessions", params={"status": "weird"}, headers=AUTH)).status_code == 400
-    bad_key = await api.post("/v1/sessions", json={"session_id": "k"}, headers={**AUTH, "Idempotency-Key": "a b"})
+    bad_key = await api.post(
+        "/v1/sessions", json={"session_id": "k"}, headers={**AUTH, "Idempotency-Key": "a b"}
+    )
     assert bad_key.status_code == 400
 
 
@@ -160,22 +178,47 @@ async def test_openapi_is_generated_from_the_types(api):
     doc = r.json()
     assert doc["openapi"].startswith("3.")
     ops = {(path, method) for path, item in doc["paths"].items() for method in item}
-    assert {("/v1/sessions", "post"), ("/v1/sessions", "get"), ("/v1/sessions/{session_id}", "get"),
-            ("/v1/sessions/{session_id}/stop", "post"), ("/v1/sessions/{session_id}", "delete")} <= ops
+    assert {
+        ("/v1/sessions", "post"),
+        ("/v1/sessions", "get"),
+        ("/v1/sessions/{session_id}", "get"),
+        ("/v1/sessions/{session_id}/stop", "post"),
+        ("/v1/sessions/{session_id}", "delete"),
+    } <= ops
     request = doc["components"]["schemas"]["CreateSessionRequest"]
     assert request["required"] == ["session_id"]
     assert request["properties"]["session_id"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_-]*$"
-    assert set(doc["components"]["schemas"]["Session"]["properties"]["status"]["enum"]) == {"active", "stopped", "deleted"}
+    assert set(doc["components"]["schemas"]["Session"]["properties"]["status"]["enum"]) == {
+        "active",
+        "stopped",
+        "deleted",
+    }
     assert doc["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
 
 
 async def test_no_scheduler_means_503_not_a_hang(nats_server, namespace):
     base = support.service_settings(nats_server.url, namespace, "gateway")
     gw = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
-    gateway = await support.start_in_process(nats_server.url, namespace, "gateway", gateway_app.make_setup(gw),
-                                             instance=base.instance)
+    gateway = await support.start_in_process(
+        nats_server.url, namespace, "gateway", gateway_app.make_setup(gw), instance=base.instance
+    )
     details = await support.wait_for_health(nats_server.url, namespace, "gateway", base.instance, key="url")
     async with httpx.AsyncClient(base_url=details["url"]) as client:
         r = await client.post("/v1/sessions", json={"session_id": "nobody-home"}, headers=AUTH)
     assert r.status_code == 503 and r.json()["retriable"] is True and r.headers["retry-after"]
     assert await gateway.stop() == 0
+
+
+async def test_one_idempotency_key_on_two_sessions_creates_both(api, nats_server, namespace):
+    """Keys are scoped to the session: reusing one on another id is a different request."""
+    headers = {**AUTH, "Idempotency-Key": "shared-key"}
+    assert (await api.post("/v1/sessions", json={"session_id": "first"}, headers=headers)).status_code == 201
+    assert (await api.post("/v1/sessions", json={"session_id": "second"}, headers=headers)).status_code == 201
+    assert await count_events(nats_server, namespace) == 2
+    nc, topology = await support.connect(nats_server.url, namespace)
+    try:
+        from shared import replay
+
+        assert not (await replay.verify(nc.jetstream(), topology)).differences
+    finally:
+        await nc.close()

@@ -22,9 +22,12 @@ async def test_state_survives_a_nats_restart(tmp_path, namespace):
         scheduler = await support.start_in_process(server.url, namespace, "scheduler", scheduler_app.setup)
         base = support.service_settings(server.url, namespace, "gateway")
         gw = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
-        gateway = await support.start_in_process(server.url, namespace, "gateway", gateway_app.make_setup(gw),
-                                                 instance=base.instance)
-        url = (await support.wait_for_health(server.url, namespace, "gateway", base.instance, key="url"))["url"]
+        gateway = await support.start_in_process(
+            server.url, namespace, "gateway", gateway_app.make_setup(gw), instance=base.instance
+        )
+        url = (await support.wait_for_health(server.url, namespace, "gateway", base.instance, key="url"))[
+            "url"
+        ]
         async with httpx.AsyncClient(base_url=url, timeout=10) as client:
             for n in range(5):
                 r = await client.post("/v1/sessions", json={"session_id": f"keep-{n}"}, headers=AUTH)
@@ -42,8 +45,11 @@ async def test_state_survives_a_nats_restart(tmp_path, namespace):
             assert (await client.get("/v1/sessions/keep-0", headers=AUTH)).json()["status"] == "stopped"
 
             async def accepts_writes() -> bool:
-                r = await client.post("/v1/sessions", json={"session_id": "after"},
-                                      headers={**AUTH, "Idempotency-Key": "after-restart"})
+                r = await client.post(
+                    "/v1/sessions",
+                    json={"session_id": "after"},
+                    headers={**AUTH, "Idempotency-Key": "after-restart"},
+                )
                 return r.status_code == 201
 
             await support.eventually(accepts_writes, timeout=20)

@@ -40,10 +40,17 @@ async def test_duplicate_delivery_makes_one_transition(bus, schedulers):
     await support.send(nc, topology, create("other"))
     late = await support.send(nc, topology, command)
     assert late.ok and late.appended == 0
-    created = [s for s in await support.stream_events(nc, topology, subjects.SESSION) if s.event.session_id == "dup"]
+    created = [
+        s for s in await support.stream_events(nc, topology, subjects.SESSION) if s.event.session_id == "dup"
+    ]
     assert len(created) == 1
     meta = created[0].event.meta
-    assert (meta.command_id, meta.org_id, meta.user_id, meta.service) == (command.command_id, "acme", "ann", "scheduler")
+    assert (meta.command_id, meta.org_id, meta.user_id, meta.service) == (
+        command.command_id,
+        "acme",
+        "ann",
+        "scheduler",
+    )
 
 
 async def test_two_instances_racing_on_one_session_lose_nothing(bus, schedulers):
@@ -78,11 +85,15 @@ async def test_every_reply_reflects_its_own_transition(bus, schedulers):
     assert stop.session.status == "stopped" and stop.appended == 1
     stop2 = await support.send(nc, topology, commands.StopSession(command_id=ids.new_id(), session_id="life"))
     assert stop2.ok and stop2.appended == 0
-    gone = await support.send(nc, topology, commands.DeleteSession(command_id=ids.new_id(), session_id="life"))
+    gone = await support.send(
+        nc, topology, commands.DeleteSession(command_id=ids.new_id(), session_id="life")
+    )
     assert gone.session.status == "deleted"
     reborn = await support.send(nc, topology, create("life"))
     assert reborn.session.incarnation == 2 and reborn.session.version == 4 and reborn.session.image is None
-    missing = await support.send(nc, topology, commands.DeleteSession(command_id=ids.new_id(), session_id="nope"))
+    missing = await support.send(
+        nc, topology, commands.DeleteSession(command_id=ids.new_id(), session_id="nope")
+    )
     assert missing.error.code == "not_found"
 
 

@@ -55,7 +55,7 @@ def test_accepts_the_key_with_any_scheme_case(value: str) -> None:
         _h(KEY),
         _h(""),
         _h(f"Bearer {KEY.lower()}"),
-        _h("Bearer ".encode() + KEY.encode() + b"\xc3\xa9"),
+        _h(b"Bearer " + KEY.encode() + b"\xc3\xa9"),
         _h(b"Bearer \xff\xfe"),
         _h(f"Bearer {KEY}\r\n"),
     ],
@@ -73,7 +73,9 @@ def test_random_headers_never_pass(value: bytes) -> None:
 # A printable-ASCII key without spaces is accepted at start-up by GatewaySettings; the
 # gateway must then accept requests that present it.
 SETTINGS_KEYS = st.text(
-    alphabet=st.sampled_from([c for c in string.printable if c.isprintable() and c != " "]), min_size=16, max_size=40
+    alphabet=st.sampled_from([c for c in string.printable if c.isprintable() and c != " "]),
+    min_size=16,
+    max_size=40,
 )
 
 

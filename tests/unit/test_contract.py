@@ -162,7 +162,9 @@ def test_command_round_trip(cls: type[commands.Command]) -> None:
     [
         commands.CommandReply(ok=True, appended=1, session=_session_state()),
         commands.CommandReply(ok=True, appended=0, session=None),
-        commands.CommandReply(ok=False, error=commands.ErrorInfo("conflict", "session 'task-42' already exists")),
+        commands.CommandReply(
+            ok=False, error=commands.ErrorInfo("conflict", "session 'task-42' already exists")
+        ),
     ],
     ids=["with-session", "after-delete", "error"],
 )
@@ -223,8 +225,19 @@ def _stopped_raw(**changes: Any) -> dict[str, Any]:
         [1, 2, 3],
         "session.stopped",
     ],
-    ids=["unknown-tag", "no-tag", "non-string-tag", "newer-v2", "newer-v99", "v0", "v-as-string",
-         "bad-field-type", "missing-meta", "array", "string"],
+    ids=[
+        "unknown-tag",
+        "no-tag",
+        "non-string-tag",
+        "newer-v2",
+        "newer-v99",
+        "v0",
+        "v-as-string",
+        "bad-field-type",
+        "missing-meta",
+        "array",
+        "string",
+    ],
 )
 def test_undecodable_event_raises_corrupt_event(raw: Any) -> None:
     with pytest.raises(errors.CorruptEvent):

@@ -20,8 +20,30 @@ def test_session_id_accepted(value: str) -> None:
 
 @pytest.mark.parametrize(
     "value",
-    ["", "x" * 129, ".", "a.b", "a*b", "a>b", "a b", "a/b", "../x", "a\\b", "a\nb", "a\n", "a\x00b",
-     "-lead", "_lead", "é", "aé", "ａ", None, 42, b"abc", ["a"]],
+    [
+        "",
+        "x" * 129,
+        ".",
+        "a.b",
+        "a*b",
+        "a>b",
+        "a b",
+        "a/b",
+        "../x",
+        "a\\b",
+        "a\nb",
+        "a\n",
+        "a\x00b",
+        "-lead",
+        "_lead",
+        "é",
+        "aé",
+        "ａ",
+        None,
+        42,
+        b"abc",
+        ["a"],
+    ],
 )
 def test_session_id_rejected(value: object) -> None:
     with pytest.raises(errors.InvalidInput):
@@ -57,7 +79,8 @@ def test_new_id_is_random_hex() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [None, "python:3.12", "ghcr.io/org/img@sha256:" + "ab12" * 16, "registry:5000/a/b:v1.2-rc+1", "x" * 256]
+    "value",
+    [None, "python:3.12", "ghcr.io/org/img@sha256:" + "ab12" * 16, "registry:5000/a/b:v1.2-rc+1", "x" * 256],
 )
 def test_image_accepted(value: str | None) -> None:
     assert ids.validate_image(value) == value
@@ -85,14 +108,28 @@ def test_attribution_rejected(value: object) -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("90", 90), ("90s", 90), ("500ms", 0.5), ("10m", 600), ("1h", 3600), ("1h30m", 5400), ("1d", 86400),
-     ("0", 0), ("1.5", 1.5), (" 2M ", 120), ("1m30s", 90), ("2s500ms", 2.5)],
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("500ms", 0.5),
+        ("10m", 600),
+        ("1h", 3600),
+        ("1h30m", 5400),
+        ("1d", 86400),
+        ("0", 0),
+        ("1.5", 1.5),
+        (" 2M ", 120),
+        ("1m30s", 90),
+        ("2s500ms", 2.5),
+    ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert settings.parse_duration(text) == pytest.approx(seconds)
 
 
-@pytest.mark.parametrize("text", ["", "  ", "abc", "10x", "-5", "1h-", "m", "h1", "1 h", "nan", "inf", "-1s", "1h 30m"])
+@pytest.mark.parametrize(
+    "text", ["", "  ", "abc", "10x", "-5", "1h-", "m", "h1", "1 h", "nan", "inf", "-1s", "1h 30m"]
+)
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(errors.ConfigError):
         settings.parse_duration(text, name="SBX_X")
@@ -133,27 +170,50 @@ def test_service_defaults() -> None:
     s = settings.ServiceSettings.from_env("reaper", {})
     assert re.fullmatch(r"reaper-[0-9a-f]{12}", s.instance)
     assert (s.log_level, s.log_format, s.health_interval, s.drain_timeout, s.faults) == (
-        "info", "json", 2.0, 10.0, frozenset()
+        "info",
+        "json",
+        2.0,
+        10.0,
+        frozenset(),
     )
 
 
 def test_service_overrides() -> None:
     s = settings.ServiceSettings.from_env(
         "scheduler",
-        {"SBX_INSTANCE_ID": "sched-1", "SBX_LOG_LEVEL": "DEBUG", "SBX_LOG_FORMAT": "console",
-         "SBX_HEALTH_INTERVAL": "0.1", "SBX_DRAIN_TIMEOUT": "1m", "SBX_STATE_DIR": "/tmp/x"},
+        {
+            "SBX_INSTANCE_ID": "sched-1",
+            "SBX_LOG_LEVEL": "DEBUG",
+            "SBX_LOG_FORMAT": "console",
+            "SBX_HEALTH_INTERVAL": "0.1",
+            "SBX_DRAIN_TIMEOUT": "1m",
+            "SBX_STATE_DIR": "/tmp/x",
+        },
     )
     assert (s.instance, s.log_level, s.log_format, s.health_interval, s.drain_timeout, str(s.state_dir)) == (
-        "sched-1", "debug", "console", 0.1, 60.0, "/tmp/x"
+        "sched-1",
+        "debug",
+        "console",
+        0.1,
+        60.0,
+        "/tmp/x",
     )
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("SBX_LOG_LEVEL", "verbose"), ("SBX_LOG_LEVEL", ""), ("SBX_LOG_FORMAT", "xml"),
-     ("SBX_HEALTH_INTERVAL", "0.01"), ("SBX_HEALTH_INTERVAL", "abc"), ("SBX_HEALTH_INTERVAL", "-1"),
-     ("SBX_DRAIN_TIMEOUT", "forever"), ("SBX_INSTANCE_ID", "a.b"), ("SBX_INSTANCE_ID", "x" * 65),
-     ("SBX_NAMESPACE", "Bad")],
+    [
+        ("SBX_LOG_LEVEL", "verbose"),
+        ("SBX_LOG_LEVEL", ""),
+        ("SBX_LOG_FORMAT", "xml"),
+        ("SBX_HEALTH_INTERVAL", "0.01"),
+        ("SBX_HEALTH_INTERVAL", "abc"),
+        ("SBX_HEALTH_INTERVAL", "-1"),
+        ("SBX_DRAIN_TIMEOUT", "forever"),
+        ("SBX_INSTANCE_ID", "a.b"),
+        ("SBX_INSTANCE_ID", "x" * 65),
+        ("SBX_NAMESPACE", "Bad"),
+    ],
 )
 def test_service_rejects_bad_values(name: str, value: str) -> None:
     with pytest.raises(errors.ConfigError, match=name):
@@ -162,8 +222,13 @@ def test_service_rejects_bad_values(name: str, value: str) -> None:
 
 @pytest.mark.parametrize(
     ("raw", "faults"),
-    [("", frozenset()), ("scheduler.after_append", {"scheduler.after_append"}), ("a,b", {"a", "b"}),
-     ("a,,b,", {"a", "b"}), (",", frozenset())],
+    [
+        ("", frozenset()),
+        ("scheduler.after_append", {"scheduler.after_append"}),
+        ("a,b", {"a", "b"}),
+        ("a,,b,", {"a", "b"}),
+        (",", frozenset()),
+    ],
 )
 def test_service_faults(raw: str, faults: set[str]) -> None:
     assert settings.ServiceSettings.from_env("x", {"SBX_FAULTS": raw}).faults == frozenset(faults)
@@ -174,8 +239,14 @@ def test_service_faults(raw: str, faults: set[str]) -> None:
 
 @pytest.mark.parametrize(
     "env",
-    [{}, {"SANDBOX_API_KEY": ""}, {"SANDBOX_API_KEY": "x" * 15}, {"SANDBOX_API_KEY": "0123456789 abcdef"},
-     {"SANDBOX_API_KEY": "0123456789abcdéf"}, {"SANDBOX_API_KEY": "0123456789abcdef\n"}],
+    [
+        {},
+        {"SANDBOX_API_KEY": ""},
+        {"SANDBOX_API_KEY": "x" * 15},
+        {"SANDBOX_API_KEY": "0123456789 abcdef"},
+        {"SANDBOX_API_KEY": "0123456789abcdéf"},
+        {"SANDBOX_API_KEY": "0123456789abcdef\n"},
+    ],
     ids=["unset", "empty", "15-chars", "space", "non-ascii", "newline"],
 )
 def test_gateway_rejects_bad_key(env: dict[str, str]) -> None:

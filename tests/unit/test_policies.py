@@ -19,8 +19,21 @@ NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 
 @pytest.mark.parametrize(
     ("failures", "delay"),
-    [(-3, 0.0), (0, 0.0), (1, 0.25), (2, 0.5), (3, 1.0), (4, 2.0), (5, 4.0), (7, 16.0), (8, 30.0), (9, 30.0),
-     (1000, 30.0), (1026, 30.0), (10**6, 30.0)],  # a child crash-looping for hours still gets 30s
+    [
+        (-3, 0.0),
+        (0, 0.0),
+        (1, 0.25),
+        (2, 0.5),
+        (3, 1.0),
+        (4, 2.0),
+        (5, 4.0),
+        (7, 16.0),
+        (8, 30.0),
+        (9, 30.0),
+        (1000, 30.0),
+        (1026, 30.0),
+        (10**6, 30.0),
+    ],  # a child crash-looping for hours still gets 30s
 )
 def test_restart_delay(failures: int, delay: float) -> None:
     assert supervisor.restart_delay(failures) == delay
@@ -88,7 +101,14 @@ def session(status: str = "active", last_seq: int = 3, **kw: object) -> states.S
 
 def test_diff_equal_maps() -> None:
     assert replay.diff("session", {}, {}) == []
-    assert replay.diff("session", {"k1": session(), "k2": session("stopped")}, {"k2": session("stopped"), "k1": session()}) == []
+    assert (
+        replay.diff(
+            "session",
+            {"k1": session(), "k2": session("stopped")},
+            {"k2": session("stopped"), "k1": session()},
+        )
+        == []
+    )
 
 
 def test_diff_missing_key() -> None:

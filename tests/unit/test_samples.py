@@ -21,14 +21,27 @@ T = datetime(2025, 1, 15, 9, 30, 0, 123456, tzinfo=UTC)
 EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     "session.created.json": (
         events.SessionCreated,
-        {"session_id": "task-42", "image": "python:3.12", "org_id": "acme", "user_id": "alice",
-         "meta.command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8", "meta.correlation_id": "req-0001",
-         "meta.time": T, "meta.service": "scheduler"},
+        {
+            "session_id": "task-42",
+            "image": "python:3.12",
+            "org_id": "acme",
+            "user_id": "alice",
+            "meta.command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8",
+            "meta.correlation_id": "req-0001",
+            "meta.time": T,
+            "meta.service": "scheduler",
+        },
     ),
     "session.created.minimal.json": (
         events.SessionCreated,
-        {"session_id": "s1", "image": None, "org_id": None, "user_id": None,
-         "meta.command_id": "0000000000000000000000000000000a", "meta.time": T},
+        {
+            "session_id": "s1",
+            "image": None,
+            "org_id": None,
+            "user_id": None,
+            "meta.command_id": "0000000000000000000000000000000a",
+            "meta.time": T,
+        },
     ),
     "session.stopped.json": (
         events.SessionStopped,
@@ -40,8 +53,15 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     ),
     "instance.started.json": (
         events.InstanceStarted,
-        {"service": "executor", "instance": "executor-0a1b2c3d4e5f", "pid": 31337, "host": "node-7",
-         "version": "0.1.0", "meta.time": T, "meta.command_id": None},
+        {
+            "service": "executor",
+            "instance": "executor-0a1b2c3d4e5f",
+            "pid": 31337,
+            "host": "node-7",
+            "version": "0.1.0",
+            "meta.time": T,
+            "meta.command_id": None,
+        },
     ),
     "instance.stopped.json": (
         events.InstanceStopped,
@@ -49,9 +69,15 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     ),
     "session.create.json": (
         commands.CreateSession,
-        {"command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8", "correlation_id": "req-0001",
-         "session_id": "task-42", "image": "python:3.12", "actor.via": "rest", "actor.org_id": "acme",
-         "actor.user_id": "alice"},
+        {
+            "command_id": "3f2b8e1c9d0a47b6a5c4d3e2f1a0b9c8",
+            "correlation_id": "req-0001",
+            "session_id": "task-42",
+            "image": "python:3.12",
+            "actor.via": "rest",
+            "actor.org_id": "acme",
+            "actor.user_id": "alice",
+        },
     ),
     "session.create.minimal.json": (
         commands.CreateSession,
@@ -59,13 +85,22 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     ),
     "session.stop.json": (
         commands.StopSession,
-        {"command_id": "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b", "session_id": "task-42", "actor.via": "mcp",
-         "actor.org_id": "acme", "actor.user_id": None},
+        {
+            "command_id": "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b",
+            "session_id": "task-42",
+            "actor.via": "mcp",
+            "actor.org_id": "acme",
+            "actor.user_id": None,
+        },
     ),
     "session.delete.json": (
         commands.DeleteSession,
-        {"command_id": "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d", "session_id": "task-42", "actor.via": "cli",
-         "actor.user_id": "bob"},
+        {
+            "command_id": "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d",
+            "session_id": "task-42",
+            "actor.via": "cli",
+            "actor.user_id": "bob",
+        },
     ),
 }
 

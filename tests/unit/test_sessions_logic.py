@@ -43,7 +43,12 @@ def delete(cid: str = "cmd-d", sid: str = SID) -> commands.DeleteSession:
 
 def state(status: str, **kw: Any) -> states.SessionState:
     fields: dict[str, Any] = dict(
-        session_id=SID, status=status, created_at=T0, updated_at=T0, last_seq=3, version=3,
+        session_id=SID,
+        status=status,
+        created_at=T0,
+        updated_at=T0,
+        last_seq=3,
+        version=3,
         last_command_id="cmd-earlier",
     )
     fields.update(kw)
@@ -196,11 +201,19 @@ def test_evolve_session_refuses_impossible_events(before: states.SessionState | 
 def test_evolve_instance_started_then_stopped() -> None:
     s = projections.evolve_instance(None, started(), 1)
     assert (s.status, s.pid, s.host, s.version, s.started_at, s.stopped_at, s.last_seq) == (
-        "running", 10, "h", "1.0", T0, None, 1
+        "running",
+        10,
+        "h",
+        "1.0",
+        T0,
+        None,
+        1,
     )
     stop_event = events.InstanceStopped(meta=meta(7, None), service="executor", instance="executor-1")
     s2 = projections.evolve_instance(s, stop_event, 2)
-    assert s2 == msgspec.structs.replace(s, status="stopped", stopped_at=T0 + timedelta(seconds=7), last_seq=2)
+    assert s2 == msgspec.structs.replace(
+        s, status="stopped", stopped_at=T0 + timedelta(seconds=7), last_seq=2
+    )
     with pytest.raises(errors.InvalidTransition):
         projections.evolve_instance(s2, stop_event, 3)
     # A reused SBX_INSTANCE_ID starts again, after a clean stop or after a crash.

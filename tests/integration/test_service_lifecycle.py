@@ -1,0 +1,50 @@
+"""Every service process takes part in the event model: instance.started on start,
+instance.stopped after a clean drain, and a fixed SBX_INSTANCE_ID can start again."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared import events, eventstore, projections, projector, service, subjects
+from tests import support
+
+MODULES = ["pool_manager", "executor", "reaper", "proxy_scaler"]
+
+
+@pytest.mark.parametrize("module", MODULES)
+async def test_lifecycle_only_services_join_report_and_leave(nats_server, namespace, bus, module):
+    import importlib
+
+    nc, topology = bus
+    name = module.replace("_", "-")
+    setup = importlib.import_module(f"services.{module}.app").setup
+    running = await support.start_in_process(
+        nats_server.url, namespace, name, setup, instance=f"{name}-fixed"
+    )
+    details = await support.wait_for_health(nats_server.url, namespace, name, f"{name}-fixed")
+    assert details["capabilities"].startswith("none yet")
+    assert await running.stop() == 0
+
+    # Same instance id again (as a Deployment with a stable pod name would do).
+    again = await support.start_in_process(nats_server.url, namespace, name, setup, instance=f"{name}-fixed")
+    assert await again.stop() == 0
+
+    history = await support.stream_events(nc, topology, subjects.INSTANCE)
+    assert [type(s.event) for s in history] == [
+        events.InstanceStarted,
+        events.InstanceStopped,
+        events.InstanceStarted,
+        events.InstanceStopped,
+    ]
+    assert {s.event.service for s in history} == {name}
+    js = nc.jetstream()
+    instances = await projector.ProjectionStore.open(
+        js, projections.INSTANCES, eventstore.EventStore(js, topology)
+    )
+    state = await instances.get(f"{name}-fixed")
+    assert (
+        state.status == "stopped" and state.version == service.VERSION and state.last_seq == history[-1].seq
+    )
+    from shared import health
+
+    assert not [r for r in await health.read_all(js, topology.health_bucket) if r.service == name]

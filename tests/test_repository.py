@@ -1,0 +1,39 @@
+"""Repository-level checks: the architecture contracts hold, the code is lint-clean, and
+the generated event catalogue matches the types."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from shared import catalogue
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def test_import_contracts_hold():
+    """services never import each other; shared imports no service; the CLI no service."""
+    result = subprocess.run(
+        [str(BIN / "lint-imports")], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+def test_ruff_is_clean():
+    result = subprocess.run(
+        [str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_event_catalogue_is_current():
+    on_disk = (ROOT / "docs" / "events.md").read_text()
+    assert on_disk == catalogue.render(), "regenerate: python -m shared.catalogue > docs/events.md"
+
+
+def test_every_service_has_an_entry_point():
+    for name in ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler"):
+        assert (ROOT / "services" / name / "__main__.py").is_file(), name
