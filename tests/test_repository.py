@@ -37,3 +37,23 @@ def test_event_catalogue_is_current():
 def test_every_service_has_an_entry_point():
     for name in ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler"):
         assert (ROOT / "services" / name / "__main__.py").is_file(), name
+
+
+def test_compose_runs_nats_and_every_service():
+    import yaml
+
+    from sbx import stack
+
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    services = compose["services"]
+    assert "-js" in services["nats"]["command"]
+    for module in stack.SERVICES:
+        entry = services[stack.service_name(module)]
+        assert entry["command"] == ["python", "-m", f"services.{module}"]
+        assert entry["environment"]["NATS_URL"] == "nats://nats:4222"
+    assert "SANDBOX_API_KEY:?" in services["gateway"]["environment"]["SANDBOX_API_KEY"]
+    assert all(
+        "SANDBOX_API_KEY" not in services[s]["environment"] for s in services if s not in ("gateway", "nats")
+    )
+    dockerfile = (ROOT / compose["x-service"]["build"]["dockerfile"]).read_text()
+    assert "COPY services" in dockerfile and "USER 10001" in dockerfile
