@@ -47,8 +47,9 @@ def _run(coro: Awaitable[int]) -> None:
 
 def _with_stack(state_dir: Path | None, action: Callable[..., Awaitable[int]], **kwargs: object) -> None:
     async def go() -> int:
-        url, namespace = stack.nats_url(stack.state_dir(state_dir, os.environ), os.environ)
-        nc, topology = await observe.connect(url, namespace)
+        nc, topology = await observe.connect(
+            stack.bus_settings(stack.state_dir(state_dir, os.environ), os.environ)
+        )
         try:
             return await action(nc, topology, **kwargs)
         finally:

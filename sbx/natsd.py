@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -24,4 +25,24 @@ def binary() -> str:
 
 
 def command(store: Path, host: str, port: int) -> list[str]:
+    """An open server (tests and benchmarks on loopback)."""
     return [binary(), "-js", "-sd", str(store), "-a", host, "-p", str(port)]
+
+
+def write_config(state: Path, host: str, port: int, token: str) -> Path:
+    """A server config that requires ``token``; written 0600 so only we can read it
+    (a token on the command line would be visible to every local user)."""
+    path = state / "nats.conf"
+    text = (
+        f'listen: "{host}:{port}"\n'
+        f'jetstream {{ store_dir: "{(state / "nats").resolve()}" }}\n'
+        f'authorization {{ token: "{token}" }}\n'
+    )
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    return path
+
+
+def command_with_config(config: Path) -> list[str]:
+    return [binary(), "-c", str(config)]

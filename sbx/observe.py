@@ -26,11 +26,9 @@ from shared import (
 )
 
 
-async def connect(url: str, namespace: str) -> tuple[Client, subjects.Topology]:
-    nc = await bus.connect(
-        settings.BusSettings(nats_url=url, namespace=namespace), "sbx-cli", connect_timeout=3
-    )
-    return nc, subjects.Topology(namespace)
+async def connect(bus_settings: settings.BusSettings) -> tuple[Client, subjects.Topology]:
+    nc = await bus.connect(bus_settings, "sbx-cli", connect_timeout=3)
+    return nc, subjects.Topology(bus_settings.namespace)
 
 
 # ---- status -----------------------------------------------------------------

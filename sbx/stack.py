@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shared import errors
+from shared import errors, settings
 
 DEFAULT_STATE_DIR = ".sbx"
 SERVICES = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")
@@ -56,18 +56,23 @@ class StackInfo:
             return None
 
 
-def nats_url(directory: Path, env: Mapping[str, str]) -> tuple[str, str]:
-    """``(nats_url, namespace)`` of the stack to talk to, or ConfigError saying how to get one."""
-    namespace = env.get("SBX_NAMESPACE", "sbx")
+def bus_settings(directory: Path, env: Mapping[str, str]) -> settings.BusSettings:
+    """How to reach the stack's NATS, or ConfigError saying how to get one running."""
     if env.get("NATS_URL"):
-        return env["NATS_URL"], namespace
+        return settings.BusSettings.from_env(env)
     info = StackInfo.read(directory)
     if info is None:
         raise errors.ConfigError(
             f"no stack found: nothing running under {directory}/ (start one with `sbx up`, "
             "pass --state-dir, or set NATS_URL)"
         )
-    return info.nats_url, info.namespace
+    token = nats_token(directory) if info.embedded_nats else env.get("NATS_TOKEN")
+    return settings.BusSettings(nats_url=info.nats_url, namespace=info.namespace, nats_token=token)
+
+
+def nats_token(directory: Path) -> str:
+    """The embedded server's token (``<state-dir>/nats-token``, created 0600 if missing)."""
+    return _secret(directory / "nats-token", lambda: secrets.token_hex(32))[0]
 
 
 def api_key(directory: Path, env: Mapping[str, str]) -> tuple[str, bool]:
@@ -75,13 +80,17 @@ def api_key(directory: Path, env: Mapping[str, str]) -> tuple[str, bool]:
     if missing). Returns ``(key, generated_now)``."""
     if env.get("SANDBOX_API_KEY"):
         return env["SANDBOX_API_KEY"], False
-    path = directory / "api-key"
+    return _secret(directory / "api-key", lambda: secrets.token_urlsafe(32))
+
+
+def _secret(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
+    """Read a secret file, or create it (mode 0600) with ``make()``. ``(value, created)``."""
     try:
         return path.read_text().strip(), False
     except FileNotFoundError:
         pass
-    key = secrets.token_urlsafe(32)
+    value = make()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(key + "\n")
-    return key, True
+        handle.write(value + "\n")
+    return value, True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import fcntl
 import os
 import signal
@@ -35,11 +36,13 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-async def _wait_for_nats(url: str, child: supervisor.Child | None, log_path: Path | None) -> None:
+async def _wait_for_nats(
+    bus_settings: settings.BusSettings, child: supervisor.Child | None, log_path: Path | None
+) -> None:
     deadline = asyncio.get_running_loop().time() + 15
     while True:
         try:
-            nc = await bus.connect(settings.BusSettings(nats_url=url), "sbx-up", connect_timeout=1)
+            nc = await bus.connect(bus_settings, "sbx-up", connect_timeout=1)
         except errors.Unavailable:
             if child is not None and child.proc is not None and child.proc.returncode is not None:
                 tail = log_path.read_text()[-1500:] if log_path and log_path.exists() else ""
@@ -54,9 +57,9 @@ async def _wait_for_nats(url: str, child: supervisor.Child | None, log_path: Pat
         return
 
 
-async def _wait_for_gateway(url: str, namespace: str, gateway: supervisor.Child) -> str:
-    topology = subjects.Topology(namespace)
-    nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=namespace), "sbx-up")
+async def _wait_for_gateway(bus_settings: settings.BusSettings, gateway: supervisor.Child) -> str:
+    topology = subjects.Topology(bus_settings.namespace)
+    nc = await bus.connect(bus_settings, "sbx-up")
     try:
         deadline = asyncio.get_running_loop().time() + GATEWAY_READY_TIMEOUT
         while asyncio.get_running_loop().time() < deadline:
@@ -90,27 +93,33 @@ async def run(options: Options, env: dict[str, str]) -> int:
     nats_child: supervisor.Child | None = None
     nats_log: Path | None = None
     if env.get("NATS_URL"):
-        nats_url = env["NATS_URL"]
+        bus_settings = base
     else:
         if not _port_free("127.0.0.1", options.nats_port):
             raise errors.ConfigError(
                 f"port {options.nats_port} on 127.0.0.1 is taken; pass --nats-port, "
                 "or set NATS_URL to use a NATS server that is already running"
             )
-        nats_url = f"nats://127.0.0.1:{options.nats_port}"
+        token = stack.nats_token(state)
+        bus_settings = dataclasses.replace(
+            base, nats_url=f"nats://127.0.0.1:{options.nats_port}", nats_token=token
+        )
         nats_log = state / "nats.log"
+        config = natsd.write_config(state, "127.0.0.1", options.nats_port, token)
         nats_child = await sup.start(
             supervisor.Child(
                 "nats-server",
-                natsd.command(state / "nats", "127.0.0.1", options.nats_port),
+                natsd.command_with_config(config),
                 supervisor.child_env(env),
                 output=open(nats_log, "ab"),
             )
         )
-    await _wait_for_nats(nats_url, nats_child, nats_log)
+    await _wait_for_nats(bus_settings, nats_child, nats_log)
+    nats_url = bus_settings.nats_url
 
     common = {
         "NATS_URL": nats_url,
+        "NATS_TOKEN": bus_settings.nats_token,
         "SBX_NAMESPACE": base.namespace,
         "SBX_STATE_DIR": str(state.resolve()),
     }
@@ -141,7 +150,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
-        ready = asyncio.create_task(_wait_for_gateway(nats_url, base.namespace, gateway))
+        ready = asyncio.create_task(_wait_for_gateway(bus_settings, gateway))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -157,7 +166,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                 f"  REST API  {gateway_url}/v1/sessions   (OpenAPI: {gateway_url}/openapi.json)\n"
                 f"  Auth      Authorization: Bearer {key_hint}\n"
                 f"  NATS      {nats_url}  (namespace {base.namespace}, "
-                f"{'embedded, store in ' + str(state / 'nats') if nats_child else 'external'})\n"
+                f"{'embedded, token in ' + str(state / 'nats-token') if nats_child else 'external'})\n"
                 f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
                 f"  Inspect   sbx status | sbx events --follow | sbx replay --verify"
                 + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")

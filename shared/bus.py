@@ -35,8 +35,9 @@ async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: floa
 
     try:
         return await nats.connect(
-            servers=[s.strip() for s in bus.nats_url.split(",") if s.strip()],
+            servers=bus.servers,
             name=name,
+            token=bus.nats_token,
             connect_timeout=connect_timeout,
             allow_reconnect=True,
             max_reconnect_attempts=-1,

@@ -24,6 +24,11 @@ WRONG_LAST_SEQUENCE = 10071
 NO_MESSAGE_FOUND = 10037
 
 
+class AlreadyAppended(errors.ConcurrencyError):
+    """JetStream recognised the ``Nats-Msg-Id``: an earlier attempt of the same command
+    already appended this event to this aggregate (within the duplicate window)."""
+
+
 @dataclass(frozen=True)
 class Stored:
     """An event as stored: where it is and what came before it on its subject."""
@@ -103,9 +108,7 @@ class EventStore:
             except Exception as exc:
                 raise translate(exc, f"appending to {subject}") from exc
             if ack.duplicate:
-                # Already appended by an earlier attempt of this command; our view of
-                # the aggregate is stale. The caller reloads and decides again.
-                raise errors.ConcurrencyError(f"{dedup} was already appended to {subject} (seq {ack.seq})")
+                raise AlreadyAppended(f"{dedup} was already appended to {subject} (seq {ack.seq})")
             stored.append(Stored(ack.seq, subject, expected, event))  # type: ignore[arg-type]
             expected = ack.seq
         return stored

@@ -162,8 +162,9 @@ async def run(
     js = nc.jetstream()
     await bus.ensure_topology(js, topology)
     broker = NatsBroker(
-        servers=[u.strip() for u in s.bus.nats_url.split(",") if u.strip()],
+        servers=s.bus.servers,
         name=f"{name}/subscribers",
+        token=s.bus.nats_token,
         logger=None,
         graceful_timeout=s.drain_timeout,
         max_reconnect_attempts=-1,

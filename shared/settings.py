@@ -81,6 +81,13 @@ class BusSettings:
     stacks, or several tests, share one NATS server without seeing each other."""
     request_timeout: float = 5.0
     """How long a command waits for its reply (``SBX_REQUEST_TIMEOUT``)."""
+    nats_token: str | None = field(default=None, repr=False)
+    """Token for NATS authorization (``NATS_TOKEN``); ``sbx up`` generates one for the
+    server it starts and hands it to its children."""
+
+    @property
+    def servers(self) -> list[str]:
+        return [s.strip() for s in self.nats_url.split(",") if s.strip()]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> BusSettings:
@@ -93,6 +100,7 @@ class BusSettings:
             nats_url=env.get("NATS_URL", cls.nats_url),
             namespace=namespace,
             request_timeout=_duration(env, "SBX_REQUEST_TIMEOUT", cls.request_timeout, minimum=0.05),
+            nats_token=env.get("NATS_TOKEN") or None,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import structlog
 
 from services.scheduler import logic
-from shared import codec, commands, errors, faults, projector, service, states, subjects
+from shared import codec, commands, errors, eventstore, faults, projector, service, states, subjects
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +48,10 @@ class SessionCommands:
                 stored = await self.ctx.store.append(
                     subject, new_events, expected_last_seq=state.last_seq if state else 0
                 )
+            except eventstore.AlreadyAppended:
+                # This very command was applied before (a redelivery): answer with the
+                # current state and change nothing.
+                return commands.CommandReply(ok=True, session=await self.sessions.rebuild(subject))
             except errors.ConcurrencyError:
                 # Our view was behind (another writer, or a projection that lagged):
                 # fold the truth from the stream, write it, and decide again.

@@ -103,6 +103,13 @@ def test_sbx_up_runs_the_whole_product(stack):
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     auth = {"Authorization": f"Bearer {key_file.read_text().strip()}"}
 
+    # The embedded NATS requires the generated token; its secrets are private files.
+    for secret in ("nats-token", "nats.conf"):
+        assert stat.S_IMODE((state / secret).stat().st_mode) == 0o600
+    info = json.loads((state / "stack.json").read_text())
+    assert (state / "nats-token").read_text().strip() not in json.dumps(info)
+    assert nats_refuses_without_token(info["nats_url"])
+
     # Every service reports healthy, with its own pid.
     report = support_wait(lambda: (s := status(state))["rc"] == 0 and s)
     assert {i["service"] for i in report["services"] if i["status"] == "ok"} == SERVICES
@@ -215,3 +222,19 @@ def support_wait(check, timeout: float = 30):
             return value
         time.sleep(0.2)
     raise AssertionError("condition not met")
+
+
+def nats_refuses_without_token(url: str) -> bool:
+    import asyncio
+
+    import nats
+
+    async def attempt() -> bool:
+        try:
+            nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False, max_reconnect_attempts=0)
+        except Exception as exc:  # authorization violation
+            return "authorization" in str(exc).lower() or "auth" in type(exc).__name__.lower()
+        await nc.close()
+        return False
+
+    return asyncio.run(attempt())

@@ -110,3 +110,17 @@ async def test_malformed_commands_get_errors_and_append_nothing(bus, schedulers)
     reply = await support.send(nc, topology, create("fine", image="bad image"))
     assert reply.error.code == "invalid_input"
     assert await support.stream_events(nc, topology, subjects.SESSION) == before
+
+
+async def test_a_late_redelivered_delete_does_not_delete_the_new_incarnation(bus, schedulers):
+    """Within JetStream's duplicate window the Msg-Id (scoped to the session) recognises
+    the old delete; it changes nothing and answers with the current state."""
+    nc, topology = bus
+    await support.send(nc, topology, create("again"))
+    delete = commands.DeleteSession(command_id=ids.new_id(), session_id="again")
+    assert (await support.send(nc, topology, delete)).appended == 1
+    await support.send(nc, topology, create("again"))
+    late = await support.send(nc, topology, delete)
+    assert late.ok and late.appended == 0
+    assert late.session.status == "active" and late.session.incarnation == 2
+    assert len(await support.stream_events(nc, topology, subjects.SESSION)) == 3
