@@ -74,7 +74,9 @@ async def test_two_instances_racing_on_one_session_lose_nothing(bus, schedulers)
 
     # Both instances take part: forty independent creates are spread over the queue group.
     await asyncio.gather(*(support.send(nc, topology, create(f"spread-{n}")) for n in range(40)))
-    spread = [s for s in await support.stream_events(nc, topology, subjects.SESSION) if s.event.session_id != "hot"]
+    spread = [
+        s for s in await support.stream_events(nc, topology, subjects.SESSION) if s.event.session_id != "hot"
+    ]
     assert len({s.event.meta.instance for s in spread}) == 2
 
 
