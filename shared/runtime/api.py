@@ -1,0 +1,151 @@
+"""The runtime interface: what the control plane needs from any sandbox backend.
+
+Designed for two shapes of backend. Locally a sandbox is a bubblewrap process tree
+with a directory of state; on Kubernetes it is a pod with a PVC, exec goes over the
+pods/exec websocket, and ``list`` is a label query. Both fit because the interface
+only speaks of ids, specs, statuses and byte streams.
+
+A sandbox outlives the process that created it: a backend must find it again from
+its own records (``get``/``list``) after the service restarts.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import msgspec
+
+from shared import errors
+
+SandboxStatus = Literal["created", "running", "stopped"]
+Stream = Literal["stdout", "stderr"]
+
+GiB = 1024**3
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits of one sandbox."""
+
+    memory_bytes: int = 2 * GiB
+    cpus: float = 1.0
+    """CPU time as a number of cores (0.5 = half a core)."""
+    pids: int = 512
+    """Most processes and threads alive at once."""
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What to create. ``sandbox_id`` is chosen by the caller (idempotent create)."""
+
+    sandbox_id: str
+    image: str = "default"
+    run_as_root: bool = True
+    writable_root: bool = True
+    isolation: Literal["standard", "strong"] = "standard"
+    """``strong`` asks for a VM-class or user-space-kernel backend (gVisor, Kata)."""
+    limits: Limits = Limits()
+    labels: dict[str, str] = {}
+    """Free-form labels (session, pool) used to find sandboxes again."""
+
+
+class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
+    spec: SandboxSpec
+    status: SandboxStatus
+    created_at: datetime
+    backend: str
+    """Which backend holds it (``local``, ``kubernetes``)."""
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.spec.sandbox_id
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    """The process's exit status; 128+N when killed by signal N; -1 when it timed out."""
+    timed_out: bool = False
+    duration: float = 0.0
+
+
+class Exec(abc.ABC):
+    """A running command: iterate ``chunks()`` for output as it comes, then ``wait()``."""
+
+    @abc.abstractmethod
+    def chunks(self) -> AsyncIterator[tuple[Stream, bytes]]:
+        """Output in the order it was produced, per stream; ends when the command's
+        output is closed."""
+
+    @abc.abstractmethod
+    async def wait(self) -> ExecResult:
+        """Wait for the exit status (after draining ``chunks()``, or without reading)."""
+
+    @abc.abstractmethod
+    async def kill(self) -> None:
+        """Kill the command and everything it started."""
+
+
+class Runtime(abc.ABC):
+    """One sandbox backend. Every method is idempotent where the name suggests it."""
+
+    name: str
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> SandboxInfo:
+        """Prepare a sandbox (storage, image) without running anything. Creating an id
+        that exists with the same spec returns it; with a different spec raises Conflict."""
+
+    @abc.abstractmethod
+    async def start(self, sandbox_id: str) -> SandboxInfo:
+        """Run it (no-op if running). Raises NotFound for an unknown id."""
+
+    @abc.abstractmethod
+    async def stop(self, sandbox_id: str) -> SandboxInfo:
+        """Kill every process in it; keep its storage (no-op if stopped)."""
+
+    @abc.abstractmethod
+    async def delete(self, sandbox_id: str) -> None:
+        """Stop it and remove its storage. Deleting an unknown id is a no-op."""
+
+    @abc.abstractmethod
+    async def get(self, sandbox_id: str) -> SandboxInfo | None: ...
+
+    @abc.abstractmethod
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """Every sandbox this backend holds (matching all ``labels``): the reconcile input."""
+
+    @abc.abstractmethod
+    async def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> Exec:
+        """Start ``argv`` inside a running sandbox. Output streams as it comes; on timeout
+        the command's processes are killed and the result says ``timed_out``. Raises
+        NotFound for an unknown id and Conflict if the sandbox is not running."""
+
+    async def run(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        **kwargs: object,
+    ) -> tuple[ExecResult, bytes, bytes]:
+        """Convenience: run to completion and collect stdout and stderr."""
+        running = await self.exec(sandbox_id, argv, **kwargs)  # type: ignore[arg-type]
+        out: list[bytes] = []
+        err: list[bytes] = []
+        async for stream, data in running.chunks():
+            (out if stream == "stdout" else err).append(data)
+        return await running.wait(), b"".join(out), b"".join(err)
+
+
+class SandboxNotRunning(errors.Conflict):
+    code = "sandbox_not_running"

