@@ -40,8 +40,39 @@ class DeleteSession(Command, frozen=True, kw_only=True, tag="session.delete"):
     session_id: str
 
 
-SessionCommand = CreateSession | StopSession | DeleteSession
-COMMAND_TYPES: tuple[type[Command], ...] = (CreateSession, StopSession, DeleteSession)
+class EnsureSession(Command, frozen=True, kw_only=True, tag="session.ensure"):
+    """Get-or-create: make sure the session exists and has a running sandbox (MCP first use)."""
+
+    session_id: str
+    image: str | None = None
+
+
+class ProvisionSandbox(Command, frozen=True, kw_only=True, tag="session.provision"):
+    """``create_sandbox``: (re-)provision the session's sandbox with these options; an
+    existing sandbox is deleted first (its workspace with it)."""
+
+    session_id: str
+    image: str | None = None
+    use_kata: bool = False
+    run_as_root: bool = True
+    writable_root: bool = True
+
+
+class ClearSession(Command, frozen=True, kw_only=True, tag="session.clear"):
+    """``clear_session``: delete the sandbox and workspace; unknown sessions are fine."""
+
+    session_id: str
+
+
+SessionCommand = CreateSession | StopSession | DeleteSession | EnsureSession | ProvisionSandbox | ClearSession
+COMMAND_TYPES: tuple[type[Command], ...] = (
+    CreateSession,
+    StopSession,
+    DeleteSession,
+    EnsureSession,
+    ProvisionSandbox,
+    ClearSession,
+)
 
 
 class ErrorInfo(msgspec.Struct, frozen=True):

@@ -83,6 +83,94 @@ class SessionDeleted(SessionEvent, frozen=True, kw_only=True, tag="session.delet
     reason: str = "requested"
 
 
+class SessionResumed(SessionEvent, frozen=True, kw_only=True, tag="session.resumed"):
+    """A stopped session was used again: it is active, with the same sandbox and workspace."""
+
+
+class SessionSandboxAssigned(SessionEvent, frozen=True, kw_only=True, tag="session.sandbox_assigned"):
+    """The session now runs in this sandbox."""
+
+    sandbox_id: str
+    image: str
+
+
+class SessionSandboxReleased(SessionEvent, frozen=True, kw_only=True, tag="session.sandbox_released"):
+    """The session's sandbox was taken away (re-provisioning); its workspace is gone."""
+
+    sandbox_id: str
+    reason: str = "reprovision"
+
+
+# ---- sandboxes ---------------------------------------------------------------
+
+
+class SandboxEvent(Event, frozen=True, kw_only=True):
+    kind: ClassVar[str] = subjects.SANDBOX
+    sandbox_id: str
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.sandbox_id
+
+
+class SandboxRequested(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.requested"):
+    """Recorded before the runtime is asked, so a crash mid-provisioning leaves a trace."""
+
+    session_id: str | None = None
+    image: str = "default"
+    run_as_root: bool = True
+    writable_root: bool = True
+    use_kata: bool = False
+    backend: str = "local"
+
+
+class SandboxStarted(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.started"):
+    """The runtime reports the sandbox running."""
+
+
+class SandboxStopped(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.stopped"):
+    """Every process in it was stopped; its workspace is kept."""
+
+    reason: str = "requested"
+
+
+class SandboxDeleted(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.deleted"):
+    """The sandbox and its workspace are gone."""
+
+    reason: str = "requested"
+
+
+class SandboxFailed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.failed"):
+    """The runtime could not create or start it."""
+
+    error: str
+
+
+# ---- executions (audit) ------------------------------------------------------
+
+
+class CommandExecuted(Event, frozen=True, kw_only=True, tag="exec.completed"):
+    """One tool call that ran something in a sandbox: what, by whom, how it ended.
+    Outputs are not recorded."""
+
+    kind: ClassVar[str] = subjects.EXEC
+    session_id: str
+    sandbox_id: str
+    tool: str
+    command: str
+    """The command text or edit summary, cut at 4 KiB."""
+    exit_code: int | None = None
+    duration_ms: int = 0
+    job_id: str | None = None
+    outcome: str = "ok"
+    """``ok``, ``timeout``, ``error`` (with the error code in ``error``) or ``started``."""
+    error: str | None = None
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.session_id
+
+
 # ---- service instances -------------------------------------------------------------
 
 
@@ -114,11 +202,35 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionCreated,
     SessionStopped,
     SessionDeleted,
+    SessionResumed,
+    SessionSandboxAssigned,
+    SessionSandboxReleased,
+    SandboxRequested,
+    SandboxStarted,
+    SandboxStopped,
+    SandboxDeleted,
+    SandboxFailed,
+    CommandExecuted,
     InstanceStarted,
     InstanceStopped,
 )
 
-AnyEvent = SessionCreated | SessionStopped | SessionDeleted | InstanceStarted | InstanceStopped
+AnyEvent = (
+    SessionCreated
+    | SessionStopped
+    | SessionDeleted
+    | SessionResumed
+    | SessionSandboxAssigned
+    | SessionSandboxReleased
+    | SandboxRequested
+    | SandboxStarted
+    | SandboxStopped
+    | SandboxDeleted
+    | SandboxFailed
+    | CommandExecuted
+    | InstanceStarted
+    | InstanceStopped
+)
 
 
 def tag_of(cls: type[Event]) -> str:

@@ -93,7 +93,16 @@ class EventStore:
         for position, event in enumerate(new_events):
             # Scoped to the aggregate: the same command id (or Idempotency-Key) used on
             # another aggregate must never be mistaken for a duplicate.
-            dedup = f"{subject.rsplit('.', 1)[1]}:{event.meta.command_id or event.meta.event_id}:{position}"
+            # One command may append several events to one aggregate in separate steps
+            # (requested, then started): the type keeps their ids apart.
+            dedup = ":".join(
+                (
+                    subject.rsplit(".", 1)[1],
+                    event.meta.command_id or event.meta.event_id,
+                    events.tag_of(type(event)),
+                    str(position),
+                )
+            )
             headers = {
                 subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
                 subjects.MSG_ID: dedup,

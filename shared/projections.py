@@ -17,7 +17,7 @@ import msgspec
 
 from shared import errors, events, ids, states, subjects
 
-S = TypeVar("S", states.SessionState, states.InstanceState)
+S = TypeVar("S", states.SessionState, states.InstanceState, states.SandboxState)
 
 
 def evolve_session(
@@ -27,6 +27,16 @@ def evolve_session(
         return errors.InvalidTransition(
             f"{events.tag_of(type(event))} at seq {seq} cannot follow "
             f"{state.status if state else 'nothing'}: {why}"
+        )
+
+    def step(current: states.SessionState, **changes: object) -> states.SessionState:
+        return msgspec.structs.replace(
+            current,
+            updated_at=event.meta.time,
+            version=current.version + 1,
+            last_seq=seq,
+            last_command_id=event.meta.command_id,
+            **changes,
         )
 
     match event:
@@ -49,27 +59,62 @@ def evolve_session(
         case events.SessionStopped():
             if state is None or state.status != "active":
                 raise refuse("only an active session can stop")
-            return msgspec.structs.replace(
-                state,
-                status="stopped",
-                updated_at=event.meta.time,
-                version=state.version + 1,
-                last_seq=seq,
-                last_command_id=event.meta.command_id,
-            )
+            return step(state, status="stopped")
         case events.SessionDeleted():
             if state is None or state.status == "deleted":
                 raise refuse("the session does not exist")
-            return msgspec.structs.replace(
-                state,
-                status="deleted",
-                updated_at=event.meta.time,
-                version=state.version + 1,
-                last_seq=seq,
-                last_command_id=event.meta.command_id,
-            )
+            return step(state, status="deleted", sandbox_id=None)
+        case events.SessionResumed():
+            if state is None or state.status != "stopped":
+                raise refuse("only a stopped session can resume")
+            return step(state, status="active")
+        case events.SessionSandboxAssigned():
+            if state is None or state.status != "active" or state.sandbox_id is not None:
+                raise refuse("a sandbox is assigned only to an active session without one")
+            return step(state, sandbox_id=event.sandbox_id, image=event.image)
+        case events.SessionSandboxReleased():
+            if state is None or state.sandbox_id != event.sandbox_id:
+                raise refuse("only the assigned sandbox can be released")
+            return step(state, sandbox_id=None)
         case _:
             raise refuse("not a session event")
+
+
+def evolve_sandbox(
+    state: states.SandboxState | None, event: events.AnyEvent, seq: int
+) -> states.SandboxState:
+    status = state.status if state else None
+    match event:
+        case events.SandboxRequested() if state is None:
+            return states.SandboxState(
+                sandbox_id=event.sandbox_id,
+                status="requested",
+                session_id=event.session_id,
+                image=event.image,
+                run_as_root=event.run_as_root,
+                writable_root=event.writable_root,
+                use_kata=event.use_kata,
+                backend=event.backend,
+                created_at=event.meta.time,
+                updated_at=event.meta.time,
+                last_seq=seq,
+            )
+        case events.SandboxStarted() if status in ("requested", "stopped"):
+            assert state is not None
+            return msgspec.structs.replace(state, status="running", updated_at=event.meta.time, last_seq=seq)
+        case events.SandboxStopped() if status in ("requested", "running"):
+            assert state is not None
+            return msgspec.structs.replace(state, status="stopped", updated_at=event.meta.time, last_seq=seq)
+        case events.SandboxDeleted() if state is not None and status != "deleted":
+            return msgspec.structs.replace(state, status="deleted", updated_at=event.meta.time, last_seq=seq)
+        case events.SandboxFailed() if status in ("requested", "running", "stopped"):
+            assert state is not None
+            return msgspec.structs.replace(
+                state, status="failed", error=event.error, updated_at=event.meta.time, last_seq=seq
+            )
+    raise errors.InvalidTransition(
+        f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a sandbox"
+    )
 
 
 def evolve_instance(
@@ -124,4 +169,8 @@ INSTANCES: Projection[states.InstanceState] = Projection(
     subjects.INSTANCE, states.InstanceState, evolve_instance
 )
 
-BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES)}
+SANDBOXES: Projection[states.SandboxState] = Projection(
+    subjects.SANDBOX, states.SandboxState, evolve_sandbox
+)
+
+BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES)}

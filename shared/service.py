@@ -82,16 +82,21 @@ class Context:
         *,
         command: commands.Command | None = None,
         session_id: str | None = None,
+        command_id: str | None = None,
+        correlation_id: str | None = None,
+        actor: commands.Actor | None = None,
     ) -> events.Meta:
-        """Causation metadata for an event this instance appends now."""
-        actor = command.actor if command else None
+        """Causation metadata for an event this instance appends now: from ``command``,
+        or from the explicit fields of a request that is not a session command."""
+        if command is not None:
+            command_id, correlation_id, actor = command.command_id, command.correlation_id, command.actor
         return events.Meta(
             event_id=ids.new_id(),
             time=now(),
             service=self.settings.service,
             instance=self.settings.instance,
-            command_id=command.command_id if command else None,
-            correlation_id=command.correlation_id if command else None,
+            command_id=command_id,
+            correlation_id=correlation_id,
             org_id=actor.org_id if actor else None,
             user_id=actor.user_id if actor else None,
             session_id=session_id,

@@ -155,6 +155,56 @@ class ServiceSettings:
 
 
 @dataclass(frozen=True)
+class RuntimeSettings:
+    """Which sandbox backend the pool-manager and executor use, and its defaults."""
+
+    backend: str = "local"
+    """``local`` (bubblewrap on this machine) (``SBX_RUNTIME``)."""
+    memory_bytes: int = 2 * 1024**3
+    """Memory limit per sandbox (``SBX_SANDBOX_MEMORY``, e.g. ``2g``, ``512m``)."""
+    cpus: float = 1.0
+    """CPU limit per sandbox in cores (``SBX_SANDBOX_CPUS``)."""
+    pids: int = 512
+    """Process limit per sandbox (``SBX_SANDBOX_PIDS``)."""
+    output_limit: int = 256 * 1024
+    """Most bytes of command output returned by one tool call (``SBX_OUTPUT_LIMIT``)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
+        backend = _choice(env, "SBX_RUNTIME", cls.backend, ("local",))
+        try:
+            cpus = float(env.get("SBX_SANDBOX_CPUS", cls.cpus))
+            pids = int(env.get("SBX_SANDBOX_PIDS", cls.pids))
+        except ValueError as exc:
+            raise errors.ConfigError(f"SBX_SANDBOX_CPUS / SBX_SANDBOX_PIDS: {exc}") from None
+        if not 0 < cpus <= 256 or not 8 <= pids <= 1_000_000:
+            raise errors.ConfigError("SBX_SANDBOX_CPUS must be in (0, 256] and SBX_SANDBOX_PIDS in [8, 1e6]")
+        return cls(
+            backend=backend,
+            memory_bytes=_size(env, "SBX_SANDBOX_MEMORY", cls.memory_bytes, minimum=16 * 1024**2),
+            cpus=cpus,
+            pids=pids,
+            output_limit=_size(env, "SBX_OUTPUT_LIMIT", cls.output_limit, minimum=1024),
+        )
+
+
+_SIZE = re.compile(r"(\d+)([kmg]?)i?b?")
+
+
+def _size(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None:
+        return default
+    match = _SIZE.fullmatch(raw.strip().lower())
+    if not match:
+        raise errors.ConfigError(f"{name}={raw!r} is not a size; use e.g. 512m, 2g or 65536")
+    value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
+    if value < minimum:
+        raise errors.ConfigError(f"{name}={raw!r} is below the minimum of {minimum} bytes")
+    return value
+
+
+@dataclass(frozen=True)
 class GatewaySettings:
     """The gateway: the only service that listens on HTTP."""
 

@@ -31,6 +31,26 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """Stream sequence of the last event folded in."""
     last_command_id: str | None = None
     """The command that caused the last event (makes retries idempotent)."""
+    sandbox_id: str | None = None
+    """The sandbox currently assigned to this session (None until first use)."""
+
+
+SandboxStatus = Literal["requested", "running", "stopped", "deleted", "failed"]
+
+
+class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
+    sandbox_id: str
+    status: SandboxStatus
+    session_id: str | None = None
+    image: str = "default"
+    run_as_root: bool = True
+    writable_root: bool = True
+    use_kata: bool = False
+    backend: str = "local"
+    created_at: datetime
+    updated_at: datetime
+    error: str | None = None
+    last_seq: int
 
 
 InstanceStatus = Literal["running", "stopped"]
@@ -48,4 +68,4 @@ class InstanceState(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: int
 
 
-AnyState = SessionState | InstanceState
+AnyState = SessionState | InstanceState | SandboxState

@@ -29,6 +29,9 @@ EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
 #: Aggregate kinds; each has its own subject space and projection bucket.
 SESSION = "session"
 INSTANCE = "instance"
+SANDBOX = "sandbox"
+EXEC = "exec"
+"""Audit records of executions (not projected: the stream is the record)."""
 
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0
@@ -72,6 +75,16 @@ class Topology:
     @property
     def session_commands(self) -> str:
         return f"{self.namespace}.cmd.session"
+
+    @property
+    def exec_requests(self) -> str:
+        """Executor requests (shell, jobs, edits); queue group ``executor``."""
+        return f"{self.namespace}.exec"
+
+    @property
+    def pool_requests(self) -> str:
+        """Provisioning requests to the pool-manager; queue group ``pool-manager``."""
+        return f"{self.namespace}.cmd.pool"
 
     # ---- KV buckets ----------------------------------------------------------
 
@@ -120,4 +133,4 @@ class Topology:
         )
 
 
-PROJECTED_KINDS = (SESSION, INSTANCE)
+PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX)

@@ -4,4 +4,4 @@ from services.pool_manager import app
 from shared import service
 
 if __name__ == "__main__":
-    service.main("pool-manager", service.plain("pool-manager", app.setup))
+    service.main("pool-manager", app.build)

@@ -1,31 +1,39 @@
-"""Thin glue: decode a command, load state, decide, append, project, reply."""
+"""Thin glue: decode a command, decide on the session, append, project, and drive the
+pool-manager for the session's sandbox; reply with the session's state."""
 
 from __future__ import annotations
 
 import structlog
 
-from services.scheduler import logic
-from shared import codec, commands, errors, eventstore, faults, projector, service, states, subjects
+from services.scheduler import logic, pool_client
+from shared import aggregates, codec, commands, errors, ids, projector, provisioning, service, states
 
 log = structlog.get_logger(__name__)
 
-#: Attempts before giving up under contention on one session.
-MAX_ATTEMPTS = 16
+CRASH_AFTER_APPEND = "scheduler.after_append"
 
 
 class SessionCommands:
     def __init__(
-        self, ctx: service.Context, sessions: projector.ProjectionStore[states.SessionState]
+        self,
+        ctx: service.Context,
+        sessions: projector.ProjectionStore[states.SessionState],
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+        pool: pool_client.PoolClient,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
+        self.sandboxes = sandboxes
+        self.pool = pool
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
+        appended = 0
         try:
             command = codec.decode_command(raw)
             logic.validate(command)
-            reply = await self.execute(command)
+            state, appended = await self.execute(command)
+            reply = commands.CommandReply(ok=True, appended=appended, session=state)
         except errors.SandboxError as exc:
             reply = commands.CommandReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:
@@ -35,39 +43,107 @@ class SessionCommands:
             )
         return codec.encode(reply)
 
-    async def execute(self, command: commands.SessionCommand) -> commands.CommandReply:
-        subject = self.ctx.topology.aggregate_subject(subjects.SESSION, command.session_id)
-        state = await self.sessions.get(command.session_id)
-        for _ in range(MAX_ATTEMPTS):
-            new_events = logic.decide(
-                state, command, self.ctx.meta(command=command, session_id=command.session_id)
-            )
-            if not new_events:
-                return commands.CommandReply(ok=True, session=state)
-            try:
-                stored = await self.ctx.store.append(
-                    subject, new_events, expected_last_seq=state.last_seq if state else 0
-                )
-            except eventstore.AlreadyAppended:
-                # This very command was applied before (a redelivery): answer with the
-                # current state and change nothing.
-                return commands.CommandReply(ok=True, session=await self.sessions.rebuild(subject))
-            except errors.ConcurrencyError:
-                # Our view was behind (another writer, or a projection that lagged):
-                # fold the truth from the stream, write it, and decide again.
-                state = await self.sessions.rebuild(subject)
-                continue
-            faults.crash_point(self.ctx.settings.faults, "scheduler.after_append")
-            for item in stored:
-                state = await self.sessions.apply(item)
+    # ---- steps -------------------------------------------------------------------
+
+    async def _decide(self, command: commands.SessionCommand) -> aggregates.Outcome[states.SessionState]:
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(
+            self.sessions,
+            command.session_id,
+            lambda state: logic.decide(state, command, meta),
+            crash_points=self.ctx.settings.faults,
+            crash_point=CRASH_AFTER_APPEND,
+        )
+        if outcome.appended:
             log.info(
                 "session.transition",
                 session_id=command.session_id,
-                events=[type(e).__name__ for e in new_events],
-                seq=stored[-1].seq,
+                events=[type(s.event).__name__ for s in outcome.appended],
+                seq=outcome.appended[-1].seq,
                 command_id=command.command_id,
             )
-            return commands.CommandReply(ok=True, appended=len(stored), session=state)
-        raise errors.ConcurrencyError(
-            f"session {command.session_id!r} is changing too fast; retry the request"
+        return outcome
+
+    def _pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> dict[str, object]:
+        return {
+            "sandbox_id": sandbox_id,
+            "command_id": command.command_id,
+            "correlation_id": command.correlation_id,
+            "actor": command.actor,
+        }
+
+    async def _provision(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+        """Provision a new sandbox and assign it; if another request assigned one first,
+        discard ours and use theirs."""
+        sandbox_id = "sb-" + ids.new_id()[:20]
+        options = logic.sandbox_options(command, state)
+        await self.pool.send(
+            provisioning.Provision(session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id))  # type: ignore[arg-type]
         )
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(
+            self.sessions,
+            command.session_id,
+            lambda s: logic.decide_assign(s, sandbox_id, str(options["image"]), meta),
+        )
+        if not outcome.appended:
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+        assert outcome.state is not None
+        return outcome.state
+
+    async def _release(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+        old = state.sandbox_id
+        assert old is not None
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(self.sessions, command.session_id, lambda s: logic.decide_release(s, old, meta))
+        await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))  # type: ignore[arg-type]
+        assert outcome.state is not None
+        return outcome.state
+
+    async def _ensure_running(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+        """The session's sandbox, running: start it again, or replace it if it is gone."""
+        assert state.sandbox_id is not None
+        sandbox = await self.sandboxes.get(state.sandbox_id)
+        if sandbox is not None and sandbox.status == "running":
+            return state
+        if sandbox is not None and sandbox.status in ("stopped", "requested"):
+            try:
+                await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))  # type: ignore[arg-type]
+                return state
+            except errors.NotFound:
+                pass
+        # Deleted, failed or lost: the session gets a fresh sandbox (its workspace is gone).
+        released = await self._release(command, state)
+        return await self._provision(command, released)
+
+    # ---- commands ----------------------------------------------------------------
+
+    async def execute(self, command: commands.SessionCommand) -> tuple[states.SessionState | None, int]:
+        match command:
+            case commands.CreateSession():
+                outcome = await self._decide(command)
+                return outcome.state, len(outcome.appended)
+            case commands.StopSession():
+                outcome = await self._decide(command)
+                if outcome.appended and outcome.state and outcome.state.sandbox_id:
+                    await self.pool.send(provisioning.Stop(**self._pool_fields(command, outcome.state.sandbox_id)))  # type: ignore[arg-type]
+                return outcome.state, len(outcome.appended)
+            case commands.DeleteSession() | commands.ClearSession():
+                before = await self.sessions.get(command.session_id)
+                outcome = await self._decide(command)
+                if outcome.appended and before is not None and before.sandbox_id:
+                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, before.sandbox_id)))  # type: ignore[arg-type]
+                return outcome.state, len(outcome.appended)
+            case commands.EnsureSession():
+                outcome = await self._decide(command)
+                state = outcome.state
+                assert state is not None
+                state = await (self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state))
+                return state, len(outcome.appended)
+            case commands.ProvisionSandbox():
+                outcome = await self._decide(command)
+                state = outcome.state
+                assert state is not None
+                if state.sandbox_id:
+                    state = await self._release(command, state)
+                return await self._provision(command, state), len(outcome.appended)

@@ -15,7 +15,7 @@ def validate(command: commands.SessionCommand) -> None:
     ids.validate_session_id(command.session_id)
     ids.validate_attribution(command.actor.org_id, what="org id")
     ids.validate_attribution(command.actor.user_id, what="user id")
-    if isinstance(command, commands.CreateSession):
+    if isinstance(command, commands.CreateSession | commands.EnsureSession | commands.ProvisionSandbox):
         ids.validate_image(command.image)
 
 
@@ -53,3 +53,46 @@ def decide(
             if not exists:
                 raise errors.NotFound(f"session {sid!r} does not exist")
             return [events.SessionDeleted(meta=meta, session_id=sid)]
+        case commands.ClearSession():
+            return [events.SessionDeleted(meta=meta, session_id=sid, reason="cleared")] if exists else []
+        case commands.EnsureSession() | commands.ProvisionSandbox():
+            if not exists:
+                return [
+                    events.SessionCreated(
+                        meta=meta,
+                        session_id=sid,
+                        image=command.image,
+                        org_id=command.actor.org_id,
+                        user_id=command.actor.user_id,
+                    )
+                ]
+            assert state is not None
+            return [events.SessionResumed(meta=meta, session_id=sid)] if state.status == "stopped" else []
+
+
+def decide_assign(
+    state: states.SessionState | None, sandbox_id: str, image: str, meta: events.Meta
+) -> list[events.SessionEvent]:
+    """Give an active session without a sandbox this one; anything else decides nothing
+    (the caller then discards the sandbox it provisioned)."""
+    if state is None or state.status != "active" or state.sandbox_id is not None:
+        return []
+    return [events.SessionSandboxAssigned(meta=meta, session_id=state.session_id, sandbox_id=sandbox_id, image=image)]
+
+
+def decide_release(state: states.SessionState | None, sandbox_id: str, meta: events.Meta) -> list[events.SessionEvent]:
+    if state is None or state.sandbox_id != sandbox_id:
+        return []
+    return [events.SessionSandboxReleased(meta=meta, session_id=state.session_id, sandbox_id=sandbox_id)]
+
+
+def sandbox_options(command: commands.SessionCommand, state: states.SessionState) -> dict[str, object]:
+    """What to provision for a session: the command's options, else the session's image."""
+    if isinstance(command, commands.ProvisionSandbox):
+        return {
+            "image": command.image or "default",
+            "use_kata": command.use_kata,
+            "run_as_root": command.run_as_root,
+            "writable_root": command.writable_root,
+        }
+    return {"image": state.image or "default"}

@@ -1,0 +1,530 @@
+"""The MCP tool surface of the gateway: eight tools that turn calls into commands and exec requests.
+
+Identity comes only from HTTP headers, never from tool arguments: ``X-Session-Id``
+(required), ``X-Org-Id`` / ``X-User-Id`` (optional, attribution) and ``X-Request-Id``
+(optional, becomes the correlation id). The shell, job and edit tools first send
+``EnsureSession`` to the scheduler (get-or-create of the session's sandbox), then send
+the execution request to the executor with the sandbox id from that answer. Every
+:class:`shared.errors.SandboxError` comes back as an MCP tool error carrying its message;
+other exceptions are masked (``mask_error_details``) and logged by fastmcp.
+
+Transport: :func:`mcp_http_app` returns fastmcp's streamable-HTTP Starlette app serving
+``/mcp`` in **stateless** mode (``stateless_http=True``): every POST gets a fresh transport
+and no ``Mcp-Session-Id`` is issued, so any gateway instance can serve any request (the
+MCP session lives nowhere; our own session is the ``X-Session-Id`` header). Stateful mode
+would pin each client to the instance holding its in-memory transport (others answer 404
+"Session not found"), cap sessions per instance (10 000) and expire them when idle.
+What stateless gives up (server-initiated requests such as sampling/elicitation, the GET
+notification stream, resumability) is not used by these tools.
+
+Mounting (what ``services/gateway/app.py`` must do). The returned app has its own
+lifespan, which starts the streamable-HTTP session manager (a task group every request
+runs in); without it each ``/mcp`` request fails with "task group was not initialized"::
+
+    mcp_app = mcp_tools.mcp_http_app(mcp_tools.build_mcp(commands, executor))
+    routes += [Mount("/", app=mcp_app)]          # last: REST routes keep precedence
+    inner = Starlette(routes=routes, lifespan=mcp_app.lifespan)
+    app = auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)
+
+and the uvicorn config must run lifespans: ``lifespan="on"`` instead of ``"off"``
+(``BearerAuth`` passes non-HTTP scopes through, so the ``lifespan`` scope reaches the
+inner Starlette app). Mount the whole app, not ``mcp_app.routes``: its
+``RequestContextMiddleware`` is what makes the request's headers visible to the tools.
+``BearerAuth`` already answers 401 before any MCP traffic, so no fastmcp ``auth=`` is set.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import fastmcp
+from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_http_headers
+from pydantic import Field
+from fastmcp.server.http import StarletteWithLifespan
+
+from services.gateway import bus_client
+from shared import errors, execution, ids, states
+from shared.commands import Actor, ClearSession, EnsureSession, ProvisionSandbox
+
+TOOL_NAMES: tuple[str, ...] = (
+    "shell",
+    "shell_async",
+    "shell_poll",
+    "shell_wait",
+    "shell_stop",
+    "str_replace_based_edit_tool",
+    "create_sandbox",
+    "clear_session",
+)
+
+MCP_PATH = "/mcp"
+SHELL_TIMEOUT = execution.DEFAULT_TIMEOUT
+WAIT_TIMEOUT = 30.0
+REQUEST_BUDGET = 30.0
+MAX_TIMEOUT = execution.MAX_TIMEOUT
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+HeaderSource = Callable[[], Mapping[str, str]]
+"""Returns the current request's headers, names in lower case."""
+
+INSTRUCTIONS = """\
+Tools to work in a disposable Linux sandbox that belongs to this MCP session (the
+X-Session-Id header). The sandbox is created automatically on first use; /workspace is the
+working directory and persists between calls until the sandbox is re-provisioned
+(create_sandbox) or cleared (clear_session). There is no network access in this version.
+Use `shell` for quick commands, `shell_async` + `shell_poll`/`shell_wait`/`shell_stop` for
+long-running ones, and `str_replace_based_edit_tool` to view and edit files."""
+
+_SANDBOX_NOTE = (
+    "The sandbox is created automatically on first use; /workspace is the working directory. "
+    "There is no network access in this version."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who is calling and for which session, read from the request's headers."""
+
+    session_id: str
+    correlation_id: str
+    org_id: str | None = None
+    user_id: str | None = None
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(via="mcp", org_id=self.org_id, user_id=self.user_id)
+
+
+def identity_from_headers(headers: Mapping[str, str]) -> Identity:
+    """Validate the identity headers (names in lower case); raise InvalidInput if wrong."""
+    session_id = ids.validate_session_id(headers.get("x-session-id"), what="X-Session-Id header")
+    request_id = headers.get("x-request-id") or None
+    if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
+        raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+    return Identity(
+        session_id=session_id,
+        correlation_id=request_id or ids.new_id(),
+        org_id=ids.validate_attribution(headers.get("x-org-id"), what="X-Org-Id header"),
+        user_id=ids.validate_attribution(headers.get("x-user-id"), what="X-User-Id header"),
+    )
+
+
+def request_headers() -> Mapping[str, str]:
+    """The current HTTP request's headers (empty outside an HTTP request)."""
+    return get_http_headers()
+
+
+@contextlib.contextmanager
+def _tool_errors() -> Iterator[None]:
+    """Turn the product's errors into MCP tool errors carrying only their message."""
+    try:
+        yield
+    except errors.SandboxError as exc:
+        raise ToolError(exc.message) from None
+
+
+# ---- argument checks (before anything is sent) -----------------------------------------
+
+
+def _check_command(command: str) -> str:
+    if not command.strip():
+        raise errors.InvalidInput("command is empty; give a shell command, e.g. 'ls -la'")
+    if "\x00" in command:
+        raise errors.InvalidInput("command must not contain a NUL byte")
+    return command
+
+
+def _check_timeout(timeout: float | None) -> float | None:
+    # Written so that NaN fails too.
+    if timeout is not None and not 0 < timeout <= MAX_TIMEOUT:
+        raise errors.InvalidInput(
+            f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds, got {timeout!r}"
+        )
+    return timeout
+
+
+def _check_job_id(job_id: str) -> str:
+    if not _JOB_ID.fullmatch(job_id):
+        raise errors.InvalidInput(
+            f"job_id {job_id!r:.60} is not a job id: it must be the 32 lower-case hex characters "
+            "that shell_async returned"
+        )
+    return job_id
+
+
+def _check_path(path: str) -> str:
+    if not path:
+        raise errors.InvalidInput("path must not be empty; give an absolute path, e.g. /workspace/app.py")
+    if not path.startswith("/"):
+        raise errors.InvalidInput(f"path {path!r:.80} must be absolute, e.g. /workspace/app.py")
+    return path
+
+
+def _required(value: object, name: str, command: str) -> None:
+    if value is None:
+        raise errors.InvalidInput(f"Parameter `{name}` is required for command: {command}")
+
+
+# ---- formatting of results --------------------------------------------------------------
+
+
+def _with_newline(text: str) -> str:
+    return text if not text or text.endswith("\n") else text + "\n"
+
+
+def format_shell(reply: execution.Reply, timeout: float) -> str:
+    text = _with_newline(reply.output)
+    if reply.timed_out:
+        text += f"[timed out after {timeout:g} s]\n"
+    exit_code = "unknown" if reply.exit_code is None else str(reply.exit_code)
+    return text + f"[exit code: {exit_code}]"
+
+
+def format_job(job_id: str, reply: execution.Reply, *, waited: float | None = None) -> str:
+    status = reply.status or "unknown"
+    lines = [f"job {job_id}"]
+    if status == "running" and waited is not None:
+        lines.append(f"status: running (still running after {waited:g} s; wait again, poll, or stop it)")
+    else:
+        lines.append(f"status: {status}")
+    if reply.exit_code is not None:
+        lines.append(f"exit code: {reply.exit_code}")
+    if reply.output:
+        lines.append("output so far:" if status == "running" else "output:")
+        return "\n".join(lines) + "\n" + reply.output
+    lines.append("output: (none)")
+    return "\n".join(lines)
+
+
+# ---- the server ---------------------------------------------------------------------------
+
+
+def build_mcp(
+    commands: bus_client.CommandClient,
+    executor: bus_client.ExecClient,
+    *,
+    headers: HeaderSource = request_headers,
+) -> fastmcp.FastMCP:
+    """The MCP server with the eight tools. ``headers`` is where identity is read from
+    (the HTTP request by default; tests pass their own)."""
+    mcp = fastmcp.FastMCP("agent-sandbox", instructions=INSTRUCTIONS, mask_error_details=True)
+
+    def identity() -> Identity:
+        return identity_from_headers(headers())
+
+    async def sandbox_for(who: Identity) -> str:
+        state = await commands.session(
+            EnsureSession(
+                session_id=who.session_id,
+                command_id=ids.new_id(),
+                correlation_id=who.correlation_id,
+                actor=who.actor,
+            )
+        )
+        if state is None or state.sandbox_id is None:
+            raise errors.Unavailable("the scheduler did not assign a sandbox to this session; retry shortly")
+        return state.sandbox_id
+
+    def request_fields(who: Identity, sandbox_id: str) -> dict[str, object]:
+        return {
+            "session_id": who.session_id,
+            "sandbox_id": sandbox_id,
+            "actor": who.actor,
+            "correlation_id": who.correlation_id,
+        }
+
+    async def run(
+        who: Identity, build: Callable[..., execution.AnyRequest], budget: float
+    ) -> execution.Reply:
+        sandbox_id = await sandbox_for(who)
+        return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
+
+    # ---- shell ----------------------------------------------------------------------------
+
+    @mcp.tool(
+        name="shell",
+        output_schema=None,
+        annotations={"title": "Run a shell command", "openWorldHint": False},
+        description=(
+            "Run a bash command synchronously in this session's persistent shell and return its combined "
+            "stdout and stderr followed by a final line `[exit code: N]`. The shell persists between "
+            "calls: the current directory, exported variables and functions carry over (e.g. `cd src` "
+            "then `ls` lists src). " + _SANDBOX_NOTE + " The command is stopped after `timeout` seconds "
+            f"(default {SHELL_TIMEOUT:g}, at most {MAX_TIMEOUT:g}); then `[timed out after T s]` is "
+            "shown. Very long output is truncated and the text says where it was cut. For commands that "
+            "take longer or run forever (servers, watchers), use shell_async instead. Examples: "
+            "`ls -la`, `python -m pytest -q`, `git status`."
+        ),
+    )
+    async def shell(
+        command: Annotated[str, Field(description="The bash command to run, e.g. 'ls -la /workspace'.")],
+        timeout: Annotated[
+            float | None,
+            Field(
+                description=f"Seconds before the command is stopped (default {SHELL_TIMEOUT:g}, max 3600)."
+            ),
+        ] = None,
+    ) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_command(command)
+            _check_timeout(timeout)
+            budget = timeout or SHELL_TIMEOUT
+            reply = await run(who, lambda **f: execution.Shell(command=command, timeout=timeout, **f), budget)
+            return format_shell(reply, budget)
+
+    @mcp.tool(
+        name="shell_async",
+        output_schema=None,
+        annotations={"title": "Start a background command", "openWorldHint": False},
+        description=(
+            "Start a long-running bash command in the background and return at once with its job id "
+            "(32 hex characters). Follow it with shell_poll (status and output so far), shell_wait "
+            "(block until it finishes or a timeout) and shell_stop (terminate it). "
+            "Example: `cd /workspace/app && npm test`. " + _SANDBOX_NOTE
+        ),
+    )
+    async def shell_async(
+        command: Annotated[str, Field(description="The bash command to start, e.g. 'make -j4 all'.")],
+    ) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_command(command)
+            reply = await run(who, lambda **f: execution.ShellAsync(command=command, **f), REQUEST_BUDGET)
+            if reply.job_id is None:
+                raise errors.SandboxError("the executor started the command but returned no job id")
+            job = reply.job_id
+            return (
+                f"started job {job}\n"
+                f'Check it with shell_poll(job_id="{job}"), block until it ends with '
+                f'shell_wait(job_id="{job}", timeout=60), or terminate it with shell_stop(job_id="{job}").'
+            )
+
+    job_id_arg = Field(description="The job id shell_async returned (32 lower-case hex characters).")
+
+    @mcp.tool(
+        name="shell_poll",
+        output_schema=None,
+        annotations={"title": "Check a background job", "readOnlyHint": True, "openWorldHint": False},
+        description=(
+            "Return a background job's current status (running, exited, stopped or lost), its exit code "
+            "once it has exited, and its output so far (long output is truncated). Does not wait. "
+            + _SANDBOX_NOTE
+        ),
+    )
+    async def shell_poll(job_id: Annotated[str, job_id_arg]) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_job_id(job_id)
+            reply = await run(who, lambda **f: execution.ShellPoll(job_id=job_id, **f), REQUEST_BUDGET)
+            return format_job(job_id, reply)
+
+    @mcp.tool(
+        name="shell_wait",
+        output_schema=None,
+        annotations={"title": "Wait for a background job", "readOnlyHint": True, "openWorldHint": False},
+        description=(
+            "Block until a background job finishes or `timeout` seconds pass (default "
+            f"{WAIT_TIMEOUT:g}, at most {MAX_TIMEOUT:g}), then return its status, exit code if it exited, "
+            "and output so far. A job still running after the timeout keeps running; call shell_wait "
+            "again, shell_poll, or shell_stop. " + _SANDBOX_NOTE
+        ),
+    )
+    async def shell_wait(
+        job_id: Annotated[str, job_id_arg],
+        timeout: Annotated[
+            float | None,
+            Field(description=f"Seconds to wait at most (default {WAIT_TIMEOUT:g}, max 3600)."),
+        ] = None,
+    ) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_job_id(job_id)
+            _check_timeout(timeout)
+            budget = timeout or WAIT_TIMEOUT
+            reply = await run(
+                who, lambda **f: execution.ShellWait(job_id=job_id, timeout=timeout, **f), budget
+            )
+            return format_job(job_id, reply, waited=budget)
+
+    @mcp.tool(
+        name="shell_stop",
+        output_schema=None,
+        annotations={"title": "Stop a background job", "destructiveHint": True, "openWorldHint": False},
+        description=(
+            "Terminate a background job and return its final status, its exit code if it has one, and "
+            "its output. " + _SANDBOX_NOTE
+        ),
+    )
+    async def shell_stop(job_id: Annotated[str, job_id_arg]) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_job_id(job_id)
+            reply = await run(who, lambda **f: execution.ShellStop(job_id=job_id, **f), REQUEST_BUDGET)
+            return format_job(job_id, reply)
+
+    # ---- file editing -----------------------------------------------------------------------
+
+    @mcp.tool(
+        name="str_replace_based_edit_tool",
+        output_schema=None,
+        annotations={"title": "View and edit files", "openWorldHint": False},
+        description=(
+            "View, create and edit text files in the sandbox (Anthropic's text editor tool). Paths are "
+            "absolute, e.g. /workspace/app.py. Commands:\n"
+            "* `view`: a file with line numbers (`view_range` [start, end] is 1-indexed and inclusive, "
+            "end -1 means to the end of the file), or a directory listing two levels deep.\n"
+            "* `create`: write `file_text` to `path`, replacing any existing file.\n"
+            "* `str_replace`: replace `old_str`, which must occur exactly once in the file (whitespace "
+            "included), with `new_str` (omit `new_str` to delete `old_str`).\n"
+            "* `insert`: insert `insert_text` after line `insert_line` (0 inserts at the top).\n"
+            "Files over 10 MiB and binary files are refused; use the shell for them. " + _SANDBOX_NOTE
+        ),
+    )
+    async def str_replace_based_edit_tool(
+        command: Annotated[
+            Literal["view", "create", "str_replace", "insert"], Field(description="The operation to perform.")
+        ],
+        path: Annotated[
+            str, Field(description="Absolute path of the file or directory, e.g. /workspace/a.py.")
+        ],
+        view_range: Annotated[
+            list[int] | None,
+            Field(description="For view: [start_line, end_line], e.g. [10, 40] or [10, -1]."),
+        ] = None,
+        file_text: Annotated[
+            str | None, Field(description="For create: the whole content of the file.")
+        ] = None,
+        old_str: Annotated[
+            str | None, Field(description="For str_replace: the exact text to replace (must be unique).")
+        ] = None,
+        new_str: Annotated[str | None, Field(description="For str_replace: the replacement text.")] = None,
+        insert_line: Annotated[
+            int | None, Field(description="For insert: the line after which to insert (0 = top of file).")
+        ] = None,
+        insert_text: Annotated[str | None, Field(description="For insert: the text to insert.")] = None,
+    ) -> str:
+        with _tool_errors():
+            who = identity()
+            _check_path(path)
+            if command == "create":
+                _required(file_text, "file_text", command)
+            elif command == "str_replace":
+                _required(old_str, "old_str", command)
+            elif command == "insert":
+                _required(insert_line, "insert_line", command)
+                if insert_text is None:  # older versions of the tool sent the text as new_str
+                    insert_text, new_str = new_str, None
+                _required(insert_text, "insert_text", command)
+            reply = await run(
+                who,
+                lambda **f: execution.Edit(
+                    command=command,
+                    path=path,
+                    view_range=view_range,
+                    file_text=file_text,
+                    old_str=old_str,
+                    new_str=new_str,
+                    insert_line=insert_line,
+                    insert_text=insert_text,
+                    **f,
+                ),
+                REQUEST_BUDGET,
+            )
+            return reply.output
+
+    # ---- the sandbox itself --------------------------------------------------------------------
+
+    @mcp.tool(
+        name="create_sandbox",
+        output_schema=None,
+        annotations={"title": "(Re-)create the sandbox", "destructiveHint": True, "openWorldHint": False},
+        description=(
+            "Provision a new sandbox for this session with the given options. Optional: a sandbox is "
+            "created automatically on first use with the default image. If the session already has a "
+            "sandbox, it is deleted first together with its /workspace (all files are lost) and any "
+            "running jobs. Options this deployment cannot provide are refused with an explanation. "
+            "There is no network access in this version. "
+            "Example: create_sandbox(image='python:3.12')."
+        ),
+    )
+    async def create_sandbox(
+        image: Annotated[
+            str | None,
+            Field(
+                description="Image reference or registered name, e.g. 'python:3.12' (default image if omitted)."[:200]
+            ),
+        ] = None,
+        use_kata: Annotated[
+            bool, Field(description="Run in a Kata Containers VM for stronger isolation.")
+        ] = False,
+        run_as_root: Annotated[bool, Field(description="Run commands as root inside the sandbox.")] = True,
+        writable_root: Annotated[
+            bool, Field(description="Allow writes outside /workspace (the root filesystem).")
+        ] = True,
+    ) -> str:
+        with _tool_errors():
+            who = identity()
+            ids.validate_image(image)
+            state = await commands.session(
+                ProvisionSandbox(
+                    session_id=who.session_id,
+                    image=image,
+                    use_kata=use_kata,
+                    run_as_root=run_as_root,
+                    writable_root=writable_root,
+                    command_id=ids.new_id(),
+                    correlation_id=who.correlation_id,
+                    actor=who.actor,
+                )
+            )
+            return _provisioned(state, image)
+
+    @mcp.tool(
+        name="clear_session",
+        output_schema=None,
+        annotations={"title": "Delete the sandbox", "destructiveHint": True, "openWorldHint": False},
+        description=(
+            "Delete this session's sandbox and its /workspace (all files and running jobs are lost). The "
+            "next tool call with the same session starts a fresh sandbox. Clearing a session that has "
+            "no sandbox is fine."
+        ),
+    )
+    async def clear_session() -> str:
+        with _tool_errors():
+            who = identity()
+            await commands.session(
+                ClearSession(
+                    session_id=who.session_id,
+                    command_id=ids.new_id(),
+                    correlation_id=who.correlation_id,
+                    actor=who.actor,
+                )
+            )
+            return (
+                f"cleared session {who.session_id}: its sandbox and /workspace were deleted; "
+                "the next call starts a fresh sandbox"
+            )
+
+    return mcp
+
+
+def _provisioned(state: states.SessionState | None, image: str | None) -> str:
+    sandbox = state.sandbox_id if state is not None else None
+    shown_image = (state.image if state is not None else None) or image or "the default image"
+    what = f"sandbox {sandbox}" if sandbox else "a new sandbox"
+    return (
+        f"provisioned {what} from {shown_image} for this session; any previous sandbox and its "
+        "/workspace were deleted"
+    )
+
+
+def mcp_http_app(mcp: fastmcp.FastMCP) -> StarletteWithLifespan:
+    """Streamable HTTP at ``/mcp``, stateless. Run its ``lifespan`` (see the module docstring)."""
+    return mcp.http_app(path=MCP_PATH, stateless_http=True)

@@ -1,0 +1,154 @@
+"""Thin glue: provisioning requests → events around runtime calls.
+
+Every transition is recorded as an event *before* the runtime is asked where the
+runtime call could leave something behind (``sandbox.requested`` precedes creation),
+and after it where the event reports what happened (``sandbox.started``).
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from shared import aggregates, codec, commands, errors, events, projector, provisioning, service, states
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+
+class PoolHandlers:
+    def __init__(
+        self,
+        ctx: service.Context,
+        runtime: api.Runtime,
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+        limits: api.Limits,
+    ) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.limits = limits
+
+    async def handle(self, raw: bytes) -> bytes:
+        try:
+            try:
+                request = provisioning.decode_request(raw)
+            except Exception as exc:
+                raise errors.InvalidInput(f"malformed pool request: {exc}") from exc
+            match request:
+                case provisioning.Provision():
+                    state = await self.provision(request)
+                case provisioning.Start():
+                    state = await self.start(request)
+                case provisioning.Stop():
+                    state = await self.stop(request)
+                case provisioning.Delete():
+                    state = await self.delete(request)
+            reply = provisioning.PoolReply(ok=True, sandbox=state)
+        except errors.SandboxError as exc:
+            reply = provisioning.PoolReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
+        except Exception as exc:
+            log.exception("pool.request_crashed")
+            reply = provisioning.PoolReply(
+                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
+            )
+        return codec.encode(reply)
+
+    def _meta(self, request: provisioning.PoolRequest, session_id: str | None = None) -> events.Meta:
+        return self.ctx.meta(
+            command_id=request.command_id,
+            correlation_id=request.correlation_id,
+            actor=request.actor,
+            session_id=session_id,
+        )
+
+    async def _record(
+        self, request: provisioning.PoolRequest, make: type[events.SandboxEvent], allowed: tuple[str | None, ...], **fields: object
+    ) -> states.SandboxState | None:
+        def decide(state: states.SandboxState | None) -> list[events.Event]:
+            status = state.status if state else None
+            if status not in allowed:
+                return []
+            session = state.session_id if state else None
+            return [make(meta=self._meta(request, session), sandbox_id=request.sandbox_id, **fields)]
+
+        return (await aggregates.transact(self.sandboxes, request.sandbox_id, decide)).state
+
+    async def provision(self, request: provisioning.Provision) -> states.SandboxState:
+        current = await self.sandboxes.get(request.sandbox_id)
+        if current is not None and current.status == "running":
+            return current
+        if current is None:
+
+            def decide(state: states.SandboxState | None) -> list[events.Event]:
+                if state is not None:
+                    return []
+                return [
+                    events.SandboxRequested(
+                        meta=self._meta(request, request.session_id),
+                        sandbox_id=request.sandbox_id,
+                        session_id=request.session_id,
+                        image=request.image,
+                        run_as_root=request.run_as_root,
+                        writable_root=request.writable_root,
+                        use_kata=request.use_kata,
+                        backend=self.runtime.name,
+                    )
+                ]
+
+            await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+        spec = api.SandboxSpec(
+            sandbox_id=request.sandbox_id,
+            image=request.image,
+            run_as_root=request.run_as_root,
+            writable_root=request.writable_root,
+            isolation="strong" if request.use_kata else "standard",
+            limits=self.limits,
+            labels={"session": request.session_id or ""},
+        )
+        try:
+            await self.runtime.create(spec)
+            await self.runtime.start(request.sandbox_id)
+        except errors.SandboxError as exc:
+            await self._record(request, events.SandboxFailed, ("requested", "running", "stopped"), error=exc.message)
+            await self._quietly_delete(request.sandbox_id)
+            raise
+        state = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
+        assert state is not None
+        log.info("sandbox.started", sandbox_id=request.sandbox_id, session_id=request.session_id, image=request.image)
+        return state
+
+    async def _quietly_delete(self, sandbox_id: str) -> None:
+        try:
+            await self.runtime.delete(sandbox_id)
+        except Exception as exc:
+            log.warning("sandbox.cleanup_failed", sandbox_id=sandbox_id, error=repr(exc))
+
+    async def start(self, request: provisioning.Start) -> states.SandboxState:
+        state = await self.sandboxes.get(request.sandbox_id)
+        if state is None or state.status in ("deleted", "failed"):
+            raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        info = await self.runtime.get(request.sandbox_id)
+        if info is None:
+            raise errors.NotFound(f"sandbox {request.sandbox_id!r} is gone from the runtime")
+        if info.status == "running" and state.status == "running":
+            return state
+        if state.status == "running":  # the runtime lost it (host restart): say so, then restart
+            await self._record(request, events.SandboxStopped, ("running",), reason="lost")
+        await self.runtime.start(request.sandbox_id)
+        started = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
+        assert started is not None
+        return started
+
+    async def stop(self, request: provisioning.Stop) -> states.SandboxState:
+        state = await self.sandboxes.get(request.sandbox_id)
+        if state is None:
+            raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        if await self.runtime.get(request.sandbox_id) is not None:
+            await self.runtime.stop(request.sandbox_id)
+        stopped = await self._record(request, events.SandboxStopped, ("requested", "running"))
+        assert stopped is not None
+        return stopped
+
+    async def delete(self, request: provisioning.Delete) -> states.SandboxState | None:
+        await self.runtime.delete(request.sandbox_id)
+        return await self._record(request, events.SandboxDeleted, ("requested", "running", "stopped", "failed"))

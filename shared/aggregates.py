@@ -1,0 +1,57 @@
+"""Deciding and appending on one aggregate with optimistic concurrency: the write path.
+
+``transact`` loads the aggregate's state (from KV, fast), asks a pure ``decide`` for
+the events, appends them expecting the state's ``last_seq``, and projects them. If
+another writer got there first it rebuilds the state from the stream and decides
+again; if JetStream recognises the events as already appended (a redelivered
+command) it returns the current state and appends nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Generic
+
+from shared import errors, events, eventstore, faults, projections, projector
+
+MAX_ATTEMPTS = 16
+
+
+class Outcome(Generic[projections.S]):
+    __slots__ = ("appended", "state")
+
+    def __init__(self, state: projections.S | None, appended: list[eventstore.Stored]) -> None:
+        self.state = state
+        self.appended = appended
+
+
+async def transact(
+    store: projector.ProjectionStore[projections.S],
+    aggregate_id: str,
+    decide: Callable[[projections.S | None], Sequence[events.Event]],
+    *,
+    crash_points: frozenset[str] = frozenset(),
+    crash_point: str = "",
+) -> Outcome[projections.S]:
+    topology = store.store.topology
+    subject = topology.aggregate_subject(store.projection.kind, aggregate_id)
+    state = await store.get(aggregate_id)
+    for _ in range(MAX_ATTEMPTS):
+        new_events = decide(state)
+        if not new_events:
+            return Outcome(state, [])
+        try:
+            stored = await store.store.append(
+                subject, new_events, expected_last_seq=state.last_seq if state else 0
+            )
+        except eventstore.AlreadyAppended:
+            return Outcome(await store.rebuild(subject), [])
+        except errors.ConcurrencyError:
+            state = await store.rebuild(subject)
+            continue
+        if crash_point:
+            faults.crash_point(crash_points, crash_point)
+        for item in stored:
+            state = await store.apply(item)
+        return Outcome(state, stored)
+    raise errors.ConcurrencyError(f"{store.projection.kind} {aggregate_id!r} is changing too fast; retry")

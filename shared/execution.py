@@ -1,0 +1,92 @@
+"""Requests to the executor and its replies: the contract between gateway and executor.
+
+Requests travel by NATS request/reply on ``<ns>.exec`` (queue group ``executor``).
+The gateway fills ``session_id`` from the ``X-Session-Id`` header and ``sandbox_id``
+from the scheduler's answer, never from tool arguments, so one session can never
+reach another session's sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from shared import commands
+
+JobStatus = Literal["running", "exited", "stopped", "lost"]
+EditCommand = Literal["view", "create", "str_replace", "insert"]
+
+#: Defaults an operator can change through the executor's settings.
+DEFAULT_TIMEOUT = 120.0
+MAX_TIMEOUT = 3600.0
+
+
+class Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    session_id: str
+    sandbox_id: str
+    actor: commands.Actor = commands.Actor()
+    correlation_id: str | None = None
+
+
+class Shell(Request, frozen=True, kw_only=True, tag="shell"):
+    command: str
+    timeout: float | None = None
+
+
+class ShellAsync(Request, frozen=True, kw_only=True, tag="shell_async"):
+    command: str
+
+
+class ShellPoll(Request, frozen=True, kw_only=True, tag="shell_poll"):
+    job_id: str
+
+
+class ShellWait(Request, frozen=True, kw_only=True, tag="shell_wait"):
+    job_id: str
+    timeout: float | None = None
+
+
+class ShellStop(Request, frozen=True, kw_only=True, tag="shell_stop"):
+    job_id: str
+
+
+class Edit(Request, frozen=True, kw_only=True, tag="edit"):
+    command: EditCommand
+    path: str
+    view_range: list[int] | None = None
+    file_text: str | None = None
+    old_str: str | None = None
+    new_str: str | None = None
+    insert_line: int | None = None
+    insert_text: str | None = None
+
+
+AnyRequest = Shell | ShellAsync | ShellPoll | ShellWait | ShellStop | Edit
+REQUEST_TYPES = (Shell, ShellAsync, ShellPoll, ShellWait, ShellStop, Edit)
+
+
+class Reply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: commands.ErrorInfo | None = None
+    output: str = ""
+    """Combined stdout and stderr (shell), the job's output so far, or the edit tool's text."""
+    exit_code: int | None = None
+    timed_out: bool = False
+    truncated: bool = False
+    """Output was longer than the cap; the text says where it was cut."""
+    job_id: str | None = None
+    status: JobStatus | None = None
+    duration: float | None = None
+
+
+_request_decoder = msgspec.json.Decoder(AnyRequest)
+_reply_decoder = msgspec.json.Decoder(Reply)
+
+
+def decode_request(data: bytes) -> AnyRequest:
+    return _request_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> Reply:
+    return _reply_decoder.decode(data)

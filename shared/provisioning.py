@@ -1,0 +1,57 @@
+"""Requests to the pool-manager, which alone creates, starts, stops and deletes sandboxes
+through the runtime. Request/reply on ``<ns>.cmd.pool`` (queue group ``pool-manager``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from shared import commands, states
+
+
+class PoolRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    sandbox_id: str
+    command_id: str
+    correlation_id: str | None = None
+    actor: commands.Actor = commands.Actor()
+
+
+class Provision(PoolRequest, frozen=True, kw_only=True, tag="provision"):
+    session_id: str | None = None
+    image: str = "default"
+    run_as_root: bool = True
+    writable_root: bool = True
+    use_kata: bool = False
+
+
+class Start(PoolRequest, frozen=True, kw_only=True, tag="start"):
+    pass
+
+
+class Stop(PoolRequest, frozen=True, kw_only=True, tag="stop"):
+    pass
+
+
+class Delete(PoolRequest, frozen=True, kw_only=True, tag="delete"):
+    pass
+
+
+AnyPoolRequest = Provision | Start | Stop | Delete
+POOL_REQUEST_TYPES = (Provision, Start, Stop, Delete)
+
+
+class PoolReply(msgspec.Struct, frozen=True, kw_only=True):
+    ok: bool
+    error: commands.ErrorInfo | None = None
+    sandbox: states.SandboxState | None = None
+
+
+_request_decoder = msgspec.json.Decoder(AnyPoolRequest)
+_reply_decoder = msgspec.json.Decoder(PoolReply)
+
+
+def decode_request(data: bytes) -> AnyPoolRequest:
+    return _request_decoder.decode(data)
+
+
+def decode_reply(data: bytes) -> PoolReply:
+    return _reply_decoder.decode(data)
