@@ -122,6 +122,20 @@ class EventStore:
             expected = ack.seq
         return stored
 
+    async def record(self, subject: str, event: events.Event) -> int:
+        """Append to an append-only subject (audit records): no expected sequence, only
+        de-duplication by event id. Returns the stream sequence."""
+        try:
+            ack = await self._js.publish(
+                subject,
+                codec.encode(event),
+                headers={subjects.MSG_ID: event.meta.event_id},
+                stream=self.topology.events_stream,
+            )
+        except Exception as exc:
+            raise translate(exc, f"recording to {subject}") from exc
+        return ack.seq
+
     async def load(self, subject: str, *, after: int = 0) -> list[Stored]:
         """Every event on one aggregate subject after sequence ``after``, in order."""
         out: list[Stored] = []

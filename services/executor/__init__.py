@@ -1,7 +1,6 @@
-"""executor: runs commands inside sandboxes (persistent shell, async jobs, file edits).
+"""executor: runs commands inside sandboxes: the persistent shell, async jobs, file edits.
 
-This version runs the service's lifecycle only: it joins the bus, appends its
-instance events, helps keep the instance projection caught up, reports health
-and drains on SIGTERM. Its own work arrives with its issue; until then it
-reports `capabilities: none yet` in its health details rather than pretending.
+All per-session state lives inside the sandbox (``scripts``), so any instance can
+serve any session and a killed executor loses nothing. ``edits`` and ``output`` are
+pure; ``handlers`` is the glue; ``app`` wires it.
 """

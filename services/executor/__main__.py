@@ -4,4 +4,4 @@ from services.executor import app
 from shared import service
 
 if __name__ == "__main__":
-    service.main("executor", service.plain("executor", app.setup))
+    service.main("executor", app.build)

@@ -1,5 +1,35 @@
-"""Wiring of the executor service."""
+"""Wiring of the executor: the runtime, its request subscriber, the sandboxes projection."""
 
-from shared import service
+from __future__ import annotations
 
-setup = service.lifecycle_only
+from collections.abc import Mapping
+
+from faststream.nats import NatsMessage
+
+from services.executor import handlers
+from shared import projections, projector, service, settings
+from shared.runtime import backends
+
+QUEUE = "executor"
+#: Requests served concurrently per instance: long shell calls wait, they do not block others.
+MAX_WORKERS = 256
+
+
+def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
+    async def setup(ctx: service.Context) -> service.Workload:
+        runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
+        sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        executor = handlers.Executor(ctx, runtime, sandboxes, runtime_settings.output_limit)
+        ctx.details["runtime"] = runtime.name
+
+        @ctx.broker.subscriber(ctx.topology.exec_requests, queue=QUEUE, max_workers=MAX_WORKERS)
+        async def on_exec_request(msg: NatsMessage) -> bytes:
+            return await executor.handle(msg.body)
+
+        return service.Workload()
+
+    return setup
+
+
+def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
+    return settings.ServiceSettings.from_env("executor", env), make_setup(settings.RuntimeSettings.from_env(env))

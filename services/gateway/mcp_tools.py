@@ -36,6 +36,7 @@ inner Starlette app). Mount the whole app, not ``mcp_app.routes``: its
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -44,11 +45,11 @@ from typing import Annotated, Literal
 import fastmcp
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_headers
-from pydantic import Field
 from fastmcp.server.http import StarletteWithLifespan
+from pydantic import Field
 
 from services.gateway import bus_client
-from shared import errors, execution, ids, states
+from shared import errors, execution, ids, service, states
 from shared.commands import Actor, ClearSession, EnsureSession, ProvisionSandbox
 
 TOOL_NAMES: tuple[str, ...] = (
@@ -69,6 +70,8 @@ REQUEST_BUDGET = 30.0
 MAX_TIMEOUT = execution.MAX_TIMEOUT
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+_JOB_ID_ARG = Field(description="The job id shell_async returned (32 lower-case hex characters).")
 
 HeaderSource = Callable[[], Mapping[str, str]]
 """Returns the current request's headers, names in lower case."""
@@ -126,10 +129,12 @@ def _tool_errors() -> Iterator[None]:
     try:
         yield
     except errors.SandboxError as exc:
-        raise ToolError(exc.message) from None
+        # fastmcp logs a ToolError at its level: the caller's mistakes are not the gateway's errors.
+        level = logging.WARNING if exc.status >= 500 else logging.INFO
+        raise ToolError(exc.message, log_level=level) from None
 
 
-# ---- argument checks (before anything is sent) -----------------------------------------
+# ---- argument checks (before anything is sent) ---------------------------------------------------
 
 
 def _check_command(command: str) -> str:
@@ -171,7 +176,7 @@ def _required(value: object, name: str, command: str) -> None:
         raise errors.InvalidInput(f"Parameter `{name}` is required for command: {command}")
 
 
-# ---- formatting of results --------------------------------------------------------------
+# ---- formatting of results -----------------------------------------------------------------------
 
 
 def _with_newline(text: str) -> str:
@@ -202,7 +207,7 @@ def format_job(job_id: str, reply: execution.Reply, *, waited: float | None = No
     return "\n".join(lines)
 
 
-# ---- the server ---------------------------------------------------------------------------
+# ---- the server ----------------------------------------------------------------------------------
 
 
 def build_mcp(
@@ -213,7 +218,9 @@ def build_mcp(
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own)."""
-    mcp = fastmcp.FastMCP("agent-sandbox", instructions=INSTRUCTIONS, mask_error_details=True)
+    mcp = fastmcp.FastMCP(
+        "agent-sandbox", instructions=INSTRUCTIONS, version=service.VERSION, mask_error_details=True
+    )
 
     def identity() -> Identity:
         return identity_from_headers(headers())
@@ -245,7 +252,7 @@ def build_mcp(
         sandbox_id = await sandbox_for(who)
         return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
 
-    # ---- shell ----------------------------------------------------------------------------
+    # ---- shell -----------------------------------------------------------------------------------
 
     @mcp.tool(
         name="shell",
@@ -306,8 +313,6 @@ def build_mcp(
                 f'shell_wait(job_id="{job}", timeout=60), or terminate it with shell_stop(job_id="{job}").'
             )
 
-    job_id_arg = Field(description="The job id shell_async returned (32 lower-case hex characters).")
-
     @mcp.tool(
         name="shell_poll",
         output_schema=None,
@@ -318,7 +323,7 @@ def build_mcp(
             + _SANDBOX_NOTE
         ),
     )
-    async def shell_poll(job_id: Annotated[str, job_id_arg]) -> str:
+    async def shell_poll(job_id: Annotated[str, _JOB_ID_ARG]) -> str:
         with _tool_errors():
             who = identity()
             _check_job_id(job_id)
@@ -337,7 +342,7 @@ def build_mcp(
         ),
     )
     async def shell_wait(
-        job_id: Annotated[str, job_id_arg],
+        job_id: Annotated[str, _JOB_ID_ARG],
         timeout: Annotated[
             float | None,
             Field(description=f"Seconds to wait at most (default {WAIT_TIMEOUT:g}, max 3600)."),
@@ -362,14 +367,14 @@ def build_mcp(
             "its output. " + _SANDBOX_NOTE
         ),
     )
-    async def shell_stop(job_id: Annotated[str, job_id_arg]) -> str:
+    async def shell_stop(job_id: Annotated[str, _JOB_ID_ARG]) -> str:
         with _tool_errors():
             who = identity()
             _check_job_id(job_id)
             reply = await run(who, lambda **f: execution.ShellStop(job_id=job_id, **f), REQUEST_BUDGET)
             return format_job(job_id, reply)
 
-    # ---- file editing -----------------------------------------------------------------------
+    # ---- file editing ----------------------------------------------------------------------------
 
     @mcp.tool(
         name="str_replace_based_edit_tool",
@@ -439,7 +444,7 @@ def build_mcp(
             )
             return reply.output
 
-    # ---- the sandbox itself --------------------------------------------------------------------
+    # ---- the sandbox itself ----------------------------------------------------------------------
 
     @mcp.tool(
         name="create_sandbox",
@@ -458,7 +463,7 @@ def build_mcp(
         image: Annotated[
             str | None,
             Field(
-                description="Image reference or registered name, e.g. 'python:3.12' (default image if omitted)."[:200]
+                description="An image reference or registered name, e.g. 'python:3.12'; omit for the default."
             ),
         ] = None,
         use_kata: Annotated[

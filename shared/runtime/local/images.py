@@ -44,8 +44,11 @@ class Image:
 
 
 def _synthetic_etc(target: Path) -> None:
-    """Write the default image's /etc template (idempotent: rebuilt into place)."""
-    tmp = target.with_name(target.name + ".tmp")
+    """Write the default image's /etc template once. Running sandboxes use it as an
+    overlay lower layer, so an existing one is never rewritten in place."""
+    if target.exists():
+        return
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in ETC_ALLOW:
@@ -67,8 +70,10 @@ def _synthetic_etc(target: Path) -> None:
     (tmp / "hostname").write_text("sandbox\n")
     (tmp / "resolv.conf").write_text("# no network in this sandbox\n")
     (tmp / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files dns\n")
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class ImageStore:

@@ -1,0 +1,259 @@
+"""Thin glue: an execution request → runtime calls with the scripts → a reply and an audit event."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+
+from services.executor import edits, output, scripts
+from shared import codec, commands, errors, events, execution, ids, projector, service, states, subjects
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+AUDIT_COMMAND_MAX = 4096
+_JOB_ID = re.compile(r"[0-9a-f]{32}")
+QUICK = 30.0  # seconds allowed for the executor's own short scripts
+
+
+class Executor:
+    def __init__(
+        self,
+        ctx: service.Context,
+        runtime: api.Runtime,
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+        output_limit: int,
+    ) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+        self.sandboxes = sandboxes
+        self.limit = output_limit
+        self.served = 0
+
+    async def handle(self, raw: bytes) -> bytes:
+        started = time.monotonic()
+        request: execution.AnyRequest | None = None
+        try:
+            try:
+                request = execution.decode_request(raw)
+            except Exception as exc:
+                raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
+            ids.validate_session_id(request.session_id)
+            await self._check_owner(request)
+            reply = await self.dispatch(request)
+        except errors.SandboxError as exc:
+            reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
+        except Exception as exc:
+            log.exception("executor.request_crashed")
+            reply = execution.Reply(
+                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
+            )
+        self.served += 1
+        if request is not None and not isinstance(request, execution.ShellPoll | execution.ShellWait):
+            await self._audit(request, reply, time.monotonic() - started)
+        return codec.encode(reply)
+
+    async def _check_owner(self, request: execution.AnyRequest) -> None:
+        """Defence in depth: the sandbox must belong to the session named in the request."""
+        sandbox = await self.sandboxes.get(request.sandbox_id)
+        if sandbox is None or sandbox.session_id != request.session_id or sandbox.status == "deleted":
+            raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
+
+    async def dispatch(self, request: execution.AnyRequest) -> execution.Reply:
+        match request:
+            case execution.Shell():
+                return await self.shell(request)
+            case execution.ShellAsync():
+                return await self.shell_async(request)
+            case execution.ShellPoll():
+                return await self.poll(request.sandbox_id, self._job(request.job_id))
+            case execution.ShellWait():
+                return await self.wait(request)
+            case execution.ShellStop():
+                job = self._job(request.job_id)
+                result, _, _ = await self.runtime.run(request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=QUICK)
+                if result.exit_code == 3:
+                    raise errors.NotFound(f"no job {job} in this session")
+                return await self.poll(request.sandbox_id, job)
+            case execution.Edit():
+                return await self.edit(request)
+
+    # ---- shell ---------------------------------------------------------------------
+
+    @staticmethod
+    def _timeout(value: float | None, default: float) -> float:
+        if value is None:
+            return default
+        if not 0 < value <= execution.MAX_TIMEOUT:
+            raise errors.InvalidInput(f"timeout must be between 0 and {execution.MAX_TIMEOUT:.0f} seconds")
+        return value
+
+    @staticmethod
+    def _job(job_id: str) -> str:
+        if not _JOB_ID.fullmatch(job_id):
+            raise errors.InvalidInput("job_id must be the 32 hex characters shell_async returned")
+        return job_id
+
+    async def shell(self, request: execution.Shell) -> execution.Reply:
+        if not request.command.strip():
+            raise errors.InvalidInput("command is empty")
+        timeout = self._timeout(request.timeout, execution.DEFAULT_TIMEOUT)
+        running = await self.runtime.exec(
+            request.sandbox_id, scripts.argv(scripts.SHELL), stdin=request.command.encode(), timeout=timeout
+        )
+        capture = output.Capture(self.limit)
+        async for _, data in running.chunks():
+            capture.add(data)
+        result = await running.wait()
+        text = capture.render()
+        if result.timed_out:
+            text += f"\n[timed out after {timeout:g} s: the command was killed; use shell_async for long commands]"
+        return execution.Reply(
+            ok=True,
+            output=text,
+            exit_code=None if result.timed_out else result.exit_code,
+            timed_out=result.timed_out,
+            truncated=capture.truncated,
+            duration=result.duration,
+        )
+
+    async def shell_async(self, request: execution.ShellAsync) -> execution.Reply:
+        if not request.command.strip():
+            raise errors.InvalidInput("command is empty")
+        job = ids.new_id()
+        result, out, _ = await self.runtime.run(
+            request.sandbox_id, scripts.argv(scripts.JOB_START, job), stdin=request.command.encode(), timeout=QUICK
+        )
+        if result.exit_code != 0:
+            raise errors.InfrastructureError(f"could not start the job: {output.text(out)[:500]}")
+        return execution.Reply(ok=True, job_id=job, status="running")
+
+    async def poll(self, sandbox_id: str, job: str) -> execution.Reply:
+        result, out, _ = await self.runtime.run(
+            sandbox_id, scripts.argv(scripts.JOB_POLL, job, str(self.limit)), timeout=QUICK
+        )
+        report = scripts.parse_poll(out)
+        if report.status == "nojob":
+            raise errors.NotFound(f"no job {job} in this session")
+        shown = output.tail_note(report.total_bytes, len(report.tail)) + output.text(report.tail)
+        return execution.Reply(
+            ok=True,
+            job_id=job,
+            status=report.status,  # type: ignore[arg-type]
+            exit_code=report.exit_code,
+            output=shown,
+            truncated=report.total_bytes > len(report.tail),
+        )
+
+    async def wait(self, request: execution.ShellWait) -> execution.Reply:
+        job = self._job(request.job_id)
+        deadline = time.monotonic() + self._timeout(request.timeout, 30.0)
+        delay = 0.05
+        while True:
+            reply = await self.poll(request.sandbox_id, job)
+            if reply.status != "running" or time.monotonic() >= deadline:
+                return reply
+            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.5)
+
+    # ---- edit tool -------------------------------------------------------------------
+
+    async def _read(self, sandbox_id: str, path: str) -> tuple[str, bytes]:
+        result, out, _ = await self.runtime.run(
+            sandbox_id, scripts.argv(scripts.READ, path, str(edits.MAX_FILE_BYTES + 1)), timeout=QUICK
+        )
+        kind, _, body = out.partition(b"\n")
+        return kind.decode(errors="replace"), body
+
+    async def _write(self, sandbox_id: str, path: str, data: bytes) -> None:
+        result, out, err = await self.runtime.run(
+            sandbox_id, scripts.argv(scripts.WRITE, path), stdin=data, timeout=QUICK
+        )
+        if result.exit_code != 0:
+            raise errors.InvalidInput(f"cannot write {path}: {output.text(out + err).strip()[:300]}")
+
+    async def _text(self, sandbox_id: str, path: str) -> str:
+        kind, body = await self._read(sandbox_id, path)
+        if kind == "dir":
+            raise errors.InvalidInput(f"{path} is a directory; this command needs a file")
+        if kind != "file":
+            raise errors.InvalidInput(f"{path} does not exist")
+        return edits.decode_text(body, path)
+
+    async def edit(self, request: execution.Edit) -> execution.Reply:
+        path = edits.validate_path(request.path)
+        sid = request.sandbox_id
+        match request.command:
+            case "view":
+                kind, body = await self._read(sid, path)
+                if kind == "dir":
+                    entries = [
+                        (line[2:], "dir" if line.startswith("d ") else "file")
+                        for line in body.decode(errors="replace").splitlines()
+                        if len(line) > 2
+                    ]
+                    return execution.Reply(ok=True, output=edits.view_directory(entries, path))
+                if kind != "file":
+                    raise errors.InvalidInput(f"The path {path} does not exist.")
+                return execution.Reply(ok=True, output=edits.view_file(edits.decode_text(body, path), path, request.view_range))
+            case "create":
+                if request.file_text is None:
+                    raise errors.InvalidInput("create needs file_text")
+                await self._write(sid, path, edits.create_file(request.file_text))
+                return execution.Reply(ok=True, output=f"File created successfully at: {path}")
+            case "str_replace":
+                if request.old_str is None:
+                    raise errors.InvalidInput("str_replace needs old_str")
+                new_text, snippet = edits.str_replace(await self._text(sid, path), request.old_str, request.new_str, path)
+                await self._write(sid, path, edits.encode_text(new_text))
+                return execution.Reply(ok=True, output=edits.edit_message(path, snippet))
+            case "insert":
+                text_to_insert = request.insert_text if request.insert_text is not None else request.new_str
+                if request.insert_line is None or text_to_insert is None:
+                    raise errors.InvalidInput("insert needs insert_line and insert_text")
+                new_text, snippet = edits.insert(await self._text(sid, path), request.insert_line, text_to_insert, path)
+                await self._write(sid, path, edits.encode_text(new_text))
+                return execution.Reply(ok=True, output=edits.edit_message(path, snippet))
+        raise errors.InvalidInput(f"unknown edit command {request.command!r}")
+
+    # ---- audit -----------------------------------------------------------------------
+
+    async def _audit(self, request: execution.AnyRequest, reply: execution.Reply, seconds: float) -> None:
+        match request:
+            case execution.Shell() | execution.ShellAsync():
+                what = request.command
+            case execution.Edit():
+                what = f"{request.command} {request.path}"
+            case execution.ShellStop():
+                what = f"stop {request.job_id}"
+            case _:
+                what = ""
+        outcome = "error" if not reply.ok else "timeout" if reply.timed_out else "started" if isinstance(request, execution.ShellAsync) else "ok"
+        event = events.CommandExecuted(
+            meta=self.ctx.meta(
+                command_id=ids.new_id(),
+                correlation_id=request.correlation_id,
+                actor=request.actor,
+                session_id=request.session_id,
+            ),
+            session_id=request.session_id,
+            sandbox_id=request.sandbox_id,
+            tool=type(request).__struct_config__.tag,  # type: ignore[arg-type]
+            command=what[:AUDIT_COMMAND_MAX],
+            exit_code=reply.exit_code,
+            duration_ms=int(seconds * 1000),
+            job_id=reply.job_id,
+            outcome=outcome,
+            error=reply.error.code if reply.error else None,
+        )
+        try:
+            await self.ctx.store.record(self.ctx.topology.aggregate_subject(subjects.EXEC, request.session_id), event)
+        except errors.SandboxError as exc:
+            log.warning("executor.audit_failed", error=exc.message)
+
+
+Handler = Callable[[bytes], Awaitable[bytes]]

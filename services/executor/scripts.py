@@ -1,0 +1,116 @@
+"""The shell programs the executor runs inside a sandbox, and the parsing of their answers.
+
+All session state lives *inside the sandbox* (``/.sbx``): the shell's cwd and exported
+variables after each call, and each async job's command, process group, output and
+exit code. So any executor instance can serve any session, and an executor killed
+mid-session loses neither shell state nor jobs. Calls of one session are serialized
+by ``flock`` on a file in the sandbox, which the kernel releases if a holder dies.
+
+Scripts are POSIX sh; the user's commands run under bash when the image has it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+STATE = "/.sbx/shell"
+JOBS = "/.sbx/jobs"
+
+#: Re-executes the given program under bash if present (else sh). $1 is the program.
+_LAUNCH = 'B=$(command -v bash || command -v sh); P="$1"; shift; exec "$B" -c "$P" sbx "$@"'
+
+_LOCK = f'mkdir -p {STATE}; if command -v flock >/dev/null 2>&1; then exec 9>"{STATE}/lock"; flock 9; fi'
+
+SHELL = f"""
+{_LOCK}
+__sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}
+exec </dev/null 2>&1
+if [ -f {STATE}/cwd ]; then cd "$(cat {STATE}/cwd)" 2>/dev/null || cd /workspace; fi
+[ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
+__sbx_save() {{
+  __sbx_rc=$?
+  pwd > {STATE}/cwd.tmp 2>/dev/null && mv -f {STATE}/cwd.tmp {STATE}/cwd
+  unset OLDPWD 2>/dev/null
+  export -p > {STATE}/env.tmp 2>/dev/null && mv -f {STATE}/env.tmp {STATE}/env
+  exit $__sbx_rc
+}}
+trap __sbx_save EXIT
+eval "$__sbx_cmd"
+"""
+
+JOB_START = f"""
+J={JOBS}/$1
+mkdir -p "$J" || exit 97
+cat > "$J/cmd"
+B=$(command -v bash || command -v sh)
+cd "$(cat {STATE}/cwd 2>/dev/null || echo /workspace)" 2>/dev/null || cd /workspace
+S=$(command -v setsid || true)
+$S "$B" -c '
+  J=$1; echo $$ > "$J/pgid"
+  [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
+  "$0" -c "$(cat "$J/cmd")" > "$J/out" 2>&1 < /dev/null
+  echo $? > "$J/rc.tmp" && mv -f "$J/rc.tmp" "$J/rc"
+' "$B" "$J" > /dev/null 2>&1 < /dev/null &
+i=0; while [ ! -s "$J/pgid" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
+"""
+
+#: First line: status; second: total output size; then the output's last $2 bytes.
+JOB_POLL = f"""
+J={JOBS}/$1
+[ -d "$J" ] || {{ echo nojob; exit 0; }}
+if [ -f "$J/rc" ]; then echo "exited $(cat "$J/rc")"
+elif [ -f "$J/stopped" ]; then echo stopped
+elif [ -s "$J/pgid" ] && kill -0 "$(cat "$J/pgid")" 2>/dev/null; then echo running
+else echo lost; fi
+wc -c < "$J/out" 2>/dev/null || echo 0
+tail -c "$2" "$J/out" 2>/dev/null
+"""
+
+JOB_STOP = f"""
+J={JOBS}/$1
+[ -d "$J" ] || exit 3
+[ -f "$J/rc" ] && exit 0
+touch "$J/stopped"
+P=$(cat "$J/pgid" 2>/dev/null); [ -n "$P" ] || exit 0
+kill -TERM -- "-$P" 2>/dev/null
+i=0; while kill -0 -- "-$P" 2>/dev/null && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done
+kill -KILL -- "-$P" 2>/dev/null
+exit 0
+"""
+
+#: First line: ``file``, ``dir`` or ``missing``; then the file's bytes or the listing.
+READ = f"""
+{_LOCK}
+if [ -d "$1" ]; then echo dir; cd "$1" && find . -mindepth 1 -maxdepth 2 -not -path '*/.*' \\( -type d -printf 'd %P\\n' -o -printf 'f %P\\n' \\) 2>/dev/null | head -n 2000
+elif [ -f "$1" ]; then echo file; head -c "$2" -- "$1"
+else echo missing; fi
+"""
+
+WRITE = f"""
+{_LOCK}
+mkdir -p -- "$(dirname -- "$1")" && cat > "$1"
+"""
+
+
+def argv(script: str, *args: str) -> list[str]:
+    """Command line that runs ``script`` (under bash if the image has it) with ``args``."""
+    return ["/bin/sh", "-c", _LAUNCH, "sbx-launch", script, *args]
+
+
+@dataclass(frozen=True)
+class JobReport:
+    status: str
+    """``running``, ``exited``, ``stopped``, ``lost`` or ``nojob``."""
+    exit_code: int | None
+    total_bytes: int
+    tail: bytes
+
+
+def parse_poll(raw: bytes) -> JobReport:
+    status_line, _, rest = raw.partition(b"\n")
+    size_line, _, tail = rest.partition(b"\n")
+    words = status_line.decode(errors="replace").split()
+    status = words[0] if words else "lost"
+    code = int(words[1]) if status == "exited" and len(words) > 1 and words[1].lstrip("-").isdigit() else None
+    size = int(size_line.strip() or 0) if size_line.strip().isdigit() else len(tail)
+    return JobReport(status, code, size, tail)

@@ -1,0 +1,225 @@
+"""Sessions running real commands in real sandboxes: scheduler, pool-manager and executor
+(in-process here, as processes where a kill matters) over a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from services.executor import app as executor_app
+from services.pool_manager import app as pool_app
+from services.scheduler import app as scheduler_app
+from shared import codec, commands, execution, ids, settings, subjects
+from tests import support
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
+
+
+@pytest.fixture
+async def stack(nats_server, namespace, tmp_path):
+    state = tmp_path / "state"
+    running = [
+        await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state),
+        await support.start_in_process(
+            nats_server.url, namespace, "pool-manager", pool_app.make_setup(RUNTIME), state_dir=state
+        ),
+        await support.start_in_process(
+            nats_server.url, namespace, "executor", executor_app.make_setup(RUNTIME), state_dir=state
+        ),
+    ]
+    nc, topology = await support.connect(nats_server.url, namespace)
+    yield Client(nc, topology)
+    await nc.close()
+    for r in reversed(running):
+        await r.stop()
+    from shared.runtime.local import runtime as local
+
+    rt = local.LocalRuntime(state)
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+
+
+class Client:
+    """What the gateway does, minus HTTP: ensure the session, then send execution requests."""
+
+    def __init__(self, nc, topology) -> None:
+        self.nc, self.topology = nc, topology
+
+    async def ensure(self, session: str, **kw) -> commands.CommandReply:
+        reply = await support.send(
+            self.nc, self.topology, commands.EnsureSession(command_id=ids.new_id(), session_id=session, **kw), timeout=60
+        )
+        assert reply.ok, reply.error
+        return reply
+
+    async def run(self, session: str, request_type, wait: float = 120, **fields) -> execution.Reply:
+        sandbox = (await self.ensure(session)).session.sandbox_id
+        request = request_type(session_id=session, sandbox_id=sandbox, **fields)
+        msg = await self.nc.request(self.topology.exec_requests, codec.encode(request), timeout=wait)
+        return execution.decode_reply(msg.data)
+
+    async def sh(self, session: str, command: str, **kw) -> execution.Reply:
+        reply = await self.run(session, execution.Shell, command=command, **kw)
+        assert reply.ok, reply.error
+        return reply
+
+
+async def test_first_use_creates_the_sandbox_and_records_it(stack):
+    first = await stack.ensure("s1")
+    again = await stack.ensure("s1")
+    assert first.session.sandbox_id and again.session.sandbox_id == first.session.sandbox_id
+    history = await support.stream_events(stack.nc, stack.topology)
+    types = [s.event.__struct_config__.tag for s in history if not s.event.__struct_config__.tag.startswith("instance")]
+    assert types == ["session.created", "sandbox.requested", "sandbox.started", "session.sandbox_assigned"]
+
+
+async def test_the_shell_keeps_cwd_and_exports_between_calls(stack):
+    await stack.sh("s", "mkdir -p /workspace/proj && cd /workspace/proj && export GREETING=hello && LOCAL=x")
+    reply = await stack.sh("s", 'pwd; echo "$GREETING"; echo "[$LOCAL]"')
+    assert reply.output.splitlines() == ["/workspace/proj", "hello", "[]"]
+    assert reply.exit_code == 0
+
+
+async def test_exit_codes_timeouts_truncation_and_binary(stack):
+    assert (await stack.sh("s", "exit 3")).exit_code == 3
+    assert (await stack.sh("s", "echo still here")).output == "still here\n"
+    slow = await stack.sh("s", "sleep 20", timeout=0.5)
+    assert slow.timed_out and slow.exit_code is None and "timed out" in slow.output
+    big = await stack.sh("s", "seq 1 100000")
+    assert big.truncated and "output truncated" in big.output and big.output.rstrip().endswith("100000")
+    assert len(big.output) < 6000
+    binary = await stack.sh("s", "head -c 3000 /dev/urandom")
+    assert "binary output" in binary.output
+    merged = await stack.sh("s", "echo out; echo err >&2")
+    assert merged.output == "out\nerr\n"
+
+
+async def test_async_jobs_run_report_and_stop_their_whole_tree(stack):
+    started = await stack.run("s", execution.ShellAsync, command="echo begin; sleep 0.3; echo done; exit 4")
+    assert started.ok and started.status == "running" and len(started.job_id) == 32
+    waited = await stack.run("s", execution.ShellWait, job_id=started.job_id, timeout=30)
+    assert (waited.status, waited.exit_code, waited.output) == ("exited", 4, "begin\ndone\n")
+
+    tree = await stack.run("s", execution.ShellAsync, command="sleep 300 & sleep 300 & echo up; wait")
+    polled = await stack.run("s", execution.ShellPoll, job_id=tree.job_id)
+    assert polled.status == "running"
+    stopped = await stack.run("s", execution.ShellStop, job_id=tree.job_id)
+    assert stopped.status == "stopped"
+    left = await stack.sh("s", "ps -e -o comm= | grep -c '^sleep$' || true")
+    assert left.output.strip() == "0"
+    missing = await stack.run("s", execution.ShellPoll, job_id="0" * 32)
+    assert not missing.ok and missing.error.code == "not_found"
+    bad = await stack.run("s", execution.ShellPoll, job_id="../../etc")
+    assert not bad.ok and bad.error.code == "invalid_input"
+
+
+async def test_the_edit_tool(stack):
+    async def edit(**kw):
+        return await stack.run("e", execution.Edit, **kw)
+
+    created = await edit(command="create", path="/workspace/app.py", file_text="a = 1\nb = 2\na = 1\n")
+    assert created.ok, created.error
+    view = await edit(command="view", path="/workspace/app.py", view_range=[2, -1])
+    assert view.output == "     2\tb = 2\n     3\ta = 1"
+    several = await edit(command="str_replace", path="/workspace/app.py", old_str="a = 1", new_str="a = 9")
+    assert not several.ok and "[1, 3]" in several.error.message
+    none = await edit(command="str_replace", path="/workspace/app.py", old_str="zzz", new_str="y")
+    assert not none.ok and "did not appear" in none.error.message
+    done = await edit(command="str_replace", path="/workspace/app.py", old_str="b = 2", new_str="b = 3")
+    assert done.ok and "b = 3" in done.output
+    inserted = await edit(command="insert", path="/workspace/app.py", insert_line=0, new_str="# top")
+    assert inserted.ok
+    assert (await stack.sh("e", "cat /workspace/app.py")).output == "# top\na = 1\nb = 3\na = 1\n"
+    out_of_range = await edit(command="view", path="/workspace/app.py", view_range=[9, 12])
+    assert not out_of_range.ok and "out of bounds" in out_of_range.error.message
+    await stack.sh("e", "head -c 100 /dev/urandom > /workspace/blob; printf '\\0' >> /workspace/blob")
+    binary = await edit(command="view", path="/workspace/blob")
+    assert not binary.ok and "binary" in binary.error.message
+    listing = await edit(command="view", path="/workspace")
+    assert listing.ok and "/workspace/app.py" in listing.output
+    relative = await edit(command="view", path="app.py")
+    assert not relative.ok and "absolute" in relative.error.message
+
+
+async def test_two_sessions_never_see_each_other(stack):
+    await stack.sh("alice", "echo secret > /workspace/alice.txt; export TOKEN=alice")
+    bob = await stack.sh("bob", 'cat /workspace/alice.txt 2>&1; echo "[$TOKEN]"; ls /workspace')
+    assert "secret" not in bob.output and "[]" in bob.output
+    alice_sandbox = (await stack.ensure("alice")).session.sandbox_id
+    sneaky = execution.Shell(session_id="bob", sandbox_id=alice_sandbox, command="cat /workspace/alice.txt")
+    msg = await stack.nc.request(stack.topology.exec_requests, codec.encode(sneaky), timeout=30)
+    reply = execution.decode_reply(msg.data)
+    assert not reply.ok and reply.error.code == "not_found"
+
+
+async def test_executions_are_audited_without_outputs(stack):
+    await stack.sh("audited", "echo classified-output")
+    records = [
+        s.event for s in await support.stream_events(stack.nc, stack.topology, subjects.EXEC)
+        if s.event.session_id == "audited"
+    ]
+    assert [(r.tool, r.command, r.exit_code, r.outcome) for r in records] == [
+        ("shell", "echo classified-output", 0, "ok")
+    ]
+    assert "classified-output\n" not in codec.encode(records[0]).decode().replace("echo classified-output", "")
+
+
+async def test_clear_session_then_the_same_id_starts_fresh(stack):
+    await stack.sh("c", "echo old > /workspace/file; export OLD=1")
+    first = (await stack.ensure("c")).session.sandbox_id
+    cleared = await support.send(stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="c"))
+    assert cleared.ok
+    reply = await stack.sh("c", 'ls /workspace; echo "[$OLD]"')
+    assert reply.output == "[]\n"
+    assert (await stack.ensure("c")).session.sandbox_id != first
+    again = await support.send(stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="nobody"))
+    assert again.ok
+
+
+async def test_executor_killed_mid_session_loses_nothing(nats_server, namespace, tmp_path, log_dir):
+    """The executor runs as a process; it is SIGKILLed while a shell call is in flight and a
+    job is running. A fresh executor still has the shell's cwd/env and the job's output."""
+    state = tmp_path / "state"
+    scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state)
+    pool = await support.start_in_process(
+        nats_server.url, namespace, "pool-manager", pool_app.make_setup(RUNTIME), state_dir=state
+    )
+    env = support.service_env(nats_server.url, namespace, SBX_STATE_DIR=str(state))
+    first = support.spawn_service("executor", env, log_dir / "e1.log")
+    nc, topology = await support.connect(nats_server.url, namespace)
+    client = Client(nc, topology)
+    try:
+        await support.wait_for_health(nats_server.url, namespace, "executor")
+        await client.sh("k", "mkdir -p /workspace/deep && cd /workspace/deep && export KEPT=yes")
+        job = await client.run("k", execution.ShellAsync, command="for i in 1 2 3; do echo tick $i; sleep 0.2; done")
+        in_flight = asyncio.create_task(client.run("k", execution.Shell, wait=3, command="sleep 5"))
+        await asyncio.sleep(0.5)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+        with pytest.raises(Exception):
+            await in_flight
+        second = support.spawn_service("executor", {**env, "SBX_INSTANCE_ID": "executor-2"}, log_dir / "e2.log")
+        try:
+            await support.wait_for_health(nats_server.url, namespace, "executor", "executor-2")
+            after = await client.sh("k", 'pwd; echo "$KEPT"')
+            assert after.output.splitlines() == ["/workspace/deep", "yes"]
+            done = await client.run("k", execution.ShellWait, job_id=job.job_id, timeout=30)
+            assert done.status == "exited" and done.output == "tick 1\ntick 2\ntick 3\n"
+        finally:
+            second.terminate()
+            second.wait(15)
+    finally:
+        if first.poll() is None:
+            first.kill()
+        await nc.close()
+        await pool.stop()
+        await scheduler.stop()
+        from shared.runtime.local import runtime as local
+
+        rt = local.LocalRuntime(state)
+        for info in await rt.list():
+            await rt.delete(info.sandbox_id)
