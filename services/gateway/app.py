@@ -12,9 +12,9 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
 
-from services.gateway import auth, bus_client, openapi, rest, schemas
+from services.gateway import auth, bus_client, mcp_tools, openapi, rest, schemas
 from shared import projections, projector, service, settings
 
 log = structlog.get_logger(__name__)
@@ -23,7 +23,10 @@ PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json"})
 
 
 def build_app(
-    gateway: settings.GatewaySettings, ctx: service.Context, api: rest.SessionsAPI
+    gateway: settings.GatewaySettings,
+    ctx: service.Context,
+    api: rest.SessionsAPI,
+    mcp_app: mcp_tools.StarletteWithLifespan,
 ) -> auth.BearerAuth:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -38,7 +41,9 @@ def build_app(
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
     routes += [Route("/openapi.json", openapi_json), Route("/healthz", healthz)]
-    return auth.BearerAuth(Starlette(routes=routes), auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)
+    routes += [Mount("/", app=mcp_app)]  # /mcp; last, so the REST routes win
+    inner = Starlette(routes=routes, lifespan=mcp_app.lifespan)
+    return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)
 
 
 class _Server(uvicorn.Server):
@@ -53,7 +58,9 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = bus_client.CommandClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
-        app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions))
+        executor = bus_client.ExecClient(ctx.nc, ctx.topology)
+        mcp_app = mcp_tools.mcp_http_app(mcp_tools.build_mcp(client, executor))
+        app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions), mcp_app)
         server = _Server(
             uvicorn.Config(
                 app,
@@ -61,7 +68,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
                 port=gateway.port,
                 log_config=None,
                 access_log=False,
-                lifespan="off",
+                lifespan="on",  # the MCP session manager runs in the app's lifespan
                 timeout_graceful_shutdown=int(ctx.settings.drain_timeout),
             )
         )

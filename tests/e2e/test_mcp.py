@@ -1,0 +1,94 @@
+"""An agent's view: the official MCP client over streamable HTTP against `sbx up`, with real
+sandboxes behind it."""
+
+from __future__ import annotations
+
+import os
+
+import httpx2
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.e2e.test_sbx_up import stack  # noqa: F401 - the fixture: a real `sbx up`
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+TOOLS = {
+    "create_sandbox", "clear_session", "shell", "shell_async", "shell_poll", "shell_wait", "shell_stop",
+    "str_replace_based_edit_tool",
+}  # fmt: skip
+
+
+class Agent:
+    def __init__(self, url: str, key: str, session: str, **headers: str) -> None:
+        self.url, self.session = f"{url}/mcp", session
+        self.headers = {"Authorization": f"Bearer {key}", "X-Session-Id": session, **headers}
+
+    async def call(self, tool: str, **arguments) -> tuple[bool, str]:
+        async with httpx2.AsyncClient(headers=self.headers, timeout=120) as http:
+            async with streamable_http_client(self.url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as mcp:
+                    await mcp.initialize()
+                    result = await mcp.call_tool(tool, arguments)
+        text = "".join(getattr(c, "text", "") for c in result.content)
+        return not result.is_error, text
+
+    async def tools(self) -> set[str]:
+        async with httpx2.AsyncClient(headers=self.headers, timeout=60) as http:
+            async with streamable_http_client(self.url, http_client=http) as (read, write):
+                async with ClientSession(read, write) as mcp:
+                    await mcp.initialize()
+                    return {t.name for t in (await mcp.list_tools()).tools}
+
+
+async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    agent = Agent(url, key, "agent-1", **{"X-Org-Id": "acme", "X-User-Id": "ann"})
+    assert await agent.tools() == TOOLS
+
+    ok, text = await agent.call("shell", command="cd /tmp && export MODE=test && echo hi")
+    assert ok and text.startswith("hi") and "[exit code: 0]" in text
+    ok, text = await agent.call("shell", command='pwd; echo "$MODE"; exit 5')
+    assert ok and text.splitlines()[:2] == ["/tmp", "test"] and "[exit code: 5]" in text
+
+    ok, text = await agent.call("shell_async", command="echo working; sleep 0.2; echo finished")
+    job = next(word for word in text.split() if len(word) == 32)
+    ok, text = await agent.call("shell_wait", job_id=job, timeout=30)
+    assert ok and "exited" in text and "finished" in text
+
+    ok, _ = await agent.call("str_replace_based_edit_tool", command="create", path="/workspace/a.txt", file_text="x\nsecret-y\n")
+    assert ok
+    ok, text = await agent.call("str_replace_based_edit_tool", command="str_replace", path="/workspace/a.txt",
+                                old_str="nope", new_str="z")
+    assert not ok and "did not appear" in text and "Traceback" not in text
+    ok, text = await agent.call("str_replace_based_edit_tool", command="view", path="/workspace/a.txt")
+    assert ok and "     1\tx" in text
+
+    other = Agent(url, key, "agent-2")
+    ok, text = await other.call("shell", command="cat /workspace/a.txt 2>&1; echo \"[$MODE]\"")
+    assert "secret-y" not in text and "[]" in text
+
+    ok, text = await agent.call("clear_session")
+    assert ok
+    ok, text = await agent.call("shell", command="ls /workspace; pwd")
+    assert ok and "a.txt" not in text and "/workspace" in text
+
+    ok, text = await agent.call("create_sandbox", use_kata=True)
+    assert not ok and "not" in text.lower()
+
+
+async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
+    bad = Agent(url, key, "has.dot")
+    ok, text = await bad.call("shell", command="true")
+    assert not ok and "X-Session-Id" in text
+    agent = Agent(url, key, "args")
+    ok, text = await agent.call("shell", command="true", timeout=-1)
+    assert not ok and "timeout" in text
+    ok, text = await agent.call("shell_poll", job_id="not-a-job")
+    assert not ok and "job" in text
