@@ -75,7 +75,9 @@ class Executor:
                 return await self.wait(request)
             case execution.ShellStop():
                 job = self._job(request.job_id)
-                result, _, _ = await self.runtime.run(request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=QUICK)
+                result, _, _ = await self.runtime.run(
+                    request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=QUICK
+                )
                 if result.exit_code == 3:
                     raise errors.NotFound(f"no job {job} in this session")
                 return await self.poll(request.sandbox_id, job)
@@ -126,7 +128,10 @@ class Executor:
             raise errors.InvalidInput("command is empty")
         job = ids.new_id()
         result, out, _ = await self.runtime.run(
-            request.sandbox_id, scripts.argv(scripts.JOB_START, job), stdin=request.command.encode(), timeout=QUICK
+            request.sandbox_id,
+            scripts.argv(scripts.JOB_START, job),
+            stdin=request.command.encode(),
+            timeout=QUICK,
         )
         if result.exit_code != 0:
             raise errors.InfrastructureError(f"could not start the job: {output.text(out)[:500]}")
@@ -199,7 +204,9 @@ class Executor:
                     return execution.Reply(ok=True, output=edits.view_directory(entries, path))
                 if kind != "file":
                     raise errors.InvalidInput(f"The path {path} does not exist.")
-                return execution.Reply(ok=True, output=edits.view_file(edits.decode_text(body, path), path, request.view_range))
+                return execution.Reply(
+                    ok=True, output=edits.view_file(edits.decode_text(body, path), path, request.view_range)
+                )
             case "create":
                 if request.file_text is None:
                     raise errors.InvalidInput("create needs file_text")
@@ -208,14 +215,18 @@ class Executor:
             case "str_replace":
                 if request.old_str is None:
                     raise errors.InvalidInput("str_replace needs old_str")
-                new_text, snippet = edits.str_replace(await self._text(sid, path), request.old_str, request.new_str, path)
+                new_text, snippet = edits.str_replace(
+                    await self._text(sid, path), request.old_str, request.new_str, path
+                )
                 await self._write(sid, path, edits.encode_text(new_text))
                 return execution.Reply(ok=True, output=edits.edit_message(path, snippet))
             case "insert":
                 text_to_insert = request.insert_text if request.insert_text is not None else request.new_str
                 if request.insert_line is None or text_to_insert is None:
                     raise errors.InvalidInput("insert needs insert_line and insert_text")
-                new_text, snippet = edits.insert(await self._text(sid, path), request.insert_line, text_to_insert, path)
+                new_text, snippet = edits.insert(
+                    await self._text(sid, path), request.insert_line, text_to_insert, path
+                )
                 await self._write(sid, path, edits.encode_text(new_text))
                 return execution.Reply(ok=True, output=edits.edit_message(path, snippet))
         raise errors.InvalidInput(f"unknown edit command {request.command!r}")
@@ -232,7 +243,15 @@ class Executor:
                 what = f"stop {request.job_id}"
             case _:
                 what = ""
-        outcome = "error" if not reply.ok else "timeout" if reply.timed_out else "started" if isinstance(request, execution.ShellAsync) else "ok"
+        outcome = (
+            "error"
+            if not reply.ok
+            else "timeout"
+            if reply.timed_out
+            else "started"
+            if isinstance(request, execution.ShellAsync)
+            else "ok"
+        )
         event = events.CommandExecuted(
             meta=self.ctx.meta(
                 command_id=ids.new_id(),
@@ -251,7 +270,9 @@ class Executor:
             error=reply.error.code if reply.error else None,
         )
         try:
-            await self.ctx.store.record(self.ctx.topology.aggregate_subject(subjects.EXEC, request.session_id), event)
+            await self.ctx.store.record(
+                self.ctx.topology.aggregate_subject(subjects.EXEC, request.session_id), event
+            )
         except errors.SandboxError as exc:
             log.warning("executor.audit_failed", error=exc.message)
 

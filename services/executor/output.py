@@ -35,10 +35,8 @@ class Capture:
             return text(bytes(self.head + self.tail))
         dropped = self.total - len(self.head) - len(self.tail)
         return (
-            text(bytes(self.head))
-            + f"\n[... output truncated: {dropped} of {self.total} bytes omitted; "
-            "redirect to a file and view parts of it to see everything ...]\n"
-            + text(bytes(self.tail))
+            text(bytes(self.head)) + f"\n[... output truncated: {dropped} of {self.total} bytes omitted; "
+            "redirect to a file and view parts of it to see everything ...]\n" + text(bytes(self.tail))
         )
 
 

@@ -17,21 +17,25 @@ STATE = "/.sbx/shell"
 JOBS = "/.sbx/jobs"
 
 #: Re-executes the given program under bash if present (else sh). $1 is the program.
-_LAUNCH = 'B=$(command -v bash || command -v sh); P="$1"; shift; exec "$B" -c "$P" sbx "$@"'
+_LAUNCH = 'P="$1"; shift; if command -v bash >/dev/null; then exec bash -c "$P" sbx "$@"; fi; exec sh -c "$P" sbx "$@"'
 
-_LOCK = f'mkdir -p {STATE}; if command -v flock >/dev/null 2>&1; then exec 9>"{STATE}/lock"; flock 9; fi'
+_LOCK = (
+    f"[ -d {STATE} ] || mkdir -p {STATE}; "
+    f'if command -v flock >/dev/null 2>&1; then exec 9>"{STATE}/lock"; flock 9; fi'
+)
 
+# Builtins only on the hot path under bash (each fork/exec costs ~1 ms in a sandbox).
 SHELL = f"""
 {_LOCK}
-__sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}
+if [ -n "$BASH_VERSION" ]; then IFS= read -r -d '' __sbx_cmd; else __sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}; fi
 exec </dev/null 2>&1
-if [ -f {STATE}/cwd ]; then cd "$(cat {STATE}/cwd)" 2>/dev/null || cd /workspace; fi
+if [ -f {STATE}/cwd ]; then IFS= read -r __sbx_d < {STATE}/cwd; cd "$__sbx_d" 2>/dev/null || cd /workspace; fi
 [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
 __sbx_save() {{
   __sbx_rc=$?
-  pwd > {STATE}/cwd.tmp 2>/dev/null && mv -f {STATE}/cwd.tmp {STATE}/cwd
+  printf '%s\\n' "$PWD" > {STATE}/cwd 2>/dev/null
   unset OLDPWD 2>/dev/null
-  export -p > {STATE}/env.tmp 2>/dev/null && mv -f {STATE}/env.tmp {STATE}/env
+  export -p > {STATE}/env 2>/dev/null
   exit $__sbx_rc
 }}
 trap __sbx_save EXIT

@@ -59,7 +59,19 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = bus_client.CommandClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
         executor = bus_client.ExecClient(ctx.nc, ctx.topology)
-        mcp_app = mcp_tools.mcp_http_app(mcp_tools.build_mcp(client, executor))
+        sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+
+        async def running_sandbox(session_id: str) -> str | None:
+            """Read-side fast path: the projections already say where this session runs."""
+            session = await sessions.get(session_id)
+            if session is None or session.status != "active" or session.sandbox_id is None:
+                return None
+            sandbox = await sandboxes.get(session.sandbox_id)
+            return session.sandbox_id if sandbox is not None and sandbox.status == "running" else None
+
+        mcp_app = mcp_tools.mcp_http_app(
+            mcp_tools.build_mcp(client, executor, running_sandbox=running_sandbox)
+        )
         app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions), mcp_app)
         server = _Server(
             uvicorn.Config(

@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -215,9 +215,13 @@ def build_mcp(
     executor: bus_client.ExecClient,
     *,
     headers: HeaderSource = request_headers,
+    running_sandbox: Callable[[str], Awaitable[str | None]] | None = None,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
-    (the HTTP request by default; tests pass their own)."""
+    (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
+    optional fast path: the session's sandbox id if the projections say it is active and
+    running (then no scheduler round trip is needed; if the projection was stale, the
+    executor refuses and the call falls back to the scheduler)."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox", instructions=INSTRUCTIONS, version=service.VERSION, mask_error_details=True
     )
@@ -225,7 +229,11 @@ def build_mcp(
     def identity() -> Identity:
         return identity_from_headers(headers())
 
-    async def sandbox_for(who: Identity) -> str:
+    async def sandbox_for(who: Identity, *, fast: bool = True) -> str:
+        if fast and running_sandbox is not None:
+            known = await running_sandbox(who.session_id)
+            if known is not None:
+                return known
         state = await commands.session(
             EnsureSession(
                 session_id=who.session_id,
@@ -250,6 +258,13 @@ def build_mcp(
         who: Identity, build: Callable[..., execution.AnyRequest], budget: float
     ) -> execution.Reply:
         sandbox_id = await sandbox_for(who)
+        try:
+            return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
+        except (errors.NotFound, errors.Conflict):
+            if running_sandbox is None:
+                raise
+        # The projection was behind (the sandbox just stopped or was replaced): ask the scheduler.
+        sandbox_id = await sandbox_for(who, fast=False)
         return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
 
     # ---- shell -----------------------------------------------------------------------------------
@@ -261,8 +276,10 @@ def build_mcp(
         description=(
             "Run a bash command synchronously in this session's persistent shell and return its combined "
             "stdout and stderr followed by a final line `[exit code: N]`. The shell persists between "
-            "calls: the current directory, exported variables and functions carry over (e.g. `cd src` "
-            "then `ls` lists src). " + _SANDBOX_NOTE + " The command is stopped after `timeout` seconds "
+            "calls: the current directory, exported variables carry over (e.g. `cd src` "
+            "then `ls` lists src); shell functions and unexported variables do not. "
+            + _SANDBOX_NOTE
+            + " The command is stopped after `timeout` seconds "
             f"(default {SHELL_TIMEOUT:g}, at most {MAX_TIMEOUT:g}); then `[timed out after T s]` is "
             "shown. Very long output is truncated and the text says where it was cut. For commands that "
             "take longer or run forever (servers, watchers), use shell_async instead. Examples: "

@@ -34,4 +34,6 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
 
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("pool-manager", env), make_setup(settings.RuntimeSettings.from_env(env))
+    return settings.ServiceSettings.from_env("pool-manager", env), make_setup(
+        settings.RuntimeSettings.from_env(env)
+    )

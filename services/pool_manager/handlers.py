@@ -62,7 +62,11 @@ class PoolHandlers:
         )
 
     async def _record(
-        self, request: provisioning.PoolRequest, make: type[events.SandboxEvent], allowed: tuple[str | None, ...], **fields: object
+        self,
+        request: provisioning.PoolRequest,
+        make: type[events.SandboxEvent],
+        allowed: tuple[str | None, ...],
+        **fields: object,
     ) -> states.SandboxState | None:
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             status = state.status if state else None
@@ -109,12 +113,19 @@ class PoolHandlers:
             await self.runtime.create(spec)
             await self.runtime.start(request.sandbox_id)
         except errors.SandboxError as exc:
-            await self._record(request, events.SandboxFailed, ("requested", "running", "stopped"), error=exc.message)
+            await self._record(
+                request, events.SandboxFailed, ("requested", "running", "stopped"), error=exc.message
+            )
             await self._quietly_delete(request.sandbox_id)
             raise
         state = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
         assert state is not None
-        log.info("sandbox.started", sandbox_id=request.sandbox_id, session_id=request.session_id, image=request.image)
+        log.info(
+            "sandbox.started",
+            sandbox_id=request.sandbox_id,
+            session_id=request.session_id,
+            image=request.image,
+        )
         return state
 
     async def _quietly_delete(self, sandbox_id: str) -> None:
@@ -151,4 +162,6 @@ class PoolHandlers:
 
     async def delete(self, request: provisioning.Delete) -> states.SandboxState | None:
         await self.runtime.delete(request.sandbox_id)
-        return await self._record(request, events.SandboxDeleted, ("requested", "running", "stopped", "failed"))
+        return await self._record(
+            request, events.SandboxDeleted, ("requested", "running", "stopped", "failed")
+        )

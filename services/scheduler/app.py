@@ -16,7 +16,9 @@ MAX_WORKERS = 64
 async def setup(ctx: service.Context) -> service.Workload:
     sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
     sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-    commands = handlers.SessionCommands(ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology))
+    commands = handlers.SessionCommands(
+        ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology)
+    )
 
     @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)
     async def on_session_command(msg: NatsMessage) -> bytes:

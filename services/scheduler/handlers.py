@@ -72,13 +72,17 @@ class SessionCommands:
             "actor": command.actor,
         }
 
-    async def _provision(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+    async def _provision(
+        self, command: commands.SessionCommand, state: states.SessionState
+    ) -> states.SessionState:
         """Provision a new sandbox and assign it; if another request assigned one first,
         discard ours and use theirs."""
         sandbox_id = "sb-" + ids.new_id()[:20]
         options = logic.sandbox_options(command, state)
         await self.pool.send(
-            provisioning.Provision(session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id))  # type: ignore[arg-type]
+            provisioning.Provision(
+                session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id)
+            )  # type: ignore[arg-type]
         )
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
@@ -91,16 +95,22 @@ class SessionCommands:
         assert outcome.state is not None
         return outcome.state
 
-    async def _release(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+    async def _release(
+        self, command: commands.SessionCommand, state: states.SessionState
+    ) -> states.SessionState:
         old = state.sandbox_id
         assert old is not None
         meta = self.ctx.meta(command=command, session_id=command.session_id)
-        outcome = await aggregates.transact(self.sessions, command.session_id, lambda s: logic.decide_release(s, old, meta))
+        outcome = await aggregates.transact(
+            self.sessions, command.session_id, lambda s: logic.decide_release(s, old, meta)
+        )
         await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))  # type: ignore[arg-type]
         assert outcome.state is not None
         return outcome.state
 
-    async def _ensure_running(self, command: commands.SessionCommand, state: states.SessionState) -> states.SessionState:
+    async def _ensure_running(
+        self, command: commands.SessionCommand, state: states.SessionState
+    ) -> states.SessionState:
         """The session's sandbox, running: start it again, or replace it if it is gone."""
         assert state.sandbox_id is not None
         sandbox = await self.sandboxes.get(state.sandbox_id)
@@ -126,7 +136,9 @@ class SessionCommands:
             case commands.StopSession():
                 outcome = await self._decide(command)
                 if outcome.appended and outcome.state and outcome.state.sandbox_id:
-                    await self.pool.send(provisioning.Stop(**self._pool_fields(command, outcome.state.sandbox_id)))  # type: ignore[arg-type]
+                    await self.pool.send(
+                        provisioning.Stop(**self._pool_fields(command, outcome.state.sandbox_id))
+                    )  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.DeleteSession() | commands.ClearSession():
                 before = await self.sessions.get(command.session_id)
@@ -138,7 +150,11 @@ class SessionCommands:
                 outcome = await self._decide(command)
                 state = outcome.state
                 assert state is not None
-                state = await (self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state))
+                state = await (
+                    self._ensure_running(command, state)
+                    if state.sandbox_id
+                    else self._provision(command, state)
+                )
                 return state, len(outcome.appended)
             case commands.ProvisionSandbox():
                 outcome = await self._decide(command)

@@ -77,10 +77,16 @@ def decide_assign(
     (the caller then discards the sandbox it provisioned)."""
     if state is None or state.status != "active" or state.sandbox_id is not None:
         return []
-    return [events.SessionSandboxAssigned(meta=meta, session_id=state.session_id, sandbox_id=sandbox_id, image=image)]
+    return [
+        events.SessionSandboxAssigned(
+            meta=meta, session_id=state.session_id, sandbox_id=sandbox_id, image=image
+        )
+    ]
 
 
-def decide_release(state: states.SessionState | None, sandbox_id: str, meta: events.Meta) -> list[events.SessionEvent]:
+def decide_release(
+    state: states.SessionState | None, sandbox_id: str, meta: events.Meta
+) -> list[events.SessionEvent]:
     if state is None or state.sandbox_id != sandbox_id:
         return []
     return [events.SessionSandboxReleased(meta=meta, session_id=state.session_id, sandbox_id=sandbox_id)]

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import json
+import typing
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 import pytest
 
-from shared import codec, commands, errors, events, states
+from shared import codec, commands, errors, events, execution, provisioning, states
 
 T0 = datetime(2025, 3, 14, 15, 9, 26, 535000, tzinfo=UTC)
 T1 = datetime(2025, 3, 14, 16, 0, 0, 1, tzinfo=UTC)
 SID = "task-42"
+SBX = "sb-7f3a9c2e41d84b6a0c5e"
 ACTOR = commands.Actor(via="mcp", org_id="acme", user_id="alice")
 
 
@@ -51,6 +53,29 @@ def _session_state(**overrides: Any) -> states.SessionState:
     return states.SessionState(**fields)
 
 
+def _sandbox_state(**overrides: Any) -> states.SandboxState:
+    fields: dict[str, Any] = dict(
+        sandbox_id=SBX,
+        status="failed",
+        session_id=SID,
+        image="ghcr.io/org/img:1",
+        run_as_root=False,
+        writable_root=False,
+        use_kata=True,
+        backend="kata",
+        created_at=T0,
+        updated_at=T1,
+        error="image pull failed: manifest unknown",
+        last_seq=981,
+    )
+    fields.update(overrides)
+    return states.SandboxState(**fields)
+
+
+def _pool_meta() -> events.Meta:
+    return _meta(service="pool-manager", instance="pool-manager-9b8c7d6e5f4a")
+
+
 def _instance_state() -> states.InstanceState:
     return states.InstanceState(
         service="scheduler",
@@ -71,6 +96,41 @@ EVENT_FACTORIES: dict[type, Any] = {
     ),
     events.SessionStopped: lambda: events.SessionStopped(meta=_meta(), session_id=SID, reason="idle"),
     events.SessionDeleted: lambda: events.SessionDeleted(meta=_meta(), session_id=SID, reason="ttl"),
+    events.SessionResumed: lambda: events.SessionResumed(meta=_meta(), session_id=SID),
+    events.SessionSandboxAssigned: lambda: events.SessionSandboxAssigned(
+        meta=_meta(), session_id=SID, sandbox_id=SBX, image="python:3.12"
+    ),
+    events.SessionSandboxReleased: lambda: events.SessionSandboxReleased(
+        meta=_meta(), session_id=SID, sandbox_id=SBX, reason="sandbox lost"
+    ),
+    events.SandboxRequested: lambda: events.SandboxRequested(
+        meta=_pool_meta(),
+        sandbox_id=SBX,
+        session_id=SID,
+        image="ghcr.io/org/img:1",
+        run_as_root=False,
+        writable_root=False,
+        use_kata=True,
+        backend="kata",
+    ),
+    events.SandboxStarted: lambda: events.SandboxStarted(meta=_pool_meta(), sandbox_id=SBX),
+    events.SandboxStopped: lambda: events.SandboxStopped(meta=_pool_meta(), sandbox_id=SBX, reason="idle"),
+    events.SandboxDeleted: lambda: events.SandboxDeleted(meta=_pool_meta(), sandbox_id=SBX, reason="cleared"),
+    events.SandboxFailed: lambda: events.SandboxFailed(
+        meta=_pool_meta(), sandbox_id=SBX, error="image pull failed: manifest unknown"
+    ),
+    events.CommandExecuted: lambda: events.CommandExecuted(
+        meta=_meta(service="executor", instance="executor-0a1b2c3d4e5f"),
+        session_id=SID,
+        sandbox_id=SBX,
+        tool="shell",
+        command="pytest -q tests/ ✓",
+        exit_code=1,
+        duration_ms=4210,
+        job_id=None,
+        outcome="ok",
+        error=None,
+    ),
     events.InstanceStarted: lambda: events.InstanceStarted(
         meta=_meta(command_id=None, session_id=None, org_id=None, user_id=None),
         service="scheduler",
@@ -95,6 +155,62 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.DeleteSession: lambda: commands.DeleteSession(
         command_id="cmd-3", correlation_id="req-3", session_id=SID
     ),
+    commands.EnsureSession: lambda: commands.EnsureSession(
+        command_id="cmd-4", correlation_id="req-4", actor=ACTOR, session_id=SID, image="python:3.12"
+    ),
+    commands.ProvisionSandbox: lambda: commands.ProvisionSandbox(
+        command_id="cmd-5",
+        correlation_id="req-5",
+        actor=ACTOR,
+        session_id=SID,
+        image="ghcr.io/org/img:1",
+        use_kata=True,
+        run_as_root=False,
+        writable_root=False,
+    ),
+    commands.ClearSession: lambda: commands.ClearSession(
+        command_id="cmd-6", actor=commands.Actor(via="cli", user_id="bob"), session_id=SID
+    ),
+}
+
+REQUEST_BASE: dict[str, Any] = dict(
+    session_id=SID, sandbox_id=SBX, actor=ACTOR, correlation_id="req-7c9e6679"
+)
+JOB = "0123456789abcdef0123456789abcdef"
+
+EXEC_FACTORIES: dict[type, Any] = {
+    execution.Shell: lambda: execution.Shell(**REQUEST_BASE, command="cd /workspace && ls -la", timeout=30.5),
+    execution.ShellAsync: lambda: execution.ShellAsync(**REQUEST_BASE, command="make -j4 > build.log 2>&1"),
+    execution.ShellPoll: lambda: execution.ShellPoll(**REQUEST_BASE, job_id=JOB),
+    execution.ShellWait: lambda: execution.ShellWait(**REQUEST_BASE, job_id=JOB, timeout=600.0),
+    execution.ShellStop: lambda: execution.ShellStop(session_id=SID, sandbox_id=SBX, job_id=JOB),
+    execution.Edit: lambda: execution.Edit(
+        **REQUEST_BASE,
+        command="str_replace",
+        path="/workspace/app.py",
+        view_range=[1, -1],
+        file_text=None,
+        old_str="print('hi')\n",
+        new_str="print('héllo')\n",
+        insert_line=3,
+        insert_text="import os\n",
+    ),
+}
+
+POOL_BASE: dict[str, Any] = dict(sandbox_id=SBX, command_id="cmd-4", correlation_id="req-4", actor=ACTOR)
+
+POOL_FACTORIES: dict[type, Any] = {
+    provisioning.Provision: lambda: provisioning.Provision(
+        **POOL_BASE,
+        session_id=SID,
+        image="ghcr.io/org/img:1",
+        run_as_root=False,
+        writable_root=False,
+        use_kata=True,
+    ),
+    provisioning.Start: lambda: provisioning.Start(**POOL_BASE),
+    provisioning.Stop: lambda: provisioning.Stop(sandbox_id=SBX, command_id="cmd-2"),
+    provisioning.Delete: lambda: provisioning.Delete(**POOL_BASE),
 }
 
 
@@ -111,6 +227,15 @@ def test_event_tags_are_stable() -> None:
         events.SessionCreated: "session.created",
         events.SessionStopped: "session.stopped",
         events.SessionDeleted: "session.deleted",
+        events.SessionResumed: "session.resumed",
+        events.SessionSandboxAssigned: "session.sandbox_assigned",
+        events.SessionSandboxReleased: "session.sandbox_released",
+        events.SandboxRequested: "sandbox.requested",
+        events.SandboxStarted: "sandbox.started",
+        events.SandboxStopped: "sandbox.stopped",
+        events.SandboxDeleted: "sandbox.deleted",
+        events.SandboxFailed: "sandbox.failed",
+        events.CommandExecuted: "exec.completed",
         events.InstanceStarted: "instance.started",
         events.InstanceStopped: "instance.stopped",
     }
@@ -118,6 +243,15 @@ def test_event_tags_are_stable() -> None:
         "session.created",
         "session.stopped",
         "session.deleted",
+        "session.resumed",
+        "session.sandbox_assigned",
+        "session.sandbox_released",
+        "sandbox.requested",
+        "sandbox.started",
+        "sandbox.stopped",
+        "sandbox.deleted",
+        "sandbox.failed",
+        "exec.completed",
         "instance.started",
         "instance.stopped",
     }
@@ -129,6 +263,9 @@ def test_command_tags_are_stable() -> None:
         commands.CreateSession: "session.create",
         commands.StopSession: "session.stop",
         commands.DeleteSession: "session.delete",
+        commands.EnsureSession: "session.ensure",
+        commands.ProvisionSandbox: "session.provision",
+        commands.ClearSession: "session.clear",
     }
 
 
@@ -172,11 +309,196 @@ def test_reply_round_trip(reply: commands.CommandReply) -> None:
     assert codec.decode_reply(codec.encode(reply)) == reply
 
 
-@pytest.mark.parametrize("state", [_session_state(), _instance_state()], ids=["session", "instance"])
+STATE_FACTORIES: dict[type, Any] = {
+    states.SessionState: lambda: _session_state(sandbox_id=SBX),
+    states.InstanceState: _instance_state,
+    states.SandboxState: _sandbox_state,
+}
+
+
+def test_state_factories_cover_every_state_type() -> None:
+    assert set(STATE_FACTORIES) == set(typing.get_args(states.AnyState))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        _session_state(),
+        _session_state(sandbox_id=SBX, status="active"),
+        _instance_state(),
+        _sandbox_state(),
+        _sandbox_state(status="running", session_id=None, error=None),
+    ],
+    ids=["session", "session-with-sandbox", "instance", "sandbox-failed", "sandbox-running-unowned"],
+)
 def test_state_round_trip(state: msgspec.Struct) -> None:
     decoded = codec.decode_state(codec.encode(state), type(state))
     assert type(decoded) is type(state)
     assert decoded == state
+
+
+@pytest.mark.parametrize("cls", list(STATE_FACTORIES), ids=lambda c: c.__name__)
+def test_state_factory_round_trip(cls: type[msgspec.Struct]) -> None:
+    state = STATE_FACTORIES[cls]()
+    assert type(state) is cls
+    data = codec.encode(state)
+    assert codec.decode_state(data, cls) == state
+    assert codec.encode(codec.decode_state(data, cls)) == data
+
+
+def test_session_state_without_sandbox_field_decodes_to_none() -> None:
+    """States stored before sandboxes existed have no ``sandbox_id``: they must still load."""
+    raw = json.loads(codec.encode(_session_state()))
+    del raw["sandbox_id"]
+    assert codec.decode_state(json.dumps(raw).encode(), states.SessionState) == _session_state()
+
+
+# ---- executor and pool-manager requests -------------------------------------------------
+
+
+def _op(cls: type[msgspec.Struct]) -> str:
+    tag = cls.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+def test_exec_factories_cover_every_request_type() -> None:
+    assert set(EXEC_FACTORIES) == set(execution.REQUEST_TYPES)
+    assert set(execution.REQUEST_TYPES) == set(typing.get_args(execution.AnyRequest))
+
+
+def test_pool_factories_cover_every_request_type() -> None:
+    assert set(POOL_FACTORIES) == set(provisioning.POOL_REQUEST_TYPES)
+    assert set(provisioning.POOL_REQUEST_TYPES) == set(typing.get_args(provisioning.AnyPoolRequest))
+
+
+def test_request_ops_are_stable() -> None:
+    assert {cls: _op(cls) for cls in execution.REQUEST_TYPES} == {
+        execution.Shell: "shell",
+        execution.ShellAsync: "shell_async",
+        execution.ShellPoll: "shell_poll",
+        execution.ShellWait: "shell_wait",
+        execution.ShellStop: "shell_stop",
+        execution.Edit: "edit",
+    }
+    assert {cls: _op(cls) for cls in provisioning.POOL_REQUEST_TYPES} == {
+        provisioning.Provision: "provision",
+        provisioning.Start: "start",
+        provisioning.Stop: "stop",
+        provisioning.Delete: "delete",
+    }
+
+
+@pytest.mark.parametrize("cls", execution.REQUEST_TYPES, ids=_op)
+def test_exec_request_round_trip(cls: type[execution.Request]) -> None:
+    request = EXEC_FACTORIES[cls]()
+    assert type(request) is cls
+    data = codec.encode(request)
+    assert json.loads(data)["op"] == _op(cls)
+    decoded = execution.decode_request(data)
+    assert type(decoded) is cls
+    assert decoded == request
+    assert codec.encode(decoded) == data
+
+
+@pytest.mark.parametrize("cls", execution.REQUEST_TYPES, ids=_op)
+def test_exec_request_ignores_unknown_fields(cls: type[execution.Request]) -> None:
+    request = EXEC_FACTORIES[cls]()
+    raw = json.loads(codec.encode(request))
+    raw["added_in_a_newer_build"] = [1]
+    raw["actor"]["team"] = "blue"
+    assert execution.decode_request(json.dumps(raw).encode()) == request
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"op": "shell", "session_id": "s", "command": "ls"}',  # no sandbox_id
+        b'{"op": "rm_rf", "session_id": "s", "sandbox_id": "b"}',
+        b'{"session_id": "s", "sandbox_id": "b", "command": "ls"}',
+        b'{"op": "edit", "session_id": "s", "sandbox_id": "b", "command": "delete", "path": "/x"}',
+        b'{"op": "shell", "session_id": "s", "sandbox_id": "b", "command": "ls", "timeout": "soon"}',
+        b"not json",
+    ],
+    ids=["missing-sandbox", "unknown-op", "no-op", "unknown-edit-command", "bad-timeout", "not-json"],
+)
+def test_exec_decode_request_rejects_malformed(data: bytes) -> None:
+    with pytest.raises(msgspec.DecodeError):  # ValidationError is a subclass
+        execution.decode_request(data)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        execution.Reply(
+            ok=True,
+            output="total 0\n[... output truncated: 10 of 99 bytes omitted ...]\n",
+            exit_code=0,
+            truncated=True,
+            duration=0.25,
+        ),
+        execution.Reply(ok=True, output="", exit_code=None, timed_out=True, duration=120.0),
+        execution.Reply(ok=True, job_id=JOB, status="exited", exit_code=3, output="hello world\n"),
+        execution.Reply(ok=True, job_id=JOB, status="lost"),
+        execution.Reply(ok=False, error=commands.ErrorInfo("not_found", f"no job {JOB} in this session")),
+    ],
+    ids=["shell-truncated", "shell-timeout", "poll-exited", "poll-lost", "error"],
+)
+def test_exec_reply_round_trip(reply: execution.Reply) -> None:
+    data = codec.encode(reply)
+    assert execution.decode_reply(data) == reply
+    assert codec.encode(execution.decode_reply(data)) == data
+
+
+def test_exec_reply_rejects_unknown_job_status() -> None:
+    raw = json.loads(codec.encode(execution.Reply(ok=True, job_id=JOB, status="running")))
+    raw["status"] = "zombie"
+    with pytest.raises(msgspec.ValidationError):
+        execution.decode_reply(json.dumps(raw).encode())
+
+
+@pytest.mark.parametrize("cls", provisioning.POOL_REQUEST_TYPES, ids=_op)
+def test_pool_request_round_trip(cls: type[provisioning.PoolRequest]) -> None:
+    request = POOL_FACTORIES[cls]()
+    assert type(request) is cls
+    data = codec.encode(request)
+    assert json.loads(data)["op"] == _op(cls)
+    decoded = provisioning.decode_request(data)
+    assert type(decoded) is cls
+    assert decoded == request
+    assert codec.encode(decoded) == data
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"op": "provision", "command_id": "c"}',
+        b'{"op": "explode", "sandbox_id": "b", "command_id": "c"}',
+        b'{"sandbox_id": "b", "command_id": "c"}',
+        b'{"op": "provision", "sandbox_id": "b", "command_id": "c", "use_kata": "yes"}',
+        b"[]",
+    ],
+    ids=["missing-sandbox", "unknown-op", "no-op", "bad-flag", "array"],
+)
+def test_pool_decode_request_rejects_malformed(data: bytes) -> None:
+    with pytest.raises(msgspec.DecodeError):
+        provisioning.decode_request(data)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        provisioning.PoolReply(ok=True, sandbox=_sandbox_state(status="running", error=None)),
+        provisioning.PoolReply(ok=True, sandbox=_sandbox_state()),
+        provisioning.PoolReply(ok=True, sandbox=None),
+        provisioning.PoolReply(ok=False, error=commands.ErrorInfo("not_found", f"no sandbox {SBX!r}")),
+    ],
+    ids=["running", "failed", "no-sandbox", "error"],
+)
+def test_pool_reply_round_trip(reply: provisioning.PoolReply) -> None:
+    data = codec.encode(reply)
+    assert provisioning.decode_reply(data) == reply
+    assert codec.encode(provisioning.decode_reply(data)) == data
 
 
 def test_to_builtins_is_json_ready() -> None:

@@ -16,6 +16,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 EVENT_FILES = sorted((SAMPLES / "events").glob("*.json"))
 COMMAND_FILES = sorted((SAMPLES / "commands").glob("*.json"))
 T = datetime(2025, 1, 15, 9, 30, 0, 123456, tzinfo=UTC)
+SB = "sb-4e7a1c9b2d0f8a6e3b5c"
 
 #: file name -> (type, key fields as attribute paths). Every sample file must be listed.
 EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
@@ -67,6 +68,74 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         events.InstanceStopped,
         {"service": "executor", "instance": "executor-0a1b2c3d4e5f", "reason": "signal"},
     ),
+    "session.resumed.json": (
+        events.SessionResumed,
+        {
+            "session_id": "task-42",
+            "meta.command_id": "6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c1d",
+            "meta.correlation_id": "req-0003",
+            "meta.time": T,
+        },
+    ),
+    "session.sandbox_assigned.json": (
+        events.SessionSandboxAssigned,
+        {"session_id": "task-42", "sandbox_id": SB, "image": "python:3.12", "meta.service": "scheduler"},
+    ),
+    "session.sandbox_released.json": (
+        events.SessionSandboxReleased,
+        {
+            "session_id": "task-42",
+            "sandbox_id": SB,
+            "reason": "reprovision",
+            "meta.correlation_id": "req-0004",
+        },
+    ),
+    "sandbox.requested.json": (
+        events.SandboxRequested,
+        {
+            "sandbox_id": SB,
+            "session_id": "task-42",
+            "image": "python:3.12",
+            "run_as_root": True,
+            "writable_root": True,
+            "use_kata": False,
+            "backend": "local",
+            "meta.service": "pool-manager",
+            "meta.time": T,
+        },
+    ),
+    "sandbox.started.json": (
+        events.SandboxStarted,
+        {"sandbox_id": SB, "meta.instance": "pool-manager-b2c3d4e5f6a7", "meta.session_id": "task-42"},
+    ),
+    "sandbox.stopped.json": (
+        events.SandboxStopped,
+        {"sandbox_id": SB, "reason": "requested", "meta.user_id": None, "meta.correlation_id": "req-0002"},
+    ),
+    "sandbox.deleted.json": (
+        events.SandboxDeleted,
+        {"sandbox_id": SB, "reason": "cleared", "meta.user_id": "bob", "meta.correlation_id": None},
+    ),
+    "sandbox.failed.json": (
+        events.SandboxFailed,
+        {"sandbox_id": SB, "error": "image pull failed: manifest unknown", "meta.service": "pool-manager"},
+    ),
+    "exec.completed.json": (
+        events.CommandExecuted,
+        {
+            "session_id": "task-42",
+            "sandbox_id": SB,
+            "tool": "shell",
+            "command": "pytest -q tests/unit",
+            "exit_code": 1,
+            "duration_ms": 4210,
+            "job_id": None,
+            "outcome": "ok",
+            "error": None,
+            "meta.service": "executor",
+            "meta.command_id": None,
+        },
+    ),
     "session.create.json": (
         commands.CreateSession,
         {
@@ -100,6 +169,40 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "session_id": "task-42",
             "actor.via": "cli",
             "actor.user_id": "bob",
+        },
+    ),
+    "session.ensure.json": (
+        commands.EnsureSession,
+        {
+            "command_id": "5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f",
+            "correlation_id": "req-0003",
+            "session_id": "task-42",
+            "image": None,
+            "actor.via": "mcp",
+            "actor.org_id": "acme",
+            "actor.user_id": "alice",
+        },
+    ),
+    "session.provision.json": (
+        commands.ProvisionSandbox,
+        {
+            "command_id": "4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e",
+            "session_id": "task-42",
+            "image": "ghcr.io/acme/agent:2.1",
+            "use_kata": True,
+            "run_as_root": False,
+            "writable_root": False,
+            "actor.via": "mcp",
+        },
+    ),
+    "session.clear.json": (
+        commands.ClearSession,
+        {
+            "command_id": "3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d",
+            "correlation_id": None,
+            "session_id": "task-42",
+            "actor.via": "mcp",
+            "actor.user_id": None,
         },
     ),
 }

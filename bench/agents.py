@@ -1,0 +1,202 @@
+"""Agent-facing latency through the whole product: `sbx up` as a subprocess, the official
+MCP client over streamable HTTP, real sandboxes.
+
+Prints, all in the same run:
+
+* new session id → first `shell` result (cold start: no warm pool yet), p50/p99;
+* `shell` round trip of `true` in a live session vs an MCP `ping` (a no-op round trip on
+  the same server, same client): p50/p99 and their ratio (target ≤ 2×);
+* the same `true` through NATS directly (executor request) vs bare `bwrap` exec of `true`;
+* N concurrent agents each running a few commands: p50/p99 and errors.
+
+Figures only; nothing is asserted.
+
+    .venv/bin/python bench/agents.py [--cold 20] [--warm 200] [--agents 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx2
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402
+from shared import codec, commands, execution, ids, settings, subjects  # noqa: E402
+from shared import bus as shared_bus  # noqa: E402
+
+
+class Agent:
+    """One MCP connection (initialized once) for one session."""
+
+    def __init__(self, url: str, key: str, session: str) -> None:
+        self.url, self.headers = url, {"Authorization": f"Bearer {key}", "X-Session-Id": session}
+
+    async def __aenter__(self) -> Agent:
+        self._http = httpx2.AsyncClient(headers=self.headers, timeout=120)
+        self._transport = streamable_http_client(self.url, http_client=self._http)
+        read, write = await self._transport.__aenter__()
+        self._session = ClientSession(read, write)
+        await self._session.__aenter__()
+        await self._session.initialize()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._session.__aexit__(None, None, None)
+        await self._transport.__aexit__(None, None, None)
+        await self._http.aclose()
+
+    async def shell(self, command: str) -> None:
+        result = await self._session.call_tool("shell", {"command": command})
+        if result.is_error:
+            raise RuntimeError(str(result.content))
+
+    async def ping(self) -> None:
+        await self._session.send_ping()
+
+
+async def timed(samples: list[float], coro) -> None:
+    start = time.perf_counter()
+    await coro
+    samples.append(time.perf_counter() - start)
+
+
+def start_stack(state: Path) -> tuple[subprocess.Popen[str], str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
+    env["SBX_LOG_LEVEL"] = "warning"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
+         "--nats-port", str(common.free_port())],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    seen = ""
+    while "Stop with Ctrl-C" not in seen:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError("sbx up exited:\n" + seen)
+        seen += line
+    return proc, re.search(r"REST API\s+(http://\S+)/v1/sessions", seen).group(1)
+
+
+async def main(cold: int, warm: int, agents: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "state"
+        proc, base = start_stack(state)
+        try:
+            key = (state / "api-key").read_text().strip()
+            url = f"{base}/mcp"
+            results: dict[str, tuple[list[float], float]] = {}
+
+            cold_samples: list[float] = []
+            start = time.perf_counter()
+            for n in range(cold):
+                async with Agent(url, key, f"cold-{n}") as agent:
+                    await timed(cold_samples, agent.shell("true"))
+            results["cold: new session -> first shell"] = (cold_samples, time.perf_counter() - start)
+
+            async with Agent(url, key, "warm") as agent:
+                await agent.shell("true")
+                shell_s: list[float] = []
+                ping_s: list[float] = []
+                start = time.perf_counter()
+                for _ in range(warm):  # interleaved, so both see the same machine conditions
+                    await timed(ping_s, agent.ping())
+                    await timed(shell_s, agent.shell("true"))
+                elapsed = time.perf_counter() - start
+                results["MCP ping (no-op round trip)"] = (ping_s, elapsed / 2)
+                results["MCP shell `true` (live session)"] = (shell_s, elapsed / 2)
+
+            info = __import__("json").loads((state / "stack.json").read_text())
+            bus_settings = settings.BusSettings(
+                nats_url=info["nats_url"],
+                namespace=info["namespace"],
+                nats_token=(state / "nats-token").read_text().strip(),
+            )
+            nc = await shared_bus.connect(bus_settings, "bench")
+            topology = subjects.Topology(info["namespace"])
+            ensured = codec.decode_reply(
+                (
+                    await nc.request(
+                        topology.session_commands,
+                        codec.encode(commands.EnsureSession(command_id=ids.new_id(), session_id="warm")),
+                        timeout=60,
+                    )
+                ).data
+            )
+            sandbox = ensured.session.sandbox_id
+            direct: list[float] = []
+            start = time.perf_counter()
+            for _ in range(warm):
+                request = execution.Shell(session_id="warm", sandbox_id=sandbox, command="true")
+                await timed(direct, nc.request(topology.exec_requests, codec.encode(request), timeout=60))
+            results["NATS executor shell `true`"] = (direct, time.perf_counter() - start)
+            await nc.close()
+
+            from shared.runtime.local import bwrap as bw
+            from shared.runtime.local import runtime as local
+
+            bare: list[float] = []
+            start = time.perf_counter()
+            for _ in range(warm):
+                t0 = time.perf_counter()
+                subprocess.run(
+                    [local.find_bwrap(), "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+                     "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+                     "--", "/bin/true"], check=True,
+                )  # fmt: skip
+                bare.append(time.perf_counter() - t0)
+            results["bare bwrap exec of `true`"] = (bare, time.perf_counter() - start)
+            del bw
+
+            many: list[float] = []
+            errors = 0
+
+            async def one_agent(n: int) -> None:
+                nonlocal errors
+                try:
+                    async with Agent(url, key, f"many-{n}") as agent:
+                        for _ in range(5):
+                            await timed(many, agent.shell("echo hi"))
+                except Exception:  # noqa: BLE001 - counted, reported
+                    errors += 1
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one_agent(n) for n in range(agents)))
+            results[f"{agents} concurrent agents x 5 shells"] = (many, time.perf_counter() - start)
+
+            print(f"\nMCP benchmark (local runtime, sbx up, {os.cpu_count()} cores)\n")
+            for label, (samples, seconds) in results.items():
+                print(common.row(label, samples, seconds))
+            shell_p = common.percentiles(results["MCP shell `true` (live session)"][0])
+            ping_p = common.percentiles(results["MCP ping (no-op round trip)"][0])
+            nats_p = common.percentiles(direct)
+            bare_p = common.percentiles(bare)
+            print(
+                f"\nshell/ping ratio: p50 {shell_p['p50'] / ping_p['p50']:.2f}x  p99 {shell_p['p99'] / ping_p['p99']:.2f}x"
+            )
+            print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")
+            print(f"concurrent agents: {errors} errors")
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", type=int, default=20)
+    parser.add_argument("--warm", type=int, default=200)
+    parser.add_argument("--agents", type=int, default=20)
+    args = parser.parse_args()
+    asyncio.run(main(args.cold, args.warm, args.agents))
