@@ -5,7 +5,7 @@ Prints, all in the same run:
 
 * new session id → first `shell` result (cold start: no warm pool yet), p50/p99;
 * `shell` round trip of `true` in a live session vs an MCP `ping` (a no-op round trip on
-  the same server, same client): p50/p99 and their ratio (target ≤ 2×);
+  the same server, same client): p50/p99 and their ratio (target: at most 2x);
 * the same `true` through NATS directly (executor request) vs bare `bwrap` exec of `true`;
 * N concurrent agents each running a few commands: p50/p99 and errors.
 
@@ -33,9 +33,15 @@ from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common  # noqa: E402
-from shared import codec, commands, execution, ids, settings, subjects  # noqa: E402
-from shared import bus as shared_bus  # noqa: E402
+from bench import common
+from shared import bus as shared_bus
+from shared import codec, commands, execution, ids, settings, subjects
+
+BARE_BWRAP = [
+    "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+    "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+    "--proc", "/proc", "--dev", "/dev", "--", "/bin/true",
+]  # fmt: skip
 
 
 class Agent:
@@ -151,11 +157,7 @@ async def main(cold: int, warm: int, agents: int) -> None:
             start = time.perf_counter()
             for _ in range(warm):
                 t0 = time.perf_counter()
-                subprocess.run(
-                    [local.find_bwrap(), "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-                     "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
-                     "--", "/bin/true"], check=True,
-                )  # fmt: skip
+                subprocess.run([local.find_bwrap(), *BARE_BWRAP], check=True)
                 bare.append(time.perf_counter() - t0)
             results["bare bwrap exec of `true`"] = (bare, time.perf_counter() - start)
             del bw
@@ -169,7 +171,7 @@ async def main(cold: int, warm: int, agents: int) -> None:
                     async with Agent(url, key, f"many-{n}") as agent:
                         for _ in range(5):
                             await timed(many, agent.shell("echo hi"))
-                except Exception:  # noqa: BLE001 - counted, reported
+                except Exception:
                     errors += 1
 
             start = time.perf_counter()
@@ -184,7 +186,8 @@ async def main(cold: int, warm: int, agents: int) -> None:
             nats_p = common.percentiles(direct)
             bare_p = common.percentiles(bare)
             print(
-                f"\nshell/ping ratio: p50 {shell_p['p50'] / ping_p['p50']:.2f}x  p99 {shell_p['p99'] / ping_p['p99']:.2f}x"
+                f"\nshell/ping ratio: p50 {shell_p['p50'] / ping_p['p50']:.2f}x  "
+                f"p99 {shell_p['p99'] / ping_p['p99']:.2f}x"
             )
             print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")
             print(f"concurrent agents: {errors} errors")

@@ -113,7 +113,7 @@ class Executor:
         result = await running.wait()
         text = capture.render()
         if result.timed_out:
-            text += f"\n[timed out after {timeout:g} s: the command was killed; use shell_async for long commands]"
+            text += f"\n[timed out after {timeout:g} s: the command was killed; use shell_async instead]"
         return execution.Reply(
             ok=True,
             output=text,
@@ -138,7 +138,7 @@ class Executor:
         return execution.Reply(ok=True, job_id=job, status="running")
 
     async def poll(self, sandbox_id: str, job: str) -> execution.Reply:
-        result, out, _ = await self.runtime.run(
+        _, out, _ = await self.runtime.run(
             sandbox_id, scripts.argv(scripts.JOB_POLL, job, str(self.limit)), timeout=QUICK
         )
         report = scripts.parse_poll(out)
@@ -168,7 +168,7 @@ class Executor:
     # ---- edit tool -------------------------------------------------------------------
 
     async def _read(self, sandbox_id: str, path: str) -> tuple[str, bytes]:
-        result, out, _ = await self.runtime.run(
+        _, out, _ = await self.runtime.run(
             sandbox_id, scripts.argv(scripts.READ, path, str(edits.MAX_FILE_BYTES + 1)), timeout=QUICK
         )
         kind, _, body = out.partition(b"\n")

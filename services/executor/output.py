@@ -46,7 +46,10 @@ def text(data: bytes) -> str:
         return ""
     decoded = data.decode("utf-8", errors="replace")
     if b"\x00" in data or decoded.count("\ufffd") > max(8, len(decoded) // 10):
-        return f"[binary output: {len(data)} bytes not shown; pipe it through `xxd | head` or `base64` to inspect]"
+        return (
+            f"[binary output: {len(data)} bytes not shown; "
+            "pipe it through `xxd | head` or `base64` to inspect]"
+        )
     return decoded
 
 

@@ -57,16 +57,23 @@ async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
     ok, text = await agent.call("shell_wait", job_id=job, timeout=30)
     assert ok and "exited" in text and "finished" in text
 
-    ok, _ = await agent.call("str_replace_based_edit_tool", command="create", path="/workspace/a.txt", file_text="x\nsecret-y\n")
+    ok, _ = await agent.call(
+        "str_replace_based_edit_tool", command="create", path="/workspace/a.txt", file_text="x\nsecret-y\n"
+    )
     assert ok
-    ok, text = await agent.call("str_replace_based_edit_tool", command="str_replace", path="/workspace/a.txt",
-                                old_str="nope", new_str="z")
+    ok, text = await agent.call(
+        "str_replace_based_edit_tool",
+        command="str_replace",
+        path="/workspace/a.txt",
+        old_str="nope",
+        new_str="z",
+    )
     assert not ok and "did not appear" in text and "Traceback" not in text
     ok, text = await agent.call("str_replace_based_edit_tool", command="view", path="/workspace/a.txt")
     assert ok and "     1\tx" in text
 
     other = Agent(url, key, "agent-2")
-    ok, text = await other.call("shell", command="cat /workspace/a.txt 2>&1; echo \"[$MODE]\"")
+    ok, text = await other.call("shell", command='cat /workspace/a.txt 2>&1; echo "[$MODE]"')
     assert "secret-y" not in text and "[]" in text
 
     ok, text = await agent.call("clear_session")

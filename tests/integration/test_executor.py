@@ -23,7 +23,9 @@ RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096
 async def stack(nats_server, namespace, tmp_path):
     state = tmp_path / "state"
     running = [
-        await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state),
+        await support.start_in_process(
+            nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state
+        ),
         await support.start_in_process(
             nats_server.url, namespace, "pool-manager", pool_app.make_setup(RUNTIME), state_dir=state
         ),
@@ -51,7 +53,10 @@ class Client:
 
     async def ensure(self, session: str, **kw) -> commands.CommandReply:
         reply = await support.send(
-            self.nc, self.topology, commands.EnsureSession(command_id=ids.new_id(), session_id=session, **kw), timeout=60
+            self.nc,
+            self.topology,
+            commands.EnsureSession(command_id=ids.new_id(), session_id=session, **kw),
+            timeout=60,
         )
         assert reply.ok, reply.error
         return reply
@@ -73,7 +78,11 @@ async def test_first_use_creates_the_sandbox_and_records_it(stack):
     again = await stack.ensure("s1")
     assert first.session.sandbox_id and again.session.sandbox_id == first.session.sandbox_id
     history = await support.stream_events(stack.nc, stack.topology)
-    types = [s.event.__struct_config__.tag for s in history if not s.event.__struct_config__.tag.startswith("instance")]
+    types = [
+        s.event.__struct_config__.tag
+        for s in history
+        if not s.event.__struct_config__.tag.startswith("instance")
+    ]
     assert types == ["session.created", "sandbox.requested", "sandbox.started", "session.sandbox_assigned"]
 
 
@@ -159,24 +168,31 @@ async def test_two_sessions_never_see_each_other(stack):
 async def test_executions_are_audited_without_outputs(stack):
     await stack.sh("audited", "echo classified-output")
     records = [
-        s.event for s in await support.stream_events(stack.nc, stack.topology, subjects.EXEC)
+        s.event
+        for s in await support.stream_events(stack.nc, stack.topology, subjects.EXEC)
         if s.event.session_id == "audited"
     ]
     assert [(r.tool, r.command, r.exit_code, r.outcome) for r in records] == [
         ("shell", "echo classified-output", 0, "ok")
     ]
-    assert "classified-output\n" not in codec.encode(records[0]).decode().replace("echo classified-output", "")
+    assert "classified-output\n" not in codec.encode(records[0]).decode().replace(
+        "echo classified-output", ""
+    )
 
 
 async def test_clear_session_then_the_same_id_starts_fresh(stack):
     await stack.sh("c", "echo old > /workspace/file; export OLD=1")
     first = (await stack.ensure("c")).session.sandbox_id
-    cleared = await support.send(stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="c"))
+    cleared = await support.send(
+        stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="c")
+    )
     assert cleared.ok
     reply = await stack.sh("c", 'ls /workspace; echo "[$OLD]"')
     assert reply.output == "[]\n"
     assert (await stack.ensure("c")).session.sandbox_id != first
-    again = await support.send(stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="nobody"))
+    again = await support.send(
+        stack.nc, stack.topology, commands.ClearSession(command_id=ids.new_id(), session_id="nobody")
+    )
     assert again.ok
 
 
@@ -184,7 +200,9 @@ async def test_executor_killed_mid_session_loses_nothing(nats_server, namespace,
     """The executor runs as a process; it is SIGKILLed while a shell call is in flight and a
     job is running. A fresh executor still has the shell's cwd/env and the job's output."""
     state = tmp_path / "state"
-    scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state)
+    scheduler = await support.start_in_process(
+        nats_server.url, namespace, "scheduler", scheduler_app.setup, state_dir=state
+    )
     pool = await support.start_in_process(
         nats_server.url, namespace, "pool-manager", pool_app.make_setup(RUNTIME), state_dir=state
     )
@@ -195,14 +213,18 @@ async def test_executor_killed_mid_session_loses_nothing(nats_server, namespace,
     try:
         await support.wait_for_health(nats_server.url, namespace, "executor")
         await client.sh("k", "mkdir -p /workspace/deep && cd /workspace/deep && export KEPT=yes")
-        job = await client.run("k", execution.ShellAsync, command="for i in 1 2 3; do echo tick $i; sleep 0.2; done")
+        job = await client.run(
+            "k", execution.ShellAsync, command="for i in 1 2 3; do echo tick $i; sleep 0.2; done"
+        )
         in_flight = asyncio.create_task(client.run("k", execution.Shell, wait=3, command="sleep 5"))
         await asyncio.sleep(0.5)
         first.send_signal(signal.SIGKILL)
         first.wait(10)
         with pytest.raises(Exception):
             await in_flight
-        second = support.spawn_service("executor", {**env, "SBX_INSTANCE_ID": "executor-2"}, log_dir / "e2.log")
+        second = support.spawn_service(
+            "executor", {**env, "SBX_INSTANCE_ID": "executor-2"}, log_dir / "e2.log"
+        )
         try:
             await support.wait_for_health(nats_server.url, namespace, "executor", "executor-2")
             after = await client.sh("k", 'pwd; echo "$KEPT"')
