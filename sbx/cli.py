@@ -110,5 +110,44 @@ def replay_command(
     _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
 
 
+image_app = typer.Typer(help="Images the local runtime can start (no registry pulls yet).", no_args_is_help=True)
+app.add_typer(image_app, name="image")
+
+
+def _images(state_dir: Path | None):  # type: ignore[no-untyped-def]
+    from shared.runtime import backends
+
+    return backends.image_store("local", stack.state_dir(state_dir, os.environ))
+
+
+def _image_action(action: Callable[[], object]) -> None:
+    try:
+        action()
+    except errors.SandboxError as exc:
+        typer.echo(f"sbx: error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+
+
+@image_app.command("list")
+def image_list(state_dir: StateDir = None) -> None:
+    """Registered images (``default`` is always there: the host's system directories)."""
+    for name in ["default", *_images(state_dir).names()]:
+        typer.echo(name)
+
+
+@image_app.command("add")
+def image_add(name: str, rootfs: Path, state_dir: StateDir = None) -> None:
+    """Register a root filesystem directory under NAME (used in place, never modified)."""
+    _image_action(lambda: _images(state_dir).add_rootfs(name, rootfs))
+    typer.echo(f"registered {name} -> {rootfs}")
+
+
+@image_app.command("import")
+def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
+    """Unpack a `docker save` or OCI layout archive and register it under NAME."""
+    _image_action(lambda: _images(state_dir).import_archive(name, archive))
+    typer.echo(f"imported {name} from {archive}")
+
+
 if __name__ == "__main__":
     app()

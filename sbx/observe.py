@@ -102,8 +102,9 @@ async def follow_events(
 ) -> int:
     store = eventstore.EventStore(nc.jetstream(), topology)
     subject = None
-    if session is not None:
-        subject = topology.aggregate_subject(subjects.SESSION, ids.validate_session_id(session))
+    if session is not None:  # the session's own events and the audit records of its executions
+        sid = ids.validate_session_id(session)
+        subject = [topology.aggregate_subject(subjects.SESSION, sid), topology.aggregate_subject(subjects.EXEC, sid)]
     async for stored in store.read(subject, start_seq=since, follow=follow):
         if as_json:
             print(json.dumps(event_record(stored)), flush=True)

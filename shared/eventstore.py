@@ -158,20 +158,25 @@ class EventStore:
         return info.state.last_seq
 
     async def read(
-        self, filter_subject: str | None = None, *, start_seq: int = 1, follow: bool = False
+        self,
+        filter_subject: str | list[str] | None = None,
+        *,
+        start_seq: int = 1,
+        follow: bool = False,
     ) -> AsyncIterator[Stored]:
-        """Stream stored events in order; stop at the current end unless ``follow``.
-
-        Uses an ordered consumer: no server-side state is left behind.
-        """
-        filter_subject = filter_subject or self.topology.events_all
+        """Stream stored events in order (one subject filter or several); stop at the
+        current end unless ``follow``. Uses an ordered consumer: no server-side state is
+        left behind."""
+        filters = [filter_subject] if isinstance(filter_subject, str) else filter_subject or [self.topology.events_all]
         try:
             sub = await self._js.subscribe(
-                filter_subject,
+                filters[0] if len(filters) == 1 else "",
                 stream=self.topology.events_stream,
                 ordered_consumer=True,
                 deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                config=api.ConsumerConfig(opt_start_seq=max(1, start_seq)),
+                config=api.ConsumerConfig(
+                    opt_start_seq=max(1, start_seq), filter_subjects=filters if len(filters) > 1 else None
+                ),
                 pending_msgs_limit=-1,
                 pending_bytes_limit=-1,
             )

@@ -16,3 +16,12 @@ def open_runtime(name: str, state_dir: Path) -> api.Runtime:
 
         return runtime.LocalRuntime(state_dir)
     raise errors.ConfigError(f"unknown runtime {name!r}; available here: {', '.join(NAMES)}")
+
+
+def image_store(name: str, state_dir: Path):  # type: ignore[no-untyped-def]
+    """The backend's image registry (local: root filesystems under the state dir)."""
+    if name == "local":
+        from shared.runtime.local import images
+
+        return images.ImageStore(state_dir / "images")
+    raise errors.ConfigError(f"the {name!r} runtime has no local image store")

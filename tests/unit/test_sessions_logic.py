@@ -228,50 +228,113 @@ def test_evolve_instance_started_then_stopped() -> None:
 
 # ---- property: decide then evolve never disagree ------------------------------------------
 
-KINDS = {"create": create, "stop": stop, "delete": delete}
+
+def ensure(cid: str) -> commands.EnsureSession:
+    return commands.EnsureSession(command_id=cid, actor=ACTOR, session_id=SID, image="python:3.12")
+
+
+def provision(cid: str) -> commands.ProvisionSandbox:
+    return commands.ProvisionSandbox(
+        command_id=cid, actor=ACTOR, session_id=SID, image="node:22", use_kata=True
+    )
+
+
+def clear(cid: str) -> commands.ClearSession:
+    return commands.ClearSession(command_id=cid, actor=ACTOR, session_id=SID)
+
+
+KINDS: dict[str, Any] = {
+    "create": create,
+    "stop": stop,
+    "delete": delete,
+    "ensure": ensure,
+    "provision": provision,
+    "clear": clear,
+}
+#: Status a command leaves the session in whenever it appends an event.
+STATUS_AFTER = {
+    commands.CreateSession: "active",
+    commands.EnsureSession: "active",
+    commands.ProvisionSandbox: "active",
+    commands.StopSession: "stopped",
+    commands.DeleteSession: "deleted",
+    commands.ClearSession: "deleted",
+}
+SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(
     st.just(("dup", "")),
     st.tuples(st.sampled_from(sorted(KINDS)), st.sampled_from(["a", "b", "c", "d"])),
+    st.tuples(st.sampled_from(["assign", "release"]), st.sampled_from(SANDBOXES)),
 )
 
 
-@settings(max_examples=300, deadline=None)
+def test_status_table_covers_every_command() -> None:
+    assert set(STATUS_AFTER) == set(commands.COMMAND_TYPES)
+    assert {type(make("x")) for make in KINDS.values()} == set(commands.COMMAND_TYPES)
+
+
+@settings(max_examples=400, deadline=None)
 @given(st.lists(step, max_size=40))
 def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
     current: states.SessionState | None = None
     seq = folded = 0
     previous: Any = None
-    for n, (kind, cid) in enumerate(steps):
-        is_dup = kind == "dup" and previous is not None
-        command = previous if is_dup else KINDS["create" if kind == "dup" else kind](cid)
-        try:
-            produced = logic.decide(current, command, meta(n, command.command_id))
-        except errors.Conflict:
-            assert isinstance(command, commands.CreateSession)
-            produced = []
-        except errors.NotFound:
-            assert isinstance(command, commands.StopSession | commands.DeleteSession)
-            produced = []
-        if is_dup:
-            assert produced == []
-        assert len(produced) <= 1
-        for event in produced:
-            seq += 1 + n % 3  # sequences increase, not necessarily by one
-            before = current
-            current = projections.evolve_session(current, event, seq)
-            folded += 1
-            if isinstance(event, events.SessionCreated):  # incarnation only ever goes up, by one
-                assert current.incarnation == (before.incarnation + 1 if before else 1)
+    for n, (kind, arg) in enumerate(steps):
+        before = current
+        if kind in ("assign", "release"):
+            # The scheduler assigns/releases within the command that needed it, under its id.
+            m = meta(n, previous.command_id if previous is not None else "system")
+            if kind == "assign":
+                produced: list[events.SessionEvent] = logic.decide_assign(current, arg, "img:1", m)
+                should = current is not None and current.status == "active" and current.sandbox_id is None
             else:
-                assert before is not None and current.incarnation == before.incarnation
-            assert current.last_command_id == command.command_id
-            expected_status = {commands.CreateSession: "active", commands.StopSession: "stopped"}
-            assert current.status == expected_status.get(type(command), "deleted")
+                produced = logic.decide_release(current, arg, m)
+                should = current is not None and current.sandbox_id == arg
+            assert len(produced) == int(should)
+            for event in produced:
+                seq += 1
+                current = projections.evolve_session(current, event, seq)
+                folded += 1
+            if produced:
+                assert before is not None and current is not None
+                assert current.status == before.status and current.incarnation == before.incarnation
+                assert current.sandbox_id == (arg if kind == "assign" else None)
+                if kind == "assign":
+                    assert current.image == "img:1"
+            else:
+                assert current == before
+        else:
+            is_dup = kind == "dup" and previous is not None
+            command = previous if is_dup else KINDS["create" if kind == "dup" else kind](arg)
+            try:
+                produced = logic.decide(current, command, meta(n, command.command_id))
+            except errors.Conflict:
+                assert isinstance(command, commands.CreateSession)
+                produced = []
+            except errors.NotFound:
+                assert isinstance(command, commands.StopSession | commands.DeleteSession)
+                produced = []
+            if is_dup and before is not None and before.last_command_id == command.command_id:
+                assert produced == []
+            assert len(produced) <= 1
+            for event in produced:
+                seq += 1 + n % 3  # sequences increase, not necessarily by one
+                current = projections.evolve_session(current, event, seq)
+                folded += 1
+                if isinstance(event, events.SessionCreated):  # incarnation only ever goes up, by one
+                    assert current.incarnation == (before.incarnation + 1 if before else 1)
+                    assert current.sandbox_id is None
+                else:
+                    assert before is not None and current.incarnation == before.incarnation
+                assert current.last_command_id == command.command_id
+                assert current.status == STATUS_AFTER[type(command)]
+            previous = command
         if current is not None:
             assert current.version == folded
             assert current.last_seq == seq
             assert current.status in ("active", "stopped", "deleted")
             assert current.session_id == SID
+            if current.status == "deleted":
+                assert current.sandbox_id is None
         else:
             assert folded == 0
-        previous = command

@@ -143,7 +143,20 @@ class LocalRuntime(api.Runtime):
         self.bwrap = find_bwrap()
         self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
         self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
-        self.cgroups = cgroup_driver or cgroups.Cgroups.detect()
+        self._cgroups = cgroup_driver
+        self._cgroups_error: errors.ConfigError | None = None
+        if cgroup_driver is None:
+            try:
+                self._cgroups = cgroups.Cgroups.detect()
+            except errors.ConfigError as exc:  # reported on use, so the service still runs and says why
+                self._cgroups_error = exc
+
+    @property
+    def cgroups(self) -> cgroups.Cgroups:
+        if self._cgroups is None:
+            assert self._cgroups_error is not None
+            raise self._cgroups_error
+        return self._cgroups
 
     # ---- records ---------------------------------------------------------------
 

@@ -1,0 +1,533 @@
+"""Sessions with sandboxes: the new session events and commands (scheduler.logic) and the
+sandbox fold (shared.projections.evolve_sandbox)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.scheduler import logic
+from shared import commands, errors, events, ids, projections, states
+
+T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
+SID = "task-42"
+SB = "sb-0123456789abcdef0123"
+SB2 = "sb-fedcba9876543210fedc"
+ACTOR = commands.Actor(via="mcp", org_id="acme", user_id="alice")
+
+
+def meta(n: int = 0, command_id: str | None = "cmd-0") -> events.Meta:
+    return events.Meta(
+        event_id=f"{n:032x}",
+        time=T0 + timedelta(seconds=n),
+        service="scheduler",
+        instance="scheduler-1",
+        command_id=command_id,
+        session_id=SID,
+    )
+
+
+def session(status: str, **kw: Any) -> states.SessionState:
+    fields: dict[str, Any] = dict(
+        session_id=SID,
+        status=status,
+        image="python:3.12",
+        created_at=T0,
+        updated_at=T0,
+        last_seq=3,
+        version=3,
+        last_command_id="cmd-earlier",
+    )
+    fields.update(kw)
+    return states.SessionState(**fields)
+
+
+def ensure(cid: str = "cmd-e", image: str | None = "python:3.12", actor: commands.Actor = ACTOR) -> Any:
+    return commands.EnsureSession(command_id=cid, actor=actor, session_id=SID, image=image)
+
+
+def provision(cid: str = "cmd-p", image: str | None = "node:22", **kw: Any) -> commands.ProvisionSandbox:
+    return commands.ProvisionSandbox(command_id=cid, actor=ACTOR, session_id=SID, image=image, **kw)
+
+
+def clear(cid: str = "cmd-x") -> commands.ClearSession:
+    return commands.ClearSession(command_id=cid, actor=ACTOR, session_id=SID)
+
+
+# ---- evolve_session: resumed, sandbox assigned/released ---------------------------------
+
+
+def resumed(n: int = 5) -> events.SessionResumed:
+    return events.SessionResumed(meta=meta(n, f"c{n}"), session_id=SID)
+
+
+def assigned(sandbox_id: str = SB, image: str = "node:22", n: int = 6) -> events.SessionSandboxAssigned:
+    return events.SessionSandboxAssigned(
+        meta=meta(n, f"c{n}"), session_id=SID, sandbox_id=sandbox_id, image=image
+    )
+
+
+def released(sandbox_id: str = SB, n: int = 7) -> events.SessionSandboxReleased:
+    return events.SessionSandboxReleased(meta=meta(n, f"c{n}"), session_id=SID, sandbox_id=sandbox_id)
+
+
+def test_resume_a_stopped_session_keeps_its_sandbox() -> None:
+    before = session("stopped", sandbox_id=SB)
+    after = projections.evolve_session(before, resumed(5), 40)
+    assert after == msgspec.structs.replace(
+        before,
+        status="active",
+        updated_at=T0 + timedelta(seconds=5),
+        version=4,
+        last_seq=40,
+        last_command_id="c5",
+    )
+
+
+@pytest.mark.parametrize(
+    "before",
+    [None, session("active"), session("active", sandbox_id=SB), session("deleted")],
+    ids=["missing", "active", "active-with-sandbox", "deleted"],
+)
+def test_resume_only_from_stopped(before: states.SessionState | None) -> None:
+    with pytest.raises(errors.InvalidTransition, match="session.resumed at seq 9"):
+        projections.evolve_session(before, resumed(), 9)
+
+
+def test_assign_sets_sandbox_and_image() -> None:
+    before = session("active", image=None)
+    after = projections.evolve_session(before, assigned(SB, "node:22", 6), 11)
+    assert (after.status, after.sandbox_id, after.image) == ("active", SB, "node:22")
+    assert (after.version, after.last_seq, after.last_command_id) == (4, 11, "c6")
+    assert after.updated_at == T0 + timedelta(seconds=6) and after.created_at == T0
+    assert after.incarnation == before.incarnation
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        None,
+        session("stopped"),
+        session("deleted"),
+        session("active", sandbox_id=SB),
+        session("active", sandbox_id=SB2),
+        session("stopped", sandbox_id=SB),
+    ],
+    ids=["missing", "stopped", "deleted", "already-same", "already-other", "stopped-with-sandbox"],
+)
+def test_assign_only_to_active_without_sandbox(before: states.SessionState | None) -> None:
+    with pytest.raises(errors.InvalidTransition, match="session.sandbox_assigned"):
+        projections.evolve_session(before, assigned(), 9)
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_release_clears_the_assigned_sandbox(status: str) -> None:
+    before = session(status, sandbox_id=SB)
+    after = projections.evolve_session(before, released(SB, 7), 12)
+    assert after == msgspec.structs.replace(
+        before,
+        sandbox_id=None,
+        updated_at=T0 + timedelta(seconds=7),
+        version=4,
+        last_seq=12,
+        last_command_id="c7",
+    )
+
+
+@pytest.mark.parametrize(
+    "before",
+    [None, session("active"), session("active", sandbox_id=SB2), session("deleted"), session("stopped")],
+    ids=["missing", "no-sandbox", "other-sandbox", "deleted", "stopped-no-sandbox"],
+)
+def test_release_only_the_assigned_sandbox(before: states.SessionState | None) -> None:
+    with pytest.raises(errors.InvalidTransition, match="session.sandbox_released"):
+        projections.evolve_session(before, released(SB), 9)
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_delete_clears_the_sandbox(status: str) -> None:
+    before = session(status, sandbox_id=SB)
+    after = projections.evolve_session(before, events.SessionDeleted(meta=meta(8), session_id=SID), 13)
+    assert (after.status, after.sandbox_id, after.last_seq) == ("deleted", None, 13)
+
+
+def test_stop_keeps_the_sandbox() -> None:
+    before = session("active", sandbox_id=SB)
+    after = projections.evolve_session(before, events.SessionStopped(meta=meta(8), session_id=SID), 13)
+    assert (after.status, after.sandbox_id) == ("stopped", SB)
+
+
+def test_recreated_session_starts_without_sandbox() -> None:
+    created = events.SessionCreated(meta=meta(1, "c1"), session_id=SID, image="python:3.12")
+    fold = projections.SESSIONS.fold(
+        [
+            (1, created),
+            (2, assigned(SB, "python:3.12", 2)),
+            (3, events.SessionDeleted(meta=meta(3, "c3"), session_id=SID)),
+            (4, events.SessionCreated(meta=meta(4, "c4"), session_id=SID, image="node:22")),
+        ]
+    )
+    assert fold is not None
+    assert (fold.status, fold.sandbox_id, fold.image, fold.incarnation, fold.version) == (
+        "active",
+        None,
+        "node:22",
+        2,
+        4,
+    )
+
+
+def test_full_session_story_fold() -> None:
+    created = events.SessionCreated(meta=meta(1, "c1"), session_id=SID, image=None, org_id="acme")
+    fold = projections.SESSIONS.fold(
+        [
+            (10, created),
+            (11, assigned(SB, "default", 2)),
+            (12, events.SessionStopped(meta=meta(3, "c3"), session_id=SID)),
+            (13, resumed(4)),
+            (14, released(SB, 5)),
+            (15, assigned(SB2, "node:22", 6)),
+        ]
+    )
+    assert fold is not None
+    assert (fold.status, fold.sandbox_id, fold.image, fold.version, fold.last_seq) == (
+        "active",
+        SB2,
+        "node:22",
+        6,
+        15,
+    )
+    assert fold.org_id == "acme" and fold.last_command_id == "c6"
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.SandboxStarted(meta=meta(), sandbox_id=SB),
+        events.CommandExecuted(meta=meta(), session_id=SID, sandbox_id=SB, tool="shell", command="ls"),
+    ],
+    ids=["sandbox-event", "exec-event"],
+)
+def test_evolve_session_refuses_foreign_events(event: Any) -> None:
+    with pytest.raises(errors.InvalidTransition, match="not a session event"):
+        projections.evolve_session(session("active", sandbox_id=SB), event, 9)
+
+
+# ---- evolve_sandbox -------------------------------------------------------------------
+
+
+def requested(n: int = 1, **kw: Any) -> events.SandboxRequested:
+    fields: dict[str, Any] = dict(session_id=SID, image="python:3.12", use_kata=True, backend="kata")
+    fields.update(kw)
+    return events.SandboxRequested(meta=meta(n), sandbox_id=SB, **fields)
+
+
+SANDBOX_EVENTS: dict[str, Any] = {
+    "requested": lambda n: requested(n),
+    "started": lambda n: events.SandboxStarted(meta=meta(n), sandbox_id=SB),
+    "stopped": lambda n: events.SandboxStopped(meta=meta(n), sandbox_id=SB),
+    "deleted": lambda n: events.SandboxDeleted(meta=meta(n), sandbox_id=SB),
+    "failed": lambda n: events.SandboxFailed(meta=meta(n), sandbox_id=SB, error="oom"),
+}
+
+#: state before (None: nothing yet) -> event -> status after. Everything absent is impossible.
+SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
+    None: {"requested": "requested"},
+    "requested": {"started": "running", "stopped": "stopped", "deleted": "deleted", "failed": "failed"},
+    "running": {"stopped": "stopped", "deleted": "deleted", "failed": "failed"},
+    "stopped": {"started": "running", "deleted": "deleted", "failed": "failed"},
+    "failed": {"deleted": "deleted"},
+    "deleted": {},
+}
+
+
+def sandbox(status: str, **kw: Any) -> states.SandboxState:
+    fields: dict[str, Any] = dict(
+        sandbox_id=SB,
+        status=status,
+        session_id=SID,
+        image="python:3.12",
+        use_kata=True,
+        backend="kata",
+        created_at=T0,
+        updated_at=T0,
+        last_seq=4,
+    )
+    fields.update(kw)
+    return states.SandboxState(**fields)
+
+
+def test_sandbox_transition_table_covers_every_status() -> None:
+    assert set(SANDBOX_TRANSITIONS) - {None} == set(states.SandboxStatus.__args__)  # type: ignore[attr-defined]
+    assert set(SANDBOX_EVENTS) == {
+        events.tag_of(c).split(".")[1] for c in events.EVENT_TYPES if c.kind == "sandbox"
+    }
+
+
+def test_requested_records_the_options() -> None:
+    event = requested(1, run_as_root=False, writable_root=False)
+    assert projections.evolve_sandbox(None, event, 7) == states.SandboxState(
+        sandbox_id=SB,
+        status="requested",
+        session_id=SID,
+        image="python:3.12",
+        run_as_root=False,
+        writable_root=False,
+        use_kata=True,
+        backend="kata",
+        created_at=event.meta.time,
+        updated_at=event.meta.time,
+        error=None,
+        last_seq=7,
+    )
+
+
+def test_sandbox_lifecycle_requested_started_stopped_started_deleted() -> None:
+    story = ["requested", "started", "stopped", "started", "deleted"]
+    current: states.SandboxState | None = None
+    seen = []
+    for n, name in enumerate(story, start=1):
+        current = projections.SANDBOXES.evolve(current, SANDBOX_EVENTS[name](n), n * 10)
+        seen.append(current.status)
+        assert current.last_seq == n * 10
+        assert current.updated_at == T0 + timedelta(seconds=n)
+        assert current.created_at == T0 + timedelta(seconds=1)
+        assert (current.image, current.use_kata, current.backend, current.session_id) == (
+            "python:3.12",
+            True,
+            "kata",
+            SID,
+        )
+    assert seen == ["requested", "running", "stopped", "running", "deleted"]
+
+
+@pytest.mark.parametrize("status", ["requested", "running", "stopped"])
+def test_failed_records_the_error(status: str) -> None:
+    after = projections.evolve_sandbox(
+        sandbox(status), events.SandboxFailed(meta=meta(9), sandbox_id=SB, error="image pull failed"), 50
+    )
+    assert after == sandbox(
+        "failed", error="image pull failed", updated_at=T0 + timedelta(seconds=9), last_seq=50
+    )
+
+
+_BEFORE = list(SANDBOX_TRANSITIONS)
+_ALL = list(itertools.product(_BEFORE, SANDBOX_EVENTS))
+_POSSIBLE = [(b, e) for b, e in _ALL if e in SANDBOX_TRANSITIONS[b]]
+_IMPOSSIBLE = [(b, e) for b, e in _ALL if e not in SANDBOX_TRANSITIONS[b]]
+
+
+@pytest.mark.parametrize(("before", "event"), _POSSIBLE, ids=[f"{b}-{e}" for b, e in _POSSIBLE])
+def test_every_possible_sandbox_transition(before: str | None, event: str) -> None:
+    state = sandbox(before) if before else None
+    after = projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
+    assert after.status == SANDBOX_TRANSITIONS[before][event]
+    assert after.last_seq == 99 and after.updated_at == T0 + timedelta(seconds=8)
+    if state is not None:  # only status, time, seq (and the error) change
+        assert after == msgspec.structs.replace(
+            state,
+            status=after.status,
+            updated_at=after.updated_at,
+            last_seq=99,
+            error="oom" if event == "failed" else state.error,
+        )
+
+
+@pytest.mark.parametrize(("before", "event"), _IMPOSSIBLE, ids=[f"{b}-{e}" for b, e in _IMPOSSIBLE])
+def test_every_impossible_sandbox_transition_raises(before: str | None, event: str) -> None:
+    state = sandbox(before) if before else None
+    with pytest.raises(
+        errors.InvalidTransition, match=f"sandbox.{event} at seq 99 cannot follow {before or 'nothing'}"
+    ):
+        projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
+
+
+@pytest.mark.parametrize("before", _BEFORE, ids=str)
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.SessionCreated(meta=meta(), session_id=SID),
+        events.CommandExecuted(meta=meta(), session_id=SID, sandbox_id=SB, tool="shell", command="ls"),
+    ],
+    ids=["session-event", "exec-event"],
+)
+def test_evolve_sandbox_refuses_foreign_events(before: str | None, event: Any) -> None:
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_sandbox(sandbox(before) if before else None, event, 1)
+
+
+def test_sandbox_projection_is_registered() -> None:
+    assert projections.BY_KIND["sandbox"] is projections.SANDBOXES
+    assert projections.SANDBOXES.state_type is states.SandboxState
+    assert projections.SANDBOXES.key_of(SB) == ids.token(SB) != projections.SANDBOXES.key_of(SB2)
+
+
+# ---- decide: ensure, provision, clear ---------------------------------------------------
+
+
+@pytest.mark.parametrize("current", [None, session("deleted", incarnation=3)], ids=["missing", "deleted"])
+@pytest.mark.parametrize("command", [ensure(), provision()], ids=["ensure", "provision"])
+def test_ensure_or_provision_creates_a_missing_session(
+    current: states.SessionState | None, command: Any
+) -> None:
+    m = meta(1, command.command_id)
+    assert logic.decide(current, command, m) == [
+        events.SessionCreated(meta=m, session_id=SID, image=command.image, org_id="acme", user_id="alice")
+    ]
+
+
+def test_ensure_without_image_or_attribution() -> None:
+    m = meta(1, "cmd-e")
+    command = ensure(image=None, actor=commands.Actor(via="mcp"))
+    assert logic.decide(None, command, m) == [
+        events.SessionCreated(meta=m, session_id=SID, image=None, org_id=None, user_id=None)
+    ]
+
+
+@pytest.mark.parametrize("command", [ensure(), provision()], ids=["ensure", "provision"])
+def test_ensure_or_provision_resumes_a_stopped_session(command: Any) -> None:
+    m = meta(2, command.command_id)
+    assert logic.decide(session("stopped", sandbox_id=SB), command, m) == [
+        events.SessionResumed(meta=m, session_id=SID)
+    ]
+
+
+@pytest.mark.parametrize("sandbox_id", [None, SB], ids=["no-sandbox", "with-sandbox"])
+@pytest.mark.parametrize("command", [ensure(), provision()], ids=["ensure", "provision"])
+def test_ensure_or_provision_on_active_decides_nothing(sandbox_id: str | None, command: Any) -> None:
+    assert logic.decide(session("active", sandbox_id=sandbox_id), command, meta()) == []
+
+
+def test_clear_missing_session_is_fine() -> None:
+    assert logic.decide(None, clear(), meta()) == []
+    assert logic.decide(session("deleted"), clear(), meta()) == []
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_clear_existing_deletes_it(status: str) -> None:
+    m = meta(3, "cmd-x")
+    assert logic.decide(session(status, sandbox_id=SB), clear(), m) == [
+        events.SessionDeleted(meta=m, session_id=SID, reason="cleared")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "command"),
+    [
+        ("deleted", ensure("dup")),
+        ("stopped", ensure("dup")),
+        ("stopped", provision("dup")),
+        ("active", clear("dup")),
+    ],
+)
+def test_duplicate_new_command_decides_nothing(status: str, command: Any) -> None:
+    assert logic.decide(session(status, last_command_id="dup"), command, meta(9, "dup")) == []
+
+
+@pytest.mark.parametrize(
+    "command", [ensure(), ensure(image=None), provision(), provision(image=None, use_kata=True), clear()]
+)
+def test_validate_accepts_new_commands(command: Any) -> None:
+    logic.validate(command)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        commands.EnsureSession(command_id="c", session_id="a.b"),
+        commands.EnsureSession(command_id="c", session_id=SID, image="$(reboot)"),
+        commands.ProvisionSandbox(command_id="c", session_id=SID, image=""),
+        commands.ProvisionSandbox(command_id="c", session_id="*"),
+        commands.ClearSession(command_id="c", session_id="../etc"),
+        commands.ClearSession(command_id="c", session_id=SID, actor=commands.Actor(user_id="bo\nb")),
+    ],
+)
+def test_validate_rejects_malformed_new_commands(command: Any) -> None:
+    with pytest.raises(errors.InvalidInput):
+        logic.validate(command)
+
+
+# ---- decide_assign / decide_release -----------------------------------------------------
+
+
+def test_assign_to_active_session_without_sandbox() -> None:
+    m = meta(4, "cmd-e")
+    assert logic.decide_assign(session("active"), SB, "node:22", m) == [
+        events.SessionSandboxAssigned(meta=m, session_id=SID, sandbox_id=SB, image="node:22")
+    ]
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        None,
+        session("stopped"),
+        session("deleted"),
+        session("active", sandbox_id=SB),
+        session("active", sandbox_id=SB2),
+    ],
+    ids=["missing", "stopped", "deleted", "same-sandbox", "other-sandbox"],
+)
+def test_assign_otherwise_decides_nothing(current: states.SessionState | None) -> None:
+    assert logic.decide_assign(current, SB, "node:22", meta()) == []
+
+
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_release_the_assigned_sandbox(status: str) -> None:
+    m = meta(5, "cmd-p")
+    assert logic.decide_release(session(status, sandbox_id=SB), SB, m) == [
+        events.SessionSandboxReleased(meta=m, session_id=SID, sandbox_id=SB)
+    ]
+
+
+@pytest.mark.parametrize(
+    "current",
+    [None, session("active"), session("active", sandbox_id=SB2), session("deleted")],
+    ids=["missing", "no-sandbox", "other-sandbox", "deleted"],
+)
+def test_release_otherwise_decides_nothing(current: states.SessionState | None) -> None:
+    assert logic.decide_release(current, SB, meta()) == []
+
+
+def test_decided_assign_and_release_always_fold() -> None:
+    current = session("active")
+    [a] = logic.decide_assign(current, SB, "node:22", meta(1, "e"))
+    current = projections.evolve_session(current, a, 10)
+    assert logic.decide_assign(current, SB2, "node:22", meta(2, "e")) == []
+    [r] = logic.decide_release(current, SB, meta(3, "p"))
+    current = projections.evolve_session(current, r, 11)
+    assert current.sandbox_id is None and current.image == "node:22"
+
+
+# ---- sandbox_options --------------------------------------------------------------------
+
+
+def test_options_of_provision_come_from_the_command() -> None:
+    command = provision(image="ghcr.io/acme/agent:2", use_kata=True, run_as_root=False, writable_root=False)
+    assert logic.sandbox_options(command, session("active", image="python:3.12")) == {
+        "image": "ghcr.io/acme/agent:2",
+        "use_kata": True,
+        "run_as_root": False,
+        "writable_root": False,
+    }
+
+
+def test_options_of_provision_without_image_use_the_default_not_the_session_image() -> None:
+    assert logic.sandbox_options(provision(image=None), session("active", image="python:3.12")) == {
+        "image": "default",
+        "use_kata": False,
+        "run_as_root": True,
+        "writable_root": True,
+    }
+
+
+@pytest.mark.parametrize(
+    ("image", "want"), [("python:3.12", "python:3.12"), (None, "default")], ids=["session-image", "no-image"]
+)
+@pytest.mark.parametrize("command", [ensure(image="ignored:1"), clear()], ids=["ensure", "clear"])
+def test_options_of_other_commands_come_from_the_session(image: str | None, want: str, command: Any) -> None:
+    assert logic.sandbox_options(command, session("active", image=image)) == {"image": want}
