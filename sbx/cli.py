@@ -110,7 +110,9 @@ def replay_command(
     _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
 
 
-image_app = typer.Typer(help="Images the local runtime can start (no registry pulls yet).", no_args_is_help=True)
+image_app = typer.Typer(
+    help="Images the local runtime can start (no registry pulls yet).", no_args_is_help=True
+)
 app.add_typer(image_app, name="image")
 
 

@@ -104,7 +104,10 @@ async def follow_events(
     subject = None
     if session is not None:  # the session's own events and the audit records of its executions
         sid = ids.validate_session_id(session)
-        subject = [topology.aggregate_subject(subjects.SESSION, sid), topology.aggregate_subject(subjects.EXEC, sid)]
+        subject = [
+            topology.aggregate_subject(subjects.SESSION, sid),
+            topology.aggregate_subject(subjects.EXEC, sid),
+        ]
     async for stored in store.read(subject, start_seq=since, follow=follow):
         if as_json:
             print(json.dumps(event_record(stored)), flush=True)

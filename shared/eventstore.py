@@ -167,7 +167,11 @@ class EventStore:
         """Stream stored events in order (one subject filter or several); stop at the
         current end unless ``follow``. Uses an ordered consumer: no server-side state is
         left behind."""
-        filters = [filter_subject] if isinstance(filter_subject, str) else filter_subject or [self.topology.events_all]
+        filters = (
+            [filter_subject]
+            if isinstance(filter_subject, str)
+            else filter_subject or [self.topology.events_all]
+        )
         try:
             sub = await self._js.subscribe(
                 filters[0] if len(filters) == 1 else "",

@@ -169,8 +169,6 @@ INSTANCES: Projection[states.InstanceState] = Projection(
     subjects.INSTANCE, states.InstanceState, evolve_instance
 )
 
-SANDBOXES: Projection[states.SandboxState] = Projection(
-    subjects.SANDBOX, states.SandboxState, evolve_sandbox
-)
+SANDBOXES: Projection[states.SandboxState] = Projection(subjects.SANDBOX, states.SandboxState, evolve_sandbox)
 
 BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES)}

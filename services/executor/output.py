@@ -45,7 +45,8 @@ def text(data: bytes) -> str:
     if not data:
         return ""
     decoded = data.decode("utf-8", errors="replace")
-    if b"\x00" in data or decoded.count("\ufffd") > max(8, len(decoded) // 10):
+    undecodable = decoded.count("\ufffd") - data.count("\ufffd".encode())
+    if b"\x00" in data or undecodable > max(8, len(decoded) // 10):
         return (
             f"[binary output: {len(data)} bytes not shown; "
             "pipe it through `xxd | head` or `base64` to inspect]"

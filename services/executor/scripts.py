@@ -11,6 +11,7 @@ Scripts are POSIX sh; the user's commands run under bash when the image has it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 STATE = "/.sbx/shell"
@@ -66,7 +67,7 @@ if [ -f "$J/rc" ]; then echo "exited $(cat "$J/rc")"
 elif [ -f "$J/stopped" ]; then echo stopped
 elif [ -s "$J/pgid" ] && kill -0 "$(cat "$J/pgid")" 2>/dev/null; then echo running
 else echo lost; fi
-wc -c < "$J/out" 2>/dev/null || echo 0
+{{ wc -c < "$J/out"; }} 2>/dev/null || echo 0
 tail -c "$2" "$J/out" 2>/dev/null
 """
 
@@ -110,11 +111,15 @@ class JobReport:
     tail: bytes
 
 
+_STATUSES = frozenset({"running", "exited", "stopped", "lost", "nojob"})
+_INT = re.compile(r"-?[0-9]{1,9}")
+
+
 def parse_poll(raw: bytes) -> JobReport:
     status_line, _, rest = raw.partition(b"\n")
     size_line, _, tail = rest.partition(b"\n")
     words = status_line.decode(errors="replace").split()
-    status = words[0] if words else "lost"
-    code = int(words[1]) if status == "exited" and len(words) > 1 and words[1].lstrip("-").isdigit() else None
-    size = int(size_line.strip() or 0) if size_line.strip().isdigit() else len(tail)
+    status = words[0] if words and words[0] in _STATUSES else "lost"
+    code = int(words[1]) if status == "exited" and len(words) > 1 and _INT.fullmatch(words[1]) else None
+    size = int(size_line.strip()) if re.fullmatch(rb"[0-9]{1,18}", size_line.strip()) else len(tail)
     return JobReport(status, code, size, tail)
