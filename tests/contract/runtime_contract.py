@@ -58,14 +58,18 @@ class RuntimeContract:
         assert out == b"/tmp\n"
 
     async def test_output_arrives_while_the_command_runs(self, runtime, running):
-        execution = await runtime.exec(running, ["sh", "-c", "echo first; read _; echo second"], stdin=None)
+        script = "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo second"
+        execution = await runtime.exec(running, ["sh", "-c", script])
         chunks = execution.chunks()
         stream, data = await asyncio.wait_for(chunks.__anext__(), 10)
         assert (stream, data) == ("stdout", b"first\n")
-        # Still running (blocked on stdin, which the runtime closed: it then finishes).
+        waiting = asyncio.ensure_future(execution.wait())
+        await asyncio.sleep(0.2)
+        assert not waiting.done(), "the command is still running: the first line streamed before it ended"
+        await runtime.run(running, ["touch", "/tmp/go"])
         rest = b"".join([d async for _, d in chunks])
         assert rest == b"second\n"
-        assert (await execution.wait()).exit_code == 0
+        assert (await waiting).exit_code == 0
 
     async def test_timeout_kills_the_command(self, runtime, running):
         result, _, _ = await runtime.run(running, ["sh", "-c", "sleep 30; echo never"], timeout=0.5)
