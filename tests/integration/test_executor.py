@@ -245,3 +245,37 @@ async def test_executor_killed_mid_session_loses_nothing(nats_server, namespace,
         rt = local.LocalRuntime(state)
         for info in await rt.list():
             await rt.delete(info.sandbox_id)
+
+
+async def test_stop_keeps_the_workspace_and_delete_removes_the_sandbox(stack, tmp_path):
+    """Stopping a session stops its sandbox; the next call resumes the same sandbox with
+    its workspace. Deleting the session deletes the sandbox in the runtime too."""
+    await stack.sh("life", "echo kept > /workspace/kept; cd /tmp")
+    sandbox = (await stack.ensure("life")).session.sandbox_id
+    stopped = await support.send(
+        stack.nc, stack.topology, commands.StopSession(command_id=ids.new_id(), session_id="life")
+    )
+    assert stopped.ok and stopped.session.status == "stopped"
+    from shared.runtime.local import runtime as local
+
+    rt = local.LocalRuntime(tmp_path / "state")
+    assert (await rt.get(sandbox)).status == "stopped"
+    resumed = await stack.sh("life", "cat /workspace/kept; pwd")
+    assert resumed.output == "kept\n/tmp\n"
+    assert (await stack.ensure("life")).session.sandbox_id == sandbox
+    deleted = await support.send(
+        stack.nc, stack.topology, commands.DeleteSession(command_id=ids.new_id(), session_id="life")
+    )
+    assert deleted.ok
+    assert await rt.get(sandbox) is None
+    tags = [
+        s.event.__struct_config__.tag
+        for s in await support.stream_events(stack.nc, stack.topology, subjects.SANDBOX)
+    ]
+    assert tags == [
+        "sandbox.requested",
+        "sandbox.started",
+        "sandbox.stopped",
+        "sandbox.started",
+        "sandbox.deleted",
+    ]
