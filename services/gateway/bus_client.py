@@ -1,22 +1,11 @@
-"""Sending commands to the deciding service and turning replies into results or errors."""
+"""Sending commands to the deciding service and requests to the executor, turning their
+replies into results or errors."""
 
 from __future__ import annotations
 
-import nats.errors
 from nats.aio.client import Client
 
-from shared import codec, commands, errors, execution, states, subjects
-
-
-def _translate(exc: Exception, who: str) -> errors.SandboxError:
-    if isinstance(exc, nats.errors.NoRespondersError):
-        return errors.Unavailable(f"no {who} is running; retry shortly")
-    if isinstance(exc, nats.errors.TimeoutError | TimeoutError):
-        return errors.Timeout(
-            f"the {who} did not answer in time; the outcome is unknown, retrying with the same "
-            "Idempotency-Key is safe"
-        )
-    return errors.Unavailable(f"the gateway is not connected to NATS ({type(exc).__name__}); retry shortly")
+from shared import bus, codec, commands, errors, execution, states, subjects
 
 
 class CommandClient:
@@ -27,19 +16,14 @@ class CommandClient:
 
     async def session(self, command: commands.SessionCommand) -> states.SessionState | None:
         """Send a session command; return the resulting state or raise its error."""
-        try:
-            msg = await self.nc.request(
-                self.topology.session_commands, codec.encode(command), timeout=self.timeout
-            )
-        except (
-            nats.errors.NoRespondersError,
-            nats.errors.TimeoutError,
-            TimeoutError,
-            nats.errors.ConnectionClosedError,
-            nats.errors.ConnectionReconnectingError,
-        ) as exc:
-            raise _translate(exc, "scheduler") from None
-        reply = codec.decode_reply(msg.data)
+        raw = await bus.request(
+            self.nc,
+            self.topology.session_commands,
+            codec.encode(command),
+            timeout=self.timeout,
+            who="scheduler",
+        )
+        reply = codec.decode_reply(raw)
         if not reply.ok:
             assert reply.error is not None
             raise errors.from_code(reply.error.code, reply.error.message)
@@ -47,7 +31,7 @@ class CommandClient:
 
 
 class ExecClient:
-    """Requests to the executor. ``timeout`` is the request's own budget plus a margin."""
+    """Requests to the executor. ``budget`` is the request's own time; a margin is added."""
 
     MARGIN = 10.0
 
@@ -57,19 +41,14 @@ class ExecClient:
 
     async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
         """Send one request; return the reply, or raise its error."""
-        try:
-            msg = await self.nc.request(
-                self.topology.exec_requests, codec.encode(request), timeout=budget + self.MARGIN
-            )
-        except (
-            nats.errors.NoRespondersError,
-            nats.errors.TimeoutError,
-            TimeoutError,
-            nats.errors.ConnectionClosedError,
-            nats.errors.ConnectionReconnectingError,
-        ) as exc:
-            raise _translate(exc, "executor") from None
-        reply = execution.decode_reply(msg.data)
+        raw = await bus.request(
+            self.nc,
+            self.topology.exec_requests,
+            codec.encode(request),
+            timeout=budget + self.MARGIN,
+            who="executor",
+        )
+        reply = execution.decode_reply(raw)
         if not reply.ok:
             assert reply.error is not None
             raise errors.from_code(reply.error.code, reply.error.message)
