@@ -63,9 +63,17 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
         log.info("bus.stream_updated", stream=stream.name)
     except Exception as exc:
         raise eventstore.translate(exc, "creating the event stream") from exc
+    try:
+        await js.add_stream(topology.pool_stream_config())
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise eventstore.translate(exc, "creating the pool stream") from exc
+    except Exception as exc:
+        raise eventstore.translate(exc, "creating the pool stream") from exc
     for config in [
         *(topology.projection_bucket_config(kind) for kind in subjects.PROJECTED_KINDS),
         topology.health_bucket_config(),
+        topology.leases_bucket_config(),
     ]:
         try:
             await js.create_key_value(config)

@@ -122,6 +122,29 @@ class SandboxRequested(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.req
     writable_root: bool = True
     use_kata: bool = False
     backend: str = "local"
+    pool: str | None = None
+    """The warm pool this sandbox is made for (then ``session_id`` is None until claimed)."""
+
+
+class SandboxClaimed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.claimed"):
+    """A warm pool sandbox was taken by a session (a CAS on the sandbox: one claim wins)."""
+
+    session_id: str
+
+
+class SandboxRefused(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.refused"):
+    """A sandbox was not made because a limit was reached; the requester got a retriable error."""
+
+    session_id: str | None = None
+    reason: str
+    running: int = 0
+    limit: int = 0
+
+
+class SandboxLost(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.lost"):
+    """The self-healing sweep found the record's runtime resources gone."""
+
+    reason: str = "missing from the runtime"
 
 
 class SandboxStarted(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.started"):
@@ -210,6 +233,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SandboxStopped,
     SandboxDeleted,
     SandboxFailed,
+    SandboxClaimed,
+    SandboxRefused,
+    SandboxLost,
     CommandExecuted,
     InstanceStarted,
     InstanceStopped,
@@ -227,6 +253,9 @@ AnyEvent = (
     | SandboxStopped
     | SandboxDeleted
     | SandboxFailed
+    | SandboxClaimed
+    | SandboxRefused
+    | SandboxLost
     | CommandExecuted
     | InstanceStarted
     | InstanceStopped

@@ -95,17 +95,41 @@ def evolve_sandbox(
                 writable_root=event.writable_root,
                 use_kata=event.use_kata,
                 backend=event.backend,
+                pool=event.pool,
                 created_at=event.meta.time,
                 updated_at=event.meta.time,
                 last_seq=seq,
             )
         case events.SandboxStarted() if status in ("requested", "stopped"):
             assert state is not None
-            return msgspec.structs.replace(state, status="running", updated_at=event.meta.time, last_seq=seq)
+            return msgspec.structs.replace(
+                state, status="running", started_at=event.meta.time, updated_at=event.meta.time, last_seq=seq
+            )
+        case events.SandboxClaimed() if (
+            status in ("requested", "running") and state and state.session_id is None
+        ):
+            return msgspec.structs.replace(
+                state, session_id=event.session_id, updated_at=event.meta.time, last_seq=seq
+            )
+        case events.SandboxRefused() if state is None:
+            return states.SandboxState(
+                sandbox_id=event.sandbox_id,
+                status="refused",
+                session_id=event.session_id,
+                created_at=event.meta.time,
+                updated_at=event.meta.time,
+                error=event.reason,
+                last_seq=seq,
+            )
+        case events.SandboxLost() if status in ("requested", "running", "stopped"):
+            assert state is not None
+            return msgspec.structs.replace(
+                state, status="lost", error=event.reason, updated_at=event.meta.time, last_seq=seq
+            )
         case events.SandboxStopped() if status in ("requested", "running"):
             assert state is not None
             return msgspec.structs.replace(state, status="stopped", updated_at=event.meta.time, last_seq=seq)
-        case events.SandboxDeleted() if state is not None and status != "deleted":
+        case events.SandboxDeleted() if state is not None and status not in ("deleted", "refused"):
             return msgspec.structs.replace(state, status="deleted", updated_at=event.meta.time, last_seq=seq)
         case events.SandboxFailed() if status in ("requested", "running", "stopped"):
             assert state is not None

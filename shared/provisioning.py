@@ -21,6 +21,8 @@ class Provision(PoolRequest, frozen=True, kw_only=True, tag="provision"):
     run_as_root: bool = True
     writable_root: bool = True
     use_kata: bool = False
+    pool: str | None = None
+    """Set when the pool-manager fills a warm pool (no session yet)."""
 
 
 class Start(PoolRequest, frozen=True, kw_only=True, tag="start"):

@@ -188,6 +188,54 @@ class RuntimeSettings:
         )
 
 
+@dataclass(frozen=True)
+class LifecycleSettings:
+    """The warm pool, the limits and the lifetimes (pool-manager, scheduler, reaper)."""
+
+    pool_min_idle: int = 2
+    """Ready, unclaimed sandboxes kept for the default pool (``SBX_POOL_MIN_IDLE``; 0 = no pool)."""
+    pool_image: str = "default"
+    """Image of the default pool's sandboxes (``SBX_POOL_IMAGE``); changing it rolls the pool over."""
+    max_running: int = 100
+    """Most sandboxes running at once, idle pool included (``SBX_MAX_RUNNING``)."""
+    max_stopped: int = 100
+    """Most stopped sandboxes kept (``SBX_MAX_STOPPED``); the oldest are purged beyond it."""
+    max_lifetime: float = 3600.0
+    """A running session's sandbox is stopped this long after it started (``SBX_MAX_LIFETIME``)."""
+    idle_timeout: float = 600.0
+    """...or after this long without a tool call (``SBX_IDLE_TIMEOUT``)."""
+    stopped_retention: float = 86400.0
+    """A stopped session (and its workspace) is purged after this long (``SBX_STOPPED_RETENTION``)."""
+    reaper_interval: float = 30.0
+    """How often the reaper applies the rules and runs the self-healing sweep (``SBX_REAPER_INTERVAL``)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> LifecycleSettings:
+        def count(name: str, default: int, minimum: int) -> int:
+            raw = env.get(name)
+            if raw is None:
+                return default
+            if not raw.strip().isdigit() or int(raw) < minimum:
+                raise errors.ConfigError(f"{name}={raw!r} must be a whole number of at least {minimum}")
+            return int(raw)
+
+        made = cls(
+            pool_min_idle=count("SBX_POOL_MIN_IDLE", cls.pool_min_idle, 0),
+            pool_image=ids.validate_image(env.get("SBX_POOL_IMAGE", cls.pool_image)) or cls.pool_image,
+            max_running=count("SBX_MAX_RUNNING", cls.max_running, 1),
+            max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
+            max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),
+            idle_timeout=_duration(env, "SBX_IDLE_TIMEOUT", cls.idle_timeout, minimum=1),
+            stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
+            reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
+        )
+        if made.pool_min_idle > made.max_running:
+            raise errors.ConfigError(
+                f"SBX_POOL_MIN_IDLE={made.pool_min_idle} cannot exceed SBX_MAX_RUNNING={made.max_running}"
+            )
+        return made
+
+
 _SIZE = re.compile(r"(\d+)([kmg]?)i?b?")
 
 

@@ -35,7 +35,7 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """The sandbox currently assigned to this session (None until first use)."""
 
 
-SandboxStatus = Literal["requested", "running", "stopped", "deleted", "failed"]
+SandboxStatus = Literal["requested", "running", "stopped", "deleted", "failed", "refused", "lost"]
 
 
 class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
@@ -47,8 +47,12 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     writable_root: bool = True
     use_kata: bool = False
     backend: str = "local"
+    pool: str | None = None
+    """Set for warm pool sandboxes; ``session_id`` is None until one is claimed."""
     created_at: datetime
     updated_at: datetime
+    started_at: datetime | None = None
+    """When it last started running (lifetimes count from here)."""
     error: str | None = None
     last_seq: int
 

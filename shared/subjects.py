@@ -36,6 +36,9 @@ EXEC = "exec"
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0
 
+#: A lease not renewed within this long is free for another instance.
+LEASE_TTL_SECONDS = 10.0
+
 #: How long a heartbeat survives without renewal. Fixed (not a setting) because
 #: every service creates the bucket and their definitions must agree.
 HEALTH_TTL_SECONDS = 30.0
@@ -101,6 +104,24 @@ class Topology:
         """Durable pull consumer that keeps a projection caught up."""
         return f"projector_{kind}"
 
+    # ---- warm pool -------------------------------------------------------------
+
+    @property
+    def pool_stream(self) -> str:
+        """Work queue of idle, ready pool sandboxes waiting to be claimed."""
+        return f"{self.namespace.upper()}_POOL"
+
+    def pool_offers(self, pool_id: str) -> str:
+        return f"{self.namespace}.pool.idle.{ids.token(pool_id)}"
+
+    def claims_consumer(self, pool_id: str) -> str:
+        return f"claims_{ids.token(pool_id)}"
+
+    @property
+    def leases_bucket(self) -> str:
+        """Short leases for work only one instance should do at a time (pool refill)."""
+        return f"{self.namespace}_leases"
+
     # ---- definitions -----------------------------------------------------------
 
     def events_stream_config(self) -> api.StreamConfig:
@@ -113,6 +134,25 @@ class Topology:
             discard=api.DiscardPolicy.OLD,
             duplicate_window=DUPLICATE_WINDOW_SECONDS,
             allow_direct=True,
+        )
+
+    def pool_stream_config(self) -> api.StreamConfig:
+        return api.StreamConfig(
+            name=self.pool_stream,
+            description="Idle pool sandboxes offered to claimers (work queue: each offer taken once).",
+            subjects=[f"{self.namespace}.pool.idle.*"],
+            retention=api.RetentionPolicy.WORK_QUEUE,
+            storage=api.StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_SECONDS,
+        )
+
+    def leases_bucket_config(self) -> api.KeyValueConfig:
+        return api.KeyValueConfig(
+            bucket=self.leases_bucket,
+            description="Leases: a key held by one instance, expiring unless renewed.",
+            history=1,
+            ttl=LEASE_TTL_SECONDS,
+            storage=api.StorageType.FILE,
         )
 
     def projection_bucket_config(self, kind: str) -> api.KeyValueConfig:

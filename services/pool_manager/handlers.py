@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import structlog
 
+from services.pool_manager import logic
 from shared import aggregates, codec, commands, errors, events, projector, provisioning, service, states
 from shared.runtime import api
 
@@ -22,11 +23,13 @@ class PoolHandlers:
         runtime: api.Runtime,
         sandboxes: projector.ProjectionStore[states.SandboxState],
         limits: api.Limits,
+        max_running: int = 1_000_000,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self.sandboxes = sandboxes
         self.limits = limits
+        self.max_running = max_running
 
     async def handle(self, raw: bytes) -> bytes:
         try:
@@ -77,11 +80,40 @@ class PoolHandlers:
 
         return (await aggregates.transact(self.sandboxes, request.sandbox_id, decide)).state
 
+    async def _refuse_if_full(self, request: provisioning.Provision) -> None:
+        full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
+        if not full:
+            return
+        reason = f"max_running ({self.max_running}) reached"
+
+        def decide(state: states.SandboxState | None) -> list[events.Event]:
+            if state is not None:
+                return []
+            return [
+                events.SandboxRefused(
+                    meta=self._meta(request, request.session_id),
+                    sandbox_id=request.sandbox_id,
+                    session_id=request.session_id,
+                    reason=reason,
+                    running=running,
+                    limit=self.max_running,
+                )
+            ]
+
+        await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+        raise errors.LimitExceeded(
+            f"{running} sandboxes are running, the limit is {self.max_running}: retry later, "
+            "or clear sessions you no longer need"
+        )
+
     async def provision(self, request: provisioning.Provision) -> states.SandboxState:
         current = await self.sandboxes.get(request.sandbox_id)
         if current is not None and current.status == "running":
             return current
+        if current is not None and current.status == "refused":
+            raise errors.LimitExceeded(f"sandbox {request.sandbox_id} was refused: {current.error}")
         if current is None:
+            await self._refuse_if_full(request)
 
             def decide(state: states.SandboxState | None) -> list[events.Event]:
                 if state is not None:
@@ -96,6 +128,7 @@ class PoolHandlers:
                         writable_root=request.writable_root,
                         use_kata=request.use_kata,
                         backend=self.runtime.name,
+                        pool=request.pool,
                     )
                 ]
 
@@ -107,7 +140,7 @@ class PoolHandlers:
             writable_root=request.writable_root,
             isolation="strong" if request.use_kata else "standard",
             limits=self.limits,
-            labels={"session": request.session_id or ""},
+            labels={"session": request.session_id or "", "pool": request.pool or ""},
         )
         try:
             await self.runtime.create(spec)

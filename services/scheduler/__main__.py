@@ -4,4 +4,4 @@ from services.scheduler import app
 from shared import service
 
 if __name__ == "__main__":
-    service.main("scheduler", service.plain("scheduler", app.setup))
+    service.main("scheduler", app.build)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from faststream.nats import NatsMessage
 
 from services.scheduler import handlers, pool_client
-from shared import projections, projector, service
+from shared import pools, projections, projector, service, settings, warmpool
 
 #: Queue group: every scheduler instance joins it, each command goes to one.
 QUEUE = "scheduler"
@@ -13,15 +15,31 @@ QUEUE = "scheduler"
 MAX_WORKERS = 64
 
 
-async def setup(ctx: service.Context) -> service.Workload:
-    sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
-    sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-    commands = handlers.SessionCommands(
-        ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology)
+def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.Setup:
+    async def setup(ctx: service.Context) -> service.Workload:
+        sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
+        sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        configured = pools.configured(lifecycle) if lifecycle else []
+        warm = configured[0] if configured else None
+        if warm is not None:
+            await warmpool.ensure_consumer(ctx.js, ctx.topology, warm.pool_id)
+        commands = handlers.SessionCommands(
+            ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology), warm
+        )
+
+        @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)
+        async def on_session_command(msg: NatsMessage) -> bytes:
+            return await commands.handle(msg.body)
+
+        return service.Workload(tasks=[projector.catch_up(ctx.js, sessions)])
+
+    return setup
+
+
+setup = make_setup()
+
+
+def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
+    return settings.ServiceSettings.from_env("scheduler", env), make_setup(
+        settings.LifecycleSettings.from_env(env)
     )
-
-    @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)
-    async def on_session_command(msg: NatsMessage) -> bytes:
-        return await commands.handle(msg.body)
-
-    return service.Workload(tasks=[projector.catch_up(ctx.js, sessions)])

@@ -6,11 +6,25 @@ from __future__ import annotations
 import structlog
 
 from services.scheduler import logic, pool_client
-from shared import aggregates, codec, commands, errors, ids, projector, provisioning, service, states
+from shared import (
+    aggregates,
+    codec,
+    commands,
+    errors,
+    ids,
+    pools,
+    projector,
+    provisioning,
+    service,
+    states,
+    warmpool,
+)
 
 log = structlog.get_logger(__name__)
 
 CRASH_AFTER_APPEND = "scheduler.after_append"
+#: Offers tried before falling back to a cold start (stale offers fail their CAS).
+CLAIM_ATTEMPTS = 8
 
 
 class SessionCommands:
@@ -20,11 +34,13 @@ class SessionCommands:
         sessions: projector.ProjectionStore[states.SessionState],
         sandboxes: projector.ProjectionStore[states.SandboxState],
         pool: pool_client.PoolClient,
+        warm: pools.PoolSpec | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
         self.sandboxes = sandboxes
         self.pool = pool
+        self.warm = warm
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
@@ -72,18 +88,43 @@ class SessionCommands:
             "actor": command.actor,
         }
 
+    async def _claim(self, command: commands.SessionCommand, options: dict[str, object]) -> str | None:
+        """A warm sandbox for this session, if the pool has one that fits (CAS on the sandbox)."""
+        if self.warm is None or not self.warm.serves(options):
+            return None
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        for _ in range(CLAIM_ATTEMPTS):
+            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, self.warm.pool_id)
+            if offer is None:
+                return None  # empty pool: cold start
+            sandbox_id = offer.sandbox_id
+            try:
+                outcome = await aggregates.transact(
+                    self.sandboxes,
+                    sandbox_id,
+                    lambda s, sid=sandbox_id: logic.decide_claim(s, sid, command.session_id, meta),
+                )
+            finally:
+                await warmpool.done(self.ctx.nc, offer)
+            if outcome.appended:
+                log.info("sandbox.claimed", sandbox_id=sandbox_id, session_id=command.session_id)
+                return sandbox_id
+        return None
+
     async def _provision(
         self, command: commands.SessionCommand, state: states.SessionState
     ) -> states.SessionState:
-        """Provision a new sandbox and assign it; if another request assigned one first,
-        discard ours and use theirs."""
-        sandbox_id = "sb-" + ids.new_id()[:20]
+        """Claim a warm sandbox or provision a new one, and assign it; if another request
+        assigned one first, discard ours and use theirs."""
         options = logic.sandbox_options(command, state)
-        await self.pool.send(
-            provisioning.Provision(
-                session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id)
-            )  # type: ignore[arg-type]
-        )
+        sandbox_id = await self._claim(command, options)
+        if sandbox_id is None:
+            sandbox_id = "sb-" + ids.new_id()[:20]
+            await self.pool.send(
+                provisioning.Provision(
+                    session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id)
+                )  # type: ignore[arg-type]
+            )
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,

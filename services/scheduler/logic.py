@@ -70,6 +70,20 @@ def decide(
             return [events.SessionResumed(meta=meta, session_id=sid)] if state.status == "stopped" else []
 
 
+def decide_claim(
+    sandbox: states.SandboxState | None, sandbox_id: str, session_id: str, meta: events.Meta
+) -> list[events.SandboxEvent]:
+    """Take a warm sandbox iff it is still running and unclaimed: the CAS makes one claim win."""
+    if (
+        sandbox is None
+        or sandbox.status != "running"
+        or sandbox.session_id is not None
+        or sandbox.pool is None
+    ):
+        return []
+    return [events.SandboxClaimed(meta=meta, sandbox_id=sandbox_id, session_id=session_id)]
+
+
 def decide_assign(
     state: states.SessionState | None, sandbox_id: str, image: str, meta: events.Meta
 ) -> list[events.SessionEvent]:

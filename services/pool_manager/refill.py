@@ -1,0 +1,127 @@
+"""Keeping the warm pool full: one instance at a time (a lease in KV), any instance can take over.
+
+Every ``INTERVAL`` the lease holder reads the sandboxes projection, asks the pure
+``logic.plan`` what to do, provisions what is missing (each new sandbox is recorded,
+started, then offered on the pool's work queue), removes idle sandboxes of pools whose
+spec changed, and re-offers every idle sandbox (de-duplicated by id, so an offer lost to
+a crash between start and offer is made good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats.js.errors
+import structlog
+from nats.js.kv import KeyValue
+
+from services.pool_manager import handlers, logic
+from shared import aio, errors, ids, provisioning, service, warmpool
+
+log = structlog.get_logger(__name__)
+
+INTERVAL = 0.5
+REOFFER_EVERY = 20
+LEASE_KEY = "pool-refill"
+
+
+class Lease:
+    """Holds a KV key while renewing it; another instance gets it once this one stops renewing."""
+
+    def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
+        self.kv, self.key, self.holder = kv, key, holder
+        self.revision: int | None = None
+
+    async def hold(self) -> bool:
+        try:
+            if self.revision is None:
+                self.revision = await self.kv.create(self.key, self.holder.encode())
+            else:
+                self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
+            return True
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self.revision = None
+            return False
+        except Exception as exc:
+            aio.raise_if_cancelling()
+            log.warning("pool.lease_failed", error=repr(exc))
+            self.revision = None
+            return False
+
+    async def release(self) -> None:
+        if self.revision is not None:
+            try:
+                await self.kv.delete(self.key, last=self.revision)
+            except Exception as exc:  # expired already, or the connection is closing
+                log.debug("pool.lease_release_failed", error=repr(exc))
+            self.revision = None
+
+
+async def run(
+    ctx: service.Context,
+    pool: handlers.PoolHandlers,
+    pools: list[logic.PoolSpec],
+    max_running: int,
+) -> None:
+    lease = Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
+    rounds = 0
+    try:
+        while True:
+            if await lease.hold():
+                ctx.details["pool"] = "filling"
+                try:
+                    await refill_once(ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0)
+                except errors.SandboxError as exc:
+                    log.warning("pool.refill_failed", error=exc.message)
+                rounds += 1
+            else:
+                ctx.details["pool"] = "standby"
+            await asyncio.sleep(INTERVAL)
+    finally:
+        await lease.release()
+
+
+async def refill_once(
+    ctx: service.Context,
+    pool: handlers.PoolHandlers,
+    pools: list[logic.PoolSpec],
+    max_running: int,
+    *,
+    reoffer: bool,
+) -> logic.Plan:
+    sandboxes = list((await pool.sandboxes.all()).values())
+    plan = logic.plan(sandboxes, pools, max_running)
+    by_id = {p.pool_id: p for p in pools}
+    jobs = []
+    for pool_id, count in plan.create.items():
+        spec = by_id[pool_id]
+        for _ in range(count):
+            request = provisioning.Provision(
+                sandbox_id="sb-" + ids.new_id()[:20],
+                command_id=ids.new_id(),
+                image=spec.image,
+                run_as_root=spec.run_as_root,
+                writable_root=spec.writable_root,
+                pool=pool_id,
+            )
+            jobs.append(_make(ctx, pool, request))
+    for sandbox_id in plan.remove:
+        jobs.append(pool.delete(provisioning.Delete(sandbox_id=sandbox_id, command_id=ids.new_id())))
+    if reoffer:
+        for sandbox in sandboxes:
+            if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:
+                jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))  # type: ignore[arg-type]
+    results = await asyncio.gather(*jobs, return_exceptions=True)
+    for result in results:
+        if isinstance(result, Exception):
+            log.warning("pool.refill_step_failed", error=repr(result))
+    for pool_id, count in plan.idle.items():
+        ctx.details[f"idle:{by_id[pool_id].name}"] = str(count + plan.create.get(pool_id, 0))
+    return plan
+
+
+async def _make(ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision) -> None:
+    state = await pool.provision(request)
+    assert request.pool is not None
+    if state.status == "running" and state.session_id is None:
+        await warmpool.offer(ctx.js, ctx.topology, request.pool, request.sandbox_id)

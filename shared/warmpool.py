@@ -1,0 +1,76 @@
+"""Offering idle pool sandboxes and claiming one, through a JetStream work queue.
+
+The pool-manager *offers* a sandbox once it is ready (``Nats-Msg-Id`` = sandbox id, so
+re-offering is harmless). A scheduler *takes* the next offer with a no-wait pull (an
+empty pool answers at once, so a cold start pays nothing extra), then claims the
+sandbox with a CAS on its aggregate; the offer is acked either way. An offer for a
+sandbox that is gone or already claimed simply fails the CAS and the next is taken.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+from nats.js import api
+from nats.js.client import JetStreamContext
+
+from shared import eventstore, subjects
+
+NO_MESSAGES = ("404", "408", "409")
+
+
+@dataclass(frozen=True)
+class Offer:
+    sandbox_id: str
+    ack_subject: str | None
+
+
+async def offer(js: JetStreamContext, topology: subjects.Topology, pool_id: str, sandbox_id: str) -> None:
+    try:
+        await js.publish(
+            topology.pool_offers(pool_id),
+            sandbox_id.encode(),
+            headers={subjects.MSG_ID: sandbox_id},
+            stream=topology.pool_stream,
+        )
+    except Exception as exc:
+        raise eventstore.translate(exc, f"offering {sandbox_id}") from exc
+
+
+async def ensure_consumer(js: JetStreamContext, topology: subjects.Topology, pool_id: str) -> None:
+    """One durable consumer per pool, shared by every scheduler instance."""
+    config = api.ConsumerConfig(
+        durable_name=topology.claims_consumer(pool_id),
+        filter_subject=topology.pool_offers(pool_id),
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=30,
+        max_ack_pending=10_000,
+    )
+    try:
+        await js.add_consumer(topology.pool_stream, config)
+    except Exception as exc:
+        raise eventstore.translate(exc, f"creating the claims consumer of {pool_id}") from exc
+
+
+async def take(nc: Client, topology: subjects.Topology, pool_id: str) -> Offer | None:
+    """The next offer, or None at once if the pool is empty."""
+    subject = f"$JS.API.CONSUMER.MSG.NEXT.{topology.pool_stream}.{topology.claims_consumer(pool_id)}"
+    try:
+        # A dedicated inbox: delivered messages keep their own subject, which the shared
+        # request inbox of nats-py would not route back to us.
+        msg = await nc.request(
+            subject, json.dumps({"batch": 1, "no_wait": True}).encode(), timeout=2, old_style=True
+        )
+    except Exception as exc:
+        raise eventstore.translate(exc, "taking a pool offer") from exc
+    status = (msg.headers or {}).get("Status")
+    if status in NO_MESSAGES or not msg.data:
+        return None
+    return Offer(msg.data.decode(), msg.reply or None)
+
+
+async def done(nc: Client, taken: Offer) -> None:
+    if taken.ack_subject:
+        await nc.publish(taken.ack_subject, b"+ACK")

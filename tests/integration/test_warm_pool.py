@@ -1,0 +1,136 @@
+"""The warm pool with real sandboxes: refill, race-free claims by two schedulers, the
+max_running limit, and a spec change rolling the pool over without touching claimed ones."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import replace
+
+import pytest
+
+from services.pool_manager import app as pool_app
+from services.scheduler import app as scheduler_app
+from shared import commands, errors, eventstore, ids, pools, projections, projector, settings, subjects
+from tests import support
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
+LIFECYCLE = settings.LifecycleSettings(pool_min_idle=2, max_running=6)
+
+
+async def sandboxes(nc, topology):
+    js = nc.jetstream()
+    store = await projector.ProjectionStore.open(
+        js, projections.SANDBOXES, eventstore.EventStore(js, topology)
+    )
+    return list((await store.all()).values())
+
+
+async def idle(nc, topology, pool_id):
+    return [
+        s
+        for s in await sandboxes(nc, topology)
+        if s.pool == pool_id and s.session_id is None and s.status == "running"
+    ]
+
+
+@pytest.fixture
+async def env(nats_server, namespace, tmp_path):
+    state = tmp_path / "state"
+    started = []
+
+    async def start(name, setup):
+        r = await support.start_in_process(nats_server.url, namespace, name, setup, state_dir=state)
+        started.append(r)
+        return r
+
+    nc, topology = await support.connect(nats_server.url, namespace)
+    yield start, nc, topology, state
+    await nc.close()
+    for r in reversed(started):
+        if not r.task.done():
+            await r.stop()
+    from shared.runtime.local import runtime as local
+
+    rt = local.LocalRuntime(state)
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+
+
+async def ensure(nc, topology, session):
+    return await support.send(
+        nc, topology, commands.EnsureSession(command_id=ids.new_id(), session_id=session), timeout=60
+    )
+
+
+async def test_claims_take_warm_sandboxes_and_the_pool_refills(env):
+    start, nc, topology, _ = env
+    pool_id = pools.configured(LIFECYCLE)[0].pool_id
+    await start("pool-manager", pool_app.make_setup(RUNTIME, LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+    warm_ids = {s.sandbox_id for s in await idle(nc, topology, pool_id)}
+
+    replies = await asyncio.gather(*(ensure(nc, topology, f"racer-{n}") for n in range(4)))
+    assert all(r.ok for r in replies), [r.error for r in replies]
+    assigned = [r.session.sandbox_id for r in replies]
+    assert len(set(assigned)) == 4, "no sandbox is given to two sessions"
+    assert warm_ids <= set(assigned), "both warm sandboxes were claimed"
+    claims = [
+        s
+        for s in await support.stream_events(nc, topology, subjects.SANDBOX)
+        if s.event.__struct_config__.tag == "sandbox.claimed"
+    ]
+    assert sorted(c.event.sandbox_id for c in claims) == sorted(warm_ids)
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+
+
+async def test_max_running_refuses_clearly_and_records_it(env):
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, max_running=2)
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    pool_id = pools.configured(lifecycle)[0].pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    first = await ensure(nc, topology, "one")  # claims the warm one; the pool refills to 2 running
+    assert first.ok
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    full = await ensure(nc, topology, "two")  # claims the refill: now 2 running, limit reached
+    assert full.ok
+    refused = await ensure(nc, topology, "three")
+    assert not refused.ok and refused.error.code == "limit_exceeded"
+    assert "limit" in refused.error.message
+    assert errors.BY_CODE[refused.error.code].retriable
+    tags = [
+        s.event.__struct_config__.tag for s in await support.stream_events(nc, topology, subjects.SANDBOX)
+    ]
+    assert "sandbox.refused" in tags
+
+
+async def test_a_spec_change_rolls_the_pool_over_without_touching_claimed_sandboxes(env, tmp_path):
+    start, nc, topology, state = env
+    first = await start("pool-manager", pool_app.make_setup(RUNTIME, LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    old_pool = pools.configured(LIFECYCLE)[0].pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, old_pool), 2), timeout=30)
+    claimed = (await ensure(nc, topology, "keeper")).session.sandbox_id
+    await first.stop()
+
+    from shared.runtime.local import runtime as local
+    from tests.integration.test_local_images import minimal_rootfs
+
+    local.LocalRuntime(state).images.add_rootfs("tiny", minimal_rootfs(tmp_path / "rootfs"))
+    changed = replace(LIFECYCLE, pool_image="tiny")
+    new_pool = pools.configured(changed)[0].pool_id
+    assert new_pool != old_pool
+    await start("pool-manager", pool_app.make_setup(RUNTIME, changed))
+    await support.eventually(lambda: _count(idle(nc, topology, new_pool), 2), timeout=30)
+    await support.eventually(lambda: _count(idle(nc, topology, old_pool), 0), timeout=30)
+    kept = {s.sandbox_id: s for s in await sandboxes(nc, topology)}[claimed]
+    assert kept.status == "running" and kept.session_id == "keeper"
+
+
+async def _count(coro, n):
+    return len(await coro) == n
