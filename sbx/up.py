@@ -86,6 +86,9 @@ async def run(options: Options, env: dict[str, str]) -> int:
             + (f" (pid {info.pid})" if info else "")
         ) from None
 
+    # Every service reads these too; checking them here stops a bad value before anything starts.
+    settings.LifecycleSettings.from_env(env)
+    settings.RuntimeSettings.from_env(env)
     key, generated = stack.api_key(state, env)
     base = settings.BusSettings.from_env(env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout

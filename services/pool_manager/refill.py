@@ -21,6 +21,7 @@ from shared import aio, errors, ids, provisioning, service, warmpool
 log = structlog.get_logger(__name__)
 
 INTERVAL = 0.5
+MAX_BACKOFF = 30.0
 REOFFER_EVERY = 20
 LEASE_KEY = "pool-refill"
 
@@ -65,18 +66,28 @@ async def run(
 ) -> None:
     lease = Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
     rounds = 0
+    delay = INTERVAL
     try:
         while True:
             if await lease.hold():
                 ctx.details["pool"] = "filling"
                 try:
-                    await refill_once(ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0)
+                    failures = await refill_once(
+                        ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0
+                    )
+                    # Failing provisions back off (up to 30 s) instead of flooding the stream.
+                    delay = INTERVAL if not failures else min(max(delay, INTERVAL) * 2, MAX_BACKOFF)
+                except errors.ConfigError as exc:  # e.g. no cgroups: say it once, keep serving requests
+                    log.error("pool.refill_disabled", error=exc.message)
+                    ctx.details["pool"] = f"disabled: {exc.message[:120]}"
+                    await lease.release()
+                    await asyncio.Event().wait()
                 except errors.SandboxError as exc:
                     log.warning("pool.refill_failed", error=exc.message)
                 rounds += 1
             else:
                 ctx.details["pool"] = "standby"
-            await asyncio.sleep(INTERVAL)
+            await asyncio.sleep(delay)
     finally:
         await lease.release()
 
@@ -88,7 +99,9 @@ async def refill_once(
     max_running: int,
     *,
     reoffer: bool,
-) -> logic.Plan:
+) -> int:
+    """One round; returns how many steps failed. A configuration error (no cgroups, say)
+    is raised: retrying cannot fix it."""
     sandboxes = list((await pool.sandboxes.all()).values())
     plan = logic.plan(sandboxes, pools, max_running)
     by_id = {p.pool_id: p for p in pools}
@@ -112,12 +125,14 @@ async def refill_once(
             if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:
                 jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))  # type: ignore[arg-type]
     results = await asyncio.gather(*jobs, return_exceptions=True)
-    for result in results:
-        if isinstance(result, Exception):
-            log.warning("pool.refill_step_failed", error=repr(result))
+    failures = [r for r in results if isinstance(r, Exception)]
+    for failure in failures:
+        if isinstance(failure, errors.ConfigError):
+            raise failure
+        log.warning("pool.refill_step_failed", error=repr(failure))
     for pool_id, count in plan.idle.items():
         ctx.details[f"idle:{by_id[pool_id].name}"] = str(count + plan.create.get(pool_id, 0))
-    return plan
+    return len(failures)
 
 
 async def _make(ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision) -> None:
