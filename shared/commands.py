@@ -34,10 +34,14 @@ class CreateSession(Command, frozen=True, kw_only=True, tag="session.create"):
 
 class StopSession(Command, frozen=True, kw_only=True, tag="session.stop"):
     session_id: str
+    reason: str = "requested"
+    """Why (``requested``, ``idle``, ``lifetime``): recorded on the event."""
 
 
 class DeleteSession(Command, frozen=True, kw_only=True, tag="session.delete"):
     session_id: str
+    reason: str = "requested"
+    """Why (``requested``, ``retention``, ``max_stopped``): recorded on the event."""
 
 
 class EnsureSession(Command, frozen=True, kw_only=True, tag="session.ensure"):

@@ -7,7 +7,8 @@ or a node loss would, with no cleanup and no flush. With ``SBX_FAULTS`` unset
 
 Points in use:
 
-``scheduler.after_append``  the event is in the stream, the projection not yet written.
+``scheduler.after_append``    the event is in the stream, the projection not yet written.
+``pool.after_runtime_start``  the sandbox runs, ``sandbox.started`` is not recorded.
 """
 
 from __future__ import annotations

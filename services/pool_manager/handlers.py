@@ -10,7 +10,18 @@ from __future__ import annotations
 import structlog
 
 from services.pool_manager import logic
-from shared import aggregates, codec, commands, errors, events, projector, provisioning, service, states
+from shared import (
+    aggregates,
+    codec,
+    commands,
+    errors,
+    events,
+    faults,
+    projector,
+    provisioning,
+    service,
+    states,
+)
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -145,6 +156,7 @@ class PoolHandlers:
         try:
             await self.runtime.create(spec)
             await self.runtime.start(request.sandbox_id)
+            faults.crash_point(self.ctx.settings.faults, "pool.after_runtime_start")
         except errors.SandboxError as exc:
             await self._record(
                 request, events.SandboxFailed, ("requested", "running", "stopped"), error=exc.message

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import asyncio
 
-import nats.js.errors
 import structlog
-from nats.js.kv import KeyValue
 
 from services.pool_manager import handlers, logic
-from shared import aio, errors, ids, provisioning, service, warmpool
+from shared import errors, ids, leases, provisioning, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -26,45 +24,13 @@ REOFFER_EVERY = 20
 LEASE_KEY = "pool-refill"
 
 
-class Lease:
-    """Holds a KV key while renewing it; another instance gets it once this one stops renewing."""
-
-    def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
-        self.kv, self.key, self.holder = kv, key, holder
-        self.revision: int | None = None
-
-    async def hold(self) -> bool:
-        try:
-            if self.revision is None:
-                self.revision = await self.kv.create(self.key, self.holder.encode())
-            else:
-                self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
-            return True
-        except nats.js.errors.KeyWrongLastSequenceError:
-            self.revision = None
-            return False
-        except Exception as exc:
-            aio.raise_if_cancelling()
-            log.warning("pool.lease_failed", error=repr(exc))
-            self.revision = None
-            return False
-
-    async def release(self) -> None:
-        if self.revision is not None:
-            try:
-                await self.kv.delete(self.key, last=self.revision)
-            except Exception as exc:  # expired already, or the connection is closing
-                log.debug("pool.lease_release_failed", error=repr(exc))
-            self.revision = None
-
-
 async def run(
     ctx: service.Context,
     pool: handlers.PoolHandlers,
     pools: list[logic.PoolSpec],
     max_running: int,
 ) -> None:
-    lease = Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
+    lease = leases.Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
     rounds = 0
     delay = INTERVAL
     try:

@@ -1,7 +1,8 @@
-"""reaper: enforces lifetimes and runs the self-healing sweep against the runtime.
+"""reaper: lifetimes and the self-healing sweep.
 
-This version runs the service's lifecycle only: it joins the bus, appends its
-instance events, helps keep the instance projection caught up, reports health
-and drains on SIGTERM. Its own work arrives with its issue; until then it
-reports `capabilities: none yet` in its health details rather than pretending.
+Running sessions are stopped after ``SBX_MAX_LIFETIME`` or ``SBX_IDLE_TIMEOUT`` without a
+tool call; stopped ones are purged after ``SBX_STOPPED_RETENTION`` or beyond
+``SBX_MAX_STOPPED``. The sweep deletes runtime sandboxes that have no live record and
+records ``sandbox.lost`` for records whose sandbox vanished. ``logic`` is pure (fake
+time in tests); ``handlers`` carries it out; one instance at a time holds the lease.
 """

@@ -4,4 +4,4 @@ from services.reaper import app
 from shared import service
 
 if __name__ == "__main__":
-    service.main("reaper", service.plain("reaper", app.setup))
+    service.main("reaper", app.build)

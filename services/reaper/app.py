@@ -1,5 +1,59 @@
-"""Wiring of the reaper service."""
+"""Wiring of the reaper: one pass at start-up and every ``SBX_REAPER_INTERVAL``, by the lease holder."""
 
-from shared import service
+from __future__ import annotations
 
-setup = service.lifecycle_only
+import asyncio
+from collections.abc import Mapping
+
+import structlog
+
+from services.reaper import handlers
+from shared import errors, leases, projections, projector, service, settings
+from shared.runtime import backends
+
+log = structlog.get_logger(__name__)
+LEASE_KEY = "reaper"
+
+
+def make_setup(
+    runtime_settings: settings.RuntimeSettings,
+    lifecycle: settings.LifecycleSettings,
+    grace: float = handlers.GRACE_SECONDS,
+) -> service.Setup:
+    async def setup(ctx: service.Context) -> service.Workload:
+        runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
+        sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
+        sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace)
+        lease = leases.Lease(
+            await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
+        )
+
+        async def loop() -> None:
+            passes = 0
+            try:
+                while True:
+                    if await lease.hold():
+                        try:
+                            report = await reaper.pass_once()
+                            passes += 1
+                            ctx.details["passes"] = str(passes)
+                            ctx.details["last_pass"] = (
+                                ",".join(f"{k}={v}" for k, v in (report.reaps + report.findings).items())
+                                or "clean"
+                            )
+                        except errors.SandboxError as exc:
+                            log.warning("reaper.pass_failed", error=exc.message)
+                    await asyncio.sleep(lifecycle.reaper_interval)
+            finally:
+                await lease.release()
+
+        return service.Workload(tasks=[loop()])
+
+    return setup
+
+
+def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
+    return settings.ServiceSettings.from_env("reaper", env), make_setup(
+        settings.RuntimeSettings.from_env(env), settings.LifecycleSettings.from_env(env)
+    )

@@ -48,11 +48,11 @@ def decide(
             assert state is not None
             if state.status == "stopped":
                 return []
-            return [events.SessionStopped(meta=meta, session_id=sid)]
+            return [events.SessionStopped(meta=meta, session_id=sid, reason=command.reason)]
         case commands.DeleteSession():
             if not exists:
                 raise errors.NotFound(f"session {sid!r} does not exist")
-            return [events.SessionDeleted(meta=meta, session_id=sid)]
+            return [events.SessionDeleted(meta=meta, session_id=sid, reason=command.reason)]
         case commands.ClearSession():
             return [events.SessionDeleted(meta=meta, session_id=sid, reason="cleared")] if exists else []
         case commands.EnsureSession() | commands.ProvisionSandbox():

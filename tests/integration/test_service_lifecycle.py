@@ -8,7 +8,7 @@ import pytest
 from shared import events, eventstore, projections, projector, service, subjects
 from tests import support
 
-MODULES = ["reaper", "proxy_scaler"]
+MODULES = ["proxy_scaler"]
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -1,0 +1,149 @@
+"""Thin glue of the reaper: one pass = read projections and the runtime, apply the pure
+rules, and carry out what they say through the scheduler (session transitions), the
+sandbox aggregate (``sandbox.lost``) and the runtime (orphans)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+import nats.js.errors
+import structlog
+
+from services.reaper import logic
+from shared import (
+    aggregates,
+    bus,
+    codec,
+    commands,
+    errors,
+    events,
+    ids,
+    projector,
+    service,
+    settings,
+    states,
+    subjects,
+)
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+#: Runtime sandboxes younger than this, or records changed more recently, are left alone:
+#: something may be provisioning them right now.
+GRACE_SECONDS = 60.0
+
+
+@dataclass
+class Report:
+    reaps: Counter[str] = field(default_factory=Counter)
+    findings: Counter[str] = field(default_factory=Counter)
+
+
+class Reaper:
+    def __init__(
+        self,
+        ctx: service.Context,
+        runtime: api.Runtime,
+        sessions: projector.ProjectionStore[states.SessionState],
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+        rules: settings.LifecycleSettings,
+        grace: float = GRACE_SECONDS,
+    ) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+        self.sessions = sessions
+        self.sandboxes = sandboxes
+        self.rules = rules
+        self.grace = grace
+
+    async def last_activity(self, session_id: str) -> datetime | None:
+        """Time of the session's last tool call: the newest event on its audit subject."""
+        subject = self.ctx.topology.aggregate_subject(subjects.EXEC, session_id)
+        try:
+            msg = await self.ctx.js.get_msg(self.ctx.topology.events_stream, subject=subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        assert msg.data is not None
+        return codec.decode_event(msg.data).meta.time
+
+    async def pass_once(self, now: datetime | None = None) -> Report:
+        now = now or datetime.now(UTC)
+        report = Report()
+        sessions = list((await self.sessions.all()).values())
+        records = {s.sandbox_id: s for s in (await self.sandboxes.all()).values()}
+        activity: dict[str, datetime] = {}
+        for session in sessions:
+            sandbox = records.get(session.sandbox_id or "")
+            if session.status == "active" and sandbox is not None and sandbox.status == "running":
+                if logic.needs_activity(session, sandbox, now, self.rules):
+                    last = await self.last_activity(session.session_id)
+                    if last is not None:
+                        activity[session.session_id] = last
+        for reap in logic.decide_reaps(sessions, records, activity, now, self.rules):
+            if await self._reap(reap):
+                report.reaps[reap.reason] += 1
+        seen = {
+            info.sandbox_id: logic.RuntimeView(info.sandbox_id, info.status, info.created_at)
+            for info in await self.runtime.list()
+        }
+        for finding in logic.reconcile(records, seen, now, self.grace):
+            if await self._fix(finding):
+                report.findings[finding.action] += 1
+        if report.reaps or report.findings:
+            log.info("reaper.pass", reaps=dict(report.reaps), findings=dict(report.findings))
+        return report
+
+    async def _reap(self, reap: logic.Reap) -> bool:
+        fields = {
+            "command_id": ids.new_id(),
+            "session_id": reap.session_id,
+            "actor": commands.Actor(via="reaper"),
+        }
+        command: commands.SessionCommand = (
+            commands.StopSession(reason=reap.reason, **fields)  # type: ignore[arg-type]
+            if reap.action == "stop"
+            else commands.DeleteSession(reason=reap.reason, **fields)  # type: ignore[arg-type]
+        )
+        try:
+            raw = await bus.request(
+                self.ctx.nc,
+                self.ctx.topology.session_commands,
+                codec.encode(command),
+                timeout=60,
+                who="scheduler",
+            )
+        except errors.SandboxError as exc:
+            log.warning("reaper.reap_failed", session_id=reap.session_id, error=exc.message)
+            return False
+        reply = codec.decode_reply(raw)
+        if not reply.ok and reply.error and reply.error.code != "not_found":
+            log.warning("reaper.reap_refused", session_id=reap.session_id, error=reply.error.message)
+        return reply.ok and reply.appended > 0
+
+    async def _fix(self, finding: logic.Finding) -> bool:
+        # Re-read the record now: a claim or a provision may have happened since the snapshot.
+        fresh = await self.sandboxes.get(finding.sandbox_id)
+        if finding.action == "delete_orphan":
+            if fresh is not None and fresh.status not in logic.DEAD:
+                return False
+            await self.runtime.delete(finding.sandbox_id)
+            log.warning("reaper.orphan_deleted", sandbox_id=finding.sandbox_id, detail=finding.detail)
+            return True
+        meta = self.ctx.meta(command_id=ids.new_id(), actor=commands.Actor(via="reaper"))
+        stuck = finding.action == "fail_stuck"
+
+        def decide(state: states.SandboxState | None) -> list[events.Event]:
+            if stuck:
+                if state is None or state.status != "requested":
+                    return []
+                return [events.SandboxFailed(meta=meta, sandbox_id=finding.sandbox_id, error=finding.detail)]
+            if state is None or state.status not in logic.LIVE:
+                return []
+            return [events.SandboxLost(meta=meta, sandbox_id=finding.sandbox_id, reason=finding.detail)]
+
+        outcome = await aggregates.transact(self.sandboxes, finding.sandbox_id, decide)
+        if stuck and outcome.appended:
+            await self.runtime.delete(finding.sandbox_id)
+        return bool(outcome.appended)

@@ -1,0 +1,124 @@
+"""Pure reaper rules: lifetimes and the self-healing reconcile, as functions of state and time.
+
+Nothing here reads a clock or does I/O; ``now`` is an argument, so the rules are tested
+with fake time (``tests/unit/test_reaper_logic.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from shared import settings, states
+
+LIVE = ("requested", "running", "stopped")
+DEAD = ("deleted", "failed", "refused", "lost")
+
+
+@dataclass(frozen=True)
+class Reap:
+    session_id: str
+    action: Literal["stop", "delete"]
+    reason: Literal["lifetime", "idle", "retention", "max_stopped"]
+
+
+def session_start(session: states.SessionState, sandbox: states.SandboxState) -> datetime:
+    """Lifetimes count from when this session got its sandbox running (a warm sandbox's
+    time in the pool does not count)."""
+    started = sandbox.started_at or sandbox.created_at
+    return max(started, session.created_at)
+
+
+def needs_activity(session: states.SessionState, sandbox: states.SandboxState, now: datetime,
+                   rules: settings.LifecycleSettings) -> bool:  # fmt: skip
+    """Whether the idle rule could fire without looking up the last tool call."""
+    quiet_since = max(session_start(session, sandbox), session.updated_at)
+    return now - quiet_since >= timedelta(seconds=rules.idle_timeout)
+
+
+def decide_reaps(
+    sessions: Iterable[states.SessionState],
+    sandboxes: Mapping[str, states.SandboxState],
+    last_activity: Mapping[str, datetime],
+    now: datetime,
+    rules: settings.LifecycleSettings,
+) -> list[Reap]:
+    reaps: list[Reap] = []
+    kept_stopped: list[states.SessionState] = []
+    for session in sessions:
+        if session.status == "active" and session.sandbox_id:
+            sandbox = sandboxes.get(session.sandbox_id)
+            if sandbox is None or sandbox.status != "running":
+                continue
+            start = session_start(session, sandbox)
+            if now - start >= timedelta(seconds=rules.max_lifetime):
+                reaps.append(Reap(session.session_id, "stop", "lifetime"))
+                continue
+            candidates = [start, session.updated_at]
+            if session.session_id in last_activity:
+                candidates.append(last_activity[session.session_id])
+            if now - max(candidates) >= timedelta(seconds=rules.idle_timeout):
+                reaps.append(Reap(session.session_id, "stop", "idle"))
+        elif session.status == "stopped":
+            if now - session.updated_at >= timedelta(seconds=rules.stopped_retention):
+                reaps.append(Reap(session.session_id, "delete", "retention"))
+            else:
+                kept_stopped.append(session)
+    extra = len(kept_stopped) - rules.max_stopped
+    if extra > 0:
+        oldest = sorted(kept_stopped, key=lambda s: (s.updated_at, s.session_id))[:extra]
+        reaps.extend(Reap(s.session_id, "delete", "max_stopped") for s in oldest)
+    return reaps
+
+
+@dataclass(frozen=True)
+class RuntimeView:
+    """What the runtime reports about one of its sandboxes."""
+
+    sandbox_id: str
+    status: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class Finding:
+    sandbox_id: str
+    action: Literal["delete_orphan", "mark_lost", "fail_stuck"]
+    detail: str
+
+
+#: A record still "requested" this many grace periods after it was made is stuck
+#: (its provisioner died between asking the runtime and recording the outcome).
+STUCK_GRACES = 5
+
+
+def reconcile(
+    records: Mapping[str, states.SandboxState],
+    runtime: Mapping[str, RuntimeView],
+    now: datetime,
+    grace: float,
+) -> list[Finding]:
+    """Compare the runtime with the records. Runtime sandboxes without a live record are
+    orphans (deleted); live records without runtime resources are lost (recorded). Both
+    wait ``grace`` seconds, so nothing in the middle of being provisioned is touched."""
+    settle = timedelta(seconds=grace)
+    findings: list[Finding] = []
+    for sandbox_id, seen in sorted(runtime.items()):
+        record = records.get(sandbox_id)
+        if (record is None or record.status in DEAD) and now - seen.created_at >= settle:
+            why = "no record" if record is None else f"record is {record.status}"
+            findings.append(Finding(sandbox_id, "delete_orphan", why))
+    for sandbox_id, record in sorted(records.items()):
+        if record.status in LIVE and sandbox_id not in runtime and now - record.updated_at >= settle:
+            findings.append(
+                Finding(sandbox_id, "mark_lost", f"record is {record.status}, runtime has nothing")
+            )
+        elif (
+            record.status == "requested"
+            and sandbox_id in runtime
+            and now - record.updated_at >= settle * STUCK_GRACES
+        ):
+            findings.append(Finding(sandbox_id, "fail_stuck", "provisioning never finished"))
+    return findings

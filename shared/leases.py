@@ -1,0 +1,48 @@
+"""Leases: work that one instance at a time should do (pool refill, reaper passes).
+
+A lease is a key in the leases bucket (TTL ``LEASE_TTL_SECONDS``) created by its holder
+and renewed with a revision CAS; if the holder dies, the key expires and another
+instance's ``hold()`` succeeds.
+"""
+
+from __future__ import annotations
+
+import nats.js.errors
+import structlog
+from nats.js.kv import KeyValue
+
+from shared import aio
+
+log = structlog.get_logger(__name__)
+
+
+class Lease:
+    """Holds a KV key while renewing it; another instance gets it once this one stops renewing."""
+
+    def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
+        self.kv, self.key, self.holder = kv, key, holder
+        self.revision: int | None = None
+
+    async def hold(self) -> bool:
+        try:
+            if self.revision is None:
+                self.revision = await self.kv.create(self.key, self.holder.encode())
+            else:
+                self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
+            return True
+        except nats.js.errors.KeyWrongLastSequenceError:
+            self.revision = None
+            return False
+        except Exception as exc:
+            aio.raise_if_cancelling()
+            log.warning("lease.failed", error=repr(exc))
+            self.revision = None
+            return False
+
+    async def release(self) -> None:
+        if self.revision is not None:
+            try:
+                await self.kv.delete(self.key, last=self.revision)
+            except Exception as exc:  # expired already, or the connection is closing
+                log.debug("lease.release_failed", error=repr(exc))
+            self.revision = None

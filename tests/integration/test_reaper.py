@@ -1,0 +1,196 @@
+"""The reaper with real sandboxes and real NATS, driven with fake time (``pass_once(now=…)``):
+lifetimes, idle, retention, orphans, lost sandboxes, and a pool-manager SIGKILLed
+mid-provision."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from services.executor import app as executor_app
+from services.pool_manager import app as pool_app
+from services.reaper import handlers as reaper_handlers
+from services.scheduler import app as scheduler_app
+from shared import (
+    codec,
+    commands,
+    eventstore,
+    execution,
+    ids,
+    projections,
+    projector,
+    settings,
+    subjects,
+)
+from shared.runtime import api
+from shared.runtime.local import runtime as local
+from tests import support
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
+RULES = settings.LifecycleSettings(
+    pool_min_idle=0, max_lifetime=3600, idle_timeout=600, stopped_retention=86400, max_stopped=10
+)
+
+
+class Harness:
+    def __init__(self, nc, topology, state, reaper) -> None:
+        self.nc, self.topology, self.state, self.reaper = nc, topology, state, reaper
+        self.runtime = local.LocalRuntime(state)
+
+    async def ensure(self, sid: str):
+        reply = await support.send(
+            self.nc,
+            self.topology,
+            commands.EnsureSession(command_id=ids.new_id(), session_id=sid),
+            timeout=60,
+        )
+        assert reply.ok, reply.error
+        return reply.session
+
+    async def shell(self, sid: str, command: str):
+        sandbox = (await self.ensure(sid)).sandbox_id
+        request = execution.Shell(session_id=sid, sandbox_id=sandbox, command=command)
+        msg = await self.nc.request(self.topology.exec_requests, codec.encode(request), timeout=60)
+        return execution.decode_reply(msg.data)
+
+    async def session(self, sid: str):
+        js = self.nc.jetstream()
+        store = await projector.ProjectionStore.open(
+            js, projections.SESSIONS, eventstore.EventStore(js, self.topology)
+        )
+        return await store.get(sid)
+
+    async def tags(self, kind: str) -> list[str]:
+        return [
+            s.event.__struct_config__.tag for s in await support.stream_events(self.nc, self.topology, kind)
+        ]
+
+
+@pytest.fixture
+async def harness(nats_server, namespace, tmp_path):
+    state = tmp_path / "state"
+    running = [
+        await support.start_in_process(
+            nats_server.url, namespace, "scheduler", scheduler_app.make_setup(RULES), state_dir=state
+        ),
+        await support.start_in_process(
+            nats_server.url, namespace, "pool-manager", pool_app.make_setup(RUNTIME, RULES), state_dir=state
+        ),
+        await support.start_in_process(
+            nats_server.url, namespace, "executor", executor_app.make_setup(RUNTIME), state_dir=state
+        ),
+    ]
+    nc, topology = await support.connect(nats_server.url, namespace)
+    ctx_holder = running[0]  # the reaper is driven directly, with fake time
+    from shared import service
+
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    ctx = service.Context(
+        support.service_settings(nats_server.url, namespace, "reaper", state_dir=state),
+        None, nc, js, topology, store, started_at=datetime.now(UTC),  # type: ignore[arg-type]
+    )  # fmt: skip
+    reaper = reaper_handlers.Reaper(
+        ctx,
+        local.LocalRuntime(state),
+        await projector.ProjectionStore.open(js, projections.SESSIONS, store),
+        await projector.ProjectionStore.open(js, projections.SANDBOXES, store),
+        RULES,
+    )
+    yield Harness(nc, topology, state, reaper)
+    del ctx_holder
+    await nc.close()
+    for r in reversed(running):
+        await r.stop()
+    rt = local.LocalRuntime(state)
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+
+
+def later(**delta) -> datetime:
+    return datetime.now(UTC) + timedelta(**delta)
+
+
+async def test_idle_and_lifetime_stop_sessions_and_retention_purges_them(harness):
+    await harness.shell("idle", "echo hi")
+    await harness.shell("busy", "echo hi")
+    assert not (await harness.reaper.pass_once(later(minutes=5))).reaps  # nothing is due yet
+    report = await harness.reaper.pass_once(later(minutes=11))
+    assert report.reaps == {"idle": 2}
+    assert (await harness.session("idle")).status == "stopped"
+    stopped = [s for s in await support.stream_events(harness.nc, harness.topology, subjects.SESSION)
+               if s.event.__struct_config__.tag == "session.stopped"]  # fmt: skip
+    assert {s.event.reason for s in stopped} == {"idle"}
+    # A stopped session comes back with its workspace when used again...
+    assert (await harness.shell("busy", "echo back")).output == "back\n"
+    # ...and one left stopped is purged after the retention period.
+    report = await harness.reaper.pass_once(later(hours=25))
+    assert report.reaps["retention"] == 1 and report.reaps["lifetime"] == 1
+    assert (await harness.session("idle")).status == "deleted"
+
+
+async def test_activity_keeps_a_session_alive(harness):
+    await harness.shell("active", "echo 1")
+    first = await harness.reaper.pass_once(later(minutes=9))
+    assert not first.reaps
+    await harness.shell("active", "echo 2")  # a tool call resets the idle clock
+    assert (await harness.reaper.pass_once(later(minutes=9))).reaps == {}
+
+
+async def test_the_sweep_deletes_orphans_and_records_lost_sandboxes(harness):
+    orphan = api.SandboxSpec(sandbox_id="sb-orphan-0001")
+    await harness.runtime.create(orphan)
+    await harness.runtime.start(orphan.sandbox_id)
+    session = await harness.ensure("victim")
+    await harness.runtime.delete(session.sandbox_id)  # vanished behind the control plane's back
+
+    assert not (await harness.reaper.pass_once(datetime.now(UTC))).findings  # within the grace period
+    report = await harness.reaper.pass_once(later(minutes=2))
+    assert report.findings == {"delete_orphan": 1, "mark_lost": 1}
+    assert await harness.runtime.get(orphan.sandbox_id) is None
+    assert "sandbox.lost" in await harness.tags(subjects.SANDBOX)
+    replacement = await harness.ensure("victim")
+    assert replacement.sandbox_id != session.sandbox_id
+    assert (await harness.runtime.get(replacement.sandbox_id)).status == "running"
+
+
+async def test_pool_manager_killed_mid_provision_leaks_nothing(
+    nats_server, namespace, tmp_path, log_dir, harness
+):
+    """A pool-manager process SIGKILLed after starting a sandbox but before recording it:
+    the sweep fails the stuck record and deletes the sandbox; the session gets a new one."""
+    env = support.service_env(nats_server.url, namespace, SBX_STATE_DIR=str(harness.state))
+    # Stop the in-process pool-manager so the doomed one gets the request.
+    doomed = support.spawn_service(
+        "pool_manager",
+        {**env, "SBX_FAULTS": "pool.after_runtime_start", "SBX_POOL_MIN_IDLE": "0"},
+        log_dir / "p.log",
+    )
+    try:
+        await support.wait_for_health(nats_server.url, namespace, "pool-manager")
+        for n in range(30):  # the queue group spreads requests; the doomed one dies on its first
+            with contextlib.suppress(Exception):  # the request it took never gets an answer
+                await support.send(
+                    harness.nc, harness.topology,
+                    commands.EnsureSession(command_id=ids.new_id(), session_id=f"crash-{n}"), timeout=5,
+                )  # fmt: skip
+            if doomed.poll() is not None:
+                break
+        assert doomed.wait(30) == -9
+    finally:
+        if doomed.poll() is None:
+            doomed.kill()
+    records = await harness.reaper.sandboxes.all()
+    stuck = [r for r in records.values() if r.status == "requested"]
+    assert stuck
+    for record in stuck:
+        assert await harness.runtime.get(record.sandbox_id) is not None, "the runtime still holds it"
+    report = await harness.reaper.pass_once(later(minutes=10))
+    assert report.findings["fail_stuck"] == len(stuck)
+    for record in stuck:
+        assert await harness.runtime.get(record.sandbox_id) is None
+    assert (await harness.shell(f"crash-{n}", "echo alive")).output == "alive\n"
