@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import signal
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from shared import bus as shared_bus
-from shared import codec, commands, execution, ids, settings, subjects
+from shared import codec, commands, execution, ids, settings, states, subjects
 
 BARE_BWRAP = [
     "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
@@ -79,9 +80,9 @@ async def timed(samples: list[float], coro) -> None:
     samples.append(time.perf_counter() - start)
 
 
-def start_stack(state: Path) -> tuple[subprocess.Popen[str], str]:
+def start_stack(state: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    env["SBX_LOG_LEVEL"] = "warning"
+    env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],
@@ -96,21 +97,69 @@ def start_stack(state: Path) -> tuple[subprocess.Popen[str], str]:
     return proc, re.search(r"REST API\s+(http://\S+)/v1/sessions", seen).group(1)
 
 
-async def main(cold: int, warm: int, agents: int) -> None:
+def stop_stack(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
+
+
+async def new_sessions(url: str, key: str, prefix: str, n: int, rate: float) -> tuple[list[float], float]:
+    """n new session ids at ``rate`` per second, each timed to its first shell result."""
+    samples: list[float] = []
+
+    async def one(i: int) -> None:
+        async with Agent(url, key, f"{prefix}-{i}") as agent:
+            await timed(samples, agent.shell("true"))
+
+    start = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        tasks.append(asyncio.create_task(one(i)))
+        await asyncio.sleep(1 / rate)
+    await asyncio.gather(*tasks)
+    return samples, time.perf_counter() - start
+
+
+async def wait_for_pool(state: Path, size: int) -> None:
+    info = json.loads((state / "stack.json").read_text())
+    bus_settings = settings.BusSettings(
+        nats_url=info["nats_url"],
+        namespace=info["namespace"],
+        nats_token=(state / "nats-token").read_text().strip(),
+    )
+    nc = await shared_bus.connect(bus_settings, "bench")
+    topology = subjects.Topology(info["namespace"])
+    try:
+        while True:
+            raw = await shared_bus.snapshot(nc.jetstream(), topology.bucket(subjects.SANDBOX))
+            sandboxes = [codec.decode_state(v, states.SandboxState) for v in raw.values()]
+            if sum(1 for s in sandboxes if s.pool and s.session_id is None and s.status == "running") >= size:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await nc.close()
+
+
+async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> None:
+    results: dict[str, tuple[list[float], float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        state = Path(tmp) / "cold"
+        proc, base = start_stack(state, pool=0)
+        try:
+            key = (state / "api-key").read_text().strip()
+            results["cold: new session -> first shell"] = await new_sessions(
+                f"{base}/mcp", key, "cold", cold, rate
+            )
+        finally:
+            stop_stack(proc)
         state = Path(tmp) / "state"
-        proc, base = start_stack(state)
+        proc, base = start_stack(state, pool=pool)
         try:
             key = (state / "api-key").read_text().strip()
             url = f"{base}/mcp"
-            results: dict[str, tuple[list[float], float]] = {}
-
-            cold_samples: list[float] = []
-            start = time.perf_counter()
-            for n in range(cold):
-                async with Agent(url, key, f"cold-{n}") as agent:
-                    await timed(cold_samples, agent.shell("true"))
-            results["cold: new session -> first shell"] = (cold_samples, time.perf_counter() - start)
+            await wait_for_pool(state, pool)
+            results[f"warm: new session -> first shell @{rate:g}/s"] = await new_sessions(
+                url, key, "warm", min(cold, pool), rate
+            )
 
             async with Agent(url, key, "warm") as agent:
                 await agent.shell("true")
@@ -124,7 +173,7 @@ async def main(cold: int, warm: int, agents: int) -> None:
                 results["MCP ping (no-op round trip)"] = (ping_s, elapsed / 2)
                 results["MCP shell `true` (live session)"] = (shell_s, elapsed / 2)
 
-            info = __import__("json").loads((state / "stack.json").read_text())
+            info = json.loads((state / "stack.json").read_text())
             bus_settings = settings.BusSettings(
                 nats_url=info["nats_url"],
                 namespace=info["namespace"],
@@ -150,7 +199,6 @@ async def main(cold: int, warm: int, agents: int) -> None:
             results["NATS executor shell `true`"] = (direct, time.perf_counter() - start)
             await nc.close()
 
-            from shared.runtime.local import bwrap as bw
             from shared.runtime.local import runtime as local
 
             bare: list[float] = []
@@ -160,7 +208,6 @@ async def main(cold: int, warm: int, agents: int) -> None:
                 subprocess.run([local.find_bwrap(), *BARE_BWRAP], check=True)
                 bare.append(time.perf_counter() - t0)
             results["bare bwrap exec of `true`"] = (bare, time.perf_counter() - start)
-            del bw
 
             many: list[float] = []
             errors = 0
@@ -191,9 +238,14 @@ async def main(cold: int, warm: int, agents: int) -> None:
             )
             print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")
             print(f"concurrent agents: {errors} errors")
+            cold_p = common.percentiles(results["cold: new session -> first shell"][0])
+            warm_p = common.percentiles(next(v for k, v in results.items() if k.startswith("warm:"))[0])
+            print(
+                f"cold/warm first-shell ratio: p50 {cold_p['p50'] / warm_p['p50']:.2f}x  "
+                f"p99 {cold_p['p99'] / warm_p['p99']:.2f}x"
+            )
         finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
+            stop_stack(proc)
 
 
 if __name__ == "__main__":
@@ -201,5 +253,7 @@ if __name__ == "__main__":
     parser.add_argument("--cold", type=int, default=20)
     parser.add_argument("--warm", type=int, default=200)
     parser.add_argument("--agents", type=int, default=20)
+    parser.add_argument("--pool", type=int, default=20, help="warm pool size (SBX_POOL_MIN_IDLE)")
+    parser.add_argument("--rate", type=float, default=10.0, help="new sessions per second")
     args = parser.parse_args()
-    asyncio.run(main(args.cold, args.warm, args.agents))
+    asyncio.run(main(args.cold, args.warm, args.agents, args.pool, args.rate))

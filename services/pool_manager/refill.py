@@ -101,8 +101,17 @@ async def refill_once(
     return len(failures)
 
 
+#: Run once in every new pool sandbox before it is offered: the first command entering a
+#: fresh sandbox pays about 10 ms of one-off set-up that the agent's first call then skips.
+WARM_UP = ["/bin/sh", "-c", "command -v bash >/dev/null && exec bash -c true; true"]
+
+
 async def _make(ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision) -> None:
     state = await pool.provision(request)
     assert request.pool is not None
     if state.status == "running" and state.session_id is None:
+        try:
+            await pool.runtime.run(request.sandbox_id, WARM_UP, timeout=10)
+        except errors.SandboxError as exc:
+            log.warning("pool.warm_up_failed", sandbox_id=request.sandbox_id, error=exc.message)
         await warmpool.offer(ctx.js, ctx.topology, request.pool, request.sandbox_id)

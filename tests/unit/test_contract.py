@@ -119,6 +119,22 @@ EVENT_FACTORIES: dict[type, Any] = {
     events.SandboxFailed: lambda: events.SandboxFailed(
         meta=_pool_meta(), sandbox_id=SBX, error="image pull failed: manifest unknown"
     ),
+    events.SandboxClaimed: lambda: events.SandboxClaimed(
+        meta=_meta(instance="scheduler-4f2a9c1d7e3b"), sandbox_id=SBX, session_id=SID
+    ),
+    events.SandboxRefused: lambda: events.SandboxRefused(
+        meta=_pool_meta(),
+        sandbox_id=SBX,
+        session_id=SID,
+        reason="max_running (100) reached",
+        running=100,
+        limit=100,
+    ),
+    events.SandboxLost: lambda: events.SandboxLost(
+        meta=_meta(service="reaper", instance="reaper-1a2b3c4d5e6f", command_id=None, session_id=None),
+        sandbox_id=SBX,
+        reason="runtime has nothing ✗",
+    ),
     events.CommandExecuted: lambda: events.CommandExecuted(
         meta=_meta(service="executor", instance="executor-0a1b2c3d4e5f"),
         session_id=SID,
@@ -151,9 +167,11 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.CreateSession: lambda: commands.CreateSession(
         command_id="cmd-1", correlation_id="req-1", actor=ACTOR, session_id=SID, image="ghcr.io/org/img:1"
     ),
-    commands.StopSession: lambda: commands.StopSession(command_id="cmd-2", actor=ACTOR, session_id=SID),
+    commands.StopSession: lambda: commands.StopSession(
+        command_id="cmd-2", actor=ACTOR, session_id=SID, reason="idle"
+    ),
     commands.DeleteSession: lambda: commands.DeleteSession(
-        command_id="cmd-3", correlation_id="req-3", session_id=SID
+        command_id="cmd-3", correlation_id="req-3", session_id=SID, reason="retention"
     ),
     commands.EnsureSession: lambda: commands.EnsureSession(
         command_id="cmd-4", correlation_id="req-4", actor=ACTOR, session_id=SID, image="python:3.12"
@@ -235,6 +253,9 @@ def test_event_tags_are_stable() -> None:
         events.SandboxStopped: "sandbox.stopped",
         events.SandboxDeleted: "sandbox.deleted",
         events.SandboxFailed: "sandbox.failed",
+        events.SandboxClaimed: "sandbox.claimed",
+        events.SandboxRefused: "sandbox.refused",
+        events.SandboxLost: "sandbox.lost",
         events.CommandExecuted: "exec.completed",
         events.InstanceStarted: "instance.started",
         events.InstanceStopped: "instance.stopped",
@@ -251,6 +272,9 @@ def test_event_tags_are_stable() -> None:
         "sandbox.stopped",
         "sandbox.deleted",
         "sandbox.failed",
+        "sandbox.claimed",
+        "sandbox.refused",
+        "sandbox.lost",
         "exec.completed",
         "instance.started",
         "instance.stopped",
@@ -328,8 +352,16 @@ def test_state_factories_cover_every_state_type() -> None:
         _instance_state(),
         _sandbox_state(),
         _sandbox_state(status="running", session_id=None, error=None),
+        _sandbox_state(status="running", session_id=None, error=None, pool="default@0a1b2c3d", started_at=T1),
     ],
-    ids=["session", "session-with-sandbox", "instance", "sandbox-failed", "sandbox-running-unowned"],
+    ids=[
+        "session",
+        "session-with-sandbox",
+        "instance",
+        "sandbox-failed",
+        "sandbox-running-unowned",
+        "sandbox-warm-pool",
+    ],
 )
 def test_state_round_trip(state: msgspec.Struct) -> None:
     decoded = codec.decode_state(codec.encode(state), type(state))
@@ -344,6 +376,36 @@ def test_state_factory_round_trip(cls: type[msgspec.Struct]) -> None:
     data = codec.encode(state)
     assert codec.decode_state(data, cls) == state
     assert codec.encode(codec.decode_state(data, cls)) == data
+
+
+def test_sandbox_requested_without_pool_decodes_to_none() -> None:
+    """Requests stored before warm pools have no ``pool``: they decode as a session's own sandbox."""
+    event = EVENT_FACTORIES[events.SandboxRequested]()
+    raw = json.loads(codec.encode(event))
+    assert raw.pop("pool") is None
+    decoded = codec.decode_event(json.dumps(raw).encode())
+    assert isinstance(decoded, events.SandboxRequested) and decoded.pool is None
+    assert decoded == event
+
+
+def test_sandbox_requested_pool_round_trips() -> None:
+    event = events.SandboxRequested(meta=_pool_meta(), sandbox_id=SBX, pool="default@0a1b2c3d")
+    decoded = codec.decode_event(codec.encode(event))
+    assert isinstance(decoded, events.SandboxRequested)
+    assert (decoded.pool, decoded.session_id) == ("default@0a1b2c3d", None)
+
+
+def test_sandbox_state_without_pool_fields_decodes_to_none() -> None:
+    """Sandbox states stored before warm pools have no ``pool``/``started_at``: they must still load."""
+    raw = json.loads(codec.encode(_sandbox_state()))
+    assert raw.pop("pool") is None and raw.pop("started_at") is None
+    assert codec.decode_state(json.dumps(raw).encode(), states.SandboxState) == _sandbox_state()
+
+
+@pytest.mark.parametrize("status", ["refused", "lost"])
+def test_sandbox_state_new_statuses_round_trip(status: str) -> None:
+    state = _sandbox_state(status=status, pool="default@0a1b2c3d", started_at=T1, session_id=None)
+    assert codec.decode_state(codec.encode(state), states.SandboxState) == state
 
 
 def test_session_state_without_sandbox_field_decodes_to_none() -> None:
@@ -517,6 +579,14 @@ def test_unknown_event_fields_are_ignored(cls: type[events.Event]) -> None:
     raw["added_in_a_newer_build"] = {"nested": [1, 2]}
     raw["meta"]["trace_flags"] = "01"
     assert codec.decode_event(json.dumps(raw).encode()) == event
+
+
+@pytest.mark.parametrize("cls", [commands.StopSession, commands.DeleteSession], ids=["stop", "delete"])
+def test_stop_and_delete_without_reason_default_to_requested(cls: type[commands.Command]) -> None:
+    raw = json.loads(codec.encode(COMMAND_FACTORIES[cls]()))
+    assert raw.pop("reason") != "requested"
+    decoded = codec.decode_command(json.dumps(raw).encode())
+    assert type(decoded) is cls and decoded.reason == "requested"  # type: ignore[attr-defined]
 
 
 def test_unknown_command_fields_are_ignored() -> None:

@@ -100,6 +100,7 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "writable_root": True,
             "use_kata": False,
             "backend": "local",
+            "pool": None,  # stored before warm pools existed: the field is absent and must default
             "meta.service": "pool-manager",
             "meta.time": T,
         },
@@ -119,6 +120,41 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     "sandbox.failed.json": (
         events.SandboxFailed,
         {"sandbox_id": SB, "error": "image pull failed: manifest unknown", "meta.service": "pool-manager"},
+    ),
+    "sandbox.claimed.json": (
+        events.SandboxClaimed,
+        {
+            "sandbox_id": SB,
+            "session_id": "task-42",
+            "meta.service": "scheduler",
+            "meta.command_id": "5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f",
+            "meta.correlation_id": "req-0003",
+            "meta.time": T,
+        },
+    ),
+    "sandbox.refused.json": (
+        events.SandboxRefused,
+        {
+            "sandbox_id": SB,
+            "session_id": "task-42",
+            "reason": "max_running (100) reached",
+            "running": 100,
+            "limit": 100,
+            "meta.service": "pool-manager",
+            "meta.user_id": "alice",
+        },
+    ),
+    "sandbox.lost.json": (
+        events.SandboxLost,
+        {
+            "sandbox_id": SB,
+            "reason": "missing from the runtime",
+            "meta.service": "reaper",
+            "meta.instance": "reaper-c3d4e5f6a7b8",
+            "meta.command_id": None,
+            "meta.session_id": None,
+            "meta.time": T,
+        },
     ),
     "exec.completed.json": (
         events.CommandExecuted,
@@ -157,6 +193,7 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         {
             "command_id": "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b",
             "session_id": "task-42",
+            "reason": "requested",  # stored before reasons existed
             "actor.via": "mcp",
             "actor.org_id": "acme",
             "actor.user_id": None,
@@ -167,6 +204,7 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         {
             "command_id": "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d",
             "session_id": "task-42",
+            "reason": "requested",  # stored before reasons existed
             "actor.via": "cli",
             "actor.user_id": "bob",
         },
@@ -271,6 +309,15 @@ def test_every_event_type_has_a_sample() -> None:
     covered = {type(codec.decode_event(p.read_bytes())) for p in EVENT_FILES}
     missing = {events.tag_of(c) for c in events.EVENT_TYPES} - {events.tag_of(c) for c in covered}
     assert not missing, f"add a sample under tests/samples/events for: {sorted(missing)}"
+
+
+def test_requested_sample_without_pool_decodes_to_no_pool() -> None:
+    """sandbox.requested stored before warm pools has no ``pool`` key: it is a session's own sandbox."""
+    path = SAMPLES / "events" / "sandbox.requested.json"
+    assert "pool" not in json.loads(path.read_bytes())
+    event = codec.decode_event(path.read_bytes())
+    assert isinstance(event, events.SandboxRequested)
+    assert event.pool is None and event.session_id == "task-42"
 
 
 def test_every_command_type_has_a_sample() -> None:

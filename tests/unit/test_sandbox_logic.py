@@ -226,22 +226,54 @@ def requested(n: int = 1, **kw: Any) -> events.SandboxRequested:
     return events.SandboxRequested(meta=meta(n), sandbox_id=SB, **fields)
 
 
+SID2 = "task-43"
+POOL = "default@0a1b2c3d"
+
 SANDBOX_EVENTS: dict[str, Any] = {
     "requested": lambda n: requested(n),
     "started": lambda n: events.SandboxStarted(meta=meta(n), sandbox_id=SB),
     "stopped": lambda n: events.SandboxStopped(meta=meta(n), sandbox_id=SB),
     "deleted": lambda n: events.SandboxDeleted(meta=meta(n), sandbox_id=SB),
     "failed": lambda n: events.SandboxFailed(meta=meta(n), sandbox_id=SB, error="oom"),
+    "claimed": lambda n: events.SandboxClaimed(meta=meta(n), sandbox_id=SB, session_id=SID2),
+    "refused": lambda n: events.SandboxRefused(
+        meta=meta(n), sandbox_id=SB, session_id=SID, reason="max_running (3) reached", running=3, limit=3
+    ),
+    "lost": lambda n: events.SandboxLost(meta=meta(n), sandbox_id=SB, reason="gone from the runtime"),
 }
 
 #: state before (None: nothing yet) -> event -> status after. Everything absent is impossible.
+#: (``claimed`` is tried on an unclaimed pool sandbox; a claimed one can never be claimed again.)
 SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
-    None: {"requested": "requested"},
-    "requested": {"started": "running", "stopped": "stopped", "deleted": "deleted", "failed": "failed"},
-    "running": {"stopped": "stopped", "deleted": "deleted", "failed": "failed"},
-    "stopped": {"started": "running", "deleted": "deleted", "failed": "failed"},
+    None: {"requested": "requested", "refused": "refused"},
+    "requested": {
+        "started": "running",
+        "stopped": "stopped",
+        "deleted": "deleted",
+        "failed": "failed",
+        "claimed": "requested",
+        "lost": "lost",
+    },
+    "running": {
+        "stopped": "stopped",
+        "deleted": "deleted",
+        "failed": "failed",
+        "claimed": "running",
+        "lost": "lost",
+    },
+    "stopped": {"started": "running", "deleted": "deleted", "failed": "failed", "lost": "lost"},
     "failed": {"deleted": "deleted"},
     "deleted": {},
+    "refused": {},
+    "lost": {"deleted": "deleted"},
+}
+
+#: fields besides status, updated_at and last_seq that an event sets (at meta(8)).
+SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
+    "failed": {"error": "oom"},
+    "lost": {"error": "gone from the runtime"},
+    "started": {"started_at": T0 + timedelta(seconds=8)},
+    "claimed": {"session_id": SID2},
 }
 
 
@@ -321,29 +353,99 @@ _POSSIBLE = [(b, e) for b, e in _ALL if e in SANDBOX_TRANSITIONS[b]]
 _IMPOSSIBLE = [(b, e) for b, e in _ALL if e not in SANDBOX_TRANSITIONS[b]]
 
 
+def table_state(before: str | None, event: str) -> states.SandboxState | None:
+    """The state a table row starts from: claims are tried on an unclaimed warm sandbox."""
+    if before is None:
+        return None
+    if event == "claimed":
+        return sandbox(before, session_id=None, pool=POOL)
+    return sandbox(before)
+
+
 @pytest.mark.parametrize(("before", "event"), _POSSIBLE, ids=[f"{b}-{e}" for b, e in _POSSIBLE])
 def test_every_possible_sandbox_transition(before: str | None, event: str) -> None:
-    state = sandbox(before) if before else None
+    state = table_state(before, event)
     after = projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
     assert after.status == SANDBOX_TRANSITIONS[before][event]
     assert after.last_seq == 99 and after.updated_at == T0 + timedelta(seconds=8)
-    if state is not None:  # only status, time, seq (and the error) change
+    if state is not None:  # only status, time, seq and the event's own fields change
         assert after == msgspec.structs.replace(
             state,
             status=after.status,
             updated_at=after.updated_at,
             last_seq=99,
-            error="oom" if event == "failed" else state.error,
+            **SANDBOX_CHANGES.get(event, {}),
         )
 
 
 @pytest.mark.parametrize(("before", "event"), _IMPOSSIBLE, ids=[f"{b}-{e}" for b, e in _IMPOSSIBLE])
 def test_every_impossible_sandbox_transition_raises(before: str | None, event: str) -> None:
-    state = sandbox(before) if before else None
+    state = table_state(before, event)
     with pytest.raises(
         errors.InvalidTransition, match=f"sandbox.{event} at seq 99 cannot follow {before or 'nothing'}"
     ):
         projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
+
+
+@pytest.mark.parametrize("before", [b for b in _BEFORE if b is not None], ids=str)
+@pytest.mark.parametrize("pool", [POOL, None], ids=["pool", "no-pool"])
+def test_claimed_sandbox_is_never_claimed_again(before: str, pool: str | None) -> None:
+    with pytest.raises(errors.InvalidTransition, match="sandbox.claimed"):
+        projections.evolve_sandbox(
+            sandbox(before, session_id=SID, pool=pool), SANDBOX_EVENTS["claimed"](8), 99
+        )
+
+
+def test_refused_creates_a_refused_record_with_the_reason() -> None:
+    event = SANDBOX_EVENTS["refused"](3)
+    assert projections.evolve_sandbox(None, event, 21) == states.SandboxState(
+        sandbox_id=SB,
+        status="refused",
+        session_id=SID,
+        created_at=T0 + timedelta(seconds=3),
+        updated_at=T0 + timedelta(seconds=3),
+        error="max_running (3) reached",
+        last_seq=21,
+    )
+
+
+def test_requested_for_a_pool_has_no_session_until_claimed() -> None:
+    story = [
+        (1, events.SandboxRequested(meta=meta(1), sandbox_id=SB, image="default", pool=POOL)),
+        (2, events.SandboxStarted(meta=meta(2), sandbox_id=SB)),
+        (3, events.SandboxClaimed(meta=meta(3), sandbox_id=SB, session_id=SID2)),
+    ]
+    folded = [projections.SANDBOXES.fold(story[:n]) for n in (1, 2, 3)]
+    assert [(s.status, s.pool, s.session_id) for s in folded if s] == [
+        ("requested", POOL, None),
+        ("running", POOL, None),
+        ("running", POOL, SID2),
+    ]
+    final = folded[-1]
+    assert final is not None
+    assert final.started_at == T0 + timedelta(seconds=2) and final.updated_at == T0 + timedelta(seconds=3)
+    assert final.created_at == T0 + timedelta(seconds=1)
+
+
+def test_restart_moves_started_at_and_stop_keeps_it() -> None:
+    current = projections.SANDBOXES.fold(
+        [(1, requested(1)), (2, SANDBOX_EVENTS["started"](2)), (3, SANDBOX_EVENTS["stopped"](30))]
+    )
+    assert current is not None and current.started_at == T0 + timedelta(seconds=2)
+    current = projections.evolve_sandbox(current, SANDBOX_EVENTS["started"](90), 4)
+    assert (current.status, current.started_at) == ("running", T0 + timedelta(seconds=90))
+
+
+def test_lost_keeps_session_and_pool_and_records_the_reason() -> None:
+    before = sandbox("running", pool=POOL, started_at=T0)
+    after = projections.evolve_sandbox(before, SANDBOX_EVENTS["lost"](5), 8)
+    assert (after.status, after.error, after.session_id, after.pool, after.started_at) == (
+        "lost",
+        "gone from the runtime",
+        SID,
+        POOL,
+        T0,
+    )
 
 
 @pytest.mark.parametrize("before", _BEFORE, ids=str)
@@ -531,3 +633,84 @@ def test_options_of_provision_without_image_use_the_default_not_the_session_imag
 @pytest.mark.parametrize("command", [ensure(image="ignored:1"), clear()], ids=["ensure", "clear"])
 def test_options_of_other_commands_come_from_the_session(image: str | None, want: str, command: Any) -> None:
     assert logic.sandbox_options(command, session("active", image=image)) == {"image": want}
+
+
+# ---- decide_claim -----------------------------------------------------------------------
+
+
+def test_claim_a_running_unclaimed_pool_sandbox() -> None:
+    m = meta(6, "cmd-e")
+    assert logic.decide_claim(sandbox("running", session_id=None, pool=POOL), SB, SID2, m) == [
+        events.SandboxClaimed(meta=m, sandbox_id=SB, session_id=SID2)
+    ]
+
+
+@pytest.mark.parametrize(
+    "current",
+    [
+        None,
+        sandbox("requested", session_id=None, pool=POOL),
+        sandbox("stopped", session_id=None, pool=POOL),
+        sandbox("failed", session_id=None, pool=POOL),
+        sandbox("deleted", session_id=None, pool=POOL),
+        sandbox("lost", session_id=None, pool=POOL),
+        sandbox("running", session_id=SID, pool=POOL),
+        sandbox("running", session_id=SID2, pool=POOL),
+        sandbox("running", session_id=None, pool=None),
+    ],
+    ids=[
+        "missing",
+        "requested",
+        "stopped",
+        "failed",
+        "deleted",
+        "lost",
+        "claimed-by-other",
+        "claimed-by-same",
+        "not-a-pool-sandbox",
+    ],
+)
+def test_claim_otherwise_decides_nothing(current: states.SandboxState | None) -> None:
+    assert logic.decide_claim(current, SB, SID2, meta()) == []
+
+
+def test_decided_claim_folds_and_a_second_claim_loses() -> None:
+    current = sandbox("running", session_id=None, pool=POOL)
+    [claim] = logic.decide_claim(current, SB, SID2, meta(1, "a"))
+    current = projections.evolve_sandbox(current, claim, 10)
+    assert current.session_id == SID2
+    assert logic.decide_claim(current, SB, SID, meta(2, "b")) == []
+
+
+# ---- decide: stop/delete reasons ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["idle", "lifetime", "requested"])
+def test_stop_records_the_command_reason(reason: str) -> None:
+    m = meta(2, "cmd-s")
+    command = commands.StopSession(command_id="cmd-s", session_id=SID, reason=reason)
+    assert logic.decide(session("active", sandbox_id=SB), command, m) == [
+        events.SessionStopped(meta=m, session_id=SID, reason=reason)
+    ]
+
+
+@pytest.mark.parametrize("reason", ["retention", "max_stopped", "requested"])
+@pytest.mark.parametrize("status", ["active", "stopped"])
+def test_delete_records_the_command_reason(status: str, reason: str) -> None:
+    m = meta(2, "cmd-d")
+    command = commands.DeleteSession(command_id="cmd-d", session_id=SID, reason=reason)
+    assert logic.decide(session(status, sandbox_id=SB), command, m) == [
+        events.SessionDeleted(meta=m, session_id=SID, reason=reason)
+    ]
+
+
+def test_stop_and_delete_default_reason_is_requested() -> None:
+    assert commands.StopSession(command_id="c", session_id=SID).reason == "requested"
+    assert commands.DeleteSession(command_id="c", session_id=SID).reason == "requested"
+    [stopped] = logic.decide(session("active"), commands.StopSession(command_id="c", session_id=SID), meta())
+    assert isinstance(stopped, events.SessionStopped) and stopped.reason == "requested"
+
+
+def test_stop_with_reason_of_stopped_session_decides_nothing() -> None:
+    command = commands.StopSession(command_id="cmd-s", session_id=SID, reason="idle")
+    assert logic.decide(session("stopped"), command, meta(2, "cmd-s")) == []
