@@ -43,6 +43,9 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
         reports = []
     store = eventstore.EventStore(js, topology)
     sessions = await (await projector.ProjectionStore.open(js, projections.SESSIONS, store)).all()
+    sandboxes = await (await projector.ProjectionStore.open(js, projections.SANDBOXES, store)).all()
+    sandbox_counts = Counter(s.status for s in sandboxes.values())
+    idle = sum(1 for s in sandboxes.values() if s.pool and s.session_id is None and s.status == "running")
     now = datetime.now(UTC)
     instances = [
         {
@@ -63,7 +66,18 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
     missing = [s for s in expected if s not in live]
     counts = Counter(s.status for s in sessions.values())
     if as_json:
-        print(json.dumps({"services": instances, "missing": missing, "sessions": dict(counts)}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "services": instances,
+                    "missing": missing,
+                    "sessions": dict(counts),
+                    "sandboxes": dict(sandbox_counts),
+                    "pool_idle": idle,
+                },
+                indent=2,
+            )
+        )
     else:
         print(f"{'SERVICE':14} {'INSTANCE':28} {'PID':>7} {'STATUS':9} {'REPORT':>7}  DETAILS")
         for i in instances:
@@ -75,6 +89,11 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
         for name in missing:
             print(f"{name:14} {'-':28} {'-':>7} {'down':9}")
         print("\nsessions: " + (", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "none"))
+        print(
+            "sandboxes: "
+            + (", ".join(f"{n} {k}" for k, n in sorted(sandbox_counts.items())) or "none")
+            + f" (warm pool: {idle} idle)"
+        )
     return 1 if missing else 0
 
 
