@@ -290,9 +290,10 @@ def test_mixed_population_each_rule_once() -> None:
         session("gone", "deleted", created=0, updated=0),
     ]
     now = at(LIFETIME + IDLE)
-    found = reaps(sessions, activity={"busy": now, "life": now}, now=now, rules=settings.LifecycleSettings(
+    rules = settings.LifecycleSettings(
         max_lifetime=LIFETIME, idle_timeout=IDLE, stopped_retention=LIFETIME, max_stopped=5
-    ))  # fmt: skip
+    )
+    found = reaps(sessions, activity={"busy": now, "life": now}, now=now, rules=rules)
     assert found == [
         logic.Reap("life", "stop", "lifetime"),
         logic.Reap("idle", "stop", "idle"),
@@ -426,16 +427,16 @@ def _population(draw: st.DrawFn) -> Any:
         sid = f"s{i}"
         created = draw(_SECONDS)
         status = draw(st.sampled_from(["active", "active", "stopped", "deleted"]))
-        has_sandbox = draw(st.booleans()) or status == "active"
-        s = session(sid, status, created=created, updated=created + draw(_SECONDS))
-        if not has_sandbox:
-            s = session(sid, status, created=created, updated=(s.updated_at - T0).total_seconds(), sandbox_id=None)
-        sessions.append(s)
-        if s.sandbox_id and draw(st.booleans()) or status == "active":
+        has_sandbox = status == "active" or draw(st.booleans())
+        sandbox_id = f"sb-{sid}" if has_sandbox else None
+        sessions.append(
+            session(sid, status, created=created, updated=created + draw(_SECONDS), sandbox_id=sandbox_id)
+        )
+        if sandbox_id is not None and draw(st.integers(0, 9)):  # sometimes the record is missing
             sb_created = draw(st.integers(-20_000, 20_000))
             started = draw(st.none() | st.integers(sb_created, sb_created + 20_000))
             sb_status = draw(st.sampled_from(["running", "running", "requested", "stopped", "lost"]))
-            sandboxes[f"sb-{sid}"] = sandbox(f"sb-{sid}", sb_status, created=sb_created, started=started)
+            sandboxes[sandbox_id] = sandbox(sandbox_id, sb_status, created=sb_created, started=started)
         if draw(st.booleans()):
             activity[sid] = at(draw(st.integers(-1000, 40_000)))
     now = at(draw(st.integers(0, 60_000)))
