@@ -109,7 +109,11 @@ def evolve_sandbox(
             status in ("requested", "running") and state and state.session_id is None
         ):
             return msgspec.structs.replace(
-                state, session_id=event.session_id, updated_at=event.meta.time, last_seq=seq
+                state,
+                session_id=event.session_id,
+                claimed_at=event.meta.time,
+                updated_at=event.meta.time,
+                last_seq=seq,
             )
         case events.SandboxRefused() if state is None:
             return states.SandboxState(

@@ -215,13 +215,13 @@ class LifecycleSettings:
             raw = env.get(name)
             if raw is None:
                 return default
-            if not raw.strip().isdigit() or int(raw) < minimum:
+            if not re.fullmatch(r"[0-9]{1,9}", raw.strip()) or int(raw) < minimum:
                 raise errors.ConfigError(f"{name}={raw!r} must be a whole number of at least {minimum}")
             return int(raw)
 
         made = cls(
             pool_min_idle=count("SBX_POOL_MIN_IDLE", cls.pool_min_idle, 0),
-            pool_image=ids.validate_image(env.get("SBX_POOL_IMAGE", cls.pool_image)) or cls.pool_image,
+            pool_image=_image(env.get("SBX_POOL_IMAGE", cls.pool_image)),
             max_running=count("SBX_MAX_RUNNING", cls.max_running, 1),
             max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
             max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),
@@ -234,6 +234,13 @@ class LifecycleSettings:
                 f"SBX_POOL_MIN_IDLE={made.pool_min_idle} cannot exceed SBX_MAX_RUNNING={made.max_running}"
             )
         return made
+
+
+def _image(value: str) -> str:
+    try:
+        return ids.validate_image(value) or LifecycleSettings.pool_image
+    except errors.InvalidInput as exc:
+        raise errors.ConfigError(f"SBX_POOL_IMAGE: {exc.message}") from None
 
 
 _SIZE = re.compile(r"(\d+)([kmg]?)i?b?")

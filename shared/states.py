@@ -52,7 +52,10 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None
-    """When it last started running (lifetimes count from here)."""
+    """When it last started running."""
+    claimed_at: datetime | None = None
+    """When a session claimed it from the warm pool (its lifetime counts from the later of
+    this and ``started_at``)."""
     error: str | None = None
     last_seq: int
 

@@ -48,7 +48,8 @@ def plan(sandboxes: Iterable[states.SandboxState], pools: Iterable[PoolSpec], ma
                 idle_by_pool[sandbox.pool] += 1  # type: ignore[index]
             else:
                 remove.append(sandbox.sandbox_id)
-    budget = max(0, max_running - running + len(remove))
+    # Removals happen in the same round as creations, so they free no room until the next.
+    budget = max(0, max_running - running)
     create: dict[str, int] = {}
     for pool in pools:
         want = min(max(0, pool.min_idle - idle_by_pool[pool.pool_id]), budget)

@@ -25,10 +25,11 @@ class Reap:
 
 
 def session_start(session: states.SessionState, sandbox: states.SandboxState) -> datetime:
-    """Lifetimes count from when this session got its sandbox running (a warm sandbox's
-    time in the pool does not count)."""
-    started = sandbox.started_at or sandbox.created_at
-    return max(started, session.created_at)
+    """Lifetimes count from when this session got its sandbox running: the later of the
+    sandbox's last start and its claim from the pool (pool time does not count)."""
+    del session  # the session's own times say nothing about when it got this sandbox
+    times = [t for t in (sandbox.started_at, sandbox.claimed_at) if t is not None]
+    return max(times) if times else sandbox.created_at
 
 
 def needs_activity(session: states.SessionState, sandbox: states.SandboxState, now: datetime,

@@ -233,17 +233,13 @@ def test_plan_accepts_iterators() -> None:
     assert plan.create == {PY.pool_id: 2} and plan.idle == {PY.pool_id: 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG services/pool_manager/logic.py:51: plan() credits sandboxes it is about to remove "
-    "(budget = max_running - running + len(remove)), but refill_once runs the creates and deletes "
-    "concurrently, so a pool rollover at capacity plans past max_running",
-)
 def test_rollover_at_capacity_does_not_plan_past_max_running() -> None:
     current = [warm(OLD), warm(OLD), sbx("running", session_id="s1")]
     plan = logic.plan(current, [PY], 3)
     assert len(plan.remove) == 2
     assert plan.running + sum(plan.create.values()) <= max(3, plan.running)
+    # The next round, with the old ones gone, fills the new pool.
+    assert logic.plan([sbx("running", session_id="s1")], [PY], 3).create == {PY.pool_id: 2}
 
 
 # ---- over_limit -------------------------------------------------------------------------
@@ -330,7 +326,5 @@ def test_plan_never_removes_claimed_sandboxes(world: Any) -> None:
     plan = _check_plan(sandboxes, specs, max_running)
     claimed = {s.sandbox_id for s in sandboxes if s.session_id is not None}
     assert not claimed & set(plan.remove)
-    if not plan.remove:  # see the xfail above for the rollover case
-        assert plan.running + sum(plan.create.values()) <= max(max_running, plan.running)
-    # with a rollover, the overshoot is bounded by what is being removed
-    assert plan.running + sum(plan.create.values()) <= max(max_running, plan.running) + len(plan.remove)
+    # Removals free no room in the same round, so even a rollover never plans past the limit.
+    assert plan.running + sum(plan.create.values()) <= max(max_running, plan.running)

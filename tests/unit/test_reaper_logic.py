@@ -54,6 +54,7 @@ def sandbox(
     started: float | None = 0,
     pool: str | None = None,
     updated: float | None = None,
+    claimed: float | None = None,
 ) -> states.SandboxState:
     return states.SandboxState(
         sandbox_id=sandbox_id,
@@ -63,6 +64,7 @@ def sandbox(
         created_at=at(created),
         updated_at=at(created if updated is None else updated),
         started_at=None if started is None else at(started),
+        claimed_at=None if claimed is None else at(claimed),
         last_seq=1,
     )
 
@@ -88,9 +90,9 @@ def reaps(
 # ---- session_start ----------------------------------------------------------------------
 
 
-def test_start_of_a_warm_sandbox_is_when_the_session_began() -> None:
+def test_start_of_a_warm_sandbox_is_its_claim() -> None:
     """A sandbox that sat in the pool for hours does not bring those hours into the session."""
-    warm = sandbox(created=-5 * 3600, started=-5 * 3600 + 2, pool=POOL)
+    warm = sandbox(created=-5 * 3600, started=-5 * 3600 + 2, pool=POOL, claimed=0)
     assert logic.session_start(session(created=0), warm) == T0
 
 
@@ -100,7 +102,7 @@ def test_start_of_a_sandbox_started_after_the_session_is_its_start() -> None:
 
 def test_start_falls_back_to_sandbox_creation_when_never_started() -> None:
     assert logic.session_start(session(created=0), sandbox(created=5, started=None)) == at(5)
-    assert logic.session_start(session(created=9), sandbox(created=5, started=None)) == at(9)
+    assert logic.session_start(session(created=9), sandbox(created=5, started=None)) == at(5)
 
 
 def test_restart_moves_the_start() -> None:
@@ -108,17 +110,10 @@ def test_restart_moves_the_start() -> None:
     assert logic.session_start(session(created=0, updated=7100), restarted) == at(7200)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG services/reaper/logic.py:31: session_start = max(started_at, session.created_at) counts "
-    "a warm sandbox's pool time when the session got it long after it was created (REST-created "
-    "session first used later, re-provisioned, or a lost sandbox replaced): such sessions are "
-    "stopped for 'lifetime' on the next pass",
-)
 def test_pool_time_does_not_count_for_a_session_that_claims_later() -> None:
     # created at T0 without a sandbox; at T0+3h the first tool call claims a sandbox warm since T0+1h
     claimed_late = session(created=0, updated=3 * 3600)
-    warm = sandbox(created=3600 - 5, started=3600, pool=POOL, updated=3 * 3600)
+    warm = sandbox(created=3600 - 5, started=3600, pool=POOL, updated=3 * 3600, claimed=3 * 3600)
     now = at(3 * 3600 + 60)
     assert now - logic.session_start(claimed_late, warm) < timedelta(seconds=LIFETIME)
     assert reaps([claimed_late], [warm], now=now) == []
@@ -141,9 +136,9 @@ def test_lifetime_fires_exactly_at_max_lifetime_after_start() -> None:
     ]
 
 
-def test_lifetime_of_a_warm_sandbox_counts_from_session_creation() -> None:
-    s = session(created=1000)
-    b = sandbox(created=-7200, started=-7200, pool=POOL)
+def test_lifetime_of_a_warm_sandbox_counts_from_its_claim() -> None:
+    s = session(created=990)
+    b = sandbox(created=-7200, started=-7200, pool=POOL, claimed=1000)
     assert reaps([s], [b], _busy("s1", at(1000 + LIFETIME) - US), now=at(1000 + LIFETIME) - US) == []
     now = at(1000 + LIFETIME)
     assert reaps([s], [b], _busy("s1", now), now=now) == [logic.Reap("s1", "stop", "lifetime")]

@@ -273,7 +273,7 @@ SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
     "failed": {"error": "oom"},
     "lost": {"error": "gone from the runtime"},
     "started": {"started_at": T0 + timedelta(seconds=8)},
-    "claimed": {"session_id": SID2},
+    "claimed": {"session_id": SID2, "claimed_at": T0 + timedelta(seconds=8)},
 }
 
 
