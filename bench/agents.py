@@ -97,9 +97,23 @@ def start_stack(state: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
     return proc, re.search(r"REST API\s+(http://\S+)/v1/sessions", seen).group(1)
 
 
-def stop_stack(proc: subprocess.Popen[str]) -> None:
+def stop_stack(proc: subprocess.Popen[str], state: Path) -> None:
+    """Stop `sbx up`, then delete the sandboxes it left (they outlive it by design)."""
     proc.send_signal(signal.SIGTERM)
     proc.wait(60)
+    subprocess.run([sys.executable, "-c", CLEANUP, str(state)], check=False, cwd=Path(__file__).parent.parent)
+
+
+CLEANUP = """
+import asyncio, sys
+from pathlib import Path
+from shared.runtime.local import runtime as local
+async def main():
+    rt = local.LocalRuntime(Path(sys.argv[1]))
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+asyncio.run(main())
+"""
 
 
 async def new_sessions(url: str, key: str, prefix: str, n: int, rate: float) -> tuple[list[float], float]:
@@ -150,7 +164,7 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
                 f"{base}/mcp", key, "cold", cold, rate
             )
         finally:
-            stop_stack(proc)
+            stop_stack(proc, state)
         state = Path(tmp) / "state"
         proc, base = start_stack(state, pool=pool)
         try:
@@ -245,7 +259,7 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
                 f"p99 {cold_p['p99'] / warm_p['p99']:.2f}x"
             )
         finally:
-            stop_stack(proc)
+            stop_stack(proc, state)
 
 
 if __name__ == "__main__":

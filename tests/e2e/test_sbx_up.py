@@ -95,6 +95,7 @@ def stack(tmp_path):
                 proc.wait(40)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        remove_sandboxes(state)
 
 
 def test_sbx_up_runs_the_whole_product(stack):
@@ -238,3 +239,20 @@ def nats_refuses_without_token(url: str) -> bool:
         return False
 
     return asyncio.run(attempt())
+
+
+def remove_sandboxes(state: Path) -> None:
+    """Sandboxes outlive `sbx up` by design; a test removes the ones it made."""
+    import asyncio
+
+    from shared.runtime.local import runtime as local
+
+    if not (state / "sandboxes").exists():
+        return
+
+    async def clean() -> None:
+        rt = local.LocalRuntime(state)
+        for info in await rt.list():
+            await rt.delete(info.sandbox_id)
+
+    asyncio.run(clean())
