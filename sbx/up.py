@@ -141,6 +141,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                     SBX_GATEWAY_HOST=options.host if is_gateway else None,
                     SBX_GATEWAY_PORT=str(options.port) if is_gateway else None,
                     SBX_INSTANCE_ID=None,  # each process gets its own
+                    SBX_METRICS_PORT=None if is_gateway else "0",  # the gateway serves /metrics itself
                 ),
             )
         )

@@ -42,6 +42,7 @@ from shared import (
     health,
     ids,
     logs,
+    metrics,
     projections,
     projector,
     settings,
@@ -179,6 +180,9 @@ async def run(
     instances = await projector.ProjectionStore.open(js, projections.INSTANCES, store)
     health_kv = await js.key_value(topology.health_bucket)
 
+    if s.metrics_port is not None:
+        port = metrics.serve(s.metrics_port)
+        ctx.details["metrics"] = f"http://127.0.0.1:{port}/metrics"
     workload = await setup(ctx)
     await broker.start()
     started = events.InstanceStarted(

@@ -124,6 +124,9 @@ class ServiceSettings:
     three intervals counts as lost."""
     drain_timeout: float = 10.0
     """Grace period for in-flight work on SIGTERM (``SBX_DRAIN_TIMEOUT``)."""
+    metrics_port: int | None = None
+    """Serve Prometheus ``/metrics`` on this port (``SBX_METRICS_PORT``; 0 = any free port;
+    unset = off). The gateway always serves them on its own HTTP port."""
     faults: frozenset[str] = frozenset()
     """Fault-injection points for crash tests (``SBX_FAULTS``, comma separated).
     Never set in production; see ``shared.faults``."""
@@ -143,6 +146,7 @@ class ServiceSettings:
             health_interval=_duration(env, "SBX_HEALTH_INTERVAL", cls.health_interval, minimum=0.1),
             drain_timeout=_duration(env, "SBX_DRAIN_TIMEOUT", cls.drain_timeout),
             faults=frozenset(f for f in env.get("SBX_FAULTS", "").split(",") if f),
+            metrics_port=_port(env, "SBX_METRICS_PORT", 0) if env.get("SBX_METRICS_PORT") else None,
         )
 
     @property

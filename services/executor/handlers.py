@@ -10,7 +10,19 @@ from collections.abc import Awaitable, Callable
 import structlog
 
 from services.executor import edits, output, scripts
-from shared import codec, commands, errors, events, execution, ids, projector, service, states, subjects
+from shared import (
+    codec,
+    commands,
+    errors,
+    events,
+    execution,
+    ids,
+    metrics,
+    projector,
+    service,
+    states,
+    subjects,
+)
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -53,6 +65,9 @@ class Executor:
                 ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
             )
         self.served += 1
+        if request is not None:
+            tool = type(request).__struct_config__.tag
+            metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
         if request is not None and not isinstance(request, execution.ShellPoll | execution.ShellWait):
             await self._audit(request, reply, time.monotonic() - started)
         return codec.encode(reply)

@@ -15,11 +15,11 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from services.gateway import auth, bus_client, mcp_tools, openapi, rest, schemas
-from shared import projections, projector, service, settings
+from shared import metrics, projections, projector, service, settings
 
 log = structlog.get_logger(__name__)
 
-PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json"})
+PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/metrics"})
 
 
 def build_app(
@@ -40,7 +40,15 @@ def build_app(
     routes = [
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
-    routes += [Route("/openapi.json", openapi_json), Route("/healthz", healthz)]
+
+    async def metrics_endpoint(_: Request) -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    routes += [
+        Route("/openapi.json", openapi_json),
+        Route("/healthz", healthz),
+        Route("/metrics", metrics_endpoint),
+    ]
     routes += [Mount("/", app=mcp_app)]  # /mcp; last, so the REST routes win
     inner = Starlette(routes=routes, lifespan=mcp_app.lifespan)
     return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)

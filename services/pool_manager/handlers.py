@@ -17,6 +17,7 @@ from shared import (
     errors,
     events,
     faults,
+    metrics,
     projector,
     provisioning,
     service,
@@ -96,6 +97,7 @@ class PoolHandlers:
         if not full:
             return
         reason = f"max_running ({self.max_running}) reached"
+        metrics.refusals.labels("max_running").inc()
 
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             if state is not None:

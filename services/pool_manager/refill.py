@@ -10,11 +10,12 @@ a crash between start and offer is made good).
 from __future__ import annotations
 
 import asyncio
+import collections
 
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared import errors, ids, leases, provisioning, service, warmpool
+from shared import errors, ids, leases, metrics, provisioning, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -70,6 +71,10 @@ async def refill_once(
     is raised: retrying cannot fix it."""
     sandboxes = list((await pool.sandboxes.all()).values())
     plan = logic.plan(sandboxes, pools, max_running)
+    by_state = collections.Counter(s.status for s in sandboxes)
+    for state in ("requested", "running", "stopped", "failed", "lost"):
+        metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))
+    metrics.pool_sandboxes.labels("idle").set(sum(plan.idle.values()))
     by_id = {p.pool_id: p for p in pools}
     jobs = []
     for pool_id, count in plan.create.items():

@@ -20,6 +20,7 @@ from shared import (
     errors,
     events,
     ids,
+    metrics,
     projector,
     service,
     settings,
@@ -84,6 +85,7 @@ class Reaper:
         for reap in logic.decide_reaps(sessions, records, activity, now, self.rules):
             if await self._reap(reap):
                 report.reaps[reap.reason] += 1
+                metrics.reaps.labels(reap.reason).inc()
         seen = {
             info.sandbox_id: logic.RuntimeView(info.sandbox_id, info.status, info.created_at)
             for info in await self.runtime.list()
@@ -91,6 +93,7 @@ class Reaper:
         for finding in logic.reconcile(records, seen, now, self.grace):
             if await self._fix(finding):
                 report.findings[finding.action] += 1
+                metrics.reconcile_findings.labels(finding.action).inc()
         if report.reaps or report.findings:
             log.info("reaper.pass", reaps=dict(report.reaps), findings=dict(report.findings))
         return report

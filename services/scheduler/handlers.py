@@ -3,6 +3,8 @@ pool-manager for the session's sandbox; reply with the session's state."""
 
 from __future__ import annotations
 
+import time
+
 import structlog
 
 from services.scheduler import logic, pool_client
@@ -12,6 +14,7 @@ from shared import (
     commands,
     errors,
     ids,
+    metrics,
     pools,
     projector,
     provisioning,
@@ -50,8 +53,10 @@ class SessionCommands:
             logic.validate(command)
             state, appended = await self.execute(command)
             reply = commands.CommandReply(ok=True, appended=appended, session=state)
+            metrics.commands.labels(type(command).__struct_config__.tag, "ok").inc()
         except errors.SandboxError as exc:
             reply = commands.CommandReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
+            metrics.commands.labels("-", exc.code).inc()
         except Exception as exc:
             log.exception("scheduler.command_crashed")
             reply = commands.CommandReply(
@@ -117,7 +122,9 @@ class SessionCommands:
         """Claim a warm sandbox or provision a new one, and assign it; if another request
         assigned one first, discard ours and use theirs."""
         options = logic.sandbox_options(command, state)
+        started = time.perf_counter()
         sandbox_id = await self._claim(command, options)
+        kind = "warm" if sandbox_id else "cold"
         if sandbox_id is None:
             sandbox_id = "sb-" + ids.new_id()[:20]
             await self.pool.send(
@@ -133,6 +140,8 @@ class SessionCommands:
         )
         if not outcome.appended:
             await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+        metrics.claims.labels(kind).inc()
+        metrics.claim_seconds.labels(kind).observe(time.perf_counter() - started)
         assert outcome.state is not None
         return outcome.state
 

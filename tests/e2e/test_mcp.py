@@ -84,6 +84,21 @@ async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
     ok, text = await agent.call("create_sandbox", use_kata=True)
     assert not ok and "not" in text.lower()
 
+    # Operators see it in Prometheus metrics; the key never shows there.
+    import json
+
+    from tests.e2e.test_sbx_up import sbx
+
+    status = json.loads(sbx("status", "--json", state=state).stdout)
+    urls = {i["service"]: i["details"].get("metrics") for i in status["services"]}
+    async with httpx2.AsyncClient(timeout=10) as http:
+        scheduler = (await http.get(urls["scheduler"])).text
+        executor = (await http.get(urls["executor"])).text
+        gateway = await http.get(f"{url}/metrics")
+    assert "sbx_claims_total{kind=" in scheduler and "sbx_claim_seconds_bucket" in scheduler
+    assert 'sbx_exec_seconds_count{tool="shell"}' in executor
+    assert gateway.status_code == 200 and key not in gateway.text and key not in scheduler
+
 
 async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
     proc, state, url = stack

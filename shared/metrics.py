@@ -1,0 +1,63 @@
+"""Prometheus metrics: one registry per process, named ``sbx_*``, exposed on ``/metrics``.
+
+The gateway serves them on its HTTP port; every other service on
+``SBX_METRICS_PORT`` when set (``sbx up`` gives each service its own port and lists
+them in ``sbx status``). No metric carries a secret, a session's commands or outputs.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+commands = Counter(
+    "sbx_commands_total",
+    "Session commands decided, by type and outcome.",
+    ["type", "outcome"],
+    registry=REGISTRY,
+)
+claims = Counter(
+    "sbx_claims_total",
+    "Sandboxes given to sessions: warm (from the pool) or cold.",
+    ["kind"],
+    registry=REGISTRY,
+)
+claim_seconds = Histogram(
+    "sbx_claim_seconds", "Time to get a session a running sandbox.", ["kind"], buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)  # fmt: skip
+pool_sandboxes = Gauge(
+    "sbx_pool_sandboxes",
+    "Sandboxes by state, as the pool-manager last counted them.",
+    ["state"],
+    registry=REGISTRY,
+)
+refusals = Counter("sbx_refusals_total", "Sandboxes refused by a limit.", ["limit"], registry=REGISTRY)
+reaps = Counter(
+    "sbx_reaps_total", "Sessions stopped or purged by the reaper, by reason.", ["reason"], registry=REGISTRY
+)
+reconcile_findings = Counter(
+    "sbx_reconcile_findings_total",
+    "What the self-healing sweep fixed, by action.",
+    ["action"],
+    registry=REGISTRY,
+)
+exec_seconds = Histogram(
+    "sbx_exec_seconds",
+    "Executor request time, by tool.",
+    ["tool"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)
+
+
+def serve(port: int, host: str = "127.0.0.1") -> int:
+    """Serve ``/metrics`` on ``port`` (0 picks a free one); returns the port."""
+    server, _ = start_http_server(port, addr=host, registry=REGISTRY)
+    return int(server.server_address[1])
