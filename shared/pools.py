@@ -37,7 +37,18 @@ class PoolSpec:
 
 
 def configured(lifecycle: settings.LifecycleSettings) -> list[PoolSpec]:
-    """The pools to keep warm: the default image with default options (0 idle = none)."""
-    if not lifecycle.pool_min_idle:
-        return []
-    return [PoolSpec(image=lifecycle.pool_image, min_idle=lifecycle.pool_min_idle)]
+    """The pools to keep warm: the default one (``SBX_POOL_*``) and any in ``SBX_POOLS``."""
+    specs = (
+        [PoolSpec(image=lifecycle.pool_image, min_idle=lifecycle.pool_min_idle)]
+        if lifecycle.pool_min_idle
+        else []
+    )
+    for name, image, run_as_root, writable_root, min_idle in lifecycle.extra_pools:
+        if min_idle:
+            specs.append(PoolSpec(name, image, run_as_root, writable_root, min_idle))
+    return specs
+
+
+def serving(specs: list[PoolSpec], options: Mapping[str, object]) -> PoolSpec | None:
+    """The first pool whose sandboxes fit these options."""
+    return next((spec for spec in specs if spec.serves(options)), None)

@@ -7,6 +7,7 @@ start-up with a :class:`~shared.errors.ConfigError` naming the variable.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -200,6 +201,10 @@ class LifecycleSettings:
     """Ready, unclaimed sandboxes kept for the default pool (``SBX_POOL_MIN_IDLE``; 0 = no pool)."""
     pool_image: str = "default"
     """Image of the default pool's sandboxes (``SBX_POOL_IMAGE``); changing it rolls the pool over."""
+    extra_pools: tuple[tuple[str, str, bool, bool, int], ...] = ()
+    """More pools (``SBX_POOLS``, JSON: ``[{"name": "py", "image": "py312", "min_idle": 2,
+    "run_as_root": true, "writable_root": true}]``) as (name, image, run_as_root,
+    writable_root, min_idle)."""
     max_running: int = 100
     """Most sandboxes running at once, idle pool included (``SBX_MAX_RUNNING``)."""
     max_stopped: int = 100
@@ -226,6 +231,7 @@ class LifecycleSettings:
         made = cls(
             pool_min_idle=count("SBX_POOL_MIN_IDLE", cls.pool_min_idle, 0),
             pool_image=_image(env.get("SBX_POOL_IMAGE", cls.pool_image)),
+            extra_pools=_pools(env.get("SBX_POOLS", "")),
             max_running=count("SBX_MAX_RUNNING", cls.max_running, 1),
             max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
             max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),
@@ -233,11 +239,37 @@ class LifecycleSettings:
             stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
             reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
         )
-        if made.pool_min_idle > made.max_running:
+        if made.pool_min_idle + sum(p[4] for p in made.extra_pools) > made.max_running:
             raise errors.ConfigError(
                 f"SBX_POOL_MIN_IDLE={made.pool_min_idle} cannot exceed SBX_MAX_RUNNING={made.max_running}"
             )
         return made
+
+
+def _pools(raw: str) -> tuple[tuple[str, str, bool, bool, int], ...]:
+    if not raw.strip():
+        return ()
+    try:
+        items = json.loads(raw)
+        if not isinstance(items, list):
+            raise TypeError("a JSON list is expected")
+        out = []
+        for item in items:
+            name = str(item["name"])
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,31}", name) or name == "default":
+                raise ValueError(f"pool name {name!r} must be 1-32 of a-z 0-9 _ - and not 'default'")
+            min_idle = int(item.get("min_idle", 1))
+            if min_idle < 0:
+                raise ValueError("min_idle must be at least 0")
+            out.append(
+                (name, _image(str(item.get("image", "default"))), bool(item.get("run_as_root", True)),
+                 bool(item.get("writable_root", True)), min_idle)
+            )  # fmt: skip
+    except (ValueError, TypeError, KeyError) as exc:
+        raise errors.ConfigError(f"SBX_POOLS is not a valid pool list: {exc}") from None
+    if len({p[0] for p in out}) != len(out):
+        raise errors.ConfigError("SBX_POOLS has two pools with the same name")
+    return tuple(out)
 
 
 def _image(value: str) -> str:

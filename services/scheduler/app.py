@@ -19,10 +19,9 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
     async def setup(ctx: service.Context) -> service.Workload:
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        configured = pools.configured(lifecycle) if lifecycle else []
-        warm = configured[0] if configured else None
-        if warm is not None:
-            await warmpool.ensure_consumer(ctx.js, ctx.topology, warm.pool_id)
+        warm = pools.configured(lifecycle) if lifecycle else []
+        for spec in warm:
+            await warmpool.ensure_consumer(ctx.js, ctx.topology, spec.pool_id)
         commands = handlers.SessionCommands(
             ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology), warm
         )

@@ -37,13 +37,13 @@ class SessionCommands:
         sessions: projector.ProjectionStore[states.SessionState],
         sandboxes: projector.ProjectionStore[states.SandboxState],
         pool: pool_client.PoolClient,
-        warm: pools.PoolSpec | None = None,
+        warm: list[pools.PoolSpec] | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
         self.sandboxes = sandboxes
         self.pool = pool
-        self.warm = warm
+        self.warm = warm or []
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
@@ -95,11 +95,12 @@ class SessionCommands:
 
     async def _claim(self, command: commands.SessionCommand, options: dict[str, object]) -> str | None:
         """A warm sandbox for this session, if the pool has one that fits (CAS on the sandbox)."""
-        if self.warm is None or not self.warm.serves(options):
+        pool = pools.serving(self.warm, options)
+        if pool is None:
             return None
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         for _ in range(CLAIM_ATTEMPTS):
-            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, self.warm.pool_id)
+            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id)
             if offer is None:
                 return None  # empty pool: cold start
             sandbox_id = offer.sandbox_id

@@ -134,3 +134,22 @@ async def test_a_spec_change_rolls_the_pool_over_without_touching_claimed_sandbo
 
 async def _count(coro, n):
     return len(await coro) == n
+
+
+async def test_a_second_pool_serves_sessions_that_ask_for_its_options(env):
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, extra_pools=(("ro", "default", True, False, 1),))
+    specs = pools.configured(lifecycle)
+    ro = next(p for p in specs if p.name == "ro")
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    await support.eventually(lambda: _count(idle(nc, topology, ro.pool_id), 1), timeout=30)
+    warm_ro = (await idle(nc, topology, ro.pool_id))[0].sandbox_id
+    reply = await support.send(
+        nc,
+        topology,
+        commands.ProvisionSandbox(command_id=ids.new_id(), session_id="reader", writable_root=False),
+        timeout=60,
+    )
+    assert reply.ok, reply.error
+    assert reply.session.sandbox_id == warm_ro
