@@ -20,6 +20,8 @@ are capped. Any failure removes what was written.
 
 from __future__ import annotations
 
+import abc
+
 import contextlib
 import hashlib
 import json
@@ -177,14 +179,14 @@ def _discard(dest: Path, created: bool) -> None:
 # ---- reading the archive --------------------------------------------------------
 
 
-class _Source:
+class _Source(abc.ABC):
     """Read-only access to the files of an archive, by normalised relative name."""
 
-    def open(self, name: str) -> IO[bytes]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def open(self, name: str) -> IO[bytes]: ...
 
-    def exists(self, name: str) -> bool:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def exists(self, name: str) -> bool: ...
 
     def close(self) -> None:
         """Release the underlying archive."""
