@@ -21,7 +21,6 @@ are capped. Any failure removes what was written.
 from __future__ import annotations
 
 import abc
-
 import contextlib
 import hashlib
 import json
