@@ -187,7 +187,7 @@ class _Source(abc.ABC):
     @abc.abstractmethod
     def exists(self, name: str) -> bool: ...
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a directory source has nothing to release
         """Release the underlying archive."""
 
 
