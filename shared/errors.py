@@ -50,6 +50,12 @@ class Conflict(SandboxError):
     status = 409
 
 
+class NotRunning(Conflict):
+    """The sandbox exists but is not running (stopped, or its processes died)."""
+
+    code = "not_running"
+
+
 class LimitExceeded(SandboxError):
     code = "limit_exceeded"
     status = 429
@@ -121,6 +127,7 @@ BY_CODE: dict[str, type[SandboxError]] = {
         Unauthorized,
         NotFound,
         Conflict,
+        NotRunning,
         LimitExceeded,
         NotBuiltYet,
         InvalidTransition,

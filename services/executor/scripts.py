@@ -40,7 +40,7 @@ __sbx_save() {{
   exit $__sbx_rc
 }}
 trap __sbx_save EXIT
-eval "$__sbx_cmd"
+eval "$__sbx_cmd" 9>&-  # the lock fd stays with this shell, never with what the command starts
 """
 
 JOB_START = f"""

@@ -22,6 +22,7 @@ from shared import (
     ids,
     metrics,
     projector,
+    provisioning,
     service,
     settings,
     states,
@@ -90,7 +91,8 @@ class Reaper:
             info.sandbox_id: logic.RuntimeView(info.sandbox_id, info.status, info.created_at)
             for info in await self.runtime.list()
         }
-        for finding in logic.reconcile(records, seen, now, self.grace):
+        by_session = {s.session_id: s for s in sessions}
+        for finding in logic.reconcile(records, seen, now, self.grace, by_session):
             if await self._fix(finding):
                 report.findings[finding.action] += 1
                 metrics.reconcile_findings.labels(finding.action).inc()
@@ -128,6 +130,23 @@ class Reaper:
     async def _fix(self, finding: logic.Finding) -> bool:
         # Re-read the record now: a claim or a provision may have happened since the snapshot.
         fresh = await self.sandboxes.get(finding.sandbox_id)
+        if finding.action == "delete_unowned":
+            if fresh is None or fresh.status not in logic.LIVE or not fresh.session_id:
+                return False
+            owner = await self.sessions.get(fresh.session_id)
+            if owner is not None and owner.status != "deleted" and owner.sandbox_id == fresh.sandbox_id:
+                return False  # re-assigned since the snapshot
+            request = provisioning.Delete(
+                sandbox_id=finding.sandbox_id, command_id=ids.new_id(), actor=commands.Actor(via="reaper")
+            )
+            raw = await bus.request(
+                self.ctx.nc,
+                self.ctx.topology.pool_requests,
+                codec.encode(request),
+                timeout=60,
+                who="pool-manager",
+            )
+            return provisioning.decode_reply(raw).ok
         if finding.action == "delete_orphan":
             if fresh is not None and fresh.status not in logic.DEAD:
                 return False

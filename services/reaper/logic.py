@@ -86,7 +86,7 @@ class RuntimeView:
 @dataclass(frozen=True)
 class Finding:
     sandbox_id: str
-    action: Literal["delete_orphan", "mark_lost", "fail_stuck"]
+    action: Literal["delete_orphan", "mark_lost", "fail_stuck", "delete_unowned"]
     detail: str
 
 
@@ -100,6 +100,7 @@ def reconcile(
     runtime: Mapping[str, RuntimeView],
     now: datetime,
     grace: float,
+    sessions: Mapping[str, states.SessionState] | None = None,
 ) -> list[Finding]:
     """Compare the runtime with the records. Runtime sandboxes without a live record are
     orphans (deleted); live records without runtime resources are lost (recorded). Both
@@ -122,4 +123,16 @@ def reconcile(
             and now - record.updated_at >= settle * STUCK_GRACES
         ):
             findings.append(Finding(sandbox_id, "fail_stuck", "provisioning never finished"))
+        elif (
+            sessions is not None
+            and record.status in LIVE
+            and record.session_id
+            and now - record.updated_at >= settle
+        ):
+            # A session's sandbox that the session no longer points to (a scheduler died,
+            # or the pool-manager was unreachable, between the session's event and the
+            # sandbox's deletion): nobody will ever use or delete it.
+            owner = sessions.get(record.session_id)
+            if owner is None or owner.status == "deleted" or owner.sandbox_id != sandbox_id:
+                findings.append(Finding(sandbox_id, "delete_unowned", "its session no longer uses it"))
     return findings

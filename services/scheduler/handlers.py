@@ -13,6 +13,7 @@ from shared import (
     codec,
     commands,
     errors,
+    events,
     ids,
     metrics,
     pools,
@@ -162,12 +163,15 @@ class SessionCommands:
     async def _ensure_running(
         self, command: commands.SessionCommand, state: states.SessionState
     ) -> states.SessionState:
-        """The session's sandbox, running: start it again, or replace it if it is gone."""
+        """The session's sandbox, running: start it again, or replace it if it is gone.
+
+        A record that says "running" is not trusted blindly: the gateway only asks when
+        its own read of the projections found nothing usable or the executor refused,
+        so the pool-manager checks the runtime (``Start`` is idempotent and records a
+        lost-then-started sandbox when the runtime had stopped it)."""
         assert state.sandbox_id is not None
         sandbox = await self.sandboxes.get(state.sandbox_id)
-        if sandbox is not None and sandbox.status == "running":
-            return state
-        if sandbox is not None and sandbox.status in ("stopped", "requested"):
+        if sandbox is not None and sandbox.status in ("running", "stopped", "requested"):
             try:
                 await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))  # type: ignore[arg-type]
                 return state
@@ -192,10 +196,18 @@ class SessionCommands:
                     )  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.DeleteSession() | commands.ClearSession():
-                before = await self.sessions.get(command.session_id)
-                outcome = await self._decide(command)
-                if outcome.appended and before is not None and before.sandbox_id:
-                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, before.sandbox_id)))  # type: ignore[arg-type]
+                decided_on: list[str | None] = []
+                meta = self.ctx.meta(command=command, session_id=command.session_id)
+
+                def decide(state: states.SessionState | None) -> list[events.SessionEvent]:
+                    new = logic.decide(state, command, meta)
+                    decided_on[:] = [state.sandbox_id if state is not None else None]
+                    return new
+
+                outcome = await aggregates.transact(self.sessions, command.session_id, decide)
+                if outcome.appended and decided_on and decided_on[0]:
+                    # the sandbox of the state the deletion was decided on (not a stale read)
+                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, decided_on[0])))  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
                 outcome = await self._decide(command)

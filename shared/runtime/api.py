@@ -147,5 +147,4 @@ class Runtime(abc.ABC):
         return await running.wait(), b"".join(out), b"".join(err)
 
 
-class SandboxNotRunning(errors.Conflict):
-    code = "sandbox_not_running"
+SandboxNotRunning = errors.NotRunning

@@ -279,3 +279,26 @@ async def test_stop_keeps_the_workspace_and_delete_removes_the_sandbox(stack, tm
         "sandbox.started",
         "sandbox.deleted",
     ]
+
+
+async def test_a_background_process_does_not_hold_the_shell(stack):
+    """A server started with `&` must not keep the session's lock: the next call runs."""
+    await stack.sh("bg", "sleep 30 > /dev/null 2>&1 &")
+    reply = await stack.sh("bg", "echo next", timeout=10)
+    assert reply.output == "next\n" and not reply.timed_out
+
+
+async def test_a_sandbox_that_stopped_behind_our_back_is_started_again(stack, tmp_path):
+    from shared.runtime.local import runtime as local
+
+    await stack.sh("revive", "echo kept > /workspace/f")
+    sandbox = (await stack.ensure("revive")).session.sandbox_id
+    await local.LocalRuntime(tmp_path / "state").stop(sandbox)  # e.g. a host reboot
+    request = execution.Shell(session_id="revive", sandbox_id=sandbox, command="true")
+    refused = execution.decode_reply(
+        (await stack.nc.request(stack.topology.exec_requests, codec.encode(request), timeout=30)).data
+    )
+    assert not refused.ok and refused.error.code == "not_running"
+    again = await stack.ensure("revive")  # what the gateway does after such a refusal
+    assert again.session.sandbox_id == sandbox
+    assert (await stack.sh("revive", "cat /workspace/f")).output == "kept\n"

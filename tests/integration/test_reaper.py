@@ -194,3 +194,27 @@ async def test_pool_manager_killed_mid_provision_leaks_nothing(
     for record in stuck:
         assert await harness.runtime.get(record.sandbox_id) is None
     assert (await harness.shell(f"crash-{n}", "echo alive")).output == "alive\n"
+
+
+async def test_a_sandbox_its_session_let_go_of_is_deleted(harness):
+    """The scheduler died between `session.deleted` and asking the pool-manager to delete
+    the sandbox: the sweep finds the running sandbox nobody points to and deletes it."""
+    from shared import events, eventstore
+
+    session = await harness.ensure("abandoned")
+    store = eventstore.EventStore(harness.nc.jetstream(), harness.topology)
+    subject = harness.topology.aggregate_subject(subjects.SESSION, "abandoned")
+    meta = events.Meta(event_id=ids.new_id(), time=datetime.now(UTC), service="scheduler", instance="dead")
+    history = await store.load(subject)
+    await store.append(subject, [events.SessionDeleted(meta=meta, session_id="abandoned")],
+                       expected_last_seq=history[-1].seq)  # fmt: skip
+    await support.eventually(lambda: _deleted(harness, "abandoned"), timeout=10)
+    assert not (await harness.reaper.pass_once(datetime.now(UTC))).findings  # grace first
+    report = await harness.reaper.pass_once(later(minutes=2))
+    assert report.findings["delete_unowned"] == 1
+    assert await harness.runtime.get(session.sandbox_id) is None
+
+
+async def _deleted(harness, sid):
+    state = await harness.session(sid)
+    return state is not None and state.status == "deleted"

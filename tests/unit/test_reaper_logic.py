@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -480,3 +481,37 @@ def test_decide_reaps_reaps_every_running_session_past_its_lifetime(population: 
         if s.status == "active" and sb is not None and sb.status == "running":
             if now - logic.session_start(s, sb) >= timedelta(seconds=rules.max_lifetime):
                 assert s.session_id in stopped_ids
+
+
+def _owned(sandbox_id: str, session_id: str, status: str = "running") -> states.SandboxState:
+    return msgspec.structs.replace(sandbox(sandbox_id, status, created=0), session_id=session_id)
+
+
+@pytest.mark.parametrize(
+    ("owner", "unowned"),
+    [
+        (None, True),  # the session is gone from the projection
+        ("deleted", True),
+        ("other-sandbox", True),  # re-provisioned: it points elsewhere now
+        ("active", False),
+        ("stopped", False),
+    ],
+)
+def test_reconcile_deletes_sandboxes_their_session_let_go_of(owner: str | None, unowned: bool) -> None:
+    record = _owned("sb-x", "s1")
+    sessions = {}
+    if owner == "other-sandbox":
+        sessions["s1"] = session("s1", "active", sandbox_id="sb-y")
+    elif owner is not None:
+        sessions["s1"] = session("s1", owner, sandbox_id="sb-x")
+    runtime = {"sb-x": logic.RuntimeView("sb-x", "running", T0)}
+    early = logic.reconcile({"sb-x": record}, runtime, T0 + timedelta(seconds=GRACE - 1), GRACE, sessions)
+    assert early == []
+    late = logic.reconcile({"sb-x": record}, runtime, T0 + timedelta(seconds=GRACE), GRACE, sessions)
+    assert [f.action for f in late] == (["delete_unowned"] if unowned else [])
+
+
+def test_pool_sandboxes_without_a_session_are_never_unowned() -> None:
+    warm = sandbox("sb-w", "running", created=0, pool=POOL)
+    runtime = {"sb-w": logic.RuntimeView("sb-w", "running", T0)}
+    assert logic.reconcile({"sb-w": warm}, runtime, T0 + timedelta(days=1), GRACE, {}) == []
