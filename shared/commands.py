@@ -36,12 +36,17 @@ class StopSession(Command, frozen=True, kw_only=True, tag="session.stop"):
     session_id: str
     reason: str = "requested"
     """Why (``requested``, ``idle``, ``lifetime``): recorded on the event."""
+    if_last_seq: int | None = None
+    """Only if the session is still as the sender saw it (its ``last_seq``); else a no-op.
+    The reaper sets it, so a session used since its snapshot is not stopped."""
 
 
 class DeleteSession(Command, frozen=True, kw_only=True, tag="session.delete"):
     session_id: str
     reason: str = "requested"
     """Why (``requested``, ``retention``, ``max_stopped``): recorded on the event."""
+    if_last_seq: int | None = None
+    """As for ``StopSession``: a no-op if the session changed since the sender looked."""
 
 
 class EnsureSession(Command, frozen=True, kw_only=True, tag="session.ensure"):

@@ -105,6 +105,7 @@ class Reaper:
             "command_id": ids.new_id(),
             "session_id": reap.session_id,
             "actor": commands.Actor(via="reaper"),
+            "if_last_seq": reap.last_seq,
         }
         command: commands.SessionCommand = (
             commands.StopSession(reason=reap.reason, **fields)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ with fake time (``tests/unit/test_reaper_logic.py``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
@@ -22,6 +22,8 @@ class Reap:
     session_id: str
     action: Literal["stop", "delete"]
     reason: Literal["lifetime", "idle", "retention", "max_stopped"]
+    last_seq: int | None = field(default=None, compare=False)
+    """The session's ``last_seq`` the decision was made on (sent as a precondition)."""
 
 
 def session_start(session: states.SessionState, sandbox: states.SandboxState) -> datetime:
@@ -55,22 +57,22 @@ def decide_reaps(
                 continue
             start = session_start(session, sandbox)
             if now - start >= timedelta(seconds=rules.max_lifetime):
-                reaps.append(Reap(session.session_id, "stop", "lifetime"))
+                reaps.append(Reap(session.session_id, "stop", "lifetime", session.last_seq))
                 continue
             candidates = [start, session.updated_at]
             if session.session_id in last_activity:
                 candidates.append(last_activity[session.session_id])
             if now - max(candidates) >= timedelta(seconds=rules.idle_timeout):
-                reaps.append(Reap(session.session_id, "stop", "idle"))
+                reaps.append(Reap(session.session_id, "stop", "idle", session.last_seq))
         elif session.status == "stopped":
             if now - session.updated_at >= timedelta(seconds=rules.stopped_retention):
-                reaps.append(Reap(session.session_id, "delete", "retention"))
+                reaps.append(Reap(session.session_id, "delete", "retention", session.last_seq))
             else:
                 kept_stopped.append(session)
     extra = len(kept_stopped) - rules.max_stopped
     if extra > 0:
         oldest = sorted(kept_stopped, key=lambda s: (s.updated_at, s.session_id))[:extra]
-        reaps.extend(Reap(s.session_id, "delete", "max_stopped") for s in oldest)
+        reaps.extend(Reap(s.session_id, "delete", "max_stopped", s.last_seq) for s in oldest)
     return reaps
 
 

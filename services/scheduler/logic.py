@@ -28,6 +28,9 @@ def decide(
         return []
     exists = state is not None and state.status != "deleted"
     sid = command.session_id
+    precondition = getattr(command, "if_last_seq", None)
+    if precondition is not None and (state is None or state.last_seq != precondition):
+        return []  # the session moved on since the sender's snapshot: leave it alone
     match command:
         case commands.CreateSession():
             if exists:
