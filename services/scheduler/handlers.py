@@ -118,12 +118,9 @@ class SessionCommands:
                 return sandbox_id
         return None
 
-    async def _provision(
-        self, command: commands.SessionCommand, state: states.SessionState
-    ) -> states.SessionState:
-        """Claim a warm sandbox or provision a new one, and assign it; if another request
-        assigned one first, discard ours and use theirs."""
-        options = logic.sandbox_options(command, state)
+    async def _obtain(self, command: commands.SessionCommand, options: dict[str, object]) -> str:
+        """A running sandbox for this session: claimed from a pool, else cold-started.
+        Raises (with nothing assigned) if the options are refused or a limit is reached."""
         started = time.perf_counter()
         sandbox_id = await self._claim(command, options)
         kind = "warm" if sandbox_id else "cold"
@@ -134,6 +131,17 @@ class SessionCommands:
                     session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id)
                 )  # type: ignore[arg-type]
             )
+        metrics.claims.labels(kind).inc()
+        metrics.claim_seconds.labels(kind).observe(time.perf_counter() - started)
+        return sandbox_id
+
+    async def _provision(
+        self, command: commands.SessionCommand, state: states.SessionState
+    ) -> states.SessionState:
+        """Obtain a sandbox and assign it; if another request assigned one first, discard
+        ours and use theirs."""
+        options = logic.sandbox_options(command, state)
+        sandbox_id = await self._obtain(command, options)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -142,8 +150,27 @@ class SessionCommands:
         )
         if not outcome.appended:
             await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
-        metrics.claims.labels(kind).inc()
-        metrics.claim_seconds.labels(kind).observe(time.perf_counter() - started)
+        assert outcome.state is not None
+        return outcome.state
+
+    async def _replace(
+        self, command: commands.SessionCommand, state: states.SessionState
+    ) -> states.SessionState:
+        """``create_sandbox`` on a session that has one: the new sandbox is obtained first,
+        so a refused option or a full pool leaves the old sandbox and workspace intact;
+        then release-and-assign is one append, and only then is the old one deleted."""
+        old = state.sandbox_id
+        assert old is not None
+        options = logic.sandbox_options(command, state)
+        new = await self._obtain(command, options)
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(
+            self.sessions,
+            command.session_id,
+            lambda s: logic.decide_swap(s, old, new, str(options["image"]), meta),
+        )
+        gone = old if outcome.appended else new  # lost a race: keep what the session has now
+        await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
         assert outcome.state is not None
         return outcome.state
 
@@ -224,5 +251,5 @@ class SessionCommands:
                 state = outcome.state
                 assert state is not None
                 if state.sandbox_id:
-                    state = await self._release(command, state)
+                    return await self._replace(command, state), len(outcome.appended)
                 return await self._provision(command, state), len(outcome.appended)

@@ -101,6 +101,18 @@ def decide_assign(
     ]
 
 
+def decide_swap(
+    state: states.SessionState | None, old: str, new: str, image: str, meta: events.Meta
+) -> list[events.SessionEvent]:
+    """Replace the session's sandbox ``old`` by ``new`` in one append (re-provisioning)."""
+    if state is None or state.status != "active" or state.sandbox_id != old:
+        return []
+    return [
+        events.SessionSandboxReleased(meta=meta, session_id=state.session_id, sandbox_id=old),
+        events.SessionSandboxAssigned(meta=meta, session_id=state.session_id, sandbox_id=new, image=image),
+    ]
+
+
 def decide_release(
     state: states.SessionState | None, sandbox_id: str, meta: events.Meta
 ) -> list[events.SessionEvent]:

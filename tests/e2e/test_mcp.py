@@ -81,8 +81,15 @@ async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
     ok, text = await agent.call("shell", command="ls /workspace; pwd")
     assert ok and "a.txt" not in text and "/workspace" in text
 
+    await agent.call("shell", command="echo mine > /workspace/keep.txt")
     ok, text = await agent.call("create_sandbox", use_kata=True)
     assert not ok and "not" in text.lower()
+    ok, text = await agent.call("shell", command="cat /workspace/keep.txt")
+    assert ok and text.startswith("mine"), "a refused create_sandbox leaves the old sandbox intact"
+    ok, text = await agent.call("create_sandbox", run_as_root=False)
+    assert ok, text
+    ok, text = await agent.call("shell", command="id -u; ls /workspace")
+    assert ok and text.splitlines()[0] != "0" and "keep.txt" not in text
 
     # Operators see it in Prometheus metrics; the key never shows there.
     import json
