@@ -74,6 +74,7 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
         *(topology.projection_bucket_config(kind) for kind in subjects.PROJECTED_KINDS),
         topology.health_bucket_config(),
         topology.leases_bucket_config(),
+        topology.activity_bucket_config(),
     ]:
         try:
             await js.create_key_value(config)

@@ -36,6 +36,9 @@ EXEC = "exec"
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0
 
+#: Activity entries outlive any sensible idle timeout, then expire.
+ACTIVITY_TTL_SECONDS = 7 * 86400.0
+
 #: A lease not renewed within this long is free for another instance.
 LEASE_TTL_SECONDS = 10.0
 
@@ -118,6 +121,12 @@ class Topology:
         return f"claims_{ids.token(pool_id)}"
 
     @property
+    def activity_bucket(self) -> str:
+        """Last tool call per session (and until when a call in flight may run): the
+        reaper's idle clock. Not a projection: it is a timestamp, not a state change."""
+        return f"{self.namespace}_activity"
+
+    @property
     def leases_bucket(self) -> str:
         """Short leases for work only one instance should do at a time (pool refill)."""
         return f"{self.namespace}_leases"
@@ -144,6 +153,15 @@ class Topology:
             retention=api.RetentionPolicy.WORK_QUEUE,
             storage=api.StorageType.FILE,
             duplicate_window=DUPLICATE_WINDOW_SECONDS,
+        )
+
+    def activity_bucket_config(self) -> api.KeyValueConfig:
+        return api.KeyValueConfig(
+            bucket=self.activity_bucket,
+            description="Last tool call per session, for the idle rule.",
+            history=1,
+            ttl=ACTIVITY_TTL_SECONDS,
+            storage=api.StorageType.FILE,
         )
 
     def leases_bucket_config(self) -> api.KeyValueConfig:

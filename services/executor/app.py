@@ -19,7 +19,8 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        executor = handlers.Executor(ctx, runtime, sandboxes, runtime_settings.output_limit)
+        activity_kv = await ctx.js.key_value(ctx.topology.activity_bucket)
+        executor = handlers.Executor(ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv)
         ctx.details["runtime"] = runtime.name
 
         @ctx.broker.subscriber(ctx.topology.exec_requests, queue=QUEUE, max_workers=MAX_WORKERS)

@@ -8,9 +8,11 @@ import time
 from collections.abc import Awaitable, Callable
 
 import structlog
+from nats.js.kv import KeyValue
 
 from services.executor import edits, output, scripts
 from shared import (
+    activity,
     codec,
     commands,
     errors,
@@ -39,11 +41,13 @@ class Executor:
         runtime: api.Runtime,
         sandboxes: projector.ProjectionStore[states.SandboxState],
         output_limit: int,
+        activity_kv: KeyValue | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self.sandboxes = sandboxes
         self.limit = output_limit
+        self.activity_kv = activity_kv
         self.served = 0
 
     async def handle(self, raw: bytes) -> bytes:
@@ -56,7 +60,9 @@ class Executor:
                 raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
             ids.validate_session_id(request.session_id)
             await self._check_owner(request)
+            await self._touch(request.session_id, busy_for=self._budget(request))
             reply = await self.dispatch(request)
+            await self._touch(request.session_id)
         except errors.SandboxError as exc:
             reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:
@@ -71,6 +77,25 @@ class Executor:
         if request is not None and not isinstance(request, execution.ShellPoll | execution.ShellWait):
             await self._audit(request, reply, time.monotonic() - started)
         return codec.encode(reply)
+
+    @staticmethod
+    def _budget(request: execution.AnyRequest) -> float:
+        """The longest this request may run (so the reaper never counts it as idle)."""
+        match request:
+            case execution.Shell():
+                return request.timeout or execution.DEFAULT_TIMEOUT
+            case execution.ShellWait():
+                return request.timeout or 30.0
+        return QUICK
+
+    async def _touch(self, session_id: str, *, busy_for: float = 0.0) -> None:
+        """Every tool call is activity, polls and waits included (the idle rule's clock)."""
+        if self.activity_kv is None:
+            return
+        try:
+            await activity.touch(self.activity_kv, session_id, busy_for=busy_for)
+        except errors.SandboxError as exc:
+            log.warning("executor.activity_failed", error=exc.message)
 
     async def _check_owner(self, request: execution.AnyRequest) -> None:
         """Defence in depth: the sandbox must belong to the session named in the request."""

@@ -8,11 +8,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-import nats.js.errors
 import structlog
+from nats.js.kv import KeyValue
 
 from services.reaper import logic
 from shared import (
+    activity,
     aggregates,
     bus,
     codec,
@@ -26,7 +27,6 @@ from shared import (
     service,
     settings,
     states,
-    subjects,
 )
 from shared.runtime import api
 
@@ -59,16 +59,14 @@ class Reaper:
         self.sandboxes = sandboxes
         self.rules = rules
         self.grace = grace
+        self._activity_kv: KeyValue | None = None
 
-    async def last_activity(self, session_id: str) -> datetime | None:
-        """Time of the session's last tool call: the newest event on its audit subject."""
-        subject = self.ctx.topology.aggregate_subject(subjects.EXEC, session_id)
-        try:
-            msg = await self.ctx.js.get_msg(self.ctx.topology.events_stream, subject=subject, direct=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        assert msg.data is not None
-        return codec.decode_event(msg.data).meta.time
+    async def last_activity(self, session_id: str, now: datetime) -> datetime | None:
+        """When the session last called a tool (``now`` while a call may still be running)."""
+        if self._activity_kv is None:
+            self._activity_kv = await self.ctx.js.key_value(self.ctx.topology.activity_bucket)
+        entry = await activity.read(self._activity_kv, session_id)
+        return entry.last(now) if entry is not None else None
 
     async def pass_once(self, now: datetime | None = None) -> Report:
         now = now or datetime.now(UTC)
@@ -80,7 +78,7 @@ class Reaper:
             sandbox = records.get(session.sandbox_id or "")
             if session.status == "active" and sandbox is not None and sandbox.status == "running":
                 if logic.needs_activity(session, sandbox, now, self.rules):
-                    last = await self.last_activity(session.session_id)
+                    last = await self.last_activity(session.session_id, now)
                     if last is not None:
                         activity[session.session_id] = last
         for reap in logic.decide_reaps(sessions, records, activity, now, self.rules):

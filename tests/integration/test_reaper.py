@@ -218,3 +218,27 @@ async def test_a_sandbox_its_session_let_go_of_is_deleted(harness):
 async def _deleted(harness, sid):
     state = await harness.session(sid)
     return state is not None and state.status == "deleted"
+
+
+async def test_a_long_call_in_flight_and_polls_count_as_activity(harness):
+    import asyncio
+
+    await harness.shell("longrun", "true")
+    sandbox = (await harness.ensure("longrun")).sandbox_id
+    request = execution.Shell(session_id="longrun", sandbox_id=sandbox, command="sleep 3", timeout=1800)
+    in_flight = asyncio.create_task(
+        harness.nc.request(harness.topology.exec_requests, codec.encode(request), timeout=60)
+    )
+    await asyncio.sleep(0.5)
+    # Eleven minutes later the call may still be running (its timeout is 30 min): not idle.
+    assert (await harness.reaper.pass_once(later(minutes=11))).reaps == {}
+    await in_flight
+    # A poll is a tool call too: it resets the idle clock.
+    job = execution.ShellAsync(session_id="longrun", sandbox_id=sandbox, command="sleep 1")
+    started = execution.decode_reply(
+        (await harness.nc.request(harness.topology.exec_requests, codec.encode(job), timeout=30)).data
+    )
+    poll = execution.ShellPoll(session_id="longrun", sandbox_id=sandbox, job_id=started.job_id)
+    await harness.nc.request(harness.topology.exec_requests, codec.encode(poll), timeout=30)
+    assert (await harness.reaper.pass_once(later(minutes=9))).reaps == {}
+    assert (await harness.reaper.pass_once(later(minutes=11))).reaps == {"idle": 1}
