@@ -7,13 +7,20 @@ instance's ``hold()`` succeeds.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
 import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from shared import aio
+from shared import aio, subjects
 
 log = structlog.get_logger(__name__)
+T = TypeVar("T")
+#: Renewal period while working: well inside the lease's time to live.
+RENEW_SECONDS = subjects.LEASE_TTL_SECONDS / 4
 
 
 class Lease:
@@ -46,3 +53,23 @@ class Lease:
             except Exception as exc:  # expired already, or the connection is closing
                 log.debug("lease.release_failed", error=repr(exc))
             self.revision = None
+
+
+async def while_held(lease: Lease, work: Awaitable[T], *, renew_every: float = RENEW_SECONDS) -> T | None:
+    """Run ``work`` while renewing ``lease``; if a renewal fails (another instance took
+    over), cancel the work and return None. Long rounds never outlive their lease."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait([task], timeout=renew_every)
+            if done:
+                return task.result()
+            if not await lease.hold():
+                log.warning("lease.lost_while_working", key=lease.key)
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return None
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

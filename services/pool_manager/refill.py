@@ -39,9 +39,10 @@ async def run(
             if await lease.hold():
                 ctx.details["pool"] = "filling"
                 try:
-                    failures = await refill_once(
-                        ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0
+                    failures = await leases.while_held(
+                        lease, refill_once(ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0)
                     )
+                    failures = 0 if failures is None else failures
                     # Failing provisions back off (up to 30 s) instead of flooding the stream.
                     delay = INTERVAL if not failures else min(max(delay, INTERVAL) * 2, MAX_BACKOFF)
                 except errors.ConfigError as exc:  # e.g. no cgroups: say it once, keep serving requests

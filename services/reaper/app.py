@@ -35,7 +35,9 @@ def make_setup(
                 while True:
                     if await lease.hold():
                         try:
-                            report = await reaper.pass_once()
+                            report = await leases.while_held(lease, reaper.pass_once())
+                            if report is None:  # another instance took over mid-pass
+                                continue
                             passes += 1
                             ctx.details["passes"] = str(passes)
                             ctx.details["last_pass"] = (
