@@ -7,6 +7,8 @@ and after it where the event reports what happened (``sandbox.started``).
 
 from __future__ import annotations
 
+import asyncio
+
 import structlog
 
 from services.pool_manager import logic
@@ -42,6 +44,7 @@ class PoolHandlers:
         self.sandboxes = sandboxes
         self.limits = limits
         self.max_running = max_running
+        self._admission = asyncio.Lock()
 
     async def handle(self, raw: bytes) -> bytes:
         try:
@@ -119,6 +122,26 @@ class PoolHandlers:
             "or clear sessions you no longer need"
         )
 
+    async def _record_requested(self, request: provisioning.Provision) -> None:
+        def decide(state: states.SandboxState | None) -> list[events.Event]:
+            if state is not None:
+                return []
+            return [
+                events.SandboxRequested(
+                    meta=self._meta(request, request.session_id),
+                    sandbox_id=request.sandbox_id,
+                    session_id=request.session_id,
+                    image=request.image,
+                    run_as_root=request.run_as_root,
+                    writable_root=request.writable_root,
+                    use_kata=request.use_kata,
+                    backend=self.runtime.name,
+                    pool=request.pool,
+                )
+            ]
+
+        await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+
     async def provision(self, request: provisioning.Provision) -> states.SandboxState:
         current = await self.sandboxes.get(request.sandbox_id)
         if current is not None and current.status == "running":
@@ -126,26 +149,9 @@ class PoolHandlers:
         if current is not None and current.status == "refused":
             raise errors.LimitExceeded(f"sandbox {request.sandbox_id} was refused: {current.error}")
         if current is None:
-            await self._refuse_if_full(request)
-
-            def decide(state: states.SandboxState | None) -> list[events.Event]:
-                if state is not None:
-                    return []
-                return [
-                    events.SandboxRequested(
-                        meta=self._meta(request, request.session_id),
-                        sandbox_id=request.sandbox_id,
-                        session_id=request.session_id,
-                        image=request.image,
-                        run_as_root=request.run_as_root,
-                        writable_root=request.writable_root,
-                        use_kata=request.use_kata,
-                        backend=self.runtime.name,
-                        pool=request.pool,
-                    )
-                ]
-
-            await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+            async with self._admission:  # check-then-record is atomic within this instance
+                await self._refuse_if_full(request)
+                await self._record_requested(request)
         spec = api.SandboxSpec(
             sandbox_id=request.sandbox_id,
             image=request.image,
@@ -185,6 +191,13 @@ class PoolHandlers:
         state = await self.sandboxes.get(request.sandbox_id)
         if state is None or state.status in ("deleted", "failed"):
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        if state.status == "stopped":  # a resume adds a running sandbox: the limit applies
+            full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
+            if full:
+                metrics.refusals.labels("max_running").inc()
+                raise errors.LimitExceeded(
+                    f"{running} sandboxes are running, the limit is {self.max_running}: retry later"
+                )
         info = await self.runtime.get(request.sandbox_id)
         if info is None:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} is gone from the runtime")
