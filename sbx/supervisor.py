@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
-import os
 import signal
 import sys
 import time
@@ -137,13 +136,3 @@ def child_env(base: dict[str, str], **overrides: str | None) -> dict[str, str]:
 
 def python_module(module: str) -> list[str]:
     return [sys.executable, "-m", module]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

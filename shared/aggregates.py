@@ -18,11 +18,18 @@ MAX_ATTEMPTS = 16
 
 
 class Outcome(Generic[projections.S]):
-    __slots__ = ("appended", "state")
+    __slots__ = ("appended", "before", "state")
 
-    def __init__(self, state: projections.S | None, appended: list[eventstore.Stored]) -> None:
+    def __init__(
+        self,
+        state: projections.S | None,
+        appended: list[eventstore.Stored],
+        before: projections.S | None = None,
+    ) -> None:
         self.state = state
         self.appended = appended
+        self.before = before
+        """The state the appended events were decided on (None when nothing was appended)."""
 
 
 async def transact(
@@ -51,7 +58,8 @@ async def transact(
             continue
         if crash_point:
             faults.crash_point(crash_points, crash_point)
+        before = state
         for item in stored:
             state = await store.apply(item)
-        return Outcome(state, stored)
+        return Outcome(state, stored, before)
     raise errors.ConcurrencyError(f"{store.projection.kind} {aggregate_id!r} is changing too fast; retry")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Awaitable, Callable
 
 import structlog
 from nats.js.kv import KeyValue
@@ -48,7 +47,6 @@ class Executor:
         self.sandboxes = sandboxes
         self.limit = output_limit
         self.activity_kv = activity_kv
-        self.served = 0
 
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
@@ -70,7 +68,6 @@ class Executor:
             reply = execution.Reply(
                 ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
             )
-        self.served += 1
         if request is not None:
             tool = type(request).__struct_config__.tag
             metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
@@ -315,6 +312,3 @@ class Executor:
             )
         except errors.SandboxError as exc:
             log.warning("executor.audit_failed", error=exc.message)
-
-
-Handler = Callable[[bytes], Awaitable[bytes]]

@@ -13,7 +13,6 @@ from shared import (
     codec,
     commands,
     errors,
-    events,
     ids,
     metrics,
     pools,
@@ -223,18 +222,11 @@ class SessionCommands:
                     )  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.DeleteSession() | commands.ClearSession():
-                decided_on: list[str | None] = []
-                meta = self.ctx.meta(command=command, session_id=command.session_id)
-
-                def decide(state: states.SessionState | None) -> list[events.SessionEvent]:
-                    new = logic.decide(state, command, meta)
-                    decided_on[:] = [state.sandbox_id if state is not None else None]
-                    return new
-
-                outcome = await aggregates.transact(self.sessions, command.session_id, decide)
-                if outcome.appended and decided_on and decided_on[0]:
-                    # the sandbox of the state the deletion was decided on (not a stale read)
-                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, decided_on[0])))  # type: ignore[arg-type]
+                outcome = await self._decide(command)
+                # The sandbox of the state the deletion was decided on (not an earlier read).
+                gone = outcome.before.sandbox_id if outcome.before is not None else None
+                if outcome.appended and gone:
+                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
                 outcome = await self._decide(command)

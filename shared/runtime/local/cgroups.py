@@ -109,13 +109,6 @@ class Cgroups:
                     except OSError:  # busy for a moment after the last process exits
                         time.sleep(0.01)
 
-    def memory_peak(self, name: str) -> int | None:
-        d = self.dirs(name)[0]
-        for f in ("memory.max_usage_in_bytes", "memory.peak"):
-            with contextlib.suppress(OSError, ValueError):
-                return int((d / f).read_text())
-        return None
-
 
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as handle:
