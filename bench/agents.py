@@ -4,8 +4,9 @@ MCP client over streamable HTTP, real sandboxes.
 Prints, all in the same run:
 
 * new session id → first `shell` result (cold start: no warm pool yet), p50/p99;
-* `shell` round trip of `true` in a live session vs an MCP `ping` (a no-op round trip on
-  the same server, same client): p50/p99 and their ratio (target: at most 2x);
+* `shell` round trip of `true` in a live session vs a no-op MCP tool call (a tool call the
+  gateway refuses before doing any work) and vs an MCP `ping`, same server, same client,
+  interleaved: p50/p99 and the ratios (target: shell at most 2x the no-op tool call);
 * the same `true` through NATS directly (executor request) vs bare `bwrap` exec of `true`;
 * N concurrent agents each running a few commands: p50/p99 and errors.
 
@@ -72,6 +73,13 @@ class Agent:
 
     async def ping(self) -> None:
         await self._session.send_ping()
+
+    async def noop_tool(self) -> None:
+        """A whole tool call that does no work: shell_poll refuses a malformed job id
+        before anything leaves the gateway."""
+        result = await self._session.call_tool("shell_poll", {"job_id": "x"})
+        if not result.is_error:
+            raise RuntimeError("expected the malformed job id to be refused")
 
 
 async def timed(samples: list[float], coro) -> None:
@@ -179,13 +187,16 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
                 await agent.shell("true")
                 shell_s: list[float] = []
                 ping_s: list[float] = []
+                noop_s: list[float] = []
                 start = time.perf_counter()
-                for _ in range(warm):  # interleaved, so both see the same machine conditions
+                for _ in range(warm):  # interleaved, so all see the same machine conditions
                     await timed(ping_s, agent.ping())
+                    await timed(noop_s, agent.noop_tool())
                     await timed(shell_s, agent.shell("true"))
                 elapsed = time.perf_counter() - start
-                results["MCP ping (no-op round trip)"] = (ping_s, elapsed / 2)
-                results["MCP shell `true` (live session)"] = (shell_s, elapsed / 2)
+                results["MCP ping (no-op round trip)"] = (ping_s, elapsed / 3)
+                results["MCP no-op tool call"] = (noop_s, elapsed / 3)
+                results["MCP shell `true` (live session)"] = (shell_s, elapsed / 3)
 
             info = json.loads((state / "stack.json").read_text())
             bus_settings = settings.BusSettings(
@@ -246,8 +257,13 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
             ping_p = common.percentiles(results["MCP ping (no-op round trip)"][0])
             nats_p = common.percentiles(direct)
             bare_p = common.percentiles(bare)
+            noop_p = common.percentiles(results["MCP no-op tool call"][0])
             print(
-                f"\nshell/ping ratio: p50 {shell_p['p50'] / ping_p['p50']:.2f}x  "
+                f"\nshell/no-op tool ratio (target <= 2x): p50 {shell_p['p50'] / noop_p['p50']:.2f}x  "
+                f"p99 {shell_p['p99'] / noop_p['p99']:.2f}x"
+            )
+            print(
+                f"shell/ping ratio: p50 {shell_p['p50'] / ping_p['p50']:.2f}x  "
                 f"p99 {shell_p['p99'] / ping_p['p99']:.2f}x"
             )
             print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")

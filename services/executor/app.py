@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from faststream.nats import NatsMessage
 
-from services.executor import handlers
+from services.executor import handlers, shells
 from shared import projections, projector, service, settings
 from shared.runtime import backends
 
@@ -20,14 +20,17 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         activity_kv = await ctx.js.key_value(ctx.topology.activity_bucket)
-        executor = handlers.Executor(ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv)
+        servers = shells.ShellServers(runtime)
+        executor = handlers.Executor(
+            ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers
+        )
         ctx.details["runtime"] = runtime.name
 
         @ctx.broker.subscriber(ctx.topology.exec_requests, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_exec_request(msg: NatsMessage) -> bytes:
             return await executor.handle(msg.body)
 
-        return service.Workload()
+        return service.Workload(tasks=[servers.run_sweeps()], on_drain=[servers.close])
 
     return setup
 

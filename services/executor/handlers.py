@@ -9,7 +9,7 @@ import time
 import structlog
 from nats.js.kv import KeyValue
 
-from services.executor import edits, output, scripts
+from services.executor import edits, output, scripts, shells
 from shared import (
     activity,
     codec,
@@ -41,9 +41,11 @@ class Executor:
         sandboxes: projector.ProjectionStore[states.SandboxState],
         output_limit: int,
         activity_kv: KeyValue | None = None,
+        shell_servers: shells.ShellServers | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
+        self.shells = shell_servers
         self.sandboxes = sandboxes
         self.limit = output_limit
         self.activity_kv = activity_kv
@@ -51,16 +53,17 @@ class Executor:
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
         request: execution.AnyRequest | None = None
+        valid = False
         try:
             try:
                 request = execution.decode_request(raw)
             except Exception as exc:
                 raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
             ids.validate_session_id(request.session_id)
+            valid = True
             await self._check_owner(request)
             await self._touch(request.session_id, busy_for=self._budget(request))
             reply = await self.dispatch(request)
-            await self._touch(request.session_id)
         except errors.SandboxError as exc:
             reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:
@@ -71,8 +74,12 @@ class Executor:
         if request is not None:
             tool = type(request).__struct_config__.tag
             metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
-        if request is not None and not isinstance(request, execution.ShellPoll | execution.ShellWait):
-            await self._audit(request, reply, time.monotonic() - started)
+        if request is not None and valid:
+            # The call ends the busy period (activity) and is audited: both at once.
+            await asyncio.gather(
+                self._touch(request.session_id),
+                self._audit(request, reply, time.monotonic() - started),
+            )
         return codec.encode(reply)
 
     @staticmethod
@@ -140,14 +147,21 @@ class Executor:
     async def shell(self, request: execution.Shell) -> execution.Reply:
         if not request.command.strip():
             raise errors.InvalidInput("command is empty")
+        if "\0" in request.command:
+            raise errors.InvalidInput("command contains a NUL character")
         timeout = self._timeout(request.timeout, execution.DEFAULT_TIMEOUT)
-        running = await self.runtime.exec(
-            request.sandbox_id, scripts.argv(scripts.SHELL), stdin=request.command.encode(), timeout=timeout
-        )
         capture = output.Capture(self.limit)
-        async for _, data in running.chunks():
-            capture.add(data)
-        result = await running.wait()
+        result = await self._shell_fast(request, capture, timeout)
+        if result is None:
+            running = await self.runtime.exec(
+                request.sandbox_id,
+                scripts.argv(scripts.SHELL),
+                stdin=request.command.encode(),
+                timeout=timeout,
+            )
+            async for _, data in running.chunks():
+                capture.add(data)
+            result = await running.wait()
         text = capture.render()
         if result.timed_out:
             text += f"\n[timed out after {timeout:g} s: the command was killed; use shell_async instead]"
@@ -159,6 +173,25 @@ class Executor:
             truncated=capture.truncated,
             duration=result.duration,
         )
+
+    async def _shell_fast(
+        self, request: execution.Shell, capture: output.Capture, timeout: float
+    ) -> shells.Result | api.ExecResult | None:
+        """Through the sandbox's persistent shell server; None: use the one-off path."""
+        if self.shells is None:
+            return None
+        server = self.shells.ready(request.sandbox_id)
+        if server is None:
+            return None
+        try:
+            return await server.run(request.command, capture, timeout)
+        except shells.ServerGone as gone:
+            if gone.started:
+                raise errors.InfrastructureError(
+                    "the shell running this command was killed before it answered "
+                    "(did the command kill every process in the sandbox?)"
+                ) from gone
+            return None
 
     async def shell_async(self, request: execution.ShellAsync) -> execution.Reply:
         if not request.command.strip():
@@ -271,6 +304,8 @@ class Executor:
     # ---- audit -----------------------------------------------------------------------
 
     async def _audit(self, request: execution.AnyRequest, reply: execution.Reply, seconds: float) -> None:
+        if isinstance(request, execution.ShellPoll | execution.ShellWait):
+            return  # reads, not actions: the job's start and stop are audited
         match request:
             case execution.Shell() | execution.ShellAsync():
                 what = request.command

@@ -25,11 +25,8 @@ _LOCK = (
     f'if command -v flock >/dev/null 2>&1; then exec 9>"{STATE}/lock"; flock 9; fi'
 )
 
-# Builtins only on the hot path under bash (each fork/exec costs ~1 ms in a sandbox).
-SHELL = f"""
-{_LOCK}
-if [ -n "$BASH_VERSION" ]; then IFS= read -r -d '' __sbx_cmd; else __sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}; fi
-exec </dev/null 2>&1
+#: Runs $__sbx_cmd with the session's cwd and exports, and saves them when it ends.
+_RUN = f"""
 if [ -f {STATE}/cwd ]; then IFS= read -r __sbx_d < {STATE}/cwd; cd "$__sbx_d" 2>/dev/null || cd /workspace; fi
 [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
 __sbx_save() {{
@@ -42,6 +39,44 @@ __sbx_save() {{
 trap __sbx_save EXIT
 eval "$__sbx_cmd" 9>&-  # the lock fd stays with this shell, never with what the command starts
 """
+
+# Builtins only on the hot path under bash (each fork/exec costs ~1 ms in a sandbox).
+SHELL = f"""
+{_LOCK}
+if [ -n "$BASH_VERSION" ]; then IFS= read -r -d '' __sbx_cmd; else __sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}; fi
+exec </dev/null 2>&1
+{_RUN}"""
+
+SERVER_HELLO = b"sbx-shell-server 1\n"
+
+#: The persistent shell server (bash only; exit 3 means "not here, use SHELL").
+#: Reads requests ``<nonce>\n<command>\0`` from stdin; runs each as a background job
+#: (its own process group, so a timeout kills exactly that call), with stdin from
+#: /dev/null and output to a file, so processes the command leaves behind never hold
+#: or write into this channel. Answers ``<nonce> started <pgid>\n``, then the output,
+#: then ``<nonce> exited <status>\n``.
+SHELL_SERVER = f"""
+[ -n "$BASH_VERSION" ] && command -v cat >/dev/null 2>&1 || exit 3
+exec 2>/dev/null
+set -m
+[ -d {STATE} ] || mkdir -p {STATE} || exit 3
+__sbx_out={STATE}/out.$$
+printf 'sbx-shell-server 1\\n'
+while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
+  (
+    {_LOCK}
+    {_RUN}  ) </dev/null >"$__sbx_out" 2>&1 &
+  printf '%s started %d\\n' "$__sbx_nonce" "$!"
+  wait "$!"
+  __sbx_rc=$?
+  if [ -s "$__sbx_out" ]; then cat -- "$__sbx_out"; : > "$__sbx_out"; fi
+  printf '%s exited %d\\n' "$__sbx_nonce" "$__sbx_rc"
+done
+rm -f -- "$__sbx_out"
+"""
+
+#: Kills one shell server job's process group ($1 is the pgid the server reported).
+KILL_GROUP = 'kill -KILL -- "-$1" 2>/dev/null; exit 0'
 
 JOB_START = f"""
 J={JOBS}/$1

@@ -26,7 +26,14 @@ def make_setup(
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids
         )
-        pool = handlers.PoolHandlers(ctx, runtime, sandboxes, limits, max_running=lifecycle.max_running)
+        pool = handlers.PoolHandlers(
+            ctx,
+            runtime,
+            sandboxes,
+            limits,
+            max_running=lifecycle.max_running,
+            leases_kv=await ctx.js.key_value(ctx.topology.leases_bucket),
+        )
         ctx.details["runtime"] = runtime.name
 
         @ctx.broker.subscriber(ctx.topology.pool_requests, queue=QUEUE, max_workers=MAX_WORKERS)

@@ -8,8 +8,12 @@ and after it where the event reports what happened (``sandbox.started``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
 
 import structlog
+from nats.js.kv import KeyValue
 
 from services.pool_manager import logic
 from shared import (
@@ -19,6 +23,7 @@ from shared import (
     errors,
     events,
     faults,
+    leases,
     metrics,
     projector,
     provisioning,
@@ -29,6 +34,10 @@ from shared.runtime import api
 
 log = structlog.get_logger(__name__)
 
+ADMISSION_KEY = "pool-admission"
+ADMISSION_WAIT = 15.0
+"""How long a provision waits for another instance's admission to finish."""
+
 
 class PoolHandlers:
     def __init__(
@@ -38,13 +47,38 @@ class PoolHandlers:
         sandboxes: projector.ProjectionStore[states.SandboxState],
         limits: api.Limits,
         max_running: int = 1_000_000,
+        leases_kv: KeyValue | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
         self.sandboxes = sandboxes
         self.limits = limits
         self.max_running = max_running
+        self.leases_kv = leases_kv
         self._admission = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def _admitting(self) -> AsyncIterator[None]:
+        """Count-then-record under one lock for all pool-manager instances: a lock in this
+        process, then a short lease in KV (``pool-admission``) shared by every instance,
+        so two instances admitting at once never take the total past ``max_running``.
+        A holder that dies releases it by expiry."""
+        async with self._admission:
+            if self.leases_kv is None:
+                yield
+                return
+            lease = leases.Lease(self.leases_kv, ADMISSION_KEY, self.ctx.settings.instance)
+            deadline = time.monotonic() + ADMISSION_WAIT
+            delay = 0.002
+            while not await lease.hold():
+                if time.monotonic() > deadline:
+                    raise errors.Unavailable("another pool-manager is admitting sandboxes; retry shortly")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.05)
+            try:
+                yield
+            finally:
+                await lease.release()
 
     async def handle(self, raw: bytes) -> bytes:
         try:
@@ -149,7 +183,7 @@ class PoolHandlers:
         if current is not None and current.status == "refused":
             raise errors.LimitExceeded(f"sandbox {request.sandbox_id} was refused: {current.error}")
         if current is None:
-            async with self._admission:  # check-then-record is atomic within this instance
+            async with self._admitting():  # count-then-record is atomic across instances
                 await self._refuse_if_full(request)
                 await self._record_requested(request)
         spec = api.SandboxSpec(
@@ -192,12 +226,17 @@ class PoolHandlers:
         if state is None or state.status in ("deleted", "failed"):
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
         if state.status == "stopped":  # a resume adds a running sandbox: the limit applies
-            full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
-            if full:
-                metrics.refusals.labels("max_running").inc()
-                raise errors.LimitExceeded(
-                    f"{running} sandboxes are running, the limit is {self.max_running}: retry later"
-                )
+            async with self._admitting():  # held until the start is recorded
+                full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
+                if full:
+                    metrics.refusals.labels("max_running").inc()
+                    raise errors.LimitExceeded(
+                        f"{running} sandboxes are running, the limit is {self.max_running}: retry later"
+                    )
+                return await self._start(request, state)
+        return await self._start(request, state)
+
+    async def _start(self, request: provisioning.Start, state: states.SandboxState) -> states.SandboxState:
         info = await self.runtime.get(request.sandbox_id)
         if info is None:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} is gone from the runtime")

@@ -87,6 +87,14 @@ class Exec(abc.ABC):
     async def kill(self) -> None:
         """Kill the command and everything it started."""
 
+    async def send(self, data: bytes) -> None:
+        """Write to the command's stdin (only when started with ``keep_stdin_open``).
+        Raises Unavailable once the command no longer reads its stdin."""
+        raise errors.NotBuiltYet(f"{type(self).__name__} does not support writing to stdin")
+
+    async def close_stdin(self) -> None:  # noqa: B027 - optional, like send()
+        """Close the command's stdin, so it reads end-of-file."""
+
 
 class Runtime(abc.ABC):
     """One sandbox backend. Every method is idempotent where the name suggests it."""
@@ -127,10 +135,13 @@ class Runtime(abc.ABC):
         cwd: str | None = None,
         stdin: bytes | None = None,
         timeout: float | None = None,
+        keep_stdin_open: bool = False,
     ) -> Exec:
         """Start ``argv`` inside a running sandbox. Output streams as it comes; on timeout
-        the command's processes are killed and the result says ``timed_out``. Raises
-        NotFound for an unknown id and Conflict if the sandbox is not running."""
+        the command's processes are killed and the result says ``timed_out``. ``stdin``
+        is written, then stdin is closed, unless ``keep_stdin_open``: then ``Exec.send``
+        writes more and ``Exec.close_stdin`` ends it (a long-lived helper process).
+        Raises NotFound for an unknown id and NotRunning if the sandbox is not running."""
 
     async def run(
         self,

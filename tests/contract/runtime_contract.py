@@ -71,6 +71,26 @@ class RuntimeContract:
         assert rest == b"second\n"
         assert (await waiting).exit_code == 0
 
+    async def test_a_long_lived_command_reads_stdin_as_it_is_sent(self, runtime, running):
+        """``keep_stdin_open``: what the executor's persistent shell server is built on."""
+        helper = await runtime.exec(
+            running, ["sh", "-c", "while read -r x; do echo got $x; done"], keep_stdin_open=True
+        )
+        chunks = helper.chunks()
+        for word in ("one", "two"):
+            await helper.send(word.encode() + b"\n")
+            assert await asyncio.wait_for(chunks.__anext__(), 10) == ("stdout", f"got {word}\n".encode())
+        await helper.close_stdin()
+        assert [d async for _, d in chunks] == []
+        assert (await asyncio.wait_for(helper.wait(), 10)).exit_code == 0
+        with pytest.raises(errors.Unavailable):
+            for _ in range(100):  # the pipe may take a write or two before it reports the reader gone
+                await helper.send(b"more\n")
+        once = await runtime.exec(running, ["cat"], stdin=b"x")
+        with pytest.raises(errors.InvalidInput):
+            await once.send(b"y")
+        await once.wait()
+
     async def test_timeout_kills_the_command(self, runtime, running):
         result, _, _ = await runtime.run(running, ["sh", "-c", "sleep 30; echo never"], timeout=0.5)
         assert result.timed_out and result.exit_code == -1

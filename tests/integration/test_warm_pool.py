@@ -109,6 +109,31 @@ async def test_max_running_refuses_clearly_and_records_it(env):
     assert "sandbox.refused" in tags
 
 
+async def test_two_pool_managers_admitting_at_once_never_exceed_max_running(env):
+    """Cold starts spread over two pool-manager instances (the work queue hands requests
+    to either): the shared admission lease keeps the total at the limit, not above."""
+    start, nc, topology, state = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=0, max_running=3)
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    replies = await asyncio.gather(*(ensure(nc, topology, f"cold-{n}") for n in range(8)))
+    admitted = [r for r in replies if r.ok]
+    refused = [r for r in replies if not r.ok]
+    assert len(admitted) == 3, [r.error for r in refused]
+    assert {r.error.code for r in refused} == {"limit_exceeded"}
+    from shared.runtime.local import runtime as local
+
+    running = [i for i in await local.LocalRuntime(state).list() if i.status == "running"]
+    assert len(running) == 3
+    handled_by = {
+        s.event.meta.instance
+        for s in await support.stream_events(nc, topology, subjects.SANDBOX)
+        if s.event.__struct_config__.tag in ("sandbox.requested", "sandbox.refused")
+    }
+    assert len(handled_by) == 2, "both instances took requests (else the race was not tried)"
+
+
 async def test_a_spec_change_rolls_the_pool_over_without_touching_claimed_sandboxes(env, tmp_path):
     start, nc, topology, state = env
     first = await start("pool-manager", pool_app.make_setup(RUNTIME, LIFECYCLE))

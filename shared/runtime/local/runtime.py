@@ -71,8 +71,15 @@ class _Running(msgspec.Struct):
 
 
 class LocalExec(api.Exec):
-    def __init__(self, proc: asyncio.subprocess.Process, timeout: float | None, stdin: bytes | None) -> None:
+    def __init__(
+        self,
+        proc: asyncio.subprocess.Process,
+        timeout: float | None,
+        stdin: bytes | None,
+        keep_stdin_open: bool = False,
+    ) -> None:
         self.proc = proc
+        self.keep_stdin_open = keep_stdin_open
         self.started = time.monotonic()
         self.timed_out = False
         self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
@@ -89,6 +96,25 @@ class LocalExec(api.Exec):
             if data:
                 self.proc.stdin.write(data)
                 await self.proc.stdin.drain()
+        if not self.keep_stdin_open:
+            self.proc.stdin.close()
+
+    async def send(self, data: bytes) -> None:
+        if not self.keep_stdin_open:
+            raise errors.InvalidInput("this command was not started with keep_stdin_open")
+        await self._feeder
+        assert self.proc.stdin is not None
+        if self.proc.stdin.is_closing() or self.proc.returncode is not None:
+            raise errors.Unavailable("the command's input is closed")
+        try:
+            self.proc.stdin.write(data)
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
+            raise errors.Unavailable(f"the command no longer reads its input: {exc}") from exc
+
+    async def close_stdin(self) -> None:
+        await self._feeder
+        assert self.proc.stdin is not None
         self.proc.stdin.close()
 
     async def _read(self, stream: api.Stream, reader: asyncio.StreamReader | None) -> None:
@@ -363,6 +389,7 @@ class LocalRuntime(api.Runtime):
         cwd: str | None = None,
         stdin: bytes | None = None,
         timeout: float | None = None,
+        keep_stdin_open: bool = False,
     ) -> api.Exec:
         if not argv:
             raise errors.InvalidInput("exec needs a command")
@@ -406,4 +433,4 @@ class LocalRuntime(api.Runtime):
             start_new_session=True,
             preexec_fn=child,
         )
-        return LocalExec(proc, timeout, stdin)
+        return LocalExec(proc, timeout, stdin, keep_stdin_open)

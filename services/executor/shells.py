@@ -1,0 +1,317 @@
+"""Persistent shell servers: the fast path of the ``shell`` tool.
+
+Starting a command from the host costs a fork of the executor, ``nsenter`` into seven
+namespaces and two shells (~5-8 ms). Instead, an executor keeps one long-lived
+helper per sandbox it serves (``scripts.SHELL_SERVER``, started through the runtime's
+ordinary exec with stdin kept open) and each ``shell`` call is a fork inside the
+sandbox. Nothing about the session lives in the helper: cwd and exports are saved in
+``/.sbx`` after every call exactly as on the slow path, calls of one session are
+serialized by the same lock file, so any executor (with or without a helper) can serve
+any call, and a helper that dies loses nothing.
+
+The helper's answers come from inside the sandbox and are treated as untrusted: a
+malformed answer retires the helper, and everything it can say affects only the
+session that owns the sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from services.executor import output, scripts
+from shared import errors, ids
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+IDLE_CLOSE = 60.0
+"""A helper not used for this long is closed (the sandbox keeps no extra process)."""
+MAX_SERVERS = 256
+"""Most helpers one executor holds; the least recently used is closed beyond that."""
+KILL_GRACE = 10.0
+"""How long to wait for a killed command's answer before retiring the helper."""
+QUICK = 30.0
+_LINE_MAX = 200
+_STARTED = re.compile(rb"([0-9a-f]{32}) started ([0-9]{1,9})")
+_EXITED = re.compile(rb"([0-9a-f]{32}) exited ([0-9]{1,3})\n")
+
+
+class ServerGone(Exception):
+    """The helper stopped answering; ``started`` says whether the command may have run."""
+
+    def __init__(self, started: bool) -> None:
+        super().__init__("the shell server is gone")
+        self.started = started
+
+
+@dataclass(frozen=True)
+class Result:
+    exit_code: int
+    timed_out: bool
+    duration: float
+
+
+class ShellServer:
+    """One helper process in one sandbox, used by one call at a time."""
+
+    def __init__(self, runtime: api.Runtime, sandbox_id: str, process: api.Exec) -> None:
+        self.runtime = runtime
+        self.sandbox_id = sandbox_id
+        self.process = process
+        self.lock = asyncio.Lock()
+        self.used = time.monotonic()
+        self.broken = False
+        self._buffer = bytearray()
+        self._more = asyncio.Event()
+        self._eof = False
+        self._pump_task = asyncio.create_task(self._pump())
+
+    @property
+    def alive(self) -> bool:
+        return not (self.broken or self._eof)
+
+    async def _pump(self) -> None:
+        try:
+            async for stream, data in self.process.chunks():
+                if stream == "stdout":
+                    self._buffer += data
+                    self._more.set()
+        finally:
+            self._eof = True
+            self._more.set()
+
+    async def _wait_for_data(self, deadline: float) -> None:
+        self._more.clear()
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        await asyncio.wait_for(self._more.wait(), remaining)
+
+    async def _line(self, deadline: float) -> bytes | None:
+        """The next line of the helper's answer (None at end of output)."""
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                return line
+            if self._eof:
+                return None
+            if len(self._buffer) > _LINE_MAX:
+                self.retire("answer line too long")
+                return None
+            await self._wait_for_data(deadline)
+
+    async def hello(self) -> bool:
+        """True once the helper says it runs; False if this sandbox cannot run one."""
+        try:
+            line = await self._line(time.monotonic() + QUICK)
+        except TimeoutError:
+            line = None
+        if line is None or line + b"\n" != scripts.SERVER_HELLO:
+            self.retire("no greeting")
+            return False
+        return True
+
+    async def _output(self, nonce: bytes, capture: output.Capture, deadline: float) -> int | None:
+        """Feed the command's output to ``capture`` up to the end marker; its exit status."""
+        marker = nonce + b" exited "
+        while True:
+            found = self._buffer.find(marker)
+            if found >= 0:
+                match = _EXITED.match(self._buffer, found)
+                if match is None:
+                    if len(self._buffer) - found > len(marker) + 5:
+                        self.retire("malformed end marker")
+                        return None
+                else:
+                    status, rest = int(match.group(2)), bytes(self._buffer[match.end() :])
+                    capture.add(bytes(self._buffer[:found]))
+                    self._buffer.clear()  # (invalidates ``match``, which views the buffer)
+                    if rest:
+                        self.retire("data after the end marker")
+                    return status
+            else:
+                keep = len(marker) + 4  # a marker may be split across reads
+                if len(self._buffer) > keep:
+                    capture.add(bytes(self._buffer[:-keep]))
+                    del self._buffer[:-keep]
+            if self._eof:
+                return None
+            await self._wait_for_data(deadline)
+
+    async def run(self, command: str, capture: output.Capture, timeout: float) -> Result:
+        async with self.lock:
+            self.used = started_at = time.monotonic()
+            deadline = started_at + timeout
+            nonce = ids.new_id().encode()
+            try:
+                await self.process.send(nonce + b"\n" + command.encode() + b"\0")
+            except errors.Unavailable as exc:
+                self.retire("stdin closed")
+                raise ServerGone(started=False) from exc
+            pgid: str | None = None
+            try:
+                line = await self._line(time.monotonic() + QUICK)
+                match = _STARTED.fullmatch(line or b"")
+                if match is None or match.group(1) != nonce:
+                    self.retire("no start report")
+                    raise ServerGone(started=line is not None)
+                pgid = match.group(2).decode()
+                timed_out = False
+                try:
+                    status = await self._output(nonce, capture, deadline)
+                except TimeoutError:
+                    timed_out = True
+                    await self._kill_group(pgid)
+                    try:
+                        status = await self._output(nonce, capture, time.monotonic() + KILL_GRACE)
+                    except TimeoutError:
+                        self.retire("a killed command did not end")
+                        status = None
+                if status is None and not timed_out:
+                    self.retire("ended mid-command")
+                    raise ServerGone(started=True)
+            except asyncio.CancelledError:
+                self.retire("call cancelled")
+                if pgid is not None:
+                    asyncio.get_running_loop().create_task(self._kill_group(pgid))
+                raise
+            self.used = time.monotonic()
+            return Result(
+                exit_code=-1 if timed_out else status or 0,
+                timed_out=timed_out,
+                duration=self.used - started_at,
+            )
+
+    async def _kill_group(self, pgid: str) -> None:
+        try:
+            await self.runtime.run(self.sandbox_id, scripts.argv(scripts.KILL_GROUP, pgid), timeout=QUICK)
+        except errors.SandboxError as exc:
+            log.warning("executor.shell_kill_failed", sandbox_id=self.sandbox_id, error=exc.message)
+
+    def retire(self, why: str) -> None:
+        """Stop using this helper and end its process (not the commands it started)."""
+        if not self.broken:
+            log.info("executor.shell_server_retired", sandbox_id=self.sandbox_id, reason=why)
+        self.broken = True
+        asyncio.get_running_loop().create_task(self._end())
+
+    async def close(self) -> None:
+        """End the helper: now if idle; if busy, its call finishes and the helper ends with
+        this process (its input closes)."""
+        self.broken = True
+        if not self.lock.locked():
+            await self._end()
+
+    async def _end(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.process.close_stdin()
+        try:
+            await asyncio.wait_for(self.process.wait(), 5)
+        except (TimeoutError, Exception):
+            with contextlib.suppress(Exception):
+                await self.process.kill()
+        self._pump_task.cancel()
+
+
+class ShellServers:
+    """The helpers of one executor, by sandbox: started on first use, closed when idle."""
+
+    def __init__(
+        self, runtime: api.Runtime, *, idle_close: float = IDLE_CLOSE, limit: int = MAX_SERVERS
+    ) -> None:
+        self.runtime = runtime
+        self.idle_close = idle_close
+        self.limit = limit
+        self._servers: dict[str, ShellServer] = {}
+        self._starting: dict[str, asyncio.Lock] = {}
+        self._unsupported: dict[str, float] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def __len__(self) -> int:
+        return sum(1 for s in self._servers.values() if s.alive)
+
+    def ready(self, sandbox_id: str) -> ShellServer | None:
+        """This sandbox's helper if it is up; otherwise None, and one is started in the
+        background (the caller uses the one-off path meanwhile). Starting takes several
+        process spawns, so a session's first call does not wait for it."""
+        server = self._servers.get(sandbox_id)
+        if server is not None and server.alive:
+            return server
+        if sandbox_id not in self._unsupported and sandbox_id not in self._tasks:
+            task = asyncio.get_running_loop().create_task(self._start_quietly(sandbox_id))
+            self._tasks[sandbox_id] = task
+            task.add_done_callback(lambda _: self._tasks.pop(sandbox_id, None))
+        return None
+
+    async def _start_quietly(self, sandbox_id: str) -> None:
+        try:
+            await self.get(sandbox_id)
+        except errors.SandboxError as exc:
+            log.info("executor.shell_server_not_started", sandbox_id=sandbox_id, error=exc.message)
+        except Exception:
+            log.exception("executor.shell_server_start_crashed", sandbox_id=sandbox_id)
+
+    async def get(self, sandbox_id: str) -> ShellServer | None:
+        """This sandbox's helper, started if needed; None where one cannot run (no bash)."""
+        server = self._servers.get(sandbox_id)
+        if server is not None and server.alive:
+            return server
+        if sandbox_id in self._unsupported:
+            return None
+        lock = self._starting.setdefault(sandbox_id, asyncio.Lock())
+        async with lock:
+            server = self._servers.get(sandbox_id)
+            if server is not None and server.alive:
+                return server
+            process = await self.runtime.exec(
+                sandbox_id, scripts.argv(scripts.SHELL_SERVER), keep_stdin_open=True
+            )
+            server = ShellServer(self.runtime, sandbox_id, process)
+            if not await server.hello():
+                self._unsupported[sandbox_id] = time.monotonic()
+                if len(self._unsupported) > self.limit * 4:
+                    self._unsupported.pop(next(iter(self._unsupported)))
+                return None
+            self._servers[sandbox_id] = server
+        self._starting.pop(sandbox_id, None)
+        await self._evict_beyond_limit()
+        return server
+
+    async def _evict_beyond_limit(self) -> None:
+        while len(self._servers) > self.limit:
+            oldest = min(self._servers, key=lambda sid: self._servers[sid].used)
+            await self._drop(oldest)
+
+    async def _drop(self, sandbox_id: str) -> None:
+        server = self._servers.pop(sandbox_id, None)
+        if server is not None:
+            await server.close()
+
+    async def sweep(self) -> None:
+        """Close helpers that died or sat idle; forget 'cannot run here' after a while."""
+        now = time.monotonic()
+        for sandbox_id, server in list(self._servers.items()):
+            if not server.alive or (now - server.used > self.idle_close and not server.lock.locked()):
+                await self._drop(sandbox_id)
+        for sandbox_id, since in list(self._unsupported.items()):
+            if now - since > self.idle_close:
+                del self._unsupported[sandbox_id]
+
+    async def run_sweeps(self, every: float = 10.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await self.sweep()
+
+    async def close(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await asyncio.gather(*(self._drop(sid) for sid in list(self._servers)), return_exceptions=True)

@@ -1,0 +1,175 @@
+"""The executor's persistent shell servers in real sandboxes: the fast path of `shell` must
+behave exactly like the one-off path, and nothing a command does may confuse it for
+later calls."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from services.executor import output, scripts, shells
+from shared.runtime import api
+from shared.runtime.local import runtime as local
+from tests.integration.test_local_images import minimal_rootfs
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
+
+
+@pytest.fixture
+async def rt(tmp_path):
+    runtime = local.LocalRuntime(tmp_path / "state")
+    yield runtime
+    for info in await runtime.list():
+        await runtime.delete(info.sandbox_id)
+
+
+@pytest.fixture
+async def sandbox(rt):
+    await rt.create(api.SandboxSpec(sandbox_id="sh-1"))
+    await rt.start("sh-1")
+    return "sh-1"
+
+
+@pytest.fixture
+async def servers(rt):
+    pool = shells.ShellServers(rt)
+    yield pool
+    await pool.close()
+
+
+async def fast(servers: shells.ShellServers, sandbox: str, command: str, timeout: float = 30):
+    server = await servers.get(sandbox)
+    assert server is not None
+    capture = output.Capture(4096)
+    result = await server.run(command, capture, timeout)
+    return result, capture.render()
+
+
+async def slow(rt, sandbox: str, command: str) -> str:
+    result, out, _ = await rt.run(sandbox, scripts.argv(scripts.SHELL), stdin=command.encode(), timeout=30)
+    return out.decode()
+
+
+async def helpers(rt, sandbox: str) -> int:
+    _, out, _ = await rt.run(sandbox, ["/bin/sh", "-c", "pgrep -fc 'sbx-shell-serve[r]' || true"])
+    return int(out.strip())
+
+
+async def test_state_is_shared_with_the_one_off_path(rt, sandbox, servers):
+    """cwd and exports persist across calls whichever path serves them."""
+    result, text = await fast(servers, sandbox, "mkdir -p /workspace/a && cd /workspace/a && export X=1")
+    assert result.exit_code == 0 and text == ""
+    assert await slow(rt, sandbox, 'pwd; echo "$X"; cd /tmp; export Y=2') == "/workspace/a\n1\n"
+    _, text = await fast(servers, sandbox, 'pwd; echo "$X$Y"; exit 4')
+    assert text == "/tmp\n12\n"
+    result, _ = await fast(servers, sandbox, "exit 4")
+    assert result.exit_code == 4
+
+
+async def test_output_is_exact_and_large_output_is_bounded(rt, sandbox, servers):
+    _, text = await fast(servers, sandbox, "printf 'no newline'; printf ' err' >&2")
+    assert text == "no newline err"
+    result, text = await fast(servers, sandbox, "seq 1 200000")
+    assert "output truncated" in text and text.rstrip().endswith("200000") and result.exit_code == 0
+    _, text = await fast(servers, sandbox, "echo after")
+    assert text == "after\n"
+
+
+async def test_background_processes_neither_hold_the_call_nor_leak_into_later_ones(rt, sandbox, servers):
+    result, text = await fast(servers, sandbox, "(sleep 0.3; echo late) & echo now", timeout=10)
+    assert text == "now\n" and not result.timed_out
+    await asyncio.sleep(0.6)
+    _, text = await fast(servers, sandbox, "echo next")
+    assert text == "next\n"
+
+
+async def test_a_timeout_kills_that_call_only_and_the_server_goes_on(rt, sandbox, servers):
+    await fast(servers, sandbox, "sleep 300 > /dev/null 2>&1 &")  # a server the agent started earlier
+    result, text = await fast(servers, sandbox, "echo begun; sleep 30 & sleep 40", timeout=0.5)
+    assert result.timed_out and result.exit_code == -1 and text == "begun\n"
+    _, text = await fast(servers, sandbox, "ps -e -o args= | grep -c '^sleep [0-9]' || true")
+    assert text == "1\n", "the timed-out call's sleeps are gone, the earlier server remains"
+
+
+async def test_a_command_that_kills_the_server_gets_a_clear_error_and_the_next_call_works(
+    rt, sandbox, servers
+):
+    server = await servers.get(sandbox)
+    with pytest.raises(shells.ServerGone) as gone:
+        await server.run("pkill -KILL -f sbx-shell-server; sleep 5", output.Capture(4096), 30)
+    assert gone.value.started
+    result, text = await fast(servers, sandbox, "echo back")
+    assert text == "back\n" and result.exit_code == 0
+    assert await servers.get(sandbox) is not server
+
+
+async def test_a_forged_end_marker_only_affects_that_call(rt, sandbox, servers):
+    result, text = await fast(servers, sandbox, 'echo "$__sbx_nonce exited 9"; echo hidden')
+    assert result.exit_code == 9  # the command lied about itself; that is its own business
+    result, text = await fast(servers, sandbox, "echo clean")
+    assert (result.exit_code, text) == (0, "clean\n")
+
+
+async def test_two_executors_on_one_session_are_serialized(rt, sandbox, servers):
+    """Each executor has its own server; the session's lock file still orders the calls,
+    so concurrent exports are both kept."""
+    other = shells.ShellServers(rt)
+    try:
+        await asyncio.gather(
+            fast(servers, sandbox, "sleep 0.3; export FIRST=1"),
+            fast(other, sandbox, "export SECOND=2"),
+        )
+        _, text = await fast(servers, sandbox, 'echo "$FIRST$SECOND"')
+        assert text == "12\n"
+        assert await helpers(rt, sandbox) == 2
+    finally:
+        await other.close()
+
+
+async def test_idle_servers_are_closed_and_leave_nothing_behind(rt, sandbox):
+    pool = shells.ShellServers(rt, idle_close=0.2)
+    try:
+        await fast(pool, sandbox, "true")
+        assert len(pool) == 1 and await helpers(rt, sandbox) == 1
+        await asyncio.sleep(0.3)
+        await pool.sweep()
+        assert len(pool) == 0
+        for _ in range(50):
+            if await helpers(rt, sandbox) == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert await helpers(rt, sandbox) == 0
+    finally:
+        await pool.close()
+
+
+async def test_the_first_call_does_not_wait_for_a_server(rt, sandbox, servers):
+    assert servers.ready(sandbox) is None  # starting in the background
+    for _ in range(100):
+        if servers.ready(sandbox) is not None:
+            break
+        await asyncio.sleep(0.05)
+    assert servers.ready(sandbox) is not None
+
+
+async def test_an_image_without_bash_uses_the_one_off_path(rt, servers, tmp_path):
+    rt.images.add_rootfs("minimal", minimal_rootfs(tmp_path / "rootfs"))
+    await rt.create(api.SandboxSpec(sandbox_id="no-bash", image="minimal"))
+    await rt.start("no-bash")
+    assert await servers.get("no-bash") is None
+    assert servers.ready("no-bash") is None  # remembered: no new attempt per call
+
+
+async def test_a_stopped_sandbox_retires_its_server(rt, sandbox, servers):
+    server = await servers.get(sandbox)
+    await rt.stop(sandbox)
+    for _ in range(100):
+        if not server.alive:
+            break
+        await asyncio.sleep(0.05)
+    assert not server.alive
+    await rt.start(sandbox)
+    _, text = await fast(servers, sandbox, "echo again")
+    assert text == "again\n"
