@@ -234,6 +234,18 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
                 bare.append(time.perf_counter() - t0)
             results["bare bwrap exec of `true`"] = (bare, time.perf_counter() - start)
 
+            # What this machine charges for a process spawn after a short idle period:
+            # first commands in a session pay it (see the first-shell rows).
+            for label, gap in (("host spawn of `true`, back to back", 0.0), ("... 0.3 s apart", 0.3)):
+                spawn: list[float] = []
+                start = time.perf_counter()
+                for _ in range(20):
+                    t0 = time.perf_counter()
+                    subprocess.run(["/bin/true"], check=True)
+                    spawn.append(time.perf_counter() - t0)
+                    await asyncio.sleep(gap)
+                results[label] = (spawn, time.perf_counter() - start)
+
             many: list[float] = []
             errors = 0
 

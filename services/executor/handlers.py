@@ -62,8 +62,13 @@ class Executor:
             ids.validate_session_id(request.session_id)
             valid = True
             await self._check_owner(request)
-            await self._touch(request.session_id, busy_for=self._budget(request))
-            reply = await self.dispatch(request)
+            # Busy for as long as the call may run (so the reaper never counts it idle),
+            # recorded while the call starts; the end-of-call touch comes after it.
+            busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
+            try:
+                reply = await self.dispatch(request)
+            finally:
+                await busy
         except errors.SandboxError as exc:
             reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from services.gateway import auth, bus_client, mcp_tools, openapi, rest, schemas
+from services.gateway import auth, bus_client, mcp_tools, openapi, placement, rest, schemas
 from shared import metrics, projections, projector, service, settings
 
 log = structlog.get_logger(__name__)
@@ -69,16 +69,9 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         executor = bus_client.ExecClient(ctx.nc, ctx.topology)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
 
-        async def running_sandbox(session_id: str) -> str | None:
-            """Read-side fast path: the projections already say where this session runs."""
-            session = await sessions.get(session_id)
-            if session is None or session.status != "active" or session.sandbox_id is None:
-                return None
-            sandbox = await sandboxes.get(session.sandbox_id)
-            return session.sandbox_id if sandbox is not None and sandbox.status == "running" else None
-
+        where = placement.Placement(sessions, sandboxes)
         mcp_app = mcp_tools.mcp_http_app(
-            mcp_tools.build_mcp(client, executor, running_sandbox=running_sandbox)
+            mcp_tools.build_mcp(client, executor, running_sandbox=where.running_sandbox, forget=where.forget)
         )
         app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions), mcp_app)
         server = _Server(

@@ -218,12 +218,13 @@ def build_mcp(
     *,
     headers: HeaderSource = request_headers,
     running_sandbox: Callable[[str], Awaitable[str | None]] | None = None,
+    forget: Callable[[str], None] | None = None,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
     optional fast path: the session's sandbox id if the projections say it is active and
     running (then no scheduler round trip is needed; if the projection was stale, the
-    executor refuses and the call falls back to the scheduler)."""
+    executor refuses, ``forget`` is told, and the call falls back to the scheduler)."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox", instructions=INSTRUCTIONS, version=service.VERSION, mask_error_details=True
     )
@@ -266,6 +267,8 @@ def build_mcp(
             if running_sandbox is None:
                 raise
         # The projection was behind (the sandbox just stopped or was replaced): ask the scheduler.
+        if forget is not None:
+            forget(who.session_id)
         sandbox_id = await sandbox_for(who, fast=False)
         return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
 

@@ -1,0 +1,94 @@
+"""The gateway's fast path: where a session runs (services.gateway.placement), and how a
+stale answer falls back to the scheduler (services.gateway.mcp_tools)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import fastmcp
+import msgspec
+
+from services.gateway import mcp_tools, placement
+from shared import errors, execution, states
+from tests.unit.test_mcp_tools import HEADERS, SESSION, FakeCommands, _state
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Store:
+    """A projection store reduced to what Placement reads; counts the reads."""
+
+    def __init__(self, items: dict) -> None:
+        self.items, self.reads = items, 0
+
+    async def get(self, key: str):
+        self.reads += 1
+        return self.items.get(key)
+
+
+def sandbox(sandbox_id: str, status: str = "running") -> states.SandboxState:
+    return states.SandboxState(
+        sandbox_id=sandbox_id, status=status, session_id=SESSION, created_at=NOW, updated_at=NOW, last_seq=1
+    )
+
+
+async def test_a_running_placement_is_remembered_briefly_and_can_be_forgotten(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(placement.time, "monotonic", lambda: clock[0])
+    sessions, sandboxes = Store({SESSION: _state("sb-1")}), Store({"sb-1": sandbox("sb-1")})
+    where = placement.Placement(sessions, sandboxes, ttl=2.0)
+    assert await where.running_sandbox(SESSION) == "sb-1"
+    assert await where.running_sandbox(SESSION) == "sb-1"
+    assert sessions.reads == 1, "the second call within the TTL reads nothing"
+    clock[0] += 2.5
+    assert await where.running_sandbox(SESSION) == "sb-1" and sessions.reads == 2
+    where.forget(SESSION)
+    assert await where.running_sandbox(SESSION) == "sb-1" and sessions.reads == 3
+
+
+async def test_only_active_sessions_on_running_sandboxes_take_the_fast_path():
+    stopped_session = msgspec.structs.replace(_state("sb-1"), status="stopped")
+    cases = [
+        (Store({}), Store({})),
+        (Store({SESSION: stopped_session}), Store({"sb-1": sandbox("sb-1")})),
+        (Store({SESSION: _state(None)}), Store({})),
+        (Store({SESSION: _state("sb-1")}), Store({"sb-1": sandbox("sb-1", "stopped")})),
+        (Store({SESSION: _state("sb-1")}), Store({})),
+    ]
+    for sessions, sandboxes in cases:
+        assert await placement.Placement(sessions, sandboxes).running_sandbox(SESSION) is None
+
+
+class RefusingOnce:
+    """An executor that refuses the stale sandbox the way the real one does."""
+
+    def __init__(self) -> None:
+        self.sandboxes: list[str] = []
+
+    async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
+        self.sandboxes.append(request.sandbox_id)
+        if request.sandbox_id == "stale":
+            raise errors.NotRunning("sandbox stale is stopped, not running")
+        return execution.Reply(ok=True, output="fine\n", exit_code=0)
+
+
+async def test_a_stale_placement_is_forgotten_and_the_scheduler_answers():
+    forgotten: list[str] = []
+
+    async def running_sandbox(session_id: str) -> str | None:
+        return "stale"
+
+    executor = RefusingOnce()
+    commands = FakeCommands(_state("fresh"))
+    mcp = mcp_tools.build_mcp(
+        commands,  # type: ignore[arg-type]
+        executor,  # type: ignore[arg-type]
+        headers=lambda: HEADERS,
+        running_sandbox=running_sandbox,
+        forget=forgotten.append,
+    )
+    async with fastmcp.Client(mcp) as client:
+        result = await client.call_tool("shell", {"command": "true"}, raise_on_error=False)
+    assert not result.is_error and "fine" in result.content[0].text
+    assert executor.sandboxes == ["stale", "fresh"]
+    assert forgotten == [SESSION] and len(commands.sent) == 1
