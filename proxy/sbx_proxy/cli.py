@@ -1,0 +1,65 @@
+"""``sbx-proxy``: start mitmdump with the credential addon and safe settings.
+
+    sbx-proxy --config /etc/sbx-proxy/config.toml --listen-host 10.200.0.1 --listen-port 3128 \
+              --confdir /var/lib/sbx-proxy/ca
+
+The CA is created in ``--confdir`` on first start (``mitmproxy-ca-cert.pem`` is the public
+certificate to give sandboxes; ``mitmproxy-ca.pem`` holds the private key and must stay
+on the proxy's side). The config is checked before mitmdump starts: a bad config stops
+start-up with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from sbx_proxy import config
+
+
+def mitmdump_args(args: argparse.Namespace) -> list[str]:
+    addon = Path(__file__).with_name("addon.py")
+    argv = [
+        "--mode", "regular",
+        "--listen-host", args.listen_host,
+        "--listen-port", str(args.listen_port),
+        "--set", f"confdir={args.confdir}",
+        "--set", "flow_detail=0",            # never print flows (headers would carry tokens)
+        "--set", "termlog_verbosity=info",
+        "--set", "validate_inbound_headers=true",  # smuggling: conflicting lengths, bad names
+        "--set", "block_global=false",       # clients come from sandbox veth addresses
+        "--set", "connection_strategy=lazy",  # connect upstream only once the request is known
+        "-s", str(addon),
+        "--set", f"sbx_config={args.config or ''}",
+    ]  # fmt: skip
+    if args.upstream_ca:
+        argv += ["--set", f"ssl_verify_upstream_trusted_ca={args.upstream_ca}"]
+    return argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="sbx-proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=os.environ.get("SBX_PROXY_CONFIG", ""))
+    parser.add_argument("--listen-host", default="127.0.0.1")
+    parser.add_argument("--listen-port", type=int, default=3128)
+    parser.add_argument("--confdir", required=True, help="where the proxy's CA lives (created if missing)")
+    parser.add_argument(
+        "--upstream-ca", help="trust this CA bundle for upstream servers (tests, private CAs)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        config.load(args.config or None)
+    except config.ConfigError as exc:
+        sys.exit(f"sbx-proxy: {exc}")
+    Path(args.confdir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent)) or shutil.which("mitmdump")
+    if mitmdump is None:
+        sys.exit("sbx-proxy: mitmdump not found; run scripts/setup (it installs proxy/.venv)")
+    os.execv(mitmdump, [mitmdump, *mitmdump_args(args)])  # noqa: S606 - a fixed program, no shell
+
+
+if __name__ == "__main__":
+    main()

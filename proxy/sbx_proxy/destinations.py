@@ -1,0 +1,64 @@
+"""Where the proxy may connect, checked on the addresses a name resolves to (pure).
+
+Checked after resolution, so a name that resolves to a private address (DNS rebinding,
+``localtest.me``-style names) is refused exactly like the literal address; numeric
+forms the resolver accepts (decimal ``2130706433``, octal ``0177.0.0.1``, hex) arrive
+here already resolved. IPv6 forms that embed an IPv4 address (mapped ``::ffff:a.b.c.d``,
+6to4, NAT64 ``64:ff9b::/96``, Teredo) are judged by the embedded address too.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+
+
+def _embedded(ip: Address) -> list[Address]:
+    found: list[Address] = [ip]
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            found.append(ip.ipv4_mapped)
+        if ip.sixtofour is not None:
+            found.append(ip.sixtofour)
+        if ip.teredo is not None:
+            found.extend(ip.teredo)
+        if ip in _NAT64:
+            found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
+def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ()) -> str | None:
+    """Why connecting to ``address`` is refused, or None if it is allowed.
+
+    ``allow`` networks are always allowed (an internal git server, a test upstream);
+    ``allow_private`` turns the private-range rule off (metadata addresses stay refused
+    unless listed in ``allow``).
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return f"{address!r} is not an IP address"
+    allowed = list(allow)
+    for candidate in _embedded(ip):
+        if any(candidate.version == net.version and candidate in net for net in allowed):
+            continue
+        if candidate in METADATA:
+            return f"{candidate} is a cloud metadata address"
+        if candidate.is_unspecified or candidate.is_multicast:
+            return f"{candidate} is not a unicast address"
+        if not allow_private and not candidate.is_global:
+            kind = (
+                "loopback"
+                if candidate.is_loopback
+                else "link-local"
+                if candidate.is_link_local
+                else "private or reserved"
+            )
+            return f"{candidate} is a {kind} address"
+    return None

@@ -1,0 +1,304 @@
+"""Real parts for credential-proxy tests: a test PKI, HTTPS upstreams, a real mitmdump
+(``proxy/.venv``) and a raw client that controls CONNECT, SNI and Host separately.
+
+The proxy runs in its own mount namespace with a test ``/etc/hosts`` (``unshare -m`` +
+a bind mount), so names like ``github.com`` resolve to this machine's upstreams for the
+proxy only; nothing on the host changes. Needs root (for the namespace).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from cryptography.x509.oid import NameOID
+
+ROOT = Path(__file__).resolve().parents[2]
+SBX_PROXY = ROOT / "proxy" / ".venv" / "bin" / "sbx-proxy"
+NAMES = [
+    "github.com", "api.github.com", "gitlab.example", "evil.example", "github.com.evil.net",
+    "evilgithub.com", "other.example", "private.example",
+]  # fmt: skip
+
+
+def _name(cn: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+
+@dataclass
+class PKI:
+    """A test CA and one server certificate for every test host name."""
+
+    dir: Path
+    ca_cert: Path = field(init=False)
+    server_cert: Path = field(init=False)
+    server_key: Path = field(init=False)
+
+    def __post_init__(self) -> None:
+        now = dt.datetime.now(dt.UTC)
+        ca_key = ec.generate_private_key(ec.SECP256R1())
+        ca = (
+            x509.CertificateBuilder()
+            .subject_name(_name("sbx test CA"))
+            .issuer_name(_name("sbx test CA"))
+            .public_key(ca_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(_name("github.com"))
+            .issuer_name(ca.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=30))
+            .add_extension(
+                x509.SubjectAlternativeName(
+                    [*(x509.DNSName(n) for n in NAMES), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+                ),
+                critical=False,
+            )
+            .sign(ca_key, hashes.SHA256())
+        )
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ca_cert = self.dir / "test-ca.pem"
+        self.server_cert = self.dir / "server.pem"
+        self.server_key = self.dir / "server-key.pem"
+        self.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+        self.server_cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        self.server_key.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+
+
+def rsa_key_pem() -> tuple[str, rsa.RSAPrivateKey]:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return pem, key
+
+
+class Echo(BaseHTTPRequestHandler):
+    """GET/POST anything: answers JSON with what arrived. /redirect?to=URL answers 302.
+    /echo-auth puts the Authorization it got into a response header and the body."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        seen = {"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
+                "body_bytes": len(body)}  # fmt: skip
+        self.server.seen.append(seen)  # type: ignore[attr-defined]
+        if self.path.startswith("/redirect?to="):
+            self.send_response(302)
+            self.send_header("Location", self.path.split("=", 1)[1])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        if self.path == "/echo-auth":
+            self.send_header("X-Echo", self.headers.get("Authorization", ""))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = _answer
+
+
+class Upstream:
+    """An HTTPS server on 127.0.0.1 with the test PKI's certificate."""
+
+    def __init__(self, pki: PKI, handler: type[BaseHTTPRequestHandler] = Echo) -> None:
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.seen = []  # type: ignore[attr-defined]
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki.server_cert, pki.server_key)
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def seen(self) -> list[dict]:
+        return self.server.seen  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Proxy:
+    """``sbx-proxy`` (mitmdump) as a subprocess with a private /etc/hosts."""
+
+    def __init__(self, workdir: Path, config_text: str | None, upstream_ca: Path, hosts: dict[str, str],
+                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.confdir = workdir / "ca"
+        self.log = workdir / "proxy.log"
+        hosts_file = workdir / "hosts"
+        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {n}\n" for n, ip in hosts.items()))
+        args = [str(SBX_PROXY), "--listen-port", str(free_port()), "--confdir", str(self.confdir),
+                "--upstream-ca", str(upstream_ca)]  # fmt: skip
+        if config_text is not None:
+            config = workdir / "config.toml"
+            config.write_text(config_text)
+            args += ["--config", str(config)]
+        self.port = int(args[args.index("--listen-port") + 1])
+        script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+        self.proc = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(hosts_file), *args],
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sbx-proxy exited: {self.log.read_text()}")
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError("sbx-proxy did not listen")
+        self.ca_cert = self.confdir / "mitmproxy-ca-cert.pem"
+
+    def close(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> dict:
+        return json.loads(self.body)
+
+
+def _read_response(stream) -> Answer:  # type: ignore[no-untyped-def]
+    status_line = stream.readline()
+    if not status_line:
+        raise ConnectionError("no answer")
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := stream.readline()) not in (b"\r\n", b"\n", b""):
+        name, _, value = line.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if "content-length" in headers:
+        body = stream.read(int(headers["content-length"]))
+    elif headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while (size := int(stream.readline().strip() or b"0", 16)) > 0:
+            body += stream.read(size)
+            stream.readline()
+        stream.readline()
+    else:
+        body = stream.read()
+    return Answer(status, headers, body)
+
+
+def request(
+    proxy: Proxy,
+    connect: str,
+    *,
+    sni: str | None,
+    host: str | None,
+    path: str = "/echo",
+    method: str = "GET",
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    trust: list[Path],
+    raw_head: bytes | None = None,
+) -> Answer:
+    """CONNECT ``connect`` through the proxy, TLS with ``sni``, then one HTTP/1.1 request
+    with ``Host: host`` — each chosen independently, as an attacker would."""
+    sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=20)
+    sock.sendall(f"CONNECT {connect} HTTP/1.1\r\nHost: {connect}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise ConnectionError(f"proxy closed after CONNECT: {reply!r}")
+        reply += chunk
+    if b" 200" not in reply.split(b"\r\n", 1)[0]:
+        sock.close()
+        return Answer(int(reply.split()[1]), {}, reply)
+    context = ssl.create_default_context()
+    context.load_default_certs()
+    for ca in trust:
+        context.load_verify_locations(ca)
+    context.check_hostname = sni is not None
+    tls = context.wrap_socket(sock, server_hostname=sni)
+    if raw_head is not None:
+        head = raw_head
+    else:
+        lines = [f"{method} {path} HTTP/1.1"]
+        if host is not None:
+            lines.append(f"Host: {host}")
+        for k, v in (headers or {}).items():
+            lines.append(f"{k}: {v}")
+        lines += [f"Content-Length: {len(body)}", "Connection: close"]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode()
+    tls.sendall(head + body)
+    with tls, tls.makefile("rb") as stream:
+        return _read_response(stream)
+
+
+def plain_request(proxy: Proxy, url: str, headers: dict[str, str] | None = None) -> Answer:
+    """An absolute-form plain-HTTP request through the proxy (``GET http://host/...``)."""
+    host = url.split("/")[2]
+    lines = [f"GET {url} HTTP/1.1", f"Host: {host}", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as sock:
+        sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        with sock.makefile("rb") as stream:
+            return _read_response(stream)
