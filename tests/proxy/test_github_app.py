@@ -25,7 +25,7 @@ def fake_github(public_key, lifetime: list[float]):
     class FakeGitHub(harness.Echo):
         minted: list[dict] = []
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if not self.path.startswith(f"/app/installations/{INSTALLATION}/access_tokens"):
                 return self._answer()
             length = int(self.headers.get("Content-Length") or 0)
