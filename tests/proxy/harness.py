@@ -302,3 +302,87 @@ def plain_request(proxy: Proxy, url: str, headers: dict[str, str] | None = None)
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         with sock.makefile("rb") as stream:
             return _read_response(stream)
+
+
+class GitSmartHTTP(BaseHTTPRequestHandler):
+    """git's own ``http-backend`` (CGI) behind HTTPS, answering only requests that carry
+    basic auth ``x-access-token:<server.token>`` (as GitHub does); bodies stream both ways."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _serve(self) -> None:
+        import base64
+
+        expected = "Basic " + base64.b64encode(f"x-access-token:{self.server.token}".encode()).decode()  # type: ignore[attr-defined]
+        self.server.seen.append({"path": self.path, "headers": dict(self.headers.items())})  # type: ignore[attr-defined]
+        if self.headers.get("Authorization") != expected:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="git"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        env = {
+            "PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": str(self.server.root),  # type: ignore[attr-defined]
+            "GIT_HTTP_EXPORT_ALL": "1", "REMOTE_USER": "x-access-token", "REQUEST_METHOD": self.command,
+            "PATH_INFO": path, "QUERY_STRING": query, "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+            "GIT_HTTP_MAX_REQUEST_BUFFER": "1000M",
+        }  # fmt: skip
+        if self.headers.get("Content-Length"):
+            env["CONTENT_LENGTH"] = self.headers["Content-Length"]
+        if self.headers.get("Content-Encoding"):
+            env["HTTP_CONTENT_ENCODING"] = self.headers["Content-Encoding"]
+        cgi = subprocess.Popen(
+            ["git", "http-backend"], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert cgi.stdin is not None and cgi.stdout is not None
+
+        def feed() -> None:
+            try:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    while (size := int(self.rfile.readline().strip().split(b";")[0] or b"0", 16)) > 0:
+                        cgi.stdin.write(self.rfile.read(size))
+                        self.rfile.readline()
+                    self.rfile.readline()
+                else:
+                    left = int(self.headers.get("Content-Length") or 0)
+                    while left > 0:
+                        chunk = self.rfile.read(min(left, 65536))
+                        if not chunk:
+                            break
+                        cgi.stdin.write(chunk)
+                        left -= len(chunk)
+            finally:
+                cgi.stdin.close()
+
+        feeder = threading.Thread(target=feed)
+        feeder.start()
+        status, headers = 200, []
+        while (line := cgi.stdout.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "status":
+                status = int(value.split()[0])
+            else:
+                headers.append((name, value.strip()))
+        self.send_response(status)
+        for name, value in headers:
+            self.send_header(name, value)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        while chunk := cgi.stdout.read1(65536):
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        self.wfile.write(b"0\r\n\r\n")
+        feeder.join()
+        cgi.wait()
+
+    do_GET = do_POST = _serve
+
+
+def peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmHWM")
