@@ -163,19 +163,21 @@ class Proxy:
     """``sbx-proxy`` (mitmdump) as a subprocess with a private /etc/hosts."""
 
     def __init__(self, workdir: Path, config_text: str | None, upstream_ca: Path, hosts: dict[str, str],
-                 env: dict[str, str] | None = None) -> None:  # fmt: skip
+                 env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
+                 port: int | None = None) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.confdir = workdir / "ca"
         self.log = workdir / "proxy.log"
         hosts_file = workdir / "hosts"
         hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {n}\n" for n, ip in hosts.items()))
-        args = [str(SBX_PROXY), "--listen-port", str(free_port()), "--confdir", str(self.confdir),
-                "--upstream-ca", str(upstream_ca)]  # fmt: skip
+        args = [str(SBX_PROXY), "--listen-host", listen_host, "--listen-port", str(port or free_port()),
+                "--confdir", str(self.confdir), "--upstream-ca", str(upstream_ca)]  # fmt: skip
         if config_text is not None:
             config = workdir / "config.toml"
             config.write_text(config_text)
             args += ["--config", str(config)]
         self.port = int(args[args.index("--listen-port") + 1])
+        self.host = listen_host
         script = 'mount --bind "$0" /etc/hosts && exec "$@"'
         self.proc = subprocess.Popen(
             ["unshare", "-m", "--propagation", "private", "sh", "-c", script, str(hosts_file), *args],
@@ -188,7 +190,7 @@ class Proxy:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"sbx-proxy exited: {self.log.read_text()}")
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), 0.2):
+            with contextlib.suppress(OSError), socket.create_connection((listen_host, self.port), 0.2):
                 break
             time.sleep(0.05)
         else:
@@ -298,7 +300,7 @@ def plain_request(proxy: Proxy, url: str, headers: dict[str, str] | None = None)
     host = url.split("/")[2]
     lines = [f"GET {url} HTTP/1.1", f"Host: {host}", "Connection: close"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    with socket.create_connection(("127.0.0.1", proxy.port), timeout=20) as sock:
+    with socket.create_connection((proxy.host, proxy.port), timeout=20) as sock:
         sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
         with sock.makefile("rb") as stream:
             return _read_response(stream)

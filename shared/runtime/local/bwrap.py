@@ -46,6 +46,8 @@ class Plan:
     writable_root: bool
     hostname: str = "sandbox"
     env: dict[str, str] = field(default_factory=dict)
+    files: tuple[tuple[Path, str], ...] = ()
+    """Host files shown read-only at the given inside paths (the proxy's CA certificate)."""
 
 
 def home(run_as_root: bool) -> str:
@@ -100,6 +102,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         "--ro-bind",
         str(plan.hold),
         HOLD,
+        *(arg for source, dest in plan.files for arg in ("--ro-bind", str(source), dest)),
         "--chdir",
         WORKSPACE,
     ]

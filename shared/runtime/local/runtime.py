@@ -30,7 +30,7 @@ import msgspec
 
 from shared import errors, ids
 from shared.runtime import api
-from shared.runtime.local import bwrap, cgroups, images
+from shared.runtime.local import bwrap, cgroups, images, network
 
 PR_SET_NO_NEW_PRIVS = 38
 START_TIMEOUT = 10.0
@@ -158,11 +158,34 @@ class LocalExec(api.Exec):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+CA_DIR = "/etc/sbx"
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
 class LocalRuntime(api.Runtime):
     name = "local"
 
-    def __init__(self, state_dir: Path, *, cgroup_driver: cgroups.Cgroups | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        cgroup_driver: cgroups.Cgroups | None = None,
+        egress: str = "none",
+        proxy_ca: Path | None = None,
+        proxy_port: int = network.PROXY_PORTS[0],
+    ) -> None:
+        """``egress``: ``none`` (only loopback) or ``proxy`` (the proxy address and nothing
+        else; see network.py). Where proxy egress cannot work here, sandboxes get no
+        network and ``egress_problem`` says why. ``proxy_ca``: the proxy's CA certificate
+        (public part), trusted inside sandboxes."""
         self.state_dir = state_dir
+        self.network = network.Network()
+        self.egress_problem = self.network.unavailable() if egress == "proxy" else None
+        self.egress = "proxy" if egress == "proxy" and self.egress_problem is None else "none"
+        self.proxy_ca = proxy_ca or state_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
+        if not network.PROXY_PORTS[0] <= proxy_port <= network.PROXY_PORTS[1]:
+            raise errors.ConfigError(f"the proxy port must be in {network.PROXY_PORTS}")
+        self.proxy_port = proxy_port
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.images = images.ImageStore(state_dir / "images")
@@ -272,6 +295,47 @@ class LocalRuntime(api.Runtime):
             return await self.create(spec)
         return api.SandboxInfo(spec=spec, status="created", created_at=created_at, backend=self.name)
 
+    def _env(self, spec: api.SandboxSpec) -> dict[str, str]:
+        """What every process in the sandbox gets besides PATH/HOME/TERM/LANG."""
+        env = {"GIT_TERMINAL_PROMPT": "0"}  # an expired credential makes git fail, never hang
+        if self.egress == "proxy":
+            url = network.proxy_url(self.proxy_port)
+            bundle, ca = f"{CA_DIR}/ca-bundle.pem", f"{CA_DIR}/proxy-ca.pem"
+            env |= {
+                "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
+                "NO_PROXY": "localhost,127.0.0.1,::1", "no_proxy": "localhost,127.0.0.1,::1",
+                "SSL_CERT_FILE": bundle, "GIT_SSL_CAINFO": bundle, "REQUESTS_CA_BUNDLE": bundle,
+                "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "NODE_EXTRA_CA_CERTS": ca,
+            }  # fmt: skip
+        return env
+
+    def _ca_files(self, spec: api.SandboxSpec) -> tuple[tuple[Path, str], ...]:
+        """The proxy's CA (public certificate only) and a bundle with the host's roots."""
+        if self.egress != "proxy":
+            return ()
+        try:
+            ca = self.proxy_ca.read_bytes()
+        except OSError:
+            raise errors.InfrastructureError(
+                f"the proxy's CA certificate is missing ({self.proxy_ca}): is the proxy running?"
+            ) from None
+        if b"PRIVATE KEY" in ca:
+            raise errors.ConfigError(
+                f"{self.proxy_ca} holds a private key: give sandboxes the certificate only"
+            )
+        bundle = self.state_dir / "proxy" / "ca-bundle.pem"
+        roots = HOST_CA_BUNDLE.read_bytes() if HOST_CA_BUNDLE.exists() else b""
+        wanted = roots.rstrip(b"\n") + b"\n" + ca
+        if not bundle.exists() or bundle.read_bytes() != wanted:
+            bundle.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            tmp = bundle.with_name(f".{bundle.name}.{os.getpid()}")
+            tmp.write_bytes(wanted)
+            tmp.rename(bundle)
+        files = [(self.proxy_ca, f"{CA_DIR}/proxy-ca.pem"), (bundle, f"{CA_DIR}/ca-bundle.pem")]
+        if spec.image == images.DEFAULT:  # the image's own trust store, where we know it exists
+            files.append((bundle, str(HOST_CA_BUNDLE)))
+        return tuple(files)
+
     def _plan(self, spec: api.SandboxSpec, d: Path) -> bwrap.Plan:
         image = self.images.resolve(spec.image)
         return bwrap.Plan(
@@ -285,6 +349,8 @@ class LocalRuntime(api.Runtime):
             hold=d / "hold",
             run_as_root=spec.run_as_root,
             writable_root=spec.writable_root,
+            env=self._env(spec),
+            files=self._ca_files(spec),
         )
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
@@ -333,6 +399,12 @@ class LocalRuntime(api.Runtime):
             raise errors.InfrastructureError(
                 f"sandbox {sandbox_id!r} did not start: {log.strip() or 'no output'}"
             )
+        if self.egress == "proxy":
+            try:
+                await self.network.attach(ids.token(sandbox_id), pid)
+            except errors.SandboxError:
+                self.cgroups.kill_all(name)
+                raise
         (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
         (d / "started").touch()
         return api.SandboxInfo(spec=spec, status="running", created_at=info.created_at, backend=self.name)
@@ -416,6 +488,7 @@ class LocalRuntime(api.Runtime):
             "HOME": bwrap.home(info.spec.run_as_root),
             "TERM": "dumb",
             "LANG": "C.UTF-8",
+            **self._env(info.spec),
             **(env or {}),
         }
         name, cg = self._cgroup(sandbox_id), self.cgroups

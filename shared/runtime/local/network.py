@@ -1,0 +1,185 @@
+"""Proxy-only egress for local sandboxes.
+
+Each sandbox already has its own network namespace (bwrap ``--unshare-all``). With
+egress ``proxy`` it also gets one end of a veth pair (``eth0``, a /30 of 10.213.0.0/16)
+and a single route: to the proxy address, ``10.213.255.254``, which the host holds on
+``lo`` and where the proxy listens. There is no default route and no DNS server: the
+sandbox can reach the proxy and nothing else, and the proxy resolves names itself.
+
+The host side is closed by one nftables table (``inet cloud_agent_sandbox``): packets
+from sandbox interfaces (``sbxh*``) may reach the proxy ports on the proxy address and
+are dropped otherwise (host services bound to 0.0.0.0, the control plane, other
+sandboxes, IPv6 link-local), nothing is forwarded to or from them, and the proxy
+address is unreachable from any other interface.
+
+The veth pair lives as long as the sandbox's network namespace: when the sandbox stops
+(every process killed) the kernel removes both ends, so nothing is left to clean up. A
+slot (interface name + addresses) is picked by trying to create the interface: the
+kernel refuses a name in use, so concurrent starts never share one.
+
+Pure planning (``slot``, ``ruleset``) is kept apart from the commands that apply it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import errors
+
+SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
+PROXY_ADDRESS = "10.213.255.254"
+PROXY_PORTS = (3128, 3191)
+"""Ports the proxy fleet listens on (the first one is every sandbox's ``HTTP_PROXY``)."""
+SLOTS = SUBNET.num_addresses // 4 - 1
+"""One /30 per sandbox; the last /30 holds the proxy address."""
+HOST_PREFIX = "sbxh"
+TABLE = "cloud_agent_sandbox"
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    host_if: str
+    host_ip: str
+    sandbox_ip: str
+
+
+def slot(index: int) -> Slot:
+    if not 0 <= index < SLOTS:
+        raise ValueError(f"slot {index} out of range")
+    base = int(SUBNET.network_address) + 4 * index
+    return Slot(
+        index=index,
+        host_if=f"{HOST_PREFIX}{index}",
+        host_ip=str(ipaddress.IPv4Address(base + 1)),
+        sandbox_ip=str(ipaddress.IPv4Address(base + 2)),
+    )
+
+
+def first_slot(token: str) -> int:
+    """Where to start looking for a free slot: spread by the sandbox's token."""
+    return int(token[:8], 16) % SLOTS
+
+
+def proxy_url(port: int = PROXY_PORTS[0]) -> str:
+    return f"http://{PROXY_ADDRESS}:{port}"
+
+
+def ruleset() -> str:
+    """The host's nftables table, replaced atomically (one transaction) when applied."""
+    low, high = PROXY_PORTS
+    return f"""
+table inet {TABLE}
+delete table inet {TABLE}
+table inet {TABLE} {{
+    chain input {{
+        type filter hook input priority filter - 10; policy accept;
+        iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {low}-{high} accept
+        iifname "{HOST_PREFIX}*" counter drop
+        iifname != "lo" ip daddr {SUBNET} counter drop
+    }}
+    chain forward {{
+        type filter hook forward priority filter - 10; policy accept;
+        iifname "{HOST_PREFIX}*" counter drop
+        oifname "{HOST_PREFIX}*" counter drop
+    }}
+}}
+"""
+
+
+def sandbox_commands(s: Slot) -> str:
+    """``ip -batch`` input run inside the sandbox's network namespace."""
+    return (
+        f"addr add {s.sandbox_ip}/30 dev eth0\n"
+        "link set eth0 up\n"
+        f"route add {PROXY_ADDRESS}/32 dev eth0 src {s.sandbox_ip}\n"
+    )
+
+
+class Network:
+    """Applies the plan with ``ip``, ``nsenter`` and ``nft`` (root only)."""
+
+    def __init__(self) -> None:
+        self.ip = shutil.which("ip") or "/usr/sbin/ip"
+        self.nft = shutil.which("nft") or "/usr/sbin/nft"
+        self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        self._host_ready = False
+        self._lock = asyncio.Lock()
+
+    def unavailable(self) -> str | None:
+        """Why proxy egress cannot be set up here (None: it can)."""
+        if os.geteuid() != 0:
+            return "proxy egress needs root (veth pairs and nftables)"
+        for tool, package in ((self.ip, "iproute2"), (self.nft, "nftables"), (self.nsenter, "util-linux")):
+            if not Path(tool).exists():
+                return f"proxy egress needs {Path(tool).name} (install {package})"
+        return None
+
+    async def _run(self, *argv: str, stdin: str | None = None) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await proc.communicate(stdin.encode() if stdin is not None else None)
+        assert proc.returncode is not None
+        return proc.returncode, out.decode(errors="replace").strip()
+
+    async def ensure_host(self) -> None:
+        """The nftables table and the proxy address on ``lo`` (idempotent)."""
+        async with self._lock:
+            if self._host_ready:
+                return
+            why = self.unavailable()
+            if why:
+                raise errors.ConfigError(why)
+            code, out = await self._run(self.nft, "-f", "-", stdin=ruleset())
+            if code != 0:
+                raise errors.InfrastructureError(
+                    f"cannot install the sandbox firewall (nftables): {out[-500:]}"
+                )
+            code, out = await self._run(self.ip, "addr", "replace", f"{PROXY_ADDRESS}/32", "dev", "lo")
+            if code != 0:
+                raise errors.InfrastructureError(f"cannot add the proxy address to lo: {out[-500:]}")
+            self._host_ready = True
+
+    async def attach(self, token: str, pid: int) -> Slot:
+        """Give the sandbox whose init is ``pid`` its veth and its one route."""
+        await self.ensure_host()
+        start = first_slot(token)
+        for step in range(SLOTS):
+            s = slot((start + step) % SLOTS)
+            code, out = await self._run(
+                self.ip, "link", "add", s.host_if, "type", "veth", "peer", "name", "eth0", "netns", str(pid)
+            )
+            if code == 0:
+                break
+            if "File exists" not in out:
+                raise errors.InfrastructureError(f"cannot create the sandbox's network link: {out[-500:]}")
+        else:
+            raise errors.LimitExceeded("no free sandbox network slot (16383 in use)")
+        disable_v6 = Path(f"/proc/sys/net/ipv6/conf/{s.host_if}/disable_ipv6")
+        if disable_v6.exists():
+            disable_v6.write_text("1\n")
+        host = f"addr add {s.host_ip}/30 dev {s.host_if}\nlink set {s.host_if} up\n"
+        code, out = await self._run(self.ip, "-batch", "-", stdin=host)
+        if code == 0:
+            code, out = await self._run(
+                self.nsenter,
+                f"--net=/proc/{pid}/ns/net",
+                "--",
+                self.ip,
+                "-batch",
+                "-",
+                stdin=sandbox_commands(s),
+            )
+        if code != 0:
+            await self._run(self.ip, "link", "del", s.host_if)
+            raise errors.InfrastructureError(f"cannot configure the sandbox's network: {out[-500:]}")
+        return s

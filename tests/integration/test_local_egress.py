@@ -1,0 +1,195 @@
+"""Proxy-only egress on the local runtime, attacked from inside real sandboxes: the
+assigned proxy (a real mitmdump) is the only way out, and credentials are injected
+there, never visible inside."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import socket
+import threading
+
+import pytest
+
+from shared.runtime import api
+from shared.runtime.local import network
+from shared.runtime.local import runtime as local
+from tests.proxy import harness
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft/nsenter missing"),
+    pytest.mark.slow,
+]
+TOKEN = "ghp_" + "egressTestToken" * 3
+
+
+class HostServers:
+    """A TCP and a UDP listener on 0.0.0.0 of the host: what a sandbox must never reach."""
+
+    def __init__(self) -> None:
+        self.tcp = socket.create_server(("0.0.0.0", 0))
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("0.0.0.0", 0))
+        self.udp.settimeout(0.2)
+        self.tcp_port, self.udp_port = self.tcp.getsockname()[1], self.udp.getsockname()[1]
+        self.heard: list[str] = []
+        self.tcp.settimeout(0.2)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._listen, daemon=True)
+        self.thread.start()
+
+    def _listen(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, peer = self.tcp.accept()
+                self.heard.append(f"tcp from {peer}")
+                conn.close()
+            with contextlib.suppress(OSError):
+                _, peer = self.udp.recvfrom(100)
+                self.heard.append(f"udp from {peer}")
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+        self.tcp.close()
+        self.udp.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("egress")
+    pki = harness.PKI(tmp / "pki")
+    upstream = harness.Upstream(pki)
+    port = harness.free_port() % 60 + network.PROXY_PORTS[0] + 2  # not 3128: a running `sbx up` may hold it
+    rt = local.LocalRuntime(tmp / "state", egress="proxy", proxy_port=port)
+    import asyncio
+
+    asyncio.run(rt.network.ensure_host())
+    config = f"""
+[destinations]
+allow = ["127.0.0.1/32"]
+
+[[rules]]
+name = "github"
+kind = "bearer"
+hosts = ["github.com:{upstream.port}"]
+token_env = "SBX_TEST_TOKEN"
+"""
+    proxy = harness.Proxy(
+        tmp / "proxy",
+        config,
+        pki.ca_cert,
+        {"github.com": "127.0.0.1"},
+        env={"SBX_TEST_TOKEN": TOKEN},
+        listen_host=network.PROXY_ADDRESS,
+        port=port,
+    )
+    rt.proxy_ca = proxy.ca_cert
+    servers = HostServers()
+    yield rt, upstream, proxy, servers
+    servers.close()
+    proxy.close()
+    upstream.close()
+    assert TOKEN not in proxy.output()
+
+
+@pytest.fixture
+async def sandboxes(world):
+    rt = world[0]
+    made = []
+
+    async def make(name: str) -> str:
+        await rt.create(api.SandboxSpec(sandbox_id=name))
+        await rt.start(name)
+        made.append(name)
+        return name
+
+    yield make
+    for name in made:
+        await rt.delete(name)
+
+
+async def sh(rt, sandbox: str, script: str, timeout: float = 30) -> tuple[int, str]:
+    result, out, err = await rt.run(sandbox, ["/bin/bash", "-c", script], timeout=timeout)
+    return result.exit_code, (out + err).decode(errors="replace")
+
+
+async def test_the_proxy_is_the_way_out_and_injects_what_the_sandbox_never_sees(world, sandboxes):
+    rt, upstream, proxy, _ = world
+    box = await sandboxes("egress-a")
+    code, out = await sh(rt, box, f"curl -sS --max-time 20 https://github.com:{upstream.port}/echo")
+    assert code == 0, out
+    assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {TOKEN}"
+    assert TOKEN not in out
+    code, out = await sh(rt, box, "env")
+    assert TOKEN not in out and f"HTTPS_PROXY={network.proxy_url(rt.proxy_port)}" in out
+    assert "GIT_TERMINAL_PROMPT=0" in out
+    code, out = await sh(
+        rt, box, "cat /etc/sbx/* /etc/ssl/certs/ca-certificates.crt | grep -c 'PRIVATE KEY' || true"
+    )
+    assert out.strip() == "0", "only the CA's certificate is inside"
+    code, out = await sh(rt, box, f"ls {proxy.confdir} 2>&1; ls /proc/1/root/etc 2>&1 | head -3")
+    assert "mitmproxy-ca.pem" not in out
+
+
+async def test_direct_egress_that_bypasses_the_proxy_fails(world, sandboxes):
+    rt, upstream, _, servers = world
+    box = await sandboxes("egress-b")
+    code, out = await sh(rt, box, "ip -4 -o addr show eth0; ip route")
+    mine = ipaddress.ip_address(out.split()[3].split("/")[0])
+    host_ip = str(mine - 1)  # the host's end of this sandbox's /30
+    attempts = {
+        "unset proxy variables": f"env -u HTTPS_PROXY -u https_proxy curl -sS --max-time 3 https://github.com:{upstream.port}/",
+        "raw public IP": "curl -sS --noproxy '*' --max-time 3 http://1.1.1.1/",
+        "the host's veth address": f"curl -sS --noproxy '*' --max-time 3 http://{host_ip}:{servers.tcp_port}/",
+        "the proxy address, another port": f"curl -sS --noproxy '*' --max-time 3 http://{network.PROXY_ADDRESS}:{servers.tcp_port}/",
+        "metadata": "curl -sS --noproxy '*' --max-time 3 http://169.254.169.254/",
+        "DNS": "getent hosts github.com",
+        "the proxy to a loopback target": f"curl -sS --max-time 5 -o /dev/null -w '%{{http_code}}' http://127.0.0.2:{servers.tcp_port}/",
+    }  # fmt: skip
+    for what, command in attempts.items():
+        code, out = await sh(rt, box, command)
+        assert code != 0 or out.strip() in ("502", ""), f"{what} worked: {out}"
+    for target in (host_ip, network.PROXY_ADDRESS):
+        await sh(rt, box, f"echo x > /dev/udp/{target}/{servers.udp_port}")
+    code, out = await sh(rt, box, "ping -c1 -W1 " + host_ip + " 2>&1 || true")
+    assert " 0% packet loss" not in out
+    import asyncio
+
+    await asyncio.sleep(0.5)
+    assert servers.heard == [], "nothing from the sandbox reached host services"
+
+
+async def test_sandboxes_cannot_reach_each_other_and_links_go_with_the_sandbox(world, sandboxes):
+    import subprocess
+
+    def links() -> set[str]:
+        out = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+        return {line.split(":")[1].split("@")[0].strip() for line in out.splitlines() if "sbxh" in line}
+
+    rt = world[0]
+    before = links()
+    a, b = await sandboxes("egress-c"), await sandboxes("egress-d")
+    mine = links() - before
+    _, out = await sh(rt, b, "ip -4 -o addr show eth0")
+    b_ip = out.split()[3].split("/")[0]
+    await sh(rt, b, "setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null &")
+    wait_up = (
+        "for i in $(seq 50); do "
+        "curl -s --noproxy '*' http://127.0.0.1:8000/ >/dev/null && echo up && break; sleep 0.1; done"
+    )
+    _, out = await sh(rt, b, wait_up)
+    assert "up" in out, "the server runs inside b; only the path between sandboxes is closed"
+    code, out = await sh(rt, a, f"curl -sS --noproxy '*' --max-time 3 http://{b_ip}:8000/")
+    assert code != 0, out
+    assert len(mine) == 2
+    await rt.stop(a)
+    await rt.stop(b)
+    for _ in range(100):  # the kernel frees a namespace's links shortly after its last process
+        if not links() & mine:
+            break
+        await asyncio.sleep(0.05)
+    assert not links() & mine
