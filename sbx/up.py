@@ -12,8 +12,9 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from sbx import natsd, stack, supervisor
+from sbx import natsd, proxyrun, stack, supervisor
 from shared import bus, errors, health, settings, subjects
+from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0
 
@@ -88,7 +89,11 @@ async def run(options: Options, env: dict[str, str]) -> int:
 
     # Every service reads these too; checking them here stops a bad value before anything starts.
     settings.LifecycleSettings.from_env(env)
-    settings.RuntimeSettings.from_env(env)
+    egress, no_egress_because = proxyrun.egress_choice(env)
+    env = {**env, "SBX_SANDBOX_EGRESS": egress}
+    runtime_settings = settings.RuntimeSettings.from_env(env)
+    if egress == "proxy":
+        proxyrun.check_config(env)
     key, generated = stack.api_key(state, env)
     base = settings.BusSettings.from_env(env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
@@ -119,6 +124,23 @@ async def run(options: Options, env: dict[str, str]) -> int:
         )
     await _wait_for_nats(bus_settings, nats_child, nats_log)
     nats_url = bus_settings.nats_url
+
+    proxy_url = ""
+    if egress == "proxy":
+        # The proxy first: every sandbox started from now on trusts its CA and routes to it.
+        await backends.prepare_egress(runtime_settings.backend)
+        proxy_host, proxy_url = backends.proxy_endpoint(runtime_settings.backend, runtime_settings.proxy_port)
+        proxy = await sup.start(
+            supervisor.Child(
+                "proxy",
+                proxyrun.command(state.resolve(), env, proxy_host, runtime_settings.proxy_port),
+                supervisor.child_env(env),
+                output=open(state / "proxy.log", "ab"),
+            )
+        )
+        await proxyrun.wait_until_listening(proxy_host, runtime_settings.proxy_port, proxy.exited)
+    else:
+        supervisor.say(f"sandboxes get no network: {no_egress_because}")
 
     common = {
         "NATS_URL": nats_url,
@@ -172,7 +194,13 @@ async def run(options: Options, env: dict[str, str]) -> int:
                 f"  NATS      {nats_url}  (namespace {base.namespace}, "
                 f"{'embedded, token in ' + str(state / 'nats-token') if nats_child else 'external'})\n"
                 f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
-                f"  Inspect   sbx status | sbx events --follow | sbx replay --verify"
+                + (
+                    f"  Egress    through the credential proxy at {proxy_url}"
+                    f" (config: {env.get('SBX_PROXY_CONFIG') or 'none: injects nothing'})\n"
+                    if egress == "proxy"
+                    else f"  Egress    none ({no_egress_because})\n"
+                )
+                + "  Inspect   sbx status | sbx events --follow | sbx replay --verify"
                 + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")
                 + "\nStop with Ctrl-C.\n",
                 flush=True,

@@ -173,6 +173,11 @@ class RuntimeSettings:
     """Process limit per sandbox (``SBX_SANDBOX_PIDS``)."""
     output_limit: int = 256 * 1024
     """Most bytes of command output returned by one tool call (``SBX_OUTPUT_LIMIT``)."""
+    egress: str = "none"
+    """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
+    reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
+    proxy_port: int = 3128
+    """Port of the proxy every sandbox uses, on 10.213.255.254 (``SBX_PROXY_PORT``, 3128-3191)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
@@ -184,7 +189,12 @@ class RuntimeSettings:
             raise errors.ConfigError(f"SBX_SANDBOX_CPUS / SBX_SANDBOX_PIDS: {exc}") from None
         if not 0 < cpus <= 256 or not 8 <= pids <= 1_000_000:
             raise errors.ConfigError("SBX_SANDBOX_CPUS must be in (0, 256] and SBX_SANDBOX_PIDS in [8, 1e6]")
+        raw_port = env.get("SBX_PROXY_PORT", str(cls.proxy_port)).strip()
+        if not raw_port.isdigit() or not 3128 <= int(raw_port) <= 3191:
+            raise errors.ConfigError(f"SBX_PROXY_PORT={raw_port!r} must be a port from 3128 to 3191")
         return cls(
+            egress=_choice(env, "SBX_SANDBOX_EGRESS", cls.egress, ("proxy", "none")),
+            proxy_port=int(raw_port),
             backend=backend,
             memory_bytes=_size(env, "SBX_SANDBOX_MEMORY", cls.memory_bytes, minimum=16 * 1024**2),
             cpus=cpus,

@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--config", default=os.environ.get("SBX_PROXY_CONFIG", ""))
     parser.add_argument("--listen-host", default="127.0.0.1")
     parser.add_argument("--listen-port", type=int, default=3128)
-    parser.add_argument("--confdir", required=True, help="where the proxy's CA lives (created if missing)")
+    parser.add_argument("--confdir", help="where the proxy's CA lives (created if missing)")
+    parser.add_argument("--check", action="store_true", help="only check the config, then exit")
     parser.add_argument(
         "--upstream-ca", help="trust this CA bundle for upstream servers (tests, private CAs)"
     )
@@ -54,6 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         config.load(args.config or None)
     except config.ConfigError as exc:
         sys.exit(f"sbx-proxy: {exc}")
+    if args.check:
+        return
+    if not args.confdir:
+        parser.error("--confdir is required")
     Path(args.confdir).mkdir(parents=True, exist_ok=True, mode=0o700)
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent)) or shutil.which("mitmdump")
     if mitmdump is None:

@@ -21,7 +21,12 @@ def make_setup(
     lifecycle = lifecycle or settings.LifecycleSettings(pool_min_idle=0)
 
     async def setup(ctx: service.Context) -> service.Workload:
-        runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
+        runtime = backends.open_runtime(
+            runtime_settings.backend,
+            ctx.settings.state_dir,
+            egress=runtime_settings.egress,
+            proxy_port=runtime_settings.proxy_port,
+        )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids

@@ -21,7 +21,12 @@ def make_setup(
     grace: float = handlers.GRACE_SECONDS,
 ) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
-        runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir)
+        runtime = backends.open_runtime(
+            runtime_settings.backend,
+            ctx.settings.state_dir,
+            egress=runtime_settings.egress,
+            proxy_port=runtime_settings.proxy_port,
+        )
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace)

@@ -121,3 +121,25 @@ async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
     assert not ok and "timeout" in text
     ok, text = await agent.call("shell_poll", job_id="not-a-job")
     assert not ok and "job" in text
+
+
+async def test_the_default_product_routes_sandbox_traffic_through_the_credential_proxy(stack):  # noqa: F811
+    """`sbx up` (as root, with nftables) starts the proxy and gives sandboxes proxy-only
+    egress: the proxy answers for them (502 for a refused loopback target), and without it
+    there is no way out."""
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    agent = Agent(url, key, "egress-1")
+    ok, text = await agent.call("shell", command="echo $HTTPS_PROXY; ip -4 -o addr show eth0 | wc -l")
+    assert ok and text.splitlines()[:2] == ["http://10.213.255.254:3128", "1"], text
+    ok, text = await agent.call(
+        "shell", command="curl -sS -o /dev/null -w '%{http_code}' --max-time 10 http://127.0.0.2:9/"
+    )
+    assert ok and text.startswith("502"), text
+    ok, text = await agent.call(
+        "shell", command="curl -sS --noproxy '*' --max-time 3 http://10.213.255.254:22/ || echo blocked"
+    )
+    assert "blocked" in text
+    assert (state / "proxy" / "ca" / "mitmproxy-ca.pem").exists()
+    ok, text = await agent.call("shell", command="ls /etc/sbx; grep -l 'PRIVATE KEY' /etc/sbx/* || echo none")
+    assert "none" in text and "ca-bundle.pem" in text
