@@ -18,6 +18,7 @@ Nothing here logs a header value.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 
@@ -35,6 +36,9 @@ class CredentialProxy:
         self.config = config.Config()
         self.providers: dict[str, credentials.Provider] = {}
         self.connects: dict[str, tuple[str, int]] = {}
+        """CONNECT target (name, port) per client connection."""
+        self.pins: dict[str, tuple[str, str]] = {}
+        """(name, checked address) the tunnel of a client connection goes to."""
 
     def load(self, loader) -> None:  # type: ignore[no-untyped-def]
         loader.add_option("sbx_config", str, "", "Path of the credential proxy's TOML config.")
@@ -42,6 +46,8 @@ class CredentialProxy:
     def configure(self, updated: set[str]) -> None:
         if "sbx_config" not in updated:
             return
+        if not ctx.options.validate_inbound_headers:
+            raise exceptions.OptionsError("sbx_proxy needs validate_inbound_headers=true (request smuggling)")
         try:
             loaded = config.load(ctx.options.sbx_config or None)
             providers = {rule.name: credentials.Provider(rule) for rule in loaded.rules}
@@ -52,11 +58,35 @@ class CredentialProxy:
 
     # ---- connections -------------------------------------------------------------
 
-    def http_connect(self, flow: http.HTTPFlow) -> None:
-        self.connects[flow.client_conn.id] = (flow.request.host, flow.request.port)
+    async def _resolve(self, host: str, port: int) -> tuple[str | None, str | None]:
+        """(the address to connect to, None) or (None, why it is refused). Every address
+        the name has must be allowed; the first is used (and pinned by the caller)."""
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError) as exc:
+            return None, f"cannot resolve {host}: {type(exc).__name__}"
+        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        for address in addresses:
+            why = self.config.refusal(address)
+            if why is not None:
+                log.warning("sbx_proxy: refused %s:%s (%s)", host, port, why)
+                return None, why
+        return (addresses[0], None) if addresses else (None, f"{host} has no address")
+
+    async def http_connect(self, flow: http.HTTPFlow) -> None:
+        """Remember the CONNECT target, check it, and pin the tunnel to the checked address."""
+        host, port = flow.request.host, flow.request.port
+        self.connects[flow.client_conn.id] = (host, port)
+        address, why = await self._resolve(host, port)
+        if address is None:
+            flow.response = http.Response.make(403, f"destination refused: {why}\n")
+            return
+        self.pins[flow.client_conn.id] = (host, address)
+        flow.request.data.host = address  # the tunnel's server address: no second lookup later
 
     def client_disconnected(self, client) -> None:  # type: ignore[no-untyped-def]
         self.connects.pop(client.id, None)
+        self.pins.pop(client.id, None)
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         target = self.connects.get(data.context.client.id)
@@ -64,62 +94,72 @@ class CredentialProxy:
             data.ignore_connection = True  # no credential to add: a plain tunnel, no interception
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        """The last check before any connection: only checked addresses, TLS verified by name."""
         host, port = data.server.address
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            data.server.error = f"cannot resolve {host}: {exc}"
-            return
-        addresses = list(dict.fromkeys(info[4][0] for info in infos))
-        for address in addresses:
-            why = self.config.refusal(address)
+        if _is_ip(host):
+            why = self.config.refusal(host)
             if why is not None:
-                log.warning("sbx_proxy: refused %s:%s (%s)", host, port, why)
                 data.server.error = f"destination refused: {why}"
                 return
-        if data.server.sni is None and host not in addresses:
-            data.server.sni = host  # upstream TLS is verified against the name, not the address
-        data.server.address = (addresses[0], port)
+            pin = self.pins.get(data.client.id)
+            if pin is not None and pin[1] == host and data.server.sni in (None, host):
+                data.server.sni = pin[0]  # upstream TLS is verified against the name, not the address
+            return
+        address, why = await self._resolve(host, port)  # not pinned earlier: pin now
+        if address is None:
+            data.server.error = f"destination refused: {why}"
+            return
+        if data.server.sni is None:
+            data.server.sni = host
+        data.server.address = (address, port)
 
     # ---- requests ----------------------------------------------------------------
+
+    def _refuse(self, flow: http.HTTPFlow, status: int, why: str) -> None:
+        flow.response = http.Response.make(status, f"refused by the credential proxy: {why}\n")
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         if any(_bad_field(k) or _bad_field(v) for k, v in request.headers.fields):
             # mitmproxy keeps an obs-folded line as "value\r\n more": refuse, never forward it.
-            flow.response = http.Response.make(400, b"refused: folded or malformed header\n")
-            return
-        request.stream = True  # never buffer a body (git pushes, uploads)
+            return self._refuse(flow, 400, "folded or malformed header")
         request.headers.pop("Proxy-Authorization", None)
+        connect = self.connects.get(flow.client_conn.id)
         route = hosts.Route(
-            connect=self.connects.get(flow.client_conn.id),
+            connect=connect,
             sni=flow.client_conn.sni,
             authority=request.host_header,
             scheme=request.scheme,
             client_tls=flow.client_conn.tls_established,
+            target=request.authority if not request.is_http2 else "",
         )
         decision = hosts.decide(route, self.config.configured)
         if decision.action == "pass":
+            if connect is None and not _is_ip(request.host):  # plain HTTP: check and pin here
+                address, why = await self._resolve(request.host, request.port)
+                if address is None:
+                    return self._refuse(flow, 502, f"destination refused: {why}")
+                request.data.host = address  # keeps Host; lets connections be reused
+            request.stream = True  # never buffer a body (uploads)
             return
         if decision.action == "refuse":
             log.warning("sbx_proxy: refused a request to %s: %s", decision.host, decision.reason)
-            flow.response = http.Response.make(
-                421, f"refused by the credential proxy: {decision.reason}\n", {"Content-Type": "text/plain"}
-            )
-            return
-        assert route.connect is not None
-        rule = self.config.rule_for(*route.connect)
-        assert rule is not None and decision.host is not None
+            return self._refuse(flow, 421, decision.reason)
+        assert connect is not None and decision.host is not None
+        rule = self.config.rule_for(*connect)
+        assert rule is not None
+        pin = self.pins.get(flow.client_conn.id)
+        if pin is None:
+            return self._refuse(flow, 502, "the tunnel's destination was not checked")
         path, _, query = request.path.partition("?")
         try:
             injection = await self.providers[rule.name].injection(decision.host, request.method, path, query)
         except Exception as exc:  # never forward without the credential the host expects
-            log.error("sbx_proxy: rule %s could not provide a credential: %s", rule.name, exc)
-            flow.response = http.Response.make(
-                502, f"the credential proxy could not get a credential for {decision.host}\n"
-            )
-            return
+            log.error("sbx_proxy: rule %s could not provide a credential (%s)", rule.name, type(exc).__name__)
+            return self._refuse(flow, 502, f"no credential could be had for {decision.host}")
+        request.data.host = pin[1]  # the checked address: the tunnel's connection is reused
         request.headers.pop("Authorization", None)
+        request.stream = True  # never buffer a body (git pushes)
         if injection is None:
             return
         for name, value in injection.headers.items():
@@ -130,18 +170,51 @@ class CredentialProxy:
         log.info("sbx_proxy: %s %s via rule %s", request.method, decision.host, rule.name)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        assert flow.response is not None
+        response = flow.response
+        assert response is not None
         secrets = flow.metadata.get(SECRETS)
         if not secrets:
-            flow.response.stream = True
+            response.stream = True
             return
-        for name, value in list(flow.response.headers.items(multi=True)):
-            masked = redact.text(value, secrets)
-            if masked != value:
-                flow.response.headers.set_all(
-                    name, [redact.text(v, secrets) for v in flow.response.headers.get_all(name)]
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            # Asked for identity; a compressed answer could carry the credential unseen.
+            log.warning("sbx_proxy: dropped a %s-encoded answer to a credentialed request", encoding)
+            response.status_code, response.reason = 502, "Bad Gateway"
+            response.headers.clear()
+            response.headers["Content-Length"] = "0"
+            response.stream = lambda _chunk: b""
+            return
+        response.reason = redact.text(response.reason, secrets)
+        for name in list(response.headers.keys()):
+            values = response.headers.get_all(name)
+            masked = [redact.text(v, secrets) for v in values]
+            if masked != values:
+                response.headers.set_all(name, masked)
+        response.stream = redact.Redactor(secrets)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        secrets = flow.metadata.get(SECRETS)
+        if secrets and flow.response is not None and flow.response.trailers:
+            for name in list(flow.response.trailers.keys()):
+                flow.response.trailers.set_all(
+                    name, [redact.text(v, secrets) for v in flow.response.trailers.get_all(name)]
                 )
-        flow.response.stream = redact.Redactor(secrets)
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        secrets = flow.metadata.get(SECRETS)
+        if secrets and flow.websocket is not None and flow.websocket.messages:
+            message = flow.websocket.messages[-1]
+            masker = redact.Redactor(secrets)
+            message.content = masker(message.content) + masker(b"")
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
 
 
 def _bad_field(raw: bytes) -> bool:

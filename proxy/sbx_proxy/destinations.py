@@ -15,8 +15,18 @@ from collections.abc import Iterable
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+_NAT64 = (ipaddress.ip_network("64:ff9b::/96"), ipaddress.ip_network("64:ff9b:1::/48"))
+_EMBEDS_V4 = (
+    ipaddress.ip_network("::/96"),
+    ipaddress.ip_network("::ffff:0:0:0/96"),
+)  # compatible, translated
+_SITE_LOCAL = ipaddress.ip_network("fec0::/10")
+METADATA = (
+    ipaddress.ip_network("169.254.0.0/16"),  # AWS, GCP, Azure IMDS, ECS task metadata, time sync
+    ipaddress.ip_network("fd00:ec2::/32"),  # AWS IMDS and DNS over IPv6
+    ipaddress.ip_network("168.63.129.16/32"),  # Azure WireServer
+    ipaddress.ip_network("100.100.100.200/32"),  # Alibaba Cloud
+)
 
 
 def _embedded(ip: Address) -> list[Address]:
@@ -28,7 +38,7 @@ def _embedded(ip: Address) -> list[Address]:
             found.append(ip.sixtofour)
         if ip.teredo is not None:
             found.extend(ip.teredo)
-        if ip in _NAT64:
+        if any(ip in net for net in (*_NAT64, *_EMBEDS_V4)):
             found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
     return found
 
@@ -48,8 +58,10 @@ def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ())
     for candidate in _embedded(ip):
         if any(candidate.version == net.version and candidate in net for net in allowed):
             continue
-        if candidate in METADATA:
+        if any(candidate.version == net.version and candidate in net for net in METADATA):
             return f"{candidate} is a cloud metadata address"
+        if candidate.version == 6 and candidate in _SITE_LOCAL and not allow_private:
+            return f"{candidate} is a site-local address"
         if candidate.is_unspecified or candidate.is_multicast:
             return f"{candidate} is not a unicast address"
         if not allow_private and not candidate.is_global:

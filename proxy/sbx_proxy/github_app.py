@@ -23,6 +23,11 @@ JWT_LIFETIME = 540
 """GitHub accepts at most 10 minutes; the issue time is back-dated 60 s for clock drift."""
 
 
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None  # a 3xx answer becomes an HTTPError
+
+
 class MintError(RuntimeError):
     """GitHub refused or could not be reached; the message never contains a token."""
 
@@ -45,6 +50,10 @@ class InstallationTokens:
         self.api_url = api_url.rstrip("/")
         self.repositories, self.permissions = repositories, dict(permissions or {})
         self._ssl = ssl.create_default_context(cafile=ca_file)
+        # No redirects: a redirected POST would carry the app's JWT to another host.
+        self._opener = urllib.request.build_opener(
+            _NoRedirects(), urllib.request.HTTPSHandler(context=self._ssl)
+        )
         self.clock = clock
         self._token: str | None = None
         self._expires = 0.0
@@ -81,7 +90,7 @@ class InstallationTokens:
             },
         )
         try:
-            with urllib.request.urlopen(request, timeout=15, context=self._ssl) as response:  # noqa: S310
+            with self._opener.open(request, timeout=15) as response:
                 answer = json.loads(response.read())
         except urllib.error.HTTPError as exc:
             raise MintError(f"GitHub refused the installation token: HTTP {exc.code}") from None

@@ -68,6 +68,9 @@ class Route:
     """The ``Host`` header (HTTP/1) or ``:authority`` (HTTP/2)."""
     scheme: str
     client_tls: bool
+    target: str = ""
+    """The authority in an HTTP/1 request line (absolute-form); empty for origin-form.
+    A server routes by it rather than by Host, so inside a tunnel it must be empty."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,8 @@ def decide(route: Route, configured: frozenset[tuple[str, int]]) -> Decision:
     if target is None or (target, route.connect[1]) not in configured:
         return Decision("pass", reason="no rule for the CONNECT target")
     port = route.connect[1]
+    if route.target:
+        return Decision("refuse", target, f"absolute-form request ({route.target}) inside a tunnel")
     if normalize(route.sni) != target:
         return Decision("refuse", target, f"TLS server name {route.sni!r} does not match {target}")
     authority = split_authority(route.authority, port)

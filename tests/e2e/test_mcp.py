@@ -143,3 +143,29 @@ async def test_the_default_product_routes_sandbox_traffic_through_the_credential
     assert (state / "proxy" / "ca" / "mitmproxy-ca.pem").exists()
     ok, text = await agent.call("shell", command="ls /etc/sbx; grep -l 'PRIVATE KEY' /etc/sbx/* || echo none")
     assert "none" in text and "ca-bundle.pem" in text
+
+
+async def test_a_killed_proxy_is_restarted_and_sandboxes_get_out_again(stack):  # noqa: F811
+    """The proxy is supervised by `sbx up`: SIGKILL it and the sandboxes' way out comes
+    back on the same address (their HTTPS_PROXY never changes)."""
+    import asyncio
+    import signal
+    import subprocess
+
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    agent = Agent(url, key, "egress-2")
+    probe = "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 http://127.0.0.2:9/ || true"
+    ok, text = await agent.call("shell", command=probe)
+    assert text.startswith("502"), text
+    found = subprocess.run(
+        ["pgrep", "-f", f"confdir={state.resolve()}/proxy/ca"], capture_output=True, text=True
+    ).stdout.split()
+    assert len(found) == 1, found
+    os.kill(int(found[0]), signal.SIGKILL)
+    for _ in range(100):
+        ok, text = await agent.call("shell", command=probe)
+        if text.startswith("502"):
+            break
+        await asyncio.sleep(0.2)
+    assert text.startswith("502"), f"the proxy did not come back: {text}"

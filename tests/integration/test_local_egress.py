@@ -162,6 +162,22 @@ async def test_direct_egress_that_bypasses_the_proxy_fails(world, sandboxes):
     await asyncio.sleep(0.5)
     assert servers.heard == [], "nothing from the sandbox reached host services"
 
+    # Control: without the firewall the same attempt does reach the host, so the test above
+    # measured the firewall, not a missing route. The next start puts the table back.
+    import subprocess
+
+    subprocess.run(["nft", "delete", "table", "inet", network.TABLE], check=True)
+    try:
+        await sh(rt, box, f"curl -sS --noproxy '*' --max-time 3 http://{host_ip}:{servers.tcp_port}/")
+        await asyncio.sleep(0.3)
+        assert any(h.startswith("tcp") for h in servers.heard), "control: reachable without the firewall"
+    finally:
+        await rt.network.ensure_host()
+    assert (
+        subprocess.run(["nft", "list", "table", "inet", network.TABLE], capture_output=True).returncode == 0
+    )
+    servers.heard.clear()
+
 
 async def test_sandboxes_cannot_reach_each_other_and_links_go_with_the_sandbox(world, sandboxes):
     import subprocess

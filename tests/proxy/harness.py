@@ -117,8 +117,22 @@ class Echo(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         seen = {"method": self.command, "path": self.path, "headers": dict(self.headers.items()),
-                "body_bytes": len(body)}  # fmt: skip
+                "body_bytes": len(body), "peer": self.client_address[1]}  # fmt: skip
         self.server.seen.append(seen)  # type: ignore[attr-defined]
+        if self.path in ("/gzip-echo", "/reason-auth"):
+            import gzip
+
+            data = json.dumps(seen).encode()
+            compressed = self.path == "/gzip-echo"
+            payload = gzip.compress(data) if compressed else data
+            reason = self.headers.get("Authorization", "OK") if self.path == "/reason-auth" else "OK"
+            self.send_response(200, reason)
+            if compressed:
+                self.send_header("Content-Encoding", "gzip")  # whatever the client asked for
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
         if self.path.startswith("/redirect?to="):
             self.send_response(302)
             self.send_header("Location", self.path.split("=", 1)[1])
@@ -169,7 +183,8 @@ class Proxy:
         self.confdir = workdir / "ca"
         self.log = workdir / "proxy.log"
         hosts_file = workdir / "hosts"
-        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(f"{ip} {n}\n" for n, ip in hosts.items()))
+        lines = [f"{ip} {n}\n" for n, ips in hosts.items() for ip in ips.split()]  # "a b": two addresses
+        hosts_file.write_text("127.0.0.1 localhost\n" + "".join(lines))
         args = [str(SBX_PROXY), "--listen-host", listen_host, "--listen-port", str(port or free_port()),
                 "--confdir", str(self.confdir), "--upstream-ca", str(upstream_ca)]  # fmt: skip
         if config_text is not None:
@@ -388,3 +403,22 @@ def peak_rss_kib(pid: int) -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1])
     raise RuntimeError("no VmHWM")
+
+
+def keep_alive_requests(proxy: Proxy, connect: str, host: str, count: int, trust: list[Path]) -> list[Answer]:
+    """``count`` GETs one after another in one tunnel, on one TLS connection (keep-alive)."""
+    sock = socket.create_connection((proxy.host, proxy.port), timeout=20)
+    sock.sendall(f"CONNECT {connect} HTTP/1.1\r\nHost: {connect}\r\n\r\n".encode())
+    reply = b""
+    while b"\r\n\r\n" not in reply:
+        reply += sock.recv(4096)
+    context = ssl.create_default_context()
+    for ca in trust:
+        context.load_verify_locations(ca)
+    tls = context.wrap_socket(sock, server_hostname=host.split(":")[0])
+    answers = []
+    with tls, tls.makefile("rb") as stream:
+        for _ in range(count):
+            tls.sendall(f"GET /echo HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            answers.append(_read_response(stream))
+    return answers

@@ -83,6 +83,7 @@ token_env = "SBX_TEST_TOKEN"
     hosts |= {
         "private.example": "10.1.2.3",
         "metadata.example": "169.254.169.254",
+        "mixed.example": "127.0.0.1 10.1.2.3",  # one allowed and one refused address
         "loop.example": "127.0.0.2",
     }
     p = harness.Proxy(
@@ -220,7 +221,7 @@ def test_a_redirect_to_another_host_carries_nothing(proxy, pki, upstream):
     [
         "127.0.0.2", "2130706434", "0177.0.0.2", "0x7f000002", "127.2", "[::ffff:127.0.0.2]",
         "loop.example", "private.example", "10.1.2.3", "169.254.169.254", "metadata.example",
-        "[fd00:ec2::254]", "[::1]", "0.0.0.0",
+        "[fd00:ec2::254]", "[::1]", "0.0.0.0", "mixed.example",
     ],
 )  # fmt: skip
 def test_destinations_are_checked_after_resolution_in_every_notation(proxy, forbidden, target):
@@ -234,8 +235,8 @@ def test_destinations_are_checked_after_resolution_in_every_notation(proxy, forb
 
 def test_a_tunnel_to_a_refused_destination_is_closed(proxy, pki, forbidden):
     port = forbidden.server_address[1]
-    with pytest.raises(OSError):
-        harness.request(proxy, f"127.0.0.2:{port}", sni=None, host="x", trust=[pki.ca_cert])
+    answer = harness.request(proxy, f"127.0.0.2:{port}", sni=None, host="x", trust=[pki.ca_cert])
+    assert answer.status == 403, answer  # the CONNECT itself is refused
     assert forbidden.seen == []
     assert "refused 127.0.0.2" in proxy.output()
 
@@ -257,3 +258,81 @@ def test_request_smuggling_attempts_are_refused(proxy, pki, upstream, head):
     answer = ask(proxy, pki, h, "github.com", h, raw_head=head.replace(b"{h}", h.encode()))
     assert answer.status == 400, answer
     assert len(upstream.seen) == before
+
+
+def h2_request(proxy, connect: str, sni: str, authority: str, path: str = "/echo") -> dict:
+    import json
+    import subprocess
+
+    python = harness.ROOT / "proxy" / ".venv" / "bin" / "python"
+    script = harness.ROOT / "tests" / "proxy" / "h2client.py"
+    args = [
+        str(python),
+        str(script),
+        proxy.host,
+        str(proxy.port),
+        connect,
+        sni,
+        authority,
+        path,
+        str(proxy.ca_cert),
+    ]
+    result = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_http2_authority_decides_like_host(proxy, upstream):
+    """Over HTTP/2 the :authority pseudo-header plays Host's part: matching gets the
+    credential; naming another host on a configured connection is refused."""
+    h = f"github.com:{upstream.port}"
+    answer = h2_request(proxy, h, "github.com", h)
+    assert answer["status"] == 200 and TOKEN not in answer["body"]
+    assert auth_of(last(upstream)) == [f"Bearer {TOKEN}"]
+    before = len(upstream.seen)
+    refused = h2_request(proxy, h, "github.com", f"evil.example:{upstream.port}")
+    assert refused["status"] == 421 and len(upstream.seen) == before
+
+
+def test_an_absolute_form_request_inside_the_tunnel_is_refused(proxy, pki, upstream):
+    """A server routes by the request line's URL, not Host: `GET https://evil.example/` in
+    a github.com tunnel must never carry github's credential."""
+    h = f"github.com:{upstream.port}"
+    before = len(upstream.seen)
+    for line in (f"https://evil.example:{upstream.port}/x", f"http://evil.example:{upstream.port}/y"):
+        head = f"GET {line} HTTP/1.1\r\nHost: {h}\r\nContent-Length: 0\r\n\r\n".encode()
+        answer = ask(proxy, pki, h, "github.com", h, raw_head=head)
+        assert answer.status == 421, answer
+    assert len(upstream.seen) == before
+
+
+def test_requests_in_one_tunnel_share_one_upstream_connection(proxy, pki, upstream):
+    """Pinning the checked address must not defeat connection reuse (else one sandbox
+    could make the proxy open a connection per request)."""
+    h = f"github.com:{upstream.port}"
+    before = len(upstream.seen)
+    answers = harness.keep_alive_requests(proxy, h, h, 3, [proxy.ca_cert])
+    assert [a.status for a in answers] == [200, 200, 200]
+    peers = {s["peer"] for s in upstream.seen[before:]}
+    assert len(upstream.seen) == before + 3 and len(peers) == 1, peers
+
+
+def test_a_compressed_answer_to_a_credentialed_request_is_dropped(proxy, pki, upstream):
+    h = f"github.com:{upstream.port}"
+    answer = ask(proxy, pki, h, "github.com", h, path="/gzip-echo")
+    assert answer.status == 502 and answer.body == b""
+
+
+def test_the_reason_phrase_is_masked_too(proxy, pki, upstream):
+    h = f"github.com:{upstream.port}"
+    answer = ask(proxy, pki, h, "github.com", h, path="/reason-auth")
+    assert answer.status == 200 and TOKEN.encode() not in answer.body
+
+
+def test_a_refused_request_with_a_body_is_answered(proxy, pki, upstream):
+    before = len(upstream.seen)
+    h = f"github.com:{upstream.port}"
+    answer = ask(
+        proxy, pki, h, "github.com", f"evil.example:{upstream.port}", method="POST", body=b"x" * 5000
+    )
+    assert answer.status == 421 and len(upstream.seen) == before

@@ -39,6 +39,11 @@ def route(connect=("github.com", 443), sni="github.com", authority="github.com",
         (route(connect=None, scheme="http"), "pass"),
         (route(scheme="http"), "pass"),
         (route(tls=False), "pass"),
+        (
+            hosts.Route(("github.com", 443), "github.com", "github.com", "https", True, "evil.example"),
+            "refuse",
+        ),
+        (hosts.Route(("github.com", 443), "github.com", "github.com", "https", True, "github.com"), "refuse"),
     ],
 )
 def test_decide(r, action):
@@ -74,7 +79,8 @@ def test_split_authority(value, expected):
         "127.0.0.1", "10.0.0.1", "172.16.5.4", "192.168.1.1", "100.64.0.1", "169.254.169.254",
         "169.254.1.1", "0.0.0.0", "224.0.0.1", "255.255.255.255", "::1", "::", "fe80::1",
         "fd00:ec2::254", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1",
-        "64:ff9b::a00:1", "ff02::1",
+        "64:ff9b::a00:1", "ff02::1", "::7f00:1", "::ffff:0:7f00:1", "64:ff9b:1::a00:1", "fec0::1",
+        "168.63.129.16", "100.100.100.200", "169.254.170.2", "fd00:ec2::253",
     ],
 )  # fmt: skip
 def test_private_loopback_link_local_and_metadata_are_refused(address):
@@ -91,6 +97,8 @@ def test_allow_lists_win_and_metadata_needs_an_explicit_allow():
     assert destinations.refusal("10.20.1.1", allow_private=False, allow=[net]) is None
     assert destinations.refusal("10.1.1.1", allow_private=True) is None
     assert "metadata" in destinations.refusal("169.254.169.254", allow_private=True)
+    for other_metadata in ("169.254.170.2", "168.63.129.16", "fd00:ec2::253"):
+        assert "metadata" in destinations.refusal(other_metadata, allow_private=True)
     meta = ipaddress.ip_network("169.254.169.254/32")
     assert destinations.refusal("169.254.169.254", allow_private=True, allow=[meta]) is None
 

@@ -134,8 +134,11 @@ class Network:
     async def ensure_host(self) -> None:
         """The nftables table and the proxy address on ``lo`` (idempotent)."""
         async with self._lock:
-            if self._host_ready:
-                return
+            if self._host_ready:  # still there? (an nftables restart or `nft flush ruleset` removes it)
+                code, _ = await self._run(self.nft, "list", "table", "inet", TABLE)
+                if code == 0:
+                    return
+                self._host_ready = False
             why = self.unavailable()
             if why:
                 raise errors.ConfigError(why)
