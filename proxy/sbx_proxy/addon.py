@@ -183,7 +183,7 @@ class CredentialProxy:
             response.status_code, response.reason = 502, "Bad Gateway"
             response.headers.clear()
             response.headers["Content-Length"] = "0"
-            response.stream = lambda _chunk: b""
+            response.stream = lambda _chunk: []
             return
         response.reason = redact.text(response.reason, secrets)
         for name in list(response.headers.keys()):
@@ -191,7 +191,15 @@ class CredentialProxy:
             masked = [redact.text(v, secrets) for v in values]
             if masked != values:
                 response.headers.set_all(name, masked)
-        response.stream = redact.Redactor(secrets)
+        redactor = redact.Redactor(secrets)
+
+        def masked_stream(chunk: bytes) -> list[bytes]:
+            # Never hand mitmproxy an empty chunk: in a chunked HTTP/1.1 answer that is
+            # the end-of-body marker (the redactor holds back a possible secret's prefix).
+            out = redactor(chunk)
+            return [out] if out else []
+
+        response.stream = masked_stream
 
     def response(self, flow: http.HTTPFlow) -> None:
         secrets = flow.metadata.get(SECRETS)

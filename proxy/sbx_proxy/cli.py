@@ -32,6 +32,9 @@ def mitmdump_args(args: argparse.Namespace) -> list[str]:
         "--set", "validate_inbound_headers=true",  # smuggling: conflicting lengths, bad names
         "--set", "block_global=false",       # clients come from sandbox veth addresses
         "--set", "connection_strategy=lazy",  # connect upstream only once the request is known
+        # HTTP/1.1 only towards sandboxes: fewer parsers and no :authority/coalescing cases,
+        # and mitmproxy 11 does not frame a streamed HTTP/2 body for an HTTP/1.1 upstream.
+        "--set", "http2=false",
         "-s", str(addon),
         "--set", f"sbx_config={args.config or ''}",
     ]  # fmt: skip

@@ -24,7 +24,9 @@ def main() -> None:
     context = ssl.create_default_context(cafile=ca)
     context.set_alpn_protocols(["h2"])
     tls = context.wrap_socket(sock, server_hostname=sni)
-    assert tls.selected_alpn_protocol() == "h2", tls.selected_alpn_protocol()
+    if tls.selected_alpn_protocol() != "h2":
+        print(json.dumps({"status": None, "alpn": tls.selected_alpn_protocol(), "body": ""}))
+        return
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
     conn.initiate_connection()
     conn.send_headers(

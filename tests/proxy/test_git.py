@@ -1,6 +1,7 @@
 """git clone and push of a smart-HTTP repository through the real proxy, with the
 credential injected in flight: git itself has no credential and never prompts. A large
-clone streams through the proxy (its peak memory stays far below the pack's size)."""
+clone and a large push stream through the proxy (its peak memory stays far below the
+pack's size)."""
 
 from __future__ import annotations
 
@@ -82,10 +83,14 @@ def test_clone_and_push_with_the_injected_credential_and_a_large_clone_streams(w
     assert all("Authorization" not in s["headers"] or s["headers"]["Authorization"].startswith("Basic ")
                for s in upstream.seen)  # fmt: skip
     (tmp / "work" / "change.txt").write_text("from the sandbox\n")
+    (tmp / "work" / "big2.bin").write_bytes(os.urandom(BIG))  # a large push streams too
     git("add", ".", cwd=tmp / "work", env=env)
     assert git("commit", "-qm", "change", cwd=tmp / "work", env=env).returncode == 0
+    before = harness.peak_rss_kib(proxy.proc.pid)
     pushed = git("push", "-q", "origin", "main", cwd=tmp / "work", env=env)
     assert pushed.returncode == 0, pushed.stderr
+    grown = harness.peak_rss_kib(proxy.proc.pid) - before
+    assert grown < BIG // 1024 // 2, f"the proxy's peak memory grew by {grown} KiB for a {BIG >> 20} MiB push"
     log = git("log", "--format=%s", "main", cwd=root / "org" / "repo.git")
     assert log.stdout.split() == ["change", "seed"]
     remote_url = git("remote", "get-url", "origin", cwd=tmp / "work").stdout.strip()
