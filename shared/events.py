@@ -169,6 +169,47 @@ class SandboxFailed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.failed
     error: str
 
 
+class SandboxProxyAssigned(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.proxy_assigned"):
+    """The sandbox's traffic now goes to this proxy of the fleet (``reason``: ``new`` for a
+    first assignment, ``reassigned`` when its proxy died or was drained)."""
+
+    proxy_id: str
+    reason: str = "new"
+
+
+# ---- proxies -------------------------------------------------------------------
+
+
+class ProxyEvent(Event, frozen=True, kw_only=True):
+    kind: ClassVar[str] = subjects.PROXY
+    proxy_id: str
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.proxy_id
+
+
+class ProxyStarted(ProxyEvent, frozen=True, kw_only=True, tag="proxy.started"):
+    """A credential proxy of the fleet runs and accepts sandboxes' connections."""
+
+    backend: str = "local"
+    endpoint: str
+    """Where it listens (local: ``address:port``)."""
+
+
+class ProxyDraining(ProxyEvent, frozen=True, kw_only=True, tag="proxy.draining"):
+    """No new sandbox is assigned to it; it stops once none uses it."""
+
+    reason: str = "scale-down"
+
+
+class ProxyStopped(ProxyEvent, frozen=True, kw_only=True, tag="proxy.stopped"):
+    """It no longer runs: ``drained`` (scaled down), ``died`` (found dead; its sandboxes
+    are reassigned) or ``failed`` (did not start)."""
+
+    reason: str
+
+
 # ---- executions (audit) ------------------------------------------------------
 
 
@@ -236,6 +277,10 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SandboxClaimed,
     SandboxRefused,
     SandboxLost,
+    SandboxProxyAssigned,
+    ProxyStarted,
+    ProxyDraining,
+    ProxyStopped,
     CommandExecuted,
     InstanceStarted,
     InstanceStopped,
@@ -256,6 +301,10 @@ AnyEvent = (
     | SandboxClaimed
     | SandboxRefused
     | SandboxLost
+    | SandboxProxyAssigned
+    | ProxyStarted
+    | ProxyDraining
+    | ProxyStopped
     | CommandExecuted
     | InstanceStarted
     | InstanceStopped

@@ -17,7 +17,7 @@ import msgspec
 
 from shared import errors, events, ids, states, subjects
 
-S = TypeVar("S", states.SessionState, states.InstanceState, states.SandboxState)
+S = TypeVar("S", states.SessionState, states.InstanceState, states.SandboxState, states.ProxyState)
 
 
 def evolve_session(
@@ -135,6 +135,11 @@ def evolve_sandbox(
             return msgspec.structs.replace(state, status="stopped", updated_at=event.meta.time, last_seq=seq)
         case events.SandboxDeleted() if state is not None and status not in ("deleted", "refused"):
             return msgspec.structs.replace(state, status="deleted", updated_at=event.meta.time, last_seq=seq)
+        case events.SandboxProxyAssigned() if status in ("requested", "running", "stopped"):
+            assert state is not None
+            return msgspec.structs.replace(
+                state, proxy_id=event.proxy_id, updated_at=event.meta.time, last_seq=seq
+            )
         case events.SandboxFailed() if status in ("requested", "running", "stopped"):
             assert state is not None
             return msgspec.structs.replace(
@@ -142,6 +147,32 @@ def evolve_sandbox(
             )
     raise errors.InvalidTransition(
         f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a sandbox"
+    )
+
+
+def evolve_proxy(state: states.ProxyState | None, event: events.AnyEvent, seq: int) -> states.ProxyState:
+    status = state.status if state else None
+    match event:
+        case events.ProxyStarted() if state is None:
+            return states.ProxyState(
+                proxy_id=event.proxy_id,
+                status="running",
+                backend=event.backend,
+                endpoint=event.endpoint,
+                started_at=event.meta.time,
+                updated_at=event.meta.time,
+                last_seq=seq,
+            )
+        case events.ProxyDraining() if status == "running":
+            assert state is not None
+            return msgspec.structs.replace(state, status="draining", updated_at=event.meta.time, last_seq=seq)
+        case events.ProxyStopped() if status in ("running", "draining"):
+            assert state is not None
+            return msgspec.structs.replace(
+                state, status="stopped", stop_reason=event.reason, updated_at=event.meta.time, last_seq=seq
+            )
+    raise errors.InvalidTransition(
+        f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a proxy"
     )
 
 
@@ -199,4 +230,6 @@ INSTANCES: Projection[states.InstanceState] = Projection(
 
 SANDBOXES: Projection[states.SandboxState] = Projection(subjects.SANDBOX, states.SandboxState, evolve_sandbox)
 
-BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES)}
+PROXIES: Projection[states.ProxyState] = Projection(subjects.PROXY, states.ProxyState, evolve_proxy)
+
+BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES, PROXIES)}

@@ -57,6 +57,22 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     """When a session claimed it from the warm pool (its lifetime counts from the later of
     this and ``started_at``)."""
     error: str | None = None
+    proxy_id: str | None = None
+    """The fleet proxy its traffic goes to (proxy egress)."""
+    last_seq: int
+
+
+ProxyStatus = Literal["running", "draining", "stopped"]
+
+
+class ProxyState(msgspec.Struct, frozen=True, kw_only=True):
+    proxy_id: str
+    status: ProxyStatus
+    backend: str = "local"
+    endpoint: str
+    started_at: datetime
+    updated_at: datetime
+    stop_reason: str | None = None
     last_seq: int
 
 

@@ -32,6 +32,8 @@ INSTANCE = "instance"
 SANDBOX = "sandbox"
 EXEC = "exec"
 """Audit records of executions (not projected: the stream is the record)."""
+PROXY = "proxy"
+"""Credential proxies of the fleet (proxy-scaler)."""
 
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0
@@ -191,4 +193,4 @@ class Topology:
         )
 
 
-PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX)
+PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX, PROXY)

@@ -144,6 +144,16 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "meta.user_id": "alice",
         },
     ),
+    "sandbox.proxy_assigned.json": (
+        events.SandboxProxyAssigned,
+        {"sandbox_id": SB, "proxy_id": "px-3129", "reason": "new"},
+    ),
+    "proxy.started.json": (
+        events.ProxyStarted,
+        {"proxy_id": "px-3129", "backend": "local", "endpoint": "10.213.255.254:3129"},
+    ),
+    "proxy.draining.json": (events.ProxyDraining, {"proxy_id": "px-3129", "reason": "scale-down"}),
+    "proxy.stopped.json": (events.ProxyStopped, {"proxy_id": "px-3129", "reason": "drained"}),
     "sandbox.lost.json": (
         events.SandboxLost,
         {

@@ -240,6 +240,7 @@ SANDBOX_EVENTS: dict[str, Any] = {
         meta=meta(n), sandbox_id=SB, session_id=SID, reason="max_running (3) reached", running=3, limit=3
     ),
     "lost": lambda n: events.SandboxLost(meta=meta(n), sandbox_id=SB, reason="gone from the runtime"),
+    "proxy_assigned": lambda n: events.SandboxProxyAssigned(meta=meta(n), sandbox_id=SB, proxy_id="px-1"),
 }
 
 #: state before (None: nothing yet) -> event -> status after. Everything absent is impossible.
@@ -253,6 +254,7 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "failed": "failed",
         "claimed": "requested",
         "lost": "lost",
+        "proxy_assigned": "requested",
     },
     "running": {
         "stopped": "stopped",
@@ -260,8 +262,15 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "failed": "failed",
         "claimed": "running",
         "lost": "lost",
+        "proxy_assigned": "running",
     },
-    "stopped": {"started": "running", "deleted": "deleted", "failed": "failed", "lost": "lost"},
+    "stopped": {
+        "started": "running",
+        "deleted": "deleted",
+        "failed": "failed",
+        "lost": "lost",
+        "proxy_assigned": "stopped",
+    },
     "failed": {"deleted": "deleted"},
     "deleted": {},
     "refused": {},
@@ -274,6 +283,7 @@ SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
     "lost": {"error": "gone from the runtime"},
     "started": {"started_at": T0 + timedelta(seconds=8)},
     "claimed": {"session_id": SID2, "claimed_at": T0 + timedelta(seconds=8)},
+    "proxy_assigned": {"proxy_id": "px-1"},
 }
 
 
