@@ -14,7 +14,6 @@ from pathlib import Path
 
 from sbx import natsd, proxyrun, stack, supervisor
 from shared import bus, errors, health, settings, subjects
-from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0
 
@@ -125,21 +124,10 @@ async def run(options: Options, env: dict[str, str]) -> int:
     await _wait_for_nats(bus_settings, nats_child, nats_log)
     nats_url = bus_settings.nats_url
 
-    proxy_url = ""
     if egress == "proxy":
-        # The proxy first: every sandbox started from now on trusts its CA and routes to it.
-        await backends.prepare_egress(runtime_settings.backend)
-        proxy_host, proxy_url = backends.proxy_endpoint(runtime_settings.backend, runtime_settings.proxy_port)
-        proxy = await sup.start(
-            supervisor.Child(
-                "proxy",
-                proxyrun.command(state.resolve(), env, proxy_host, runtime_settings.proxy_port),
-                supervisor.child_env(env),
-                output=open(state / "proxy.log", "ab"),
-            )
-        )
-        await proxyrun.wait_until_listening(proxy_host, runtime_settings.proxy_port, proxy.exited)
+        proxy_url = proxyrun.sandbox_proxy_url(runtime_settings.backend)
     else:
+        proxy_url = ""
         supervisor.say(f"sandboxes get no network: {no_egress_because}")
 
     common = {
@@ -195,7 +183,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                 f"{'embedded, token in ' + str(state / 'nats-token') if nats_child else 'external'})\n"
                 f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
                 + (
-                    f"  Egress    through the credential proxy at {proxy_url}"
+                    f"  Egress    through the credential proxies (proxy-scaler) at {proxy_url}"
                     f" (config: {env.get('SBX_PROXY_CONFIG') or 'none: injects nothing'})\n"
                     if egress == "proxy"
                     else f"  Egress    none ({no_egress_because})\n"

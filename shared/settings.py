@@ -176,8 +176,6 @@ class RuntimeSettings:
     egress: str = "none"
     """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
     reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
-    proxy_port: int = 3128
-    """Port of the proxy every sandbox uses, on 10.213.255.254 (``SBX_PROXY_PORT``, 3128-3191)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
@@ -189,12 +187,8 @@ class RuntimeSettings:
             raise errors.ConfigError(f"SBX_SANDBOX_CPUS / SBX_SANDBOX_PIDS: {exc}") from None
         if not 0 < cpus <= 256 or not 8 <= pids <= 1_000_000:
             raise errors.ConfigError("SBX_SANDBOX_CPUS must be in (0, 256] and SBX_SANDBOX_PIDS in [8, 1e6]")
-        raw_port = env.get("SBX_PROXY_PORT", str(cls.proxy_port)).strip()
-        if not raw_port.isdigit() or not 3128 <= int(raw_port) <= 3191:
-            raise errors.ConfigError(f"SBX_PROXY_PORT={raw_port!r} must be a port from 3128 to 3191")
         return cls(
             egress=_choice(env, "SBX_SANDBOX_EGRESS", cls.egress, ("proxy", "none")),
-            proxy_port=int(raw_port),
             backend=backend,
             memory_bytes=_size(env, "SBX_SANDBOX_MEMORY", cls.memory_bytes, minimum=16 * 1024**2),
             cpus=cpus,
@@ -336,4 +330,36 @@ class GatewaySettings:
             api_key=key,
             host=env.get("SBX_GATEWAY_HOST", cls.host),
             port=_port(env, "SBX_GATEWAY_PORT", cls.port),
+        )
+
+
+#: Where scripts/setup installs the proxy's own environment.
+DEFAULT_PROXY_BIN = Path(__file__).resolve().parent.parent / "proxy" / ".venv" / "bin" / "sbx-proxy"
+
+
+@dataclass(frozen=True)
+class ProxySettings:
+    """The credential-proxy fleet (proxy-scaler)."""
+
+    config: str = ""
+    """The proxies' TOML config (``SBX_PROXY_CONFIG``); empty: inject nothing, tunnel everything."""
+    sandboxes_per_proxy: int = 100
+    """About one proxy per this many running sandboxes (``SBX_SANDBOXES_PER_PROXY``)."""
+    drain: float = 30.0
+    """How long a proxy being removed keeps serving connections already open (``SBX_PROXY_DRAIN``)."""
+    binary: str = str(DEFAULT_PROXY_BIN)
+    """The ``sbx-proxy`` program (``SBX_PROXY_BIN``)."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ProxySettings:
+        raw = env.get("SBX_SANDBOXES_PER_PROXY", str(cls.sandboxes_per_proxy)).strip()
+        if not raw.isdigit() or not 1 <= int(raw) <= 100_000:
+            raise errors.ConfigError(
+                f"SBX_SANDBOXES_PER_PROXY={raw!r} must be a whole number from 1 to 100000"
+            )
+        return cls(
+            config=env.get("SBX_PROXY_CONFIG", "").strip(),
+            sandboxes_per_proxy=int(raw),
+            drain=_duration(env, "SBX_PROXY_DRAIN", cls.drain),
+            binary=env.get("SBX_PROXY_BIN", cls.binary),
         )

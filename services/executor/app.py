@@ -21,7 +21,6 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
             runtime_settings.backend,
             ctx.settings.state_dir,
             egress=runtime_settings.egress,
-            proxy_port=runtime_settings.proxy_port,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         activity_kv = await ctx.js.key_value(ctx.topology.activity_bucket)

@@ -25,7 +25,6 @@ def make_setup(
             runtime_settings.backend,
             ctx.settings.state_dir,
             egress=runtime_settings.egress,
-            proxy_port=runtime_settings.proxy_port,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         limits = api.Limits(

@@ -35,6 +35,8 @@ from shared.runtime import api
 log = structlog.get_logger(__name__)
 
 ADMISSION_KEY = "pool-admission"
+PROXY_WAIT = 20.0
+"""How long a new sandbox waits for its proxy assignment (proxy egress) before it is used anyway."""
 ADMISSION_WAIT = 15.0
 """How long a provision waits for another instance's admission to finish."""
 
@@ -207,12 +209,28 @@ class PoolHandlers:
             raise
         state = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
         assert state is not None
+        state = await self._await_proxy(state)
         log.info(
             "sandbox.started",
             sandbox_id=request.sandbox_id,
             session_id=request.session_id,
             image=request.image,
         )
+        return state
+
+    async def _await_proxy(self, state: states.SandboxState) -> states.SandboxState:
+        """With proxy egress, hand out a sandbox only once the proxy-scaler has given it a
+        proxy (the first proxy starts while the first sandbox does), so its first request
+        finds a way out. If none comes in time, go on: the sandbox gets one later."""
+        if self.runtime.egress != "proxy":
+            return state
+        deadline = time.monotonic() + PROXY_WAIT
+        while time.monotonic() < deadline:
+            current = await self.sandboxes.get(state.sandbox_id)
+            if current is None or current.proxy_id is not None or current.status != "running":
+                return current or state
+            await asyncio.sleep(0.05)
+        log.warning("sandbox.no_proxy_yet", sandbox_id=state.sandbox_id, waited=PROXY_WAIT)
         return state
 
     async def _quietly_delete(self, sandbox_id: str) -> None:

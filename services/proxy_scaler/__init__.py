@@ -1,7 +1,8 @@
 """proxy-scaler: sizes the credential-proxy fleet and assigns a proxy to each sandbox.
 
-This version runs the service's lifecycle only: it joins the bus, appends its
-instance events, helps keep the instance projection caught up, reports health
-and drains on SIGTERM. Its own work arrives with its issue; until then it
-reports `capabilities: none yet` in its health details rather than pretending.
+About one proxy per ``SBX_SANDBOXES_PER_PROXY`` requested or running sandboxes, none
+when no sandbox runs; a new sandbox gets the least-loaded proxy; when a proxy dies its
+sandboxes move to the others; a proxy being removed is drained first. Every step is an
+event (``proxy.*``, ``sandbox.proxy_assigned``). One instance works at a time (a lease);
+any other takes over when it stops renewing.
 """

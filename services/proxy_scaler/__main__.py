@@ -4,4 +4,4 @@ from services.proxy_scaler import app
 from shared import service
 
 if __name__ == "__main__":
-    service.main("proxy-scaler", service.plain("proxy-scaler", app.setup))
+    service.main("proxy-scaler", app.build)

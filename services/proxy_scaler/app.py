@@ -1,5 +1,80 @@
-"""Wiring of the proxy-scaler service."""
+"""Wiring of the proxy-scaler: one round at start-up and then continuously, by the lease holder.
 
-from shared import service
+With sandbox egress ``none`` there is nothing to scale: the service runs its lifecycle
+and says so in its health details.
+"""
 
-setup = service.lifecycle_only
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import structlog
+
+from services.proxy_scaler import handlers
+from shared import errors, leases, projections, projector, service, settings
+from shared.runtime import backends
+
+log = structlog.get_logger(__name__)
+LEASE_KEY = "proxy-scaler"
+INTERVAL = 0.5
+
+
+def make_setup(
+    runtime_settings: settings.RuntimeSettings, proxy_settings: settings.ProxySettings
+) -> service.Setup:
+    async def setup(ctx: service.Context) -> service.Workload:
+        if runtime_settings.egress != "proxy":
+            ctx.details["fleet"] = "off: sandbox egress is none"
+            return service.Workload()
+        runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir, egress="proxy")
+        fleet = backends.open_proxy_fleet(
+            runtime_settings.backend,
+            ctx.settings.state_dir,
+            runtime,
+            binary=proxy_settings.binary,
+            config=proxy_settings.config,
+        )
+        sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
+        scaler = handlers.Scaler(
+            ctx,
+            fleet,
+            sandboxes,
+            proxies,
+            per_proxy=proxy_settings.sandboxes_per_proxy,
+            drain_grace=proxy_settings.drain,
+            backend=runtime_settings.backend,
+        )
+        lease = leases.Lease(
+            await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
+        )
+
+        async def loop() -> None:
+            try:
+                while True:
+                    if await lease.hold():
+                        try:
+                            report = await leases.while_held(lease, scaler.round(service.now()))
+                            if report is not None:
+                                running = sum(1 for r in fleet.records() if fleet.alive(r))
+                                ctx.details["fleet"] = f"{running} proxies"
+                                if report.notes:
+                                    ctx.details["last_note"] = report.notes[-1][:200]
+                        except errors.SandboxError as exc:
+                            log.warning("proxy_scaler.round_failed", error=exc.message)
+                    else:
+                        ctx.details["fleet"] = "standby"
+                    await asyncio.sleep(INTERVAL)
+            finally:
+                await lease.release()
+
+        return service.Workload(tasks=[projector.catch_up(ctx.js, proxies), loop()])
+
+    return setup
+
+
+def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
+    return settings.ServiceSettings.from_env("proxy-scaler", env), make_setup(
+        settings.RuntimeSettings.from_env(env), settings.ProxySettings.from_env(env)
+    )

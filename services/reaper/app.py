@@ -25,7 +25,6 @@ def make_setup(
             runtime_settings.backend,
             ctx.settings.state_dir,
             egress=runtime_settings.egress,
-            proxy_port=runtime_settings.proxy_port,
         )
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)

@@ -100,6 +100,8 @@ class Runtime(abc.ABC):
     """One sandbox backend. Every method is idempotent where the name suggests it."""
 
     name: str
+    egress: str = "none"
+    """How sandboxes reach the network: ``none`` or ``proxy`` (only the credential proxy)."""
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> SandboxInfo:

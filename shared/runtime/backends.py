@@ -10,11 +10,11 @@ from shared.runtime import api
 NAMES = ("local",)
 
 
-def open_runtime(name: str, state_dir: Path, *, egress: str = "none", proxy_port: int = 3128) -> api.Runtime:
+def open_runtime(name: str, state_dir: Path, *, egress: str = "none") -> api.Runtime:
     if name == "local":
         from shared.runtime.local import runtime
 
-        opened = runtime.LocalRuntime(state_dir, egress=egress, proxy_port=proxy_port)
+        opened = runtime.LocalRuntime(state_dir, egress=egress)
         if opened.egress_problem:
             import structlog
 
@@ -54,10 +54,21 @@ async def prepare_egress(name: str) -> None:
         await network.Network().ensure_host()
 
 
-def proxy_endpoint(name: str, port: int) -> tuple[str, str]:
-    """Where the proxy listens for this backend's sandboxes: (host, URL sandboxes use)."""
+def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary: str, config: str):  # type: ignore[no-untyped-def]
+    """The backend's credential-proxy fleet (local: ``sbx-proxy`` processes, see proxies.py)."""
+    if name == "local":
+        from shared.runtime.local import proxies
+        from shared.runtime.local import runtime as local
+
+        assert isinstance(runtime, local.LocalRuntime)
+        return proxies.LocalProxies(state_dir, runtime, binary=binary, config=config)
+    raise errors.ConfigError(f"the {name!r} runtime has no proxy fleet here")
+
+
+def sandbox_proxy_url(name: str) -> str:
+    """The proxy URL every sandbox of this backend is given."""
     if name == "local":
         from shared.runtime.local import network
 
-        return network.PROXY_ADDRESS, network.proxy_url(port)
-    raise errors.ConfigError(f"the {name!r} runtime has no local proxy endpoint")
+        return network.proxy_url()
+    raise errors.ConfigError(f"the {name!r} runtime has no proxy egress here")

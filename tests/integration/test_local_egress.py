@@ -63,8 +63,8 @@ def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("egress")
     pki = harness.PKI(tmp / "pki")
     upstream = harness.Upstream(pki)
-    port = harness.free_port() % 60 + network.PROXY_PORTS[0] + 2  # not 3128: a running `sbx up` may hold it
-    rt = local.LocalRuntime(tmp / "state", egress="proxy", proxy_port=port)
+    port = network.PROXY_PORTS[1] - harness.free_port() % 20  # away from the ports a fleet takes first
+    rt = local.LocalRuntime(tmp / "state", egress="proxy")
     import asyncio
 
     asyncio.run(rt.network.ensure_host())
@@ -88,6 +88,7 @@ token_env = "SBX_TEST_TOKEN"
         port=port,
     )
     rt.proxy_ca = proxy.ca_cert
+    rt.test_proxy_port = port
     servers = HostServers()
     yield rt, upstream, proxy, servers
     servers.close()
@@ -105,6 +106,8 @@ async def sandboxes(world):
         await rt.create(api.SandboxSpec(sandbox_id=name))
         await rt.start(name)
         made.append(name)
+        # What the proxy-scaler does for a new sandbox: route it to a proxy of the fleet.
+        await rt.network.route(rt.egress_address(name), rt.test_proxy_port)
         return name
 
     yield make
@@ -125,7 +128,7 @@ async def test_the_proxy_is_the_way_out_and_injects_what_the_sandbox_never_sees(
     assert upstream.seen[-1]["headers"]["Authorization"] == f"Bearer {TOKEN}"
     assert TOKEN not in out
     code, out = await sh(rt, box, "env")
-    assert TOKEN not in out and f"HTTPS_PROXY={network.proxy_url(rt.proxy_port)}" in out
+    assert TOKEN not in out and f"HTTPS_PROXY={network.proxy_url()}" in out
     assert "GIT_TERMINAL_PROMPT=0" in out
     code, out = await sh(
         rt, box, "cat /etc/sbx/* /etc/ssl/certs/ca-certificates.crt | grep -c 'PRIVATE KEY' || true"
@@ -209,3 +212,18 @@ async def test_sandboxes_cannot_reach_each_other_and_links_go_with_the_sandbox(w
             break
         await asyncio.sleep(0.05)
     assert not links() & mine
+
+
+async def test_a_sandbox_without_a_route_is_refused_at_once_and_routes_follow_assignment(world, sandboxes):
+    """Nothing listens on the port sandboxes are given: an unassigned sandbox's connection
+    is reset at once (no hang), and moving it to another proxy changes nothing inside."""
+    rt, upstream, proxy, _ = world
+    box = await sandboxes("egress-e")
+    address = rt.egress_address(box)
+    assert (await rt.network.routes())[address] == rt.test_proxy_port
+    await rt.network.unroute(address)
+    code, out = await sh(rt, box, f"curl -sS --max-time 5 https://github.com:{upstream.port}/echo")
+    assert code == 7 and "after 0 ms" in out, out  # reset at once, not a timeout
+    await rt.network.route(address, rt.test_proxy_port)
+    code, out = await sh(rt, box, f"curl -sS --max-time 20 https://github.com:{upstream.port}/echo")
+    assert code == 0, out

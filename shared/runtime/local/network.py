@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import os
 import shutil
 from dataclasses import dataclass
@@ -33,8 +34,15 @@ from shared import errors
 
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
 PROXY_ADDRESS = "10.213.255.254"
-PROXY_PORTS = (3128, 3191)
-"""Ports the proxy fleet listens on (the first one is every sandbox's ``HTTP_PROXY``)."""
+SANDBOX_PORT = 3128
+"""The port every sandbox's ``HTTP(S)_PROXY`` names. Nothing listens there: the host
+rewrites each sandbox's connections to the port of the proxy assigned to it (an
+nftables map from sandbox address to port), so a sandbox never needs to know which
+proxy of the fleet it uses, and a reassignment changes nothing inside it. A sandbox
+with no assignment is refused at once (TCP reset)."""
+PROXY_PORTS = (3129, 3191)
+"""Ports the proxies of the fleet listen on."""
+NAT_TABLE = "cloud_agent_sandbox_nat"
 SLOTS = SUBNET.num_addresses // 4 - 1
 """One /30 per sandbox; the last /30 holds the proxy address."""
 HOST_PREFIX = "sbxh"
@@ -66,12 +74,14 @@ def first_slot(token: str) -> int:
     return int(token[:8], 16) % SLOTS
 
 
-def proxy_url(port: int = PROXY_PORTS[0]) -> str:
+def proxy_url(port: int = SANDBOX_PORT) -> str:
     return f"http://{PROXY_ADDRESS}:{port}"
 
 
 def ruleset() -> str:
-    """The host's nftables table, replaced atomically (one transaction) when applied."""
+    """The host's nftables tables, applied in one transaction. The filter table is
+    replaced whole; the NAT table keeps its assignment map (its elements are the live
+    assignments) and only its chain is rewritten."""
     low, high = PROXY_PORTS
     return f"""
 table inet {TABLE}
@@ -80,6 +90,7 @@ table inet {TABLE} {{
     chain input {{
         type filter hook input priority filter - 10; policy accept;
         iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {low}-{high} accept
+        iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {SANDBOX_PORT} counter reject with tcp reset
         iifname "{HOST_PREFIX}*" counter drop
         iifname != "lo" ip daddr {SUBNET} counter drop
     }}
@@ -89,6 +100,11 @@ table inet {TABLE} {{
         oifname "{HOST_PREFIX}*" counter drop
     }}
 }}
+add table inet {NAT_TABLE}
+add map inet {NAT_TABLE} assign {{ type ipv4_addr : inet_service; }}
+add chain inet {NAT_TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
+flush chain inet {NAT_TABLE} prerouting
+add rule inet {NAT_TABLE} prerouting iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {SANDBOX_PORT} dnat ip to {PROXY_ADDRESS} : ip saddr map @assign
 """
 
 
@@ -152,6 +168,33 @@ class Network:
                 raise errors.InfrastructureError(f"cannot add the proxy address to lo: {out[-500:]}")
             self._host_ready = True
 
+    async def route(self, sandbox_ip: str, port: int) -> None:
+        """Send this sandbox's proxy connections to the proxy on ``port`` (replaces any)."""
+        if not PROXY_PORTS[0] <= port <= PROXY_PORTS[1]:
+            raise errors.InvalidInput(f"proxy port {port} is outside {PROXY_PORTS}")
+        ipaddress.IPv4Address(sandbox_ip)
+        await self.unroute(sandbox_ip)
+        code, out = await self._run(
+            self.nft, "add", "element", "inet", NAT_TABLE, "assign", f"{{ {sandbox_ip} : {port} }}"
+        )
+        if code != 0:
+            raise errors.InfrastructureError(f"cannot route {sandbox_ip} to its proxy: {out[-300:]}")
+
+    async def unroute(self, sandbox_ip: str) -> None:
+        ipaddress.IPv4Address(sandbox_ip)
+        await self._run(self.nft, "delete", "element", "inet", NAT_TABLE, "assign", f"{{ {sandbox_ip} }}")
+
+    async def routes(self) -> dict[str, int]:
+        """Every sandbox address → proxy port assignment on this host."""
+        code, out = await self._run(self.nft, "-j", "list", "map", "inet", NAT_TABLE, "assign")
+        if code != 0:
+            return {}
+        found: dict[str, int] = {}
+        for item in json.loads(out).get("nftables", []):
+            for address, port in item.get("map", {}).get("elem", []):
+                found[str(address)] = int(port)
+        return found
+
     async def attach(self, token: str, pid: int) -> Slot:
         """Give the sandbox whose init is ``pid`` its veth and its one route."""
         await self.ensure_host()
@@ -167,6 +210,7 @@ class Network:
                 raise errors.InfrastructureError(f"cannot create the sandbox's network link: {out[-500:]}")
         else:
             raise errors.LimitExceeded("no free sandbox network slot (16383 in use)")
+        await self.unroute(s.sandbox_ip)  # a previous user of this slot's address: not ours
         disable_v6 = Path(f"/proc/sys/net/ipv6/conf/{s.host_if}/disable_ipv6")
         if disable_v6.exists():
             disable_v6.write_text("1\n")

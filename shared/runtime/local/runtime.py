@@ -172,7 +172,6 @@ class LocalRuntime(api.Runtime):
         cgroup_driver: cgroups.Cgroups | None = None,
         egress: str = "none",
         proxy_ca: Path | None = None,
-        proxy_port: int = network.PROXY_PORTS[0],
     ) -> None:
         """``egress``: ``none`` (only loopback) or ``proxy`` (the proxy address and nothing
         else; see network.py). Where proxy egress cannot work here, sandboxes get no
@@ -183,9 +182,6 @@ class LocalRuntime(api.Runtime):
         self.egress_problem = self.network.unavailable() if egress == "proxy" else None
         self.egress = "proxy" if egress == "proxy" and self.egress_problem is None else "none"
         self.proxy_ca = proxy_ca or state_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
-        if not network.PROXY_PORTS[0] <= proxy_port <= network.PROXY_PORTS[1]:
-            raise errors.ConfigError(f"the proxy port must be in {network.PROXY_PORTS}")
-        self.proxy_port = proxy_port
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.images = images.ImageStore(state_dir / "images")
@@ -299,7 +295,7 @@ class LocalRuntime(api.Runtime):
         """What every process in the sandbox gets besides PATH/HOME/TERM/LANG."""
         env = {"GIT_TERMINAL_PROMPT": "0"}  # an expired credential makes git fail, never hang
         if self.egress == "proxy":
-            url = network.proxy_url(self.proxy_port)
+            url = network.proxy_url()
             bundle, ca = f"{CA_DIR}/ca-bundle.pem", f"{CA_DIR}/proxy-ca.pem"
             env |= {
                 "HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
@@ -401,10 +397,11 @@ class LocalRuntime(api.Runtime):
             )
         if self.egress == "proxy":
             try:
-                await self.network.attach(ids.token(sandbox_id), pid)
+                slot = await self.network.attach(ids.token(sandbox_id), pid)
             except errors.SandboxError:
                 self.cgroups.kill_all(name)
                 raise
+            (d / "net.json").write_text(json.dumps({"address": slot.sandbox_ip, "pid": pid}))
         (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
         (d / "started").touch()
         return api.SandboxInfo(spec=spec, status="running", created_at=info.created_at, backend=self.name)
@@ -433,6 +430,18 @@ class LocalRuntime(api.Runtime):
                             return pid
             await asyncio.sleep(0.001)
         return None
+
+    def egress_address(self, sandbox_id: str) -> str | None:
+        """The sandbox's address on its proxy link while it runs (None: no proxy egress)."""
+        d = self._dir(sandbox_id)
+        running = self._running(d)
+        try:
+            record = json.loads((d / "net.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if running is None or record.get("pid") != running.pid:
+            return None  # from an earlier run: the address may belong to another sandbox now
+        return str(record["address"])
 
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         info = await self._require(sandbox_id)

@@ -1,0 +1,147 @@
+"""One scaling round: read state, plan (logic.py), then record events and apply them.
+
+Every change is an event first where something could be left behind (``proxy.started``
+is recorded once the proxy listens; a crash before that leaves a process with a record
+file but no event, which the next round adopts or stops), and the fleet's own records
+(pid files, the routing map) are reconciled with the events every round, so a crash
+anywhere converges on the next one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import structlog
+
+from services.proxy_scaler import logic
+from shared import aggregates, errors, events, ids, projector, service, states
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass
+class Report:
+    started: int = 0
+    stopped: int = 0
+    died: int = 0
+    assigned: int = 0
+    rerouted: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class Scaler:
+    def __init__(
+        self,
+        ctx: service.Context,
+        fleet,  # type: ignore[no-untyped-def]
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+        proxies: projector.ProjectionStore[states.ProxyState],
+        *,
+        per_proxy: int,
+        drain_grace: float,
+        backend: str,
+    ) -> None:
+        self.ctx, self.fleet = ctx, fleet
+        self.sandboxes, self.proxies = sandboxes, proxies
+        self.per_proxy, self.drain_grace, self.backend = per_proxy, drain_grace, backend
+
+    async def _proxy_event(self, proxy_id: str, event: events.Event) -> None:
+        def decide(state: states.ProxyState | None) -> list[events.Event]:
+            match event:
+                case events.ProxyStarted():
+                    return [event] if state is None else []
+                case events.ProxyDraining():
+                    return [event] if state and state.status == "running" else []
+                case events.ProxyStopped():
+                    return [event] if state and state.status in ("running", "draining") else []
+            return []
+
+        await aggregates.transact(self.proxies, proxy_id, decide)
+
+    async def round(self, now: datetime) -> Report:
+        report = Report()
+        records = {r.proxy_id: r for r in self.fleet.records()}
+        proxies = [p for p in (await self.proxies.all()).values() if p.status != "stopped"]
+        known = {p.proxy_id for p in proxies}
+        for proxy_id, record in records.items():  # processes without a running record: not ours to keep
+            if proxy_id not in known:
+                await self.fleet.stop(record)
+                report.notes.append(f"stopped unrecorded {proxy_id}")
+        alive = {pid for pid, r in records.items() if self.fleet.alive(r)}
+        sandboxes = list((await self.sandboxes.all()).values())
+        plan = logic.plan(
+            sandboxes, proxies, alive, per_proxy=self.per_proxy, drain_grace=self.drain_grace, now=now
+        )
+        meta = self.ctx.meta
+        for proxy_id in plan.died:
+            await self._proxy_event(
+                proxy_id, events.ProxyStopped(meta=meta(), proxy_id=proxy_id, reason="died")
+            )
+            if proxy_id in records:
+                self.fleet.forget(records[proxy_id])
+            report.died += 1
+        for _ in range(plan.start):
+            proxy_id = "px-" + ids.new_id()[:12]
+            try:
+                record = await self.fleet.start(proxy_id)
+            except errors.SandboxError as exc:
+                log.error("proxy.start_failed", error=exc.message)
+                report.notes.append(f"start failed: {exc.message[:200]}")
+                break
+            await self._proxy_event(
+                proxy_id,
+                events.ProxyStarted(
+                    meta=meta(), proxy_id=proxy_id, backend=self.backend, endpoint=record.endpoint
+                ),
+            )
+            records[proxy_id] = record
+            report.started += 1
+        for proxy_id in plan.drain:
+            await self._proxy_event(proxy_id, events.ProxyDraining(meta=meta(), proxy_id=proxy_id))
+        for proxy_id in plan.stop:
+            if proxy_id in records:
+                await self.fleet.stop(records.pop(proxy_id))
+            await self._proxy_event(
+                proxy_id, events.ProxyStopped(meta=meta(), proxy_id=proxy_id, reason="drained")
+            )
+            report.stopped += 1
+        for sandbox_id, proxy_id in plan.assign.items():
+            if proxy_id in records and await self._assign(sandbox_id, proxy_id, records[proxy_id]):
+                report.assigned += 1
+        report.rerouted = await self._reroute(records)
+        return report
+
+    async def _assign(self, sandbox_id: str, proxy_id: str, record) -> bool:  # type: ignore[no-untyped-def]
+        if not await self.fleet.route(sandbox_id, record):
+            return False  # no proxy link (not running here any more): nothing to route
+
+        def decide(state: states.SandboxState | None) -> list[events.Event]:
+            if state is None or state.status != "running" or state.proxy_id == proxy_id:
+                return []
+            reason = "new" if state.proxy_id is None else "reassigned"
+            return [
+                events.SandboxProxyAssigned(
+                    meta=self.ctx.meta(session_id=state.session_id),
+                    sandbox_id=sandbox_id,
+                    proxy_id=proxy_id,
+                    reason=reason,
+                )
+            ]
+
+        outcome = await aggregates.transact(self.sandboxes, sandbox_id, decide)
+        return bool(outcome.appended)
+
+    async def _reroute(self, records: dict) -> int:  # type: ignore[type-arg]
+        """Keep the routing map equal to the assignments (a resumed sandbox has a new
+        address; an nftables reset empties the map)."""
+        routes = await self.fleet.routes()
+        fixed = 0
+        for sandbox in (await self.sandboxes.all()).values():
+            record = records.get(sandbox.proxy_id) if sandbox.status == "running" else None
+            if record is None:
+                continue
+            if await self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
+                if await self.fleet.route(sandbox.sandbox_id, record):
+                    fixed += 1
+        return fixed

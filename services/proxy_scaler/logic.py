@@ -1,0 +1,76 @@
+"""Pure fleet decisions: how many proxies, which to drain or stop, where each sandbox goes.
+
+A function of recorded state (sandboxes, proxies), what is alive, the ratio and the
+time; no I/O. The caller appends the events and applies them to the fleet.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from shared import states
+
+
+@dataclass(frozen=True)
+class Plan:
+    died: tuple[str, ...] = ()
+    """Proxies recorded as running or draining whose process is gone."""
+    start: int = 0
+    """New proxies to start."""
+    drain: tuple[str, ...] = ()
+    """Running proxies to take out of service (their sandboxes move now)."""
+    stop: tuple[str, ...] = ()
+    """Draining proxies whose grace period is over."""
+    assign: dict[str, str] = field(default_factory=dict)
+    """sandbox_id → proxy_id, for sandboxes without a serving proxy."""
+
+
+def wanted(active_sandboxes: int, per_proxy: int) -> int:
+    """About one proxy per ``per_proxy`` sandboxes; none when no sandbox is wanted."""
+    return math.ceil(active_sandboxes / per_proxy) if active_sandboxes else 0
+
+
+def plan(
+    sandboxes: Iterable[states.SandboxState],
+    proxies: Iterable[states.ProxyState],
+    alive: set[str],
+    *,
+    per_proxy: int,
+    drain_grace: float,
+    now: datetime,
+) -> Plan:
+    sandboxes, proxies = list(sandboxes), list(proxies)
+    # Requested sandboxes count: the first proxy starts while the first sandbox does.
+    active = [s for s in sandboxes if s.status in ("requested", "running")]
+    running = sorted((s for s in sandboxes if s.status == "running"), key=lambda s: s.sandbox_id)
+    died = tuple(
+        p.proxy_id for p in proxies if p.status in ("running", "draining") and p.proxy_id not in alive
+    )
+    live = [p for p in proxies if p.status == "running" and p.proxy_id in alive]
+    load = Counter(s.proxy_id for s in running if s.proxy_id)
+    want = wanted(len(active), per_proxy)
+    drain: tuple[str, ...] = ()
+    if len(live) > want:
+        extra = sorted(live, key=lambda p: (load[p.proxy_id], p.proxy_id))[: len(live) - want]
+        drain = tuple(p.proxy_id for p in extra)
+    serving = {p.proxy_id: load[p.proxy_id] for p in live if p.proxy_id not in drain}
+    assign: dict[str, str] = {}
+    if serving:
+        for sandbox in running:
+            if sandbox.proxy_id in serving:
+                continue
+            target = min(serving, key=lambda pid: (serving[pid], pid))
+            assign[sandbox.sandbox_id] = target
+            serving[target] += 1
+    stop = tuple(
+        p.proxy_id
+        for p in proxies
+        if p.status == "draining"
+        and p.proxy_id in alive
+        and (now - p.updated_at).total_seconds() >= drain_grace
+    )
+    return Plan(died=died, start=max(0, want - len(live)), drain=drain, stop=stop, assign=assign)

@@ -1,0 +1,157 @@
+"""The local proxy fleet: ``sbx-proxy`` processes on the sandbox network's proxy address.
+
+Each proxy listens on ``10.213.255.254:<port>`` (ports 3129-3191), shares the state
+directory's CA and config, and runs detached in its own session: like sandboxes, it
+outlives the service that started it and is found again through
+``<state>/proxies/<port>.json`` (pid and start time, so a reused pid is not mistaken
+for it). Which proxy a sandbox uses is an entry in the host's nftables map (see
+``network.py``): routing is per sandbox address, so moving a sandbox to another proxy
+changes nothing inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared import errors
+from shared.runtime.local import network
+from shared.runtime.local.runtime import LocalRuntime, _starttime
+
+START_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class Record:
+    proxy_id: str
+    port: int
+    pid: int
+    starttime: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"{network.PROXY_ADDRESS}:{self.port}"
+
+
+class LocalProxies:
+    def __init__(self, state_dir: Path, runtime: LocalRuntime, *, binary: str, config: str = "") -> None:
+        self.state_dir = state_dir
+        self.runtime = runtime
+        self.binary = binary
+        self.config = config
+        self.dir = state_dir / "proxies"
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.confdir = state_dir / "proxy" / "ca"
+
+    # ---- records -----------------------------------------------------------------
+
+    def records(self) -> list[Record]:
+        found = []
+        for path in sorted(self.dir.glob("*.json")):
+            with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+                found.append(Record(**json.loads(path.read_text())))
+        return found
+
+    def alive(self, record: Record) -> bool:
+        return _starttime(record.pid) == record.starttime
+
+    def _free_port(self) -> int:
+        taken = {r.port for r in self.records()}
+        for port in range(network.PROXY_PORTS[0], network.PROXY_PORTS[1] + 1):
+            if port in taken:
+                continue
+            with socket.socket() as probe:
+                try:
+                    probe.bind((network.PROXY_ADDRESS, port))
+                except OSError:
+                    continue  # another stack's proxy on this host
+            return port
+        raise errors.LimitExceeded(f"no free proxy port in {network.PROXY_PORTS}")
+
+    # ---- lifecycle ---------------------------------------------------------------
+
+    async def start(self, proxy_id: str) -> Record:
+        """A new proxy, listening when this returns."""
+        if not Path(self.binary).exists():
+            raise errors.ConfigError(f"{self.binary} is missing: run scripts/setup (it installs proxy/.venv)")
+        await self.runtime.network.ensure_host()  # the proxy address must exist before binding it
+        port = self._free_port()
+        log = os.open(self.dir / f"{port}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.binary,
+                "--listen-host", network.PROXY_ADDRESS,
+                "--listen-port", str(port),
+                "--confdir", str(self.confdir),
+                "--config", self.config,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                start_new_session=True,  # its own session: it outlives the scaler
+            )  # fmt: skip
+        finally:
+            os.close(log)
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if proc.returncode is not None:
+                tail = (self.dir / f"{port}.log").read_text(errors="replace")[-800:]
+                raise errors.InfrastructureError(f"the proxy on port {port} exited at start: {tail.strip()}")
+            try:
+                _, writer = await asyncio.open_connection(network.PROXY_ADDRESS, port)
+                writer.close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        else:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise errors.InfrastructureError(
+                f"the proxy on port {port} did not listen within {START_TIMEOUT:g}s"
+            )
+        starttime = _starttime(proc.pid)
+        assert starttime is not None
+        record = Record(proxy_id=proxy_id, port=port, pid=proc.pid, starttime=starttime)
+        (self.dir / f"{port}.json").write_text(json.dumps(record.__dict__))
+        return record
+
+    async def stop(self, record: Record) -> None:
+        if self.alive(record):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(record.pid, signal.SIGTERM)
+            for _ in range(100):
+                if not self.alive(record):
+                    break
+                await asyncio.sleep(0.05)
+            if self.alive(record):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(record.pid, signal.SIGKILL)
+        self.forget(record)
+
+    def forget(self, record: Record) -> None:
+        (self.dir / f"{record.port}.json").unlink(missing_ok=True)
+
+    async def stop_all(self) -> None:
+        for record in self.records():
+            await self.stop(record)
+
+    # ---- routing -------------------------------------------------------------------
+
+    async def route(self, sandbox_id: str, record: Record) -> bool:
+        """Send the sandbox's proxy traffic to ``record``; False if it has no proxy link."""
+        address = self.runtime.egress_address(sandbox_id)
+        if address is None:
+            return False
+        await self.runtime.network.route(address, record.port)
+        return True
+
+    async def routed_port(self, sandbox_id: str, routes: dict[str, int]) -> int | None:
+        address = self.runtime.egress_address(sandbox_id)
+        return None if address is None else routes.get(address)
+
+    async def routes(self) -> dict[str, int]:
+        return await self.runtime.network.routes()
