@@ -115,12 +115,8 @@ def stop_stack(proc: subprocess.Popen[str], state: Path) -> None:
 CLEANUP = """
 import asyncio, sys
 from pathlib import Path
-from shared.runtime.local import runtime as local
-async def main():
-    rt = local.LocalRuntime(Path(sys.argv[1]))
-    for info in await rt.list():
-        await rt.delete(info.sandbox_id)
-asyncio.run(main())
+from shared.runtime import backends
+asyncio.run(backends.purge("local", Path(sys.argv[1])))
 """
 
 

@@ -93,6 +93,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
     runtime_settings = settings.RuntimeSettings.from_env(env)
     if egress == "proxy":
         proxyrun.check_config(env)
+        proxyrun.init_ca(state, env)  # before any sandbox starts: they all trust it
     key, generated = stack.api_key(state, env)
     base = settings.BusSettings.from_env(env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout

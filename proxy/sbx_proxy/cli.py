@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--confdir", help="where the proxy's CA lives (created if missing)")
     parser.add_argument("--check", action="store_true", help="only check the config, then exit")
     parser.add_argument(
+        "--init-ca", action="store_true", help="only create the CA in --confdir (if missing), then exit"
+    )
+    parser.add_argument(
         "--upstream-ca", help="trust this CA bundle for upstream servers (tests, private CAs)"
     )
     args = parser.parse_args(argv)
@@ -63,6 +66,11 @@ def main(argv: list[str] | None = None) -> None:
     if not args.confdir:
         parser.error("--confdir is required")
     Path(args.confdir).mkdir(parents=True, exist_ok=True, mode=0o700)
+    if args.init_ca:
+        from mitmproxy import certs
+
+        certs.CertStore.from_store(args.confdir, "mitmproxy", 2048)
+        return
     mitmdump = shutil.which("mitmdump", path=str(Path(sys.executable).parent)) or shutil.which("mitmdump")
     if mitmdump is None:
         sys.exit("sbx-proxy: mitmdump not found; run scripts/setup (it installs proxy/.venv)")

@@ -35,6 +35,7 @@ def make_setup(
             binary=proxy_settings.binary,
             config=proxy_settings.config,
         )
+        await fleet.ensure_ca()
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
         scaler = handlers.Scaler(

@@ -58,14 +58,20 @@ def plan(
         extra = sorted(live, key=lambda p: (load[p.proxy_id], p.proxy_id))[: len(live) - want]
         drain = tuple(p.proxy_id for p in extra)
     serving = {p.proxy_id: load[p.proxy_id] for p in live if p.proxy_id not in drain}
+    start = max(0, want - len(live))
     assign: dict[str, str] = {}
-    if serving:
-        for sandbox in running:
-            if sandbox.proxy_id in serving:
-                continue
-            target = min(serving, key=lambda pid: (serving[pid], pid))
-            assign[sandbox.sandbox_id] = target
-            serving[target] += 1
+    for sandbox in running:
+        if sandbox.proxy_id in serving:
+            continue
+        # Proxies with room first; when all are full and more are starting, the sandbox
+        # waits a round for a new one rather than overloading the old ones.
+        room = {pid: n for pid, n in serving.items() if n < per_proxy}
+        choices = room or ({} if start else serving)
+        if not choices:
+            continue
+        target = min(choices, key=lambda pid: (choices[pid], pid))
+        assign[sandbox.sandbox_id] = target
+        serving[target] += 1
     stop = tuple(
         p.proxy_id
         for p in proxies
@@ -73,4 +79,4 @@ def plan(
         and p.proxy_id in alive
         and (now - p.updated_at).total_seconds() >= drain_grace
     )
-    return Plan(died=died, start=max(0, want - len(live)), drain=drain, stop=stop, assign=assign)
+    return Plan(died=died, start=start, drain=drain, stop=stop, assign=assign)

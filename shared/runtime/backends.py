@@ -72,3 +72,21 @@ def sandbox_proxy_url(name: str) -> str:
 
         return network.proxy_url()
     raise errors.ConfigError(f"the {name!r} runtime has no proxy egress here")
+
+
+async def purge(name: str, state_dir: Path) -> None:
+    """Delete every sandbox and stop every proxy of a state directory (both outlive the
+    services by design; tests and benchmarks clean up with this)."""
+    if name != "local":
+        raise errors.ConfigError(f"the {name!r} runtime cannot be purged from here")
+    import asyncio
+
+    from shared import settings
+    from shared.runtime.local import proxies, runtime
+
+    if not await asyncio.to_thread(state_dir.exists):
+        return
+    rt = runtime.LocalRuntime(state_dir)
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+    await proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN)).stop_all()

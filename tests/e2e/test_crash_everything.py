@@ -97,8 +97,6 @@ async def test_sigkill_everything_then_restart(tmp_path):
             proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-        from shared.runtime.local import runtime as local
+        from shared.runtime import backends
 
-        rt = local.LocalRuntime(state)
-        for info in await rt.list():
-            await rt.delete(info.sandbox_id)
+        await backends.purge("local", state)

@@ -242,17 +242,9 @@ def nats_refuses_without_token(url: str) -> bool:
 
 
 def remove_sandboxes(state: Path) -> None:
-    """Sandboxes outlive `sbx up` by design; a test removes the ones it made."""
+    """Sandboxes and proxies outlive `sbx up` by design; a test removes the ones it made."""
     import asyncio
 
-    from shared.runtime.local import runtime as local
+    from shared.runtime import backends
 
-    if not (state / "sandboxes").exists():
-        return
-
-    async def clean() -> None:
-        rt = local.LocalRuntime(state)
-        for info in await rt.list():
-            await rt.delete(info.sandbox_id)
-
-    asyncio.run(clean())
+    asyncio.run(backends.purge("local", state))

@@ -77,6 +77,22 @@ class LocalProxies:
 
     # ---- lifecycle ---------------------------------------------------------------
 
+    async def ensure_ca(self) -> None:
+        """The fleet's CA exists before any proxy runs: sandboxes trust it from their start."""
+        if (self.confdir / "mitmproxy-ca-cert.pem").exists():
+            return
+        if not Path(self.binary).exists():
+            raise errors.ConfigError(f"{self.binary} is missing: run scripts/setup (it installs proxy/.venv)")
+        proc = await asyncio.create_subprocess_exec(
+            self.binary, "--init-ca", "--confdir", str(self.confdir),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        if proc.returncode != 0:
+            raise errors.InfrastructureError(
+                f"cannot create the proxy CA: {out.decode(errors='replace')[-500:]}"
+            )
+
     async def start(self, proxy_id: str) -> Record:
         """A new proxy, listening when this returns."""
         if not Path(self.binary).exists():

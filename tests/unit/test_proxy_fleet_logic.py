@@ -1,0 +1,130 @@
+"""The proxy-scaler's pure decisions (services.proxy_scaler.logic) and the proxy fold."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.proxy_scaler import logic
+from shared import errors, events, projections, states
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def sandbox(n: int, status: str = "running", proxy: str | None = None) -> states.SandboxState:
+    return states.SandboxState(
+        sandbox_id=f"sb-{n:03d}", status=status, proxy_id=proxy, created_at=T0, updated_at=T0, last_seq=1
+    )
+
+
+def proxy(pid: str, status: str = "running", since: datetime = T0) -> states.ProxyState:
+    return states.ProxyState(
+        proxy_id=pid,
+        status=status,
+        endpoint="10.213.255.254:3129",
+        started_at=T0,
+        updated_at=since,
+        last_seq=1,
+    )
+
+
+def run(sandboxes, proxies, alive=None, per=100, now=T0, grace=30.0) -> logic.Plan:
+    alive = {p.proxy_id for p in proxies} if alive is None else alive
+    return logic.plan(sandboxes, proxies, alive, per_proxy=per, drain_grace=grace, now=now)
+
+
+def test_none_wanted_without_sandboxes_and_the_first_starts_with_the_first_request():
+    assert run([], []) == logic.Plan()
+    assert run([sandbox(1, "requested")], []).start == 1
+    assert run([sandbox(1, "stopped")], []).start == 0
+
+
+@pytest.mark.parametrize(
+    "count, per, expected", [(1, 100, 1), (100, 100, 1), (101, 100, 2), (250, 100, 3), (5, 2, 3)]
+)
+def test_about_one_proxy_per_n_sandboxes(count, per, expected):
+    assert logic.wanted(count, per) == expected
+    assert run([sandbox(i) for i in range(count)], [], per=per).start == expected
+
+
+def test_sandboxes_go_to_the_least_loaded_serving_proxy():
+    plan = run(
+        [sandbox(1, proxy="a"), sandbox(2, proxy="a"), sandbox(3), sandbox(4)],
+        [proxy("a"), proxy("b")],
+        per=2,
+    )
+    assert plan.assign == {"sb-003": "b", "sb-004": "b"}
+    assert plan.start == 0 and plan.drain == ()
+
+
+def test_a_dead_proxy_is_reported_and_its_sandboxes_move():
+    plan = run([sandbox(1, proxy="a"), sandbox(2, proxy="b")], [proxy("a"), proxy("b")], alive={"b"}, per=2)
+    assert plan.died == ("a",)
+    assert plan.assign == {"sb-001": "b"}, "on the survivor, which has room"
+    full = run([sandbox(1, proxy="a"), sandbox(2, proxy="b")], [proxy("a"), proxy("b")], alive={"b"}, per=1)
+    assert full.start == 1 and full.assign == {}, "the survivor is full: wait a round for the replacement"
+
+
+def test_a_full_fleet_starts_another_and_new_sandboxes_wait_for_it():
+    plan = run([sandbox(1, proxy="a"), sandbox(2, proxy="a"), sandbox(3)], [proxy("a")], per=2)
+    assert plan.start == 1 and plan.assign == {}
+    later = run([sandbox(1, proxy="a"), sandbox(2, proxy="a"), sandbox(3)], [proxy("a"), proxy("b")], per=2)
+    assert later.assign == {"sb-003": "b"}
+
+
+def test_scale_down_drains_the_least_loaded_then_stops_it_after_the_grace():
+    sandboxes = [sandbox(1, proxy="a"), sandbox(2, proxy="a"), sandbox(3, proxy="b")]
+    plan = run(sandboxes, [proxy("a"), proxy("b")], per=100)
+    assert plan.drain == ("b",) and plan.assign == {"sb-003": "a"}
+    draining = proxy("b", "draining", since=T0)
+    assert run(sandboxes, [proxy("a"), draining], now=T0 + timedelta(seconds=10)).stop == ()
+    assert run(sandboxes, [proxy("a"), draining], now=T0 + timedelta(seconds=31)).stop == ("b",)
+
+
+def test_back_to_zero_when_no_sandbox_runs():
+    plan = run([sandbox(1, "deleted", proxy="a")], [proxy("a")])
+    assert plan.drain == ("a",) and plan.assign == {}
+
+
+@given(
+    st.lists(st.sampled_from(["requested", "running", "stopped", "deleted"]), max_size=40),
+    st.integers(min_value=0, max_value=5),
+    st.integers(min_value=1, max_value=10),
+)
+def test_every_running_sandbox_ends_up_on_a_serving_proxy(statuses, live_count, per):
+    sandboxes = [sandbox(i, status) for i, status in enumerate(statuses)]
+    proxies = [proxy(f"p{i}") for i in range(live_count)]
+    plan = run(sandboxes, proxies, per=per)
+    serving = {p.proxy_id for p in proxies} - set(plan.drain)
+    running = {s.sandbox_id for s in sandboxes if s.status == "running"}
+    assert set(plan.assign.values()) <= serving
+    if serving and not plan.start:
+        assert set(plan.assign) == running, "nothing new is coming: everyone is placed"
+    if serving:
+        placed = len(plan.assign)
+        assert placed >= min(len(running), len(serving) * per), "proxies with room are used"
+    wanted = logic.wanted(sum(s in ("requested", "running") for s in statuses), per)
+    assert live_count - len(plan.drain) + plan.start == wanted
+
+
+def test_the_proxy_fold():
+    def meta(n):
+        return events.Meta(event_id=f"{n:032x}", time=T0 + timedelta(seconds=n), service="s", instance="i")
+
+    started = projections.evolve_proxy(
+        None, events.ProxyStarted(meta=meta(1), proxy_id="a", endpoint="10.213.255.254:3129"), 1
+    )
+    assert (started.status, started.endpoint) == ("running", "10.213.255.254:3129")
+    draining = projections.evolve_proxy(started, events.ProxyDraining(meta=meta(2), proxy_id="a"), 2)
+    assert draining.status == "draining" and draining.updated_at == T0 + timedelta(seconds=2)
+    stopped = projections.evolve_proxy(
+        draining, events.ProxyStopped(meta=meta(3), proxy_id="a", reason="drained"), 3
+    )
+    assert (stopped.status, stopped.stop_reason) == ("stopped", "drained")
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_proxy(stopped, events.ProxyDraining(meta=meta(4), proxy_id="a"), 4)
+    with pytest.raises(errors.InvalidTransition):
+        projections.evolve_proxy(started, events.ProxyStarted(meta=meta(5), proxy_id="a", endpoint="x"), 5)
