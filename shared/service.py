@@ -252,11 +252,6 @@ async def run(
 Build = Callable[[Mapping[str, str]], tuple[settings.ServiceSettings, Setup]]
 
 
-def plain(service: str, setup: Setup) -> Build:
-    """A :data:`Build` for services that need only the common settings."""
-    return lambda env: (settings.ServiceSettings.from_env(service, env), setup)
-
-
 def main(service: str, build: Build) -> None:
     """Entry point body for ``python -m services.<name>``."""
     try:
@@ -276,10 +271,3 @@ def main(service: str, build: Build) -> None:
         log.error("service.failed", error=exc.message, code=exc.code)
         code = 1
     raise SystemExit(code)
-
-
-async def lifecycle_only(ctx: Context) -> Workload:
-    """Setup for a service whose own work is not built yet: it joins, reports and
-    drains, and says plainly in its health details that it does nothing else."""
-    ctx.details["capabilities"] = "none yet (lifecycle, health and events only)"
-    return Workload()

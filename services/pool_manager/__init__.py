@@ -1,7 +1,3 @@
-"""pool-manager: keeps the warm pool (min idle per pool spec, max running, max stopped).
-
-This version runs the service's lifecycle only: it joins the bus, appends its
-instance events, helps keep the instance projection caught up, reports health
-and drains on SIGTERM. Its own work arrives with its issue; until then it
-reports `capabilities: none yet` in its health details rather than pretending.
+"""pool-manager: provisions sandboxes (cold and warm), keeps the warm pool (min idle per
+pool spec) and admits every new or resumed sandbox against max running, across instances.
 """

@@ -63,6 +63,26 @@ def world(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("egress")
     pki = harness.PKI(tmp / "pki")
     upstream = harness.Upstream(pki)
+    git_root = tmp / "srv"
+    seed = tmp / "seed"
+    (git_root / "org").mkdir(parents=True)
+    ident = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@e",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@e",
+    }
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", "-b", "main", str(seed)], check=True)
+    (seed / "README").write_text("from the host\n")
+    subprocess.run(["git", "add", "."], cwd=seed, check=True)
+    subprocess.run(["git", "commit", "-qm", "seed"], cwd=seed, check=True, env={**os.environ, **ident})
+    bare = git_root / "org" / "repo.git"
+    subprocess.run(["git", "clone", "-q", "--bare", str(seed), str(bare)], check=True)
+    subprocess.run(["git", "config", "http.receivepack", "true"], cwd=bare, check=True)
+    git_server = harness.Upstream(pki, harness.GitSmartHTTP)
+    git_server.server.token, git_server.server.root = TOKEN, git_root
     port = network.PROXY_PORTS[1] - harness.free_port() % 20  # away from the ports a fleet takes first
     rt = local.LocalRuntime(tmp / "state", egress="proxy")
     import asyncio
@@ -77,6 +97,13 @@ name = "github"
 kind = "bearer"
 hosts = ["github.com:{upstream.port}"]
 token_env = "SBX_TEST_TOKEN"
+
+[[rules]]
+name = "github-git"
+kind = "basic"
+hosts = ["github.com:{git_server.port}"]
+username = "x-access-token"
+password_env = "SBX_TEST_TOKEN"
 """
     proxy = harness.Proxy(
         tmp / "proxy",
@@ -90,7 +117,10 @@ token_env = "SBX_TEST_TOKEN"
     rt.proxy_ca = proxy.ca_cert
     rt.test_proxy_port = port
     servers = HostServers()
+    rt.test_git_port = git_server.port
+    rt.test_git_root = git_root
     yield rt, upstream, proxy, servers
+    git_server.close()
     servers.close()
     proxy.close()
     upstream.close()
@@ -227,3 +257,30 @@ async def test_a_sandbox_without_a_route_is_refused_at_once_and_routes_follow_as
     await rt.network.route(address, rt.test_proxy_port)
     code, out = await sh(rt, box, f"curl -sS --max-time 20 https://github.com:{upstream.port}/echo")
     assert code == 0, out
+
+
+async def test_a_sandbox_clones_and_pushes_with_a_credential_it_never_sees(world, sandboxes):
+    """git inside a real sandbox, with nothing but what the runtime gives it (proxy
+    variables, the CA bundle, GIT_TERMINAL_PROMPT=0): clone and push work because the
+    proxy adds the credential; no credential is anywhere in the sandbox afterwards."""
+    import subprocess
+
+    rt = world[0]
+    box = await sandboxes("egress-git")
+    url = f"https://github.com:{rt.test_git_port}/org/repo.git"
+    script = (
+        "set -e; cd /workspace; git clone -q " + url + " repo; cd repo; cat README; "
+        "git -c user.name=agent -c user.email=agent@example.com "
+        "commit -q --allow-empty -m 'from the sandbox'; "
+        "git push -q origin main; grep -rl " + TOKEN + " /workspace /root /tmp /etc 2>/dev/null | wc -l"
+    )
+    code, out = await sh(rt, box, script, timeout=120)
+    assert code == 0, out
+    assert out.splitlines()[0] == "from the host" and out.splitlines()[-1] == "0"
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "main"],
+        cwd=rt.test_git_root / "org" / "repo.git",
+        capture_output=True,
+        text=True,
+    )
+    assert log.stdout.split("\n")[0] == "from the sandbox"

@@ -174,3 +174,37 @@ def test_masking_finds_secrets_across_any_chunking(prefix, cuts):
     assert len(out) == len(data), "same length: message framing stays valid"
     assert secret.encode() not in out
     assert out == data.replace(secret.encode(), b"*" * len(secret))
+
+
+async def test_what_each_rule_kind_adds(tmp_path):
+    """Git smart-HTTP gets basic auth in the form each forge expects; the API gets a bearer."""
+    import base64
+
+    def decoded(value: str) -> str:
+        return base64.b64decode(value.removeprefix("Basic ")).decode()
+
+    gitlab = credentials.Provider(
+        config.Rule(name="gl", kind="gitlab", hosts=(("gl.example", 443),), token="glpat-x1")
+    )
+    git = await gitlab.injection("gl.example", "GET", "/g/p.git/info/refs", "service=git-upload-pack")
+    assert decoded(git.headers["Authorization"]) == "oauth2:glpat-x1" and "glpat-x1" in git.secrets
+    api = await gitlab.injection("gl.example", "GET", "/api/v4/projects", "")
+    assert api.headers == {"Authorization": "Bearer glpat-x1"}
+    basic = credentials.Provider(
+        config.Rule(name="b", kind="basic", hosts=(("a.example", 443),), username="ci", password="pw-secret")
+    )
+    got = await basic.injection("a.example", "PUT", "/x", "")
+    assert decoded(got.headers["Authorization"]) == "ci:pw-secret" and "pw-secret" in got.secrets
+    hook_file = tmp_path / "hook.py"
+    hook_file.write_text("def credentials(host, method, path):\n    return {'X-Key': 'k\\nbad'}\n")
+    hook = credentials.Provider(
+        config.Rule(name="h", kind="hook", hosts=(("h.example", 443),), hook_file=str(hook_file))
+    )
+    with pytest.raises(ValueError, match="header name"):
+        await hook.injection("h.example", "GET", "/", "")
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = (\n")
+    with pytest.raises(config.ConfigError, match="failed to load"):
+        credentials.Provider(
+            config.Rule(name="h2", kind="hook", hosts=(("h.example", 443),), hook_file=str(broken))
+        )
