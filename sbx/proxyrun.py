@@ -61,3 +61,18 @@ def init_ca(state: Path, env: dict[str, str]) -> None:
         raise errors.InfrastructureError(
             f"cannot create the proxy CA: {(result.stderr or result.stdout)[-500:]}"
         )
+
+
+async def wait_for_first_proxy(state: Path, timeout: float = 60.0) -> None:
+    """Until the proxy-scaler's first proxy listens (its record is written then)."""
+    import asyncio
+
+    from sbx import supervisor
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        if any((state / "proxies").glob("*.json")):
+            return
+        await asyncio.sleep(0.1)
+    supervisor.say("no credential proxy is up yet; sandboxes wait for one (see proxy-scaler in sbx status)")

@@ -168,6 +168,8 @@ async def run(options: Options, env: dict[str, str]) -> int:
         ready = asyncio.create_task(_wait_for_gateway(bus_settings, gateway))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done() and egress == "proxy":
+            await proxyrun.wait_for_first_proxy(state)  # sandboxes can get out once we say "up"
         if ready.done():
             gateway_url = ready.result()
             stack.StackInfo(os.getpid(), nats_url, base.namespace, gateway_url, nats_child is not None).write(

@@ -102,8 +102,13 @@ def evolve_sandbox(
             )
         case events.SandboxStarted() if status in ("requested", "stopped"):
             assert state is not None
-            return msgspec.structs.replace(
-                state, status="running", started_at=event.meta.time, updated_at=event.meta.time, last_seq=seq
+            return msgspec.structs.replace(  # a new start has a new network link: no proxy yet
+                state,
+                status="running",
+                started_at=event.meta.time,
+                updated_at=event.meta.time,
+                proxy_id=None,
+                last_seq=seq,
             )
         case events.SandboxClaimed() if (
             status in ("requested", "running") and state and state.session_id is None

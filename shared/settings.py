@@ -347,6 +347,10 @@ class ProxySettings:
     """About one proxy per this many running sandboxes (``SBX_SANDBOXES_PER_PROXY``)."""
     drain: float = 30.0
     """How long a proxy being removed keeps serving connections already open (``SBX_PROXY_DRAIN``)."""
+    keep_warm: float = 600.0
+    """One proxy stays up this long after the last sandbox (and after start-up), so the
+    next sandbox does not wait for one to start; then the fleet scales to zero
+    (``SBX_PROXY_KEEP_WARM``; 0 = scale to zero at once)."""
     binary: str = str(DEFAULT_PROXY_BIN)
     """The ``sbx-proxy`` program (``SBX_PROXY_BIN``)."""
 
@@ -361,5 +365,6 @@ class ProxySettings:
             config=env.get("SBX_PROXY_CONFIG", "").strip(),
             sandboxes_per_proxy=int(raw),
             drain=_duration(env, "SBX_PROXY_DRAIN", cls.drain),
+            keep_warm=_duration(env, "SBX_PROXY_KEEP_WARM", cls.keep_warm),
             binary=env.get("SBX_PROXY_BIN", cls.binary),
         )

@@ -186,7 +186,9 @@ class Executor:
         if self.shells is None:
             return None
         server = self.shells.ready(request.sandbox_id)
-        if server is None:
+        if server is None or server.lock.locked():
+            # Busy with another call of this session: the one-off path waits on the
+            # session's lock with this call's own timeout counting.
             return None
         try:
             return await server.run(request.command, capture, timeout)

@@ -20,7 +20,9 @@ import asyncio
 import contextlib
 import re
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -71,6 +73,8 @@ class ShellServer:
         self._more = asyncio.Event()
         self._eof = False
         self._pump_task = asyncio.create_task(self._pump())
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._ended = False
 
     @property
     def alive(self) -> bool:
@@ -158,7 +162,11 @@ class ShellServer:
                 raise ServerGone(started=False) from exc
             pgid: str | None = None
             try:
-                line = await self._line(time.monotonic() + QUICK)
+                try:
+                    line = await self._line(time.monotonic() + QUICK)
+                except TimeoutError:
+                    self.retire("no start report in time")
+                    raise ServerGone(started=True) from None  # it may still run: never run it twice
                 match = _STARTED.fullmatch(line or b"")
                 if match is None or match.group(1) != nonce:
                     self.retire("no start report")
@@ -181,8 +189,11 @@ class ShellServer:
             except asyncio.CancelledError:
                 self.retire("call cancelled")
                 if pgid is not None:
-                    asyncio.get_running_loop().create_task(self._kill_group(pgid))
+                    self._spawn(self._kill_group(pgid))
                 raise
+            finally:
+                if self.broken:  # closed or retired meanwhile: end the helper now
+                    self._spawn(self._end())
             self.used = time.monotonic()
             return Result(
                 exit_code=-1 if timed_out else status or 0,
@@ -201,7 +212,12 @@ class ShellServer:
         if not self.broken:
             log.info("executor.shell_server_retired", sandbox_id=self.sandbox_id, reason=why)
         self.broken = True
-        asyncio.get_running_loop().create_task(self._end())
+        self._spawn(self._end())
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)  # keep a reference until it is done
+        task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         """End the helper: now if idle; if busy, its call finishes and the helper ends with
@@ -211,6 +227,9 @@ class ShellServer:
             await self._end()
 
     async def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
         with contextlib.suppress(Exception):
             await self.process.close_stdin()
         try:

@@ -265,7 +265,7 @@ class PoolHandlers:
         await self.runtime.start(request.sandbox_id)
         started = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
         assert started is not None
-        return started
+        return await self._await_proxy(started)
 
     async def stop(self, request: provisioning.Stop) -> states.SandboxState:
         state = await self.sandboxes.get(request.sandbox_id)

@@ -7,12 +7,13 @@ and says so in its health details.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 
 import structlog
 
 from services.proxy_scaler import handlers
-from shared import errors, leases, projections, projector, service, settings
+from shared import errors, leases, projections, projector, service, settings, subjects
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -46,9 +47,21 @@ def make_setup(
             per_proxy=proxy_settings.sandboxes_per_proxy,
             drain_grace=proxy_settings.drain,
             backend=runtime_settings.backend,
+            keep_warm=proxy_settings.keep_warm,
         )
         lease = leases.Lease(
             await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
+        )
+
+        # A round runs as soon as any sandbox event appears (a new sandbox waits for its
+        # proxy), and at least every INTERVAL (processes that died, drain deadlines).
+        wake = asyncio.Event()
+
+        async def on_sandbox_event(_msg) -> None:  # type: ignore[no-untyped-def]
+            wake.set()
+
+        subscription = await ctx.nc.subscribe(
+            ctx.topology.events_of_kind(subjects.SANDBOX), cb=on_sandbox_event
         )
 
         async def loop() -> None:
@@ -66,8 +79,11 @@ def make_setup(
                             log.warning("proxy_scaler.round_failed", error=exc.message)
                     else:
                         ctx.details["fleet"] = "standby"
-                    await asyncio.sleep(INTERVAL)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(wake.wait(), INTERVAL)
+                    wake.clear()
             finally:
+                await subscription.unsubscribe()
                 await lease.release()
 
         return service.Workload(tasks=[projector.catch_up(ctx.js, proxies), loop()])

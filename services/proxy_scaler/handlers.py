@@ -9,6 +9,7 @@ anywhere converges on the next one.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -18,6 +19,9 @@ from services.proxy_scaler import logic
 from shared import aggregates, errors, events, ids, projector, service, states
 
 log = structlog.get_logger(__name__)
+ROUTES_EVERY = 2.0
+START_RETRY = 10.0
+"""After a proxy failed to start, full proxies take new sandboxes for this long."""
 
 
 @dataclass
@@ -41,10 +45,18 @@ class Scaler:
         per_proxy: int,
         drain_grace: float,
         backend: str,
+        keep_warm: float = 0.0,
     ) -> None:
         self.ctx, self.fleet = ctx, fleet
         self.sandboxes, self.proxies = sandboxes, proxies
         self.per_proxy, self.drain_grace, self.backend = per_proxy, drain_grace, backend
+        self.keep_warm = keep_warm
+        self._route_cache: dict[int, int] = {}
+        self._start_failed_at = -START_RETRY
+        self._routes_at = 0.0
+        self.last_active: datetime | None = None
+        """When a sandbox was last wanted (the scaler's start counts): one proxy stays up
+        for ``keep_warm`` after it, then the fleet goes to zero."""
 
     async def _proxy_event(self, proxy_id: str, event: events.Event) -> None:
         def decide(state: states.ProxyState | None) -> list[events.Event]:
@@ -70,8 +82,17 @@ class Scaler:
                 report.notes.append(f"stopped unrecorded {proxy_id}")
         alive = {pid for pid, r in records.items() if self.fleet.alive(r)}
         sandboxes = list((await self.sandboxes.all()).values())
+        if self.last_active is None or any(s.status in ("requested", "running") for s in sandboxes):
+            self.last_active = now
         plan = logic.plan(
-            sandboxes, proxies, alive, per_proxy=self.per_proxy, drain_grace=self.drain_grace, now=now
+            sandboxes,
+            proxies,
+            alive,
+            per_proxy=self.per_proxy,
+            drain_grace=self.drain_grace,
+            now=now,
+            keep_one=(now - self.last_active).total_seconds() < self.keep_warm,
+            can_start=time.monotonic() - self._start_failed_at > START_RETRY,
         )
         meta = self.ctx.meta
         for proxy_id in plan.died:
@@ -86,6 +107,7 @@ class Scaler:
             try:
                 record = await self.fleet.start(proxy_id)
             except errors.SandboxError as exc:
+                self._start_failed_at = time.monotonic()
                 log.error("proxy.start_failed", error=exc.message)
                 report.notes.append(f"start failed: {exc.message[:200]}")
                 break
@@ -106,16 +128,20 @@ class Scaler:
                 proxy_id, events.ProxyStopped(meta=meta(), proxy_id=proxy_id, reason="drained")
             )
             report.stopped += 1
+        # Routes first (one transaction for the round), then the events that record them.
+        wanted = {sid: records[pid] for sid, pid in plan.assign.items() if pid in records}
+        routes = await self._routes()
+        wanted |= await self._stale_routes(records, routes, exclude=set(wanted))
+        routed = await self.fleet.route_many(wanted, routes) if wanted else set()
+        if routed:
+            self._routes_at = 0.0  # list the map again next round
         for sandbox_id, proxy_id in plan.assign.items():
-            if proxy_id in records and await self._assign(sandbox_id, proxy_id, records[proxy_id]):
+            if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
-        report.rerouted = await self._reroute(records)
+        report.rerouted = len(routed - set(plan.assign))
         return report
 
-    async def _assign(self, sandbox_id: str, proxy_id: str, record) -> bool:  # type: ignore[no-untyped-def]
-        if not await self.fleet.route(sandbox_id, record):
-            return False  # no proxy link (not running here any more): nothing to route
-
+    async def _record_assignment(self, sandbox_id: str, proxy_id: str) -> bool:
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             if state is None or state.status != "running" or state.proxy_id == proxy_id:
                 return []
@@ -132,16 +158,24 @@ class Scaler:
         outcome = await aggregates.transact(self.sandboxes, sandbox_id, decide)
         return bool(outcome.appended)
 
-    async def _reroute(self, records: dict) -> int:  # type: ignore[type-arg]
-        """Keep the routing map equal to the assignments (a resumed sandbox has a new
-        address; an nftables reset empties the map)."""
-        routes = await self.fleet.routes()
-        fixed = 0
+    async def _routes(self) -> dict[int, int]:
+        """The routing map, listed at most every ROUTES_EVERY seconds (listing spawns nft;
+        rounds run on every sandbox event)."""
+        if time.monotonic() - self._routes_at >= ROUTES_EVERY:
+            await self.fleet.ensure_network()  # an nftables reset is repaired here
+            await self.fleet.prune_routes()  # entries of sandboxes that stopped
+            self._route_cache = await self.fleet.routes()
+            self._routes_at = time.monotonic()
+        return self._route_cache
+
+    async def _stale_routes(self, records: dict, routes: dict[int, int], exclude: set[str]) -> dict:  # type: ignore[type-arg]
+        """Assigned sandboxes whose route is missing or wrong (a resumed sandbox has a new
+        address; an nftables reset empties the map): to be routed again this round."""
+        stale = {}
         for sandbox in (await self.sandboxes.all()).values():
             record = records.get(sandbox.proxy_id) if sandbox.status == "running" else None
-            if record is None:
+            if record is None or sandbox.sandbox_id in exclude:
                 continue
-            if await self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
-                if await self.fleet.route(sandbox.sandbox_id, record):
-                    fixed += 1
-        return fixed
+            if self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
+                stale[sandbox.sandbox_id] = record
+        return stale

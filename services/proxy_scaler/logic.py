@@ -42,7 +42,13 @@ def plan(
     per_proxy: int,
     drain_grace: float,
     now: datetime,
+    keep_one: bool = False,
+    can_start: bool = True,
 ) -> Plan:
+    """``keep_one``: keep a proxy even with no sandbox (the stack was busy or started
+    recently), so the next sandbox does not wait for a proxy to start. ``can_start``:
+    False while starting proxies fails (no free port, a config that stops them); then
+    full proxies take more sandboxes rather than leaving them without a way out."""
     sandboxes, proxies = list(sandboxes), list(proxies)
     # Requested sandboxes count: the first proxy starts while the first sandbox does.
     active = [s for s in sandboxes if s.status in ("requested", "running")]
@@ -52,7 +58,7 @@ def plan(
     )
     live = [p for p in proxies if p.status == "running" and p.proxy_id in alive]
     load = Counter(s.proxy_id for s in running if s.proxy_id)
-    want = wanted(len(active), per_proxy)
+    want = wanted(len(active), per_proxy) or (1 if keep_one else 0)
     drain: tuple[str, ...] = ()
     if len(live) > want:
         extra = sorted(live, key=lambda p: (load[p.proxy_id], p.proxy_id))[: len(live) - want]
@@ -66,7 +72,7 @@ def plan(
         # Proxies with room first; when all are full and more are starting, the sandbox
         # waits a round for a new one rather than overloading the old ones.
         room = {pid: n for pid, n in serving.items() if n < per_proxy}
-        choices = room or ({} if start else serving)
+        choices = room or ({} if start and can_start else serving)
         if not choices:
             continue
         target = min(choices, key=lambda pid: (choices[pid], pid))

@@ -137,7 +137,7 @@ async def sandboxes(world):
         await rt.start(name)
         made.append(name)
         # What the proxy-scaler does for a new sandbox: route it to a proxy of the fleet.
-        await rt.network.route(rt.egress_address(name), rt.test_proxy_port)
+        await rt.network.route(rt.egress_link(name), rt.test_proxy_port)
         return name
 
     yield make
@@ -249,12 +249,16 @@ async def test_a_sandbox_without_a_route_is_refused_at_once_and_routes_follow_as
     is reset at once (no hang), and moving it to another proxy changes nothing inside."""
     rt, upstream, proxy, _ = world
     box = await sandboxes("egress-e")
-    address = rt.egress_address(box)
-    assert (await rt.network.routes())[address] == rt.test_proxy_port
-    await rt.network.unroute(address)
+    link = rt.egress_link(box)
+    assert (await rt.network.routes())[link] == rt.test_proxy_port
+    code, out = await sh(
+        rt, box, f"curl -sS --noproxy '*' --max-time 3 http://{network.PROXY_ADDRESS}:{rt.test_proxy_port}/"
+    )
+    assert code != 0, "a proxy's own port is reachable only through the sandbox's assignment"
+    await rt.network.unroute(link)
     code, out = await sh(rt, box, f"curl -sS --max-time 5 https://github.com:{upstream.port}/echo")
     assert code == 7 and "after 0 ms" in out, out  # reset at once, not a timeout
-    await rt.network.route(address, rt.test_proxy_port)
+    await rt.network.route(link, rt.test_proxy_port)
     code, out = await sh(rt, box, f"curl -sS --max-time 20 https://github.com:{upstream.port}/echo")
     assert code == 0, out
 

@@ -29,7 +29,7 @@ pytestmark = [
 ]
 RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2, egress="proxy")
 LIFECYCLE = settings.LifecycleSettings(pool_min_idle=0, max_running=20)
-FLEET = settings.ProxySettings(sandboxes_per_proxy=2, drain=0.5)
+FLEET = settings.ProxySettings(sandboxes_per_proxy=2, drain=0.5, keep_warm=0)
 
 
 @pytest.fixture
@@ -140,6 +140,13 @@ async def test_the_fleet_follows_the_sandboxes(fleet):
 
     await eventually(moved)
     assert await probe(fleet, first) == "502", "served again by another proxy"
+    now_on = (await fleet["sandboxes"].get(first)).proxy_id
+    port = next(r.port for r in fleet["local"].records() if r.proxy_id == now_on)
+
+    async def routed():
+        return (await fleet["rt"].network.routes()).get(fleet["rt"].egress_link(first)) == port
+
+    await eventually(routed)  # the route itself follows the assignment
     history = [e.event for e in await support.stream_events(fleet["nc"], fleet["topology"], subjects.PROXY)]
     assert any(getattr(e, "reason", None) == "died" and e.proxy_id == victim for e in history)
     assigned = [
@@ -152,6 +159,11 @@ async def test_the_fleet_follows_the_sandboxes(fleet):
         await delete(fleet, session)
     await eventually(lambda: _none(live_proxies(fleet)))
     await eventually(lambda: _empty_records(fleet))
+    import subprocess
+
+    confdir = str(fleet["rt"].state_dir / "proxy" / "ca")
+    leftovers = subprocess.run(["pgrep", "-f", f"confdir={confdir}"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == "", "no proxy process is left behind"
     drained = [e.event for e in await support.stream_events(fleet["nc"], fleet["topology"], subjects.PROXY)]
     assert {getattr(e, "reason", None) for e in drained if e.__struct_config__.tag == "proxy.stopped"} >= {
         "drained"

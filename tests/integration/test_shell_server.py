@@ -83,6 +83,31 @@ async def test_background_processes_neither_hold_the_call_nor_leak_into_later_on
     await asyncio.sleep(0.6)
     _, text = await fast(servers, sandbox, "echo next")
     assert text == "next\n"
+    # A writer still running across later calls: none of its output appears in them.
+    await fast(servers, sandbox, "(for i in $(seq 40); do echo tick$i; sleep 0.05; done) & echo started")
+    for _ in range(5):
+        _, text = await fast(servers, sandbox, "sleep 0.2; echo mine")
+        assert text == "mine\n", text
+
+
+async def test_output_goes_to_the_sandbox_not_the_host_disk(rt, sandbox, servers, tmp_path):
+    """Command output is staged in the sandbox's own /tmp (its tmpfs), never under the
+    host's state directory, and nothing is left there after the call."""
+    _, text = await fast(servers, sandbox, "head -c 300000 /dev/zero | tr '\\0' x; echo")
+    assert "output truncated" in text
+    control = tmp_path / "state" / "sandboxes"
+    big = [p for p in control.rglob("*") if p.is_file() and p.stat().st_size > 100_000]
+    assert big == []
+    _, text = await fast(servers, sandbox, "ls -a /tmp | grep -c sbx-out || true")
+    assert text == "1\n", "only this very call's own file"
+
+
+async def test_a_busy_server_leaves_the_call_to_the_one_off_path(rt, sandbox, servers):
+    server = await servers.get(sandbox)
+    long = asyncio.create_task(server.run("sleep 1", output.Capture(4096), 10))
+    await asyncio.sleep(0.2)
+    assert server.lock.locked(), "the executor then takes the one-off path (test_executor covers it)"
+    await long
 
 
 async def test_a_timeout_kills_that_call_only_and_the_server_goes_on(rt, sandbox, servers):

@@ -89,6 +89,13 @@ def test_back_to_zero_when_no_sandbox_runs():
     assert plan.drain == ("a",) and plan.assign == {}
 
 
+def test_one_is_kept_warm_when_asked():
+    kept = logic.plan([], [proxy("a")], {"a"}, per_proxy=100, drain_grace=30, now=T0, keep_one=True)
+    assert kept.drain == () and kept.start == 0
+    started = logic.plan([], [], set(), per_proxy=100, drain_grace=30, now=T0, keep_one=True)
+    assert started.start == 1
+
+
 @given(
     st.lists(st.sampled_from(["requested", "running", "stopped", "deleted"]), max_size=40),
     st.integers(min_value=0, max_value=5),
@@ -128,3 +135,17 @@ def test_the_proxy_fold():
         projections.evolve_proxy(stopped, events.ProxyDraining(meta=meta(4), proxy_id="a"), 4)
     with pytest.raises(errors.InvalidTransition):
         projections.evolve_proxy(started, events.ProxyStarted(meta=meta(5), proxy_id="a", endpoint="x"), 5)
+
+
+def test_when_proxies_cannot_start_full_ones_take_more():
+    sandboxes = [sandbox(1, proxy="a"), sandbox(2, proxy="a"), sandbox(3)]
+    plan = logic.plan(sandboxes, [proxy("a")], {"a"}, per_proxy=2, drain_grace=30, now=T0, can_start=False)
+    assert plan.assign == {"sb-003": "a"}
+
+
+def test_a_new_start_clears_the_proxy_assignment():
+    """A resumed sandbox has a new link: it needs an assignment (and a route) again."""
+    meta = events.Meta(event_id=f"{1:032x}", time=T0, service="s", instance="i")
+    stopped = sandbox(1, "stopped", proxy="a")
+    resumed = projections.evolve_sandbox(stopped, events.SandboxStarted(meta=meta, sandbox_id="sb-001"), 9)
+    assert resumed.status == "running" and resumed.proxy_id is None

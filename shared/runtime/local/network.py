@@ -23,6 +23,7 @@ Pure planning (``slot``, ``ruleset``) is kept apart from the commands that apply
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import ipaddress
 import json
 import os
@@ -37,9 +38,12 @@ PROXY_ADDRESS = "10.213.255.254"
 SANDBOX_PORT = 3128
 """The port every sandbox's ``HTTP(S)_PROXY`` names. Nothing listens there: the host
 rewrites each sandbox's connections to the port of the proxy assigned to it (an
-nftables map from sandbox address to port), so a sandbox never needs to know which
-proxy of the fleet it uses, and a reassignment changes nothing inside it. A sandbox
-with no assignment is refused at once (TCP reset)."""
+nftables map from the sandbox's host-side interface *index* to port: indexes are not
+reused while the kernel runs, so a stale entry can never route a newer sandbox, of this
+stack or another on the same host). A sandbox never needs to know which proxy of the
+fleet it uses, and a reassignment changes nothing inside it. A sandbox with no
+assignment is refused at once (TCP reset), and the proxies' own ports accept only
+connections rewritten this way: a sandbox cannot pick another proxy by port."""
 PROXY_PORTS = (3129, 3191)
 """Ports the proxies of the fleet listen on."""
 NAT_TABLE = "cloud_agent_sandbox_nat"
@@ -55,6 +59,8 @@ class Slot:
     host_if: str
     host_ip: str
     sandbox_ip: str
+    ifindex: int = 0
+    """The host-side interface's index once created (the routing key)."""
 
 
 def slot(index: int) -> Slot:
@@ -89,7 +95,7 @@ delete table inet {TABLE}
 table inet {TABLE} {{
     chain input {{
         type filter hook input priority filter - 10; policy accept;
-        iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {low}-{high} accept
+        iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {low}-{high} ct status dnat accept
         iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {SANDBOX_PORT} counter reject with tcp reset
         iifname "{HOST_PREFIX}*" counter drop
         iifname != "lo" ip daddr {SUBNET} counter drop
@@ -101,10 +107,10 @@ table inet {TABLE} {{
     }}
 }}
 add table inet {NAT_TABLE}
-add map inet {NAT_TABLE} assign {{ type ipv4_addr : inet_service; }}
+add map inet {NAT_TABLE} proxy_of_link {{ type iface_index : inet_service; }}
 add chain inet {NAT_TABLE} prerouting {{ type nat hook prerouting priority dstnat; policy accept; }}
 flush chain inet {NAT_TABLE} prerouting
-add rule inet {NAT_TABLE} prerouting iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {SANDBOX_PORT} dnat ip to {PROXY_ADDRESS} : ip saddr map @assign
+add rule inet {NAT_TABLE} prerouting iifname "{HOST_PREFIX}*" ip daddr {PROXY_ADDRESS} tcp dport {SANDBOX_PORT} dnat ip to {PROXY_ADDRESS} : meta iif map @proxy_of_link
 """
 
 
@@ -168,32 +174,59 @@ class Network:
                 raise errors.InfrastructureError(f"cannot add the proxy address to lo: {out[-500:]}")
             self._host_ready = True
 
-    async def route(self, sandbox_ip: str, port: int) -> None:
-        """Send this sandbox's proxy connections to the proxy on ``port`` (replaces any)."""
-        if not PROXY_PORTS[0] <= port <= PROXY_PORTS[1]:
-            raise errors.InvalidInput(f"proxy port {port} is outside {PROXY_PORTS}")
-        ipaddress.IPv4Address(sandbox_ip)
-        await self.unroute(sandbox_ip)
-        code, out = await self._run(
-            self.nft, "add", "element", "inet", NAT_TABLE, "assign", f"{{ {sandbox_ip} : {port} }}"
+    async def route_many(self, wanted: dict[int, int], current: dict[int, int] | None = None) -> None:
+        """Route sandbox links (host-side interface index → proxy port) in one nftables
+        transaction. ``current``: the map as the caller last saw it (listed again if stale)."""
+        if not wanted:
+            return
+        out = ""
+        for attempt in range(2):
+            if current is None or attempt:
+                current = await self.routes()
+            code, out = await self._apply_routes(wanted, current)
+            if code == 0:
+                return
+        raise errors.InfrastructureError(f"cannot route sandboxes to their proxies: {out[-300:]}")
+
+    async def _apply_routes(self, wanted: dict[int, int], current: dict[int, int]) -> tuple[int, str]:
+        lines = []
+        for ifindex, port in wanted.items():
+            if not PROXY_PORTS[0] <= port <= PROXY_PORTS[1]:
+                raise errors.InvalidInput(f"proxy port {port} is outside {PROXY_PORTS}")
+            if ifindex in current:
+                lines.append(f"delete element inet {NAT_TABLE} proxy_of_link {{ {int(ifindex)} }}")
+            lines.append(f"add element inet {NAT_TABLE} proxy_of_link {{ {int(ifindex)} : {int(port)} }}")
+        return await self._run(self.nft, "-f", "-", stdin="\n".join(lines) + "\n")
+
+    async def route(self, ifindex: int, port: int) -> None:
+        await self.route_many({ifindex: port})
+
+    async def unroute(self, ifindex: int) -> None:
+        await self._run(
+            self.nft, "delete", "element", "inet", NAT_TABLE, "proxy_of_link", f"{{ {int(ifindex)} }}"
         )
-        if code != 0:
-            raise errors.InfrastructureError(f"cannot route {sandbox_ip} to its proxy: {out[-300:]}")
 
-    async def unroute(self, sandbox_ip: str) -> None:
-        ipaddress.IPv4Address(sandbox_ip)
-        await self._run(self.nft, "delete", "element", "inet", NAT_TABLE, "assign", f"{{ {sandbox_ip} }}")
-
-    async def routes(self) -> dict[str, int]:
-        """Every sandbox address → proxy port assignment on this host."""
-        code, out = await self._run(self.nft, "-j", "list", "map", "inet", NAT_TABLE, "assign")
+    async def routes(self) -> dict[int, int]:
+        """Every interface index → proxy port on this host (entries of interfaces that
+        are gone included; ``prune`` removes those)."""
+        code, out = await self._run(self.nft, "-j", "list", "map", "inet", NAT_TABLE, "proxy_of_link")
         if code != 0:
             return {}
-        found: dict[str, int] = {}
+        found: dict[int, int] = {}
         for item in json.loads(out).get("nftables", []):
-            for address, port in item.get("map", {}).get("elem", []):
-                found[str(address)] = int(port)
+            for key, port in item.get("map", {}).get("elem", []):
+                ifindex = _ifindex(str(key))
+                if ifindex is not None:
+                    found[ifindex] = int(port)
         return found
+
+    async def prune(self) -> int:
+        """Remove entries whose interface is gone (their sandbox stopped)."""
+        gone = [i for i in await self.routes() if not _interface_exists(i)]
+        if gone:
+            script = "".join(f"delete element inet {NAT_TABLE} proxy_of_link {{ {i} }}\n" for i in gone)
+            await self._run(self.nft, "-f", "-", stdin=script)
+        return len(gone)
 
     async def attach(self, token: str, pid: int) -> Slot:
         """Give the sandbox whose init is ``pid`` its veth and its one route."""
@@ -210,7 +243,6 @@ class Network:
                 raise errors.InfrastructureError(f"cannot create the sandbox's network link: {out[-500:]}")
         else:
             raise errors.LimitExceeded("no free sandbox network slot (16383 in use)")
-        await self.unroute(s.sandbox_ip)  # a previous user of this slot's address: not ours
         disable_v6 = Path(f"/proc/sys/net/ipv6/conf/{s.host_if}/disable_ipv6")
         if disable_v6.exists():
             disable_v6.write_text("1\n")
@@ -226,7 +258,25 @@ class Network:
                 "-",
                 stdin=sandbox_commands(s),
             )
-        if code != 0:
+        ifindex = _ifindex(s.host_if)
+        if code != 0 or ifindex is None:
             await self._run(self.ip, "link", "del", s.host_if)
             raise errors.InfrastructureError(f"cannot configure the sandbox's network: {out[-500:]}")
-        return s
+        return dataclasses.replace(s, ifindex=ifindex)
+
+
+def _ifindex(key: str) -> int | None:
+    """An interface index from nft's listing (a number, or the name while it exists)."""
+    if key.isdigit():
+        return int(key)
+    try:
+        return int(Path(f"/sys/class/net/{key}/ifindex").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _interface_exists(ifindex: int) -> bool:
+    try:
+        return any(int((p / "ifindex").read_text()) == ifindex for p in Path("/sys/class/net").iterdir())
+    except OSError:
+        return False

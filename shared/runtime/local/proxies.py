@@ -112,6 +112,21 @@ class LocalProxies:
             )  # fmt: skip
         finally:
             os.close(log)
+        # Recorded at once, so a crash or cancellation from here on never leaves an
+        # unknown process (the next round stops records that have no proxy.started).
+        starttime = _starttime(proc.pid)
+        record = Record(proxy_id=proxy_id, port=port, pid=proc.pid, starttime=starttime or 0)
+        (self.dir / f"{port}.json").write_text(json.dumps(record.__dict__))
+        try:
+            await self._until_listening(proc, port)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            self.forget(record)
+            raise
+        return record
+
+    async def _until_listening(self, proc: asyncio.subprocess.Process, port: int) -> None:
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.returncode is not None:
@@ -120,20 +135,10 @@ class LocalProxies:
             try:
                 _, writer = await asyncio.open_connection(network.PROXY_ADDRESS, port)
                 writer.close()
-                break
+                return
             except OSError:
                 await asyncio.sleep(0.05)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            raise errors.InfrastructureError(
-                f"the proxy on port {port} did not listen within {START_TIMEOUT:g}s"
-            )
-        starttime = _starttime(proc.pid)
-        assert starttime is not None
-        record = Record(proxy_id=proxy_id, port=port, pid=proc.pid, starttime=starttime)
-        (self.dir / f"{port}.json").write_text(json.dumps(record.__dict__))
-        return record
+        raise errors.InfrastructureError(f"the proxy on port {port} did not listen within {START_TIMEOUT:g}s")
 
     async def stop(self, record: Record) -> None:
         if self.alive(record):
@@ -157,17 +162,27 @@ class LocalProxies:
 
     # ---- routing -------------------------------------------------------------------
 
-    async def route(self, sandbox_id: str, record: Record) -> bool:
-        """Send the sandbox's proxy traffic to ``record``; False if it has no proxy link."""
-        address = self.runtime.egress_address(sandbox_id)
-        if address is None:
-            return False
-        await self.runtime.network.route(address, record.port)
-        return True
+    async def ensure_network(self) -> None:
+        """Re-install the host's firewall and routing table if something removed them."""
+        await self.runtime.network.ensure_host()
 
-    async def routed_port(self, sandbox_id: str, routes: dict[str, int]) -> int | None:
-        address = self.runtime.egress_address(sandbox_id)
-        return None if address is None else routes.get(address)
+    async def route_many(self, wanted: dict[str, Record], current: dict[int, int] | None = None) -> set[str]:
+        """Route several sandboxes at once (one nftables transaction); the ids routed
+        (a sandbox without a proxy link, e.g. stopped meanwhile, is left out).
+        ``current``: the routing map as last listed, if the caller has it."""
+        links = {sid: self.runtime.egress_link(sid) for sid in wanted}
+        routable = {sid: link for sid, link in links.items() if link is not None}
+        await self.runtime.network.route_many(
+            {link: wanted[sid].port for sid, link in routable.items()}, current
+        )
+        return set(routable)
 
-    async def routes(self) -> dict[str, int]:
+    def routed_port(self, sandbox_id: str, routes: dict[int, int]) -> int | None:
+        link = self.runtime.egress_link(sandbox_id)
+        return None if link is None else routes.get(link)
+
+    async def routes(self) -> dict[int, int]:
         return await self.runtime.network.routes()
+
+    async def prune_routes(self) -> int:
+        return await self.runtime.network.prune()

@@ -401,7 +401,9 @@ class LocalRuntime(api.Runtime):
             except errors.SandboxError:
                 self.cgroups.kill_all(name)
                 raise
-            (d / "net.json").write_text(json.dumps({"address": slot.sandbox_ip, "pid": pid}))
+            (d / "net.json").write_text(
+                json.dumps({"address": slot.sandbox_ip, "ifindex": slot.ifindex, "pid": pid})
+            )
         (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
         (d / "started").touch()
         return api.SandboxInfo(spec=spec, status="running", created_at=info.created_at, backend=self.name)
@@ -431,8 +433,17 @@ class LocalRuntime(api.Runtime):
             await asyncio.sleep(0.001)
         return None
 
+    def egress_link(self, sandbox_id: str) -> int | None:
+        """The host-side index of the sandbox's proxy link while it runs (None: none)."""
+        record = self._net_record(sandbox_id)
+        return None if record is None else int(record["ifindex"])
+
     def egress_address(self, sandbox_id: str) -> str | None:
         """The sandbox's address on its proxy link while it runs (None: no proxy egress)."""
+        record = self._net_record(sandbox_id)
+        return None if record is None else str(record["address"])
+
+    def _net_record(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
         d = self._dir(sandbox_id)
         running = self._running(d)
         try:
@@ -440,8 +451,8 @@ class LocalRuntime(api.Runtime):
         except (OSError, ValueError):
             return None
         if running is None or record.get("pid") != running.pid:
-            return None  # from an earlier run: the address may belong to another sandbox now
-        return str(record["address"])
+            return None  # from an earlier run: the link is gone
+        return record
 
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         info = await self._require(sandbox_id)
