@@ -198,14 +198,15 @@ class ProxyStarted(ProxyEvent, frozen=True, kw_only=True, tag="proxy.started"):
 
 
 class ProxyDraining(ProxyEvent, frozen=True, kw_only=True, tag="proxy.draining"):
-    """No new sandbox is assigned to it; it stops once none uses it."""
+    """Taken out of service: its sandboxes move to other proxies now, open connections
+    continue, and it is stopped after the drain period."""
 
     reason: str = "scale-down"
 
 
 class ProxyStopped(ProxyEvent, frozen=True, kw_only=True, tag="proxy.stopped"):
-    """It no longer runs: ``drained`` (scaled down), ``died`` (found dead; its sandboxes
-    are reassigned) or ``failed`` (did not start)."""
+    """It no longer runs: ``drained`` (scaled down) or ``died`` (found dead; its
+    sandboxes are reassigned)."""
 
     reason: str
 
