@@ -57,8 +57,11 @@ def make_setup(
         # proxy), and at least every INTERVAL (processes that died, drain deadlines).
         wake = asyncio.Event()
 
-        async def on_sandbox_event(_msg) -> None:  # type: ignore[no-untyped-def]
-            wake.set()
+        async def on_sandbox_event(msg) -> None:  # type: ignore[no-untyped-def]
+            # Only what a sandbox waits for: a start (needs a route) or a request (may need
+            # the first proxy). Everything else waits for the periodic round.
+            if b'"sandbox.started"' in msg.data or b'"sandbox.requested"' in msg.data:
+                wake.set()
 
         subscription = await ctx.nc.subscribe(
             ctx.topology.events_of_kind(subjects.SANDBOX), cb=on_sandbox_event
