@@ -42,28 +42,27 @@ def other_port(pki):
     server.close()
 
 
-@pytest.fixture(scope="module")
-def plain():
-    """A plain-HTTP echo upstream on 127.0.0.1 (allowed) ..."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.Echo)
-    server.seen = []
+def plain_server(address: str):
+    """A plain-HTTP echo upstream on ``address``, recording what reached it."""
     import threading
 
+    server = ThreadingHTTPServer((address, 0), harness.Echo)
+    server.seen = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """A plain-HTTP echo upstream on 127.0.0.1 (allowed) ..."""
+    yield from plain_server("127.0.0.1")
 
 
 @pytest.fixture(scope="module")
 def forbidden():
     """... and one on 127.0.0.2, a loopback address the proxy must refuse to reach."""
-    server = ThreadingHTTPServer(("127.0.0.2", 0), harness.Echo)
-    server.seen = []
-    import threading
-
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    yield from plain_server("127.0.0.2")
 
 
 @pytest.fixture(scope="module")
