@@ -46,23 +46,6 @@ def check_config(env: dict[str, str]) -> None:
         )
 
 
-def sandbox_proxy_url(backend: str) -> str:
-    return backends.sandbox_proxy_url(backend)
-
-
-def init_ca(state: Path, env: dict[str, str]) -> None:
-    """The proxies' CA (``<state>/proxy/ca``), created once; sandboxes trust its certificate."""
-    binary = settings.ProxySettings.from_env(env).binary
-    result = subprocess.run(
-        [binary, "--init-ca", "--confdir", str(state / "proxy" / "ca")],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise errors.InfrastructureError(
-            f"cannot create the proxy CA: {(result.stderr or result.stdout)[-500:]}"
-        )
-
-
 async def wait_for_first_proxy(state: Path, timeout: float = 60.0) -> None:
     """Until the proxy-scaler's first proxy listens (its record is written then)."""
     import asyncio

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from sbx import natsd, proxyrun, stack, supervisor
 from shared import bus, errors, health, settings, subjects
+from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0
 
@@ -93,7 +94,10 @@ async def run(options: Options, env: dict[str, str]) -> int:
     runtime_settings = settings.RuntimeSettings.from_env(env)
     if egress == "proxy":
         proxyrun.check_config(env)
-        proxyrun.init_ca(state, env)  # before any sandbox starts: they all trust it
+        # Before any sandbox starts: they all trust it.
+        await backends.ensure_proxy_ca(
+            runtime_settings.backend, state, settings.ProxySettings.from_env(env).binary
+        )
     key, generated = stack.api_key(state, env)
     base = settings.BusSettings.from_env(env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
@@ -126,7 +130,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
     nats_url = bus_settings.nats_url
 
     if egress == "proxy":
-        proxy_url = proxyrun.sandbox_proxy_url(runtime_settings.backend)
+        proxy_url = backends.sandbox_proxy_url(runtime_settings.backend)
     else:
         proxy_url = ""
         supervisor.say(f"sandboxes get no network: {no_egress_because}")

@@ -286,21 +286,23 @@ class ShellServers:
         if sandbox_id in self._unsupported:
             return None
         lock = self._starting.setdefault(sandbox_id, asyncio.Lock())
-        async with lock:
-            server = self._servers.get(sandbox_id)
-            if server is not None and server.alive:
-                return server
-            process = await self.runtime.exec(
-                sandbox_id, scripts.argv(scripts.SHELL_SERVER), keep_stdin_open=True
-            )
-            server = ShellServer(self.runtime, sandbox_id, process)
-            if not await server.hello():
-                self._unsupported[sandbox_id] = time.monotonic()
-                if len(self._unsupported) > self.limit * 4:
-                    self._unsupported.pop(next(iter(self._unsupported)))
-                return None
-            self._servers[sandbox_id] = server
-        self._starting.pop(sandbox_id, None)
+        try:
+            async with lock:
+                server = self._servers.get(sandbox_id)
+                if server is not None and server.alive:
+                    return server
+                process = await self.runtime.exec(
+                    sandbox_id, scripts.argv(scripts.SHELL_SERVER), keep_stdin_open=True
+                )
+                server = ShellServer(self.runtime, sandbox_id, process)
+                if not await server.hello():
+                    self._unsupported[sandbox_id] = time.monotonic()
+                    if len(self._unsupported) > self.limit * 4:
+                        self._unsupported.pop(next(iter(self._unsupported)))
+                    return None
+                self._servers[sandbox_id] = server
+        finally:
+            self._starting.pop(sandbox_id, None)  # also when starting failed
         await self._evict_beyond_limit()
         return server
 

@@ -90,3 +90,11 @@ async def purge(name: str, state_dir: Path) -> None:
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
     await proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN)).stop_all()
+
+
+async def ensure_proxy_ca(name: str, state_dir: Path, binary: str) -> None:
+    """The proxies' CA, created before any sandbox starts (they all trust it)."""
+    if name == "local":
+        from shared.runtime.local import proxies
+
+        await proxies.ensure_ca(state_dir / "proxy" / "ca", binary)

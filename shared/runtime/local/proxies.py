@@ -40,6 +40,21 @@ class Record:
         return f"{network.PROXY_ADDRESS}:{self.port}"
 
 
+async def ensure_ca(confdir: Path, binary: str) -> None:
+    """Create the proxies' CA in ``confdir`` once (``sbx-proxy --init-ca``)."""
+    if (confdir / "mitmproxy-ca-cert.pem").exists():
+        return
+    if not Path(binary).exists():
+        raise errors.ConfigError(f"{binary} is missing: run scripts/setup (it installs proxy/.venv)")
+    proc = await asyncio.create_subprocess_exec(
+        binary, "--init-ca", "--confdir", str(confdir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise errors.InfrastructureError(f"cannot create the proxy CA: {out.decode(errors='replace')[-500:]}")
+
+
 class LocalProxies:
     def __init__(self, state_dir: Path, runtime: LocalRuntime, *, binary: str, config: str = "") -> None:
         self.state_dir = state_dir
@@ -79,19 +94,7 @@ class LocalProxies:
 
     async def ensure_ca(self) -> None:
         """The fleet's CA exists before any proxy runs: sandboxes trust it from their start."""
-        if (self.confdir / "mitmproxy-ca-cert.pem").exists():
-            return
-        if not Path(self.binary).exists():
-            raise errors.ConfigError(f"{self.binary} is missing: run scripts/setup (it installs proxy/.venv)")
-        proc = await asyncio.create_subprocess_exec(
-            self.binary, "--init-ca", "--confdir", str(self.confdir),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )  # fmt: skip
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            raise errors.InfrastructureError(
-                f"cannot create the proxy CA: {out.decode(errors='replace')[-500:]}"
-            )
+        await ensure_ca(self.confdir, self.binary)
 
     async def start(self, proxy_id: str) -> Record:
         """A new proxy, listening when this returns."""
