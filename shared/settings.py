@@ -164,7 +164,8 @@ class RuntimeSettings:
     """Which sandbox backend the pool-manager and executor use, and its defaults."""
 
     backend: str = "local"
-    """``local`` (bubblewrap on this machine) (``SBX_RUNTIME``)."""
+    """``local`` (bubblewrap on this machine) or ``kubernetes`` (pods; see
+    :class:`KubernetesSettings`) (``SBX_RUNTIME``)."""
     memory_bytes: int = 2 * 1024**3
     """Memory limit per sandbox (``SBX_SANDBOX_MEMORY``, e.g. ``2g``, ``512m``)."""
     cpus: float = 1.0
@@ -179,7 +180,7 @@ class RuntimeSettings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
-        backend = _choice(env, "SBX_RUNTIME", cls.backend, ("local",))
+        backend = _choice(env, "SBX_RUNTIME", cls.backend, ("local", "kubernetes"))
         try:
             cpus = float(env.get("SBX_SANDBOX_CPUS", cls.cpus))
             pids = int(env.get("SBX_SANDBOX_PIDS", cls.pids))
@@ -368,3 +369,102 @@ class ProxySettings:
             keep_warm=_duration(env, "SBX_PROXY_KEEP_WARM", cls.keep_warm),
             binary=env.get("SBX_PROXY_BIN", cls.binary),
         )
+
+
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_K8S_QUANTITY = re.compile(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|k|M|G|T)?")
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """The Kubernetes runtime (``SBX_RUNTIME=kubernetes``): where sandbox pods go and how
+    they are built. Every name here is checked at start-up, never at the first sandbox."""
+
+    namespace: str = "sbx-sandboxes"
+    """Namespace of the sandbox pods, their workspaces and NetworkPolicies (``SBX_K8S_NAMESPACE``)."""
+    runtime_class: str = "gvisor"
+    """RuntimeClass of ordinary sandboxes (``SBX_K8S_RUNTIME_CLASS``; empty: the node's
+    default runtime, only for clusters without gVisor, and said so in the logs)."""
+    strong_runtime_class: str = "kata"
+    """RuntimeClass for ``use_kata`` (``SBX_K8S_STRONG_RUNTIME_CLASS``; empty: refused)."""
+    images: tuple[tuple[str, str], ...] = (("default", "ghcr.io/cloud-agent-sandbox/sandbox:0.1.0"),)
+    """Image names agents may ask for and the references they stand for
+    (``SBX_K8S_IMAGES``: ``name=reference,...``; must name ``default``)."""
+    storage_class: str = ""
+    """StorageClass of workspace volumes (``SBX_K8S_STORAGE_CLASS``; empty: the cluster default)."""
+    workspace_size: str = "10Gi"
+    """Size of each workspace volume (``SBX_K8S_WORKSPACE_SIZE``)."""
+    proxy_service: str = "sbx-system/sbx-proxy"
+    """The credential proxies' Service, ``namespace/name`` (``SBX_K8S_PROXY_SERVICE``)."""
+    proxy_port: int = 3128
+    seccomp_profile: str = "RuntimeDefault"
+    """``RuntimeDefault`` or ``localhost/<file>`` installed on every node (``SBX_K8S_SECCOMP``;
+    deploy/seccomp/ has the product's profile)."""
+    start_timeout: float = 120.0
+    """How long a pod may take to become ready, image pull included (``SBX_K8S_START_TIMEOUT``)."""
+    kubeconfig: str = ""
+    """A kubeconfig file (``KUBECONFIG``); empty: the in-cluster service account."""
+
+    def image(self, name: str) -> str | None:
+        return dict(self.images).get(name)
+
+    @property
+    def proxy_namespace(self) -> str:
+        return self.proxy_service.split("/", 1)[0]
+
+    @property
+    def proxy_name(self) -> str:
+        return self.proxy_service.split("/", 1)[1]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> KubernetesSettings:
+        def name(var: str, default: str, *, empty: bool = False) -> str:
+            value = env.get(var, default).strip()
+            if (value or not empty) and (len(value) > 63 or not _K8S_NAME.fullmatch(value)):
+                raise errors.ConfigError(
+                    f"{var}={value!r} is not a Kubernetes name (1-63 of a-z, 0-9 and '-')"
+                )
+            return value
+
+        images = tuple(_k8s_images(env.get("SBX_K8S_IMAGES", ""))) or cls.images
+        proxy = env.get("SBX_K8S_PROXY_SERVICE", cls.proxy_service).strip()
+        parts = proxy.split("/")
+        if len(parts) != 2 or not all(_K8S_NAME.fullmatch(p) for p in parts):
+            raise errors.ConfigError(f"SBX_K8S_PROXY_SERVICE={proxy!r} must be namespace/name")
+        size = env.get("SBX_K8S_WORKSPACE_SIZE", cls.workspace_size).strip()
+        if not _K8S_QUANTITY.fullmatch(size):
+            raise errors.ConfigError(f"SBX_K8S_WORKSPACE_SIZE={size!r} is not a quantity such as 10Gi")
+        seccomp = env.get("SBX_K8S_SECCOMP", cls.seccomp_profile).strip()
+        if seccomp != "RuntimeDefault" and not re.fullmatch(r"localhost/[A-Za-z0-9._/-]+\.json", seccomp):
+            raise errors.ConfigError(
+                f"SBX_K8S_SECCOMP={seccomp!r} must be RuntimeDefault or localhost/<profile>.json"
+            )
+        return cls(
+            namespace=name("SBX_K8S_NAMESPACE", cls.namespace),
+            runtime_class=name("SBX_K8S_RUNTIME_CLASS", cls.runtime_class, empty=True),
+            strong_runtime_class=name("SBX_K8S_STRONG_RUNTIME_CLASS", cls.strong_runtime_class, empty=True),
+            images=images,
+            storage_class=name("SBX_K8S_STORAGE_CLASS", cls.storage_class, empty=True),
+            workspace_size=size,
+            proxy_service=proxy,
+            seccomp_profile=seccomp,
+            start_timeout=_duration(env, "SBX_K8S_START_TIMEOUT", cls.start_timeout, minimum=1),
+            kubeconfig=env.get("KUBECONFIG", "").strip(),
+        )
+
+
+def _k8s_images(raw: str) -> list[tuple[str, str]]:
+    pairs: list[tuple[str, str]] = []
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        image_name, sep, reference = item.partition("=")
+        if not sep or not image_name.strip() or not reference.strip():
+            raise errors.ConfigError(f"SBX_K8S_IMAGES: {item!r} is not name=reference")
+        try:
+            ids.validate_image(reference.strip())
+            ids.validate_image(image_name.strip())
+        except errors.InvalidInput as exc:
+            raise errors.ConfigError(f"SBX_K8S_IMAGES: {exc.message}") from None
+        pairs.append((image_name.strip(), reference.strip()))
+    if pairs and "default" not in dict(pairs):
+        raise errors.ConfigError("SBX_K8S_IMAGES must name a 'default' image")
+    return pairs

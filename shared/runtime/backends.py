@@ -2,15 +2,28 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from shared import errors
 from shared.runtime import api
 
-NAMES = ("local",)
+NAMES = ("local", "kubernetes")
 
 
-def open_runtime(name: str, state_dir: Path, *, egress: str = "none") -> api.Runtime:
+def open_runtime(
+    name: str, state_dir: Path, *, egress: str = "none", env: Mapping[str, str] | None = None
+) -> api.Runtime:
+    """The named backend. ``env`` holds the backend's own settings (Kubernetes: the
+    ``SBX_K8S_*`` variables); the services pass their environment."""
+    if name == "kubernetes":
+        from shared.runtime.kubernetes import runtime as kube
+        from shared.settings import KubernetesSettings
+
+        return kube.KubernetesRuntime(
+            KubernetesSettings.from_env(os.environ if env is None else env), egress=egress
+        )
     if name == "local":
         from shared.runtime.local import runtime
 
@@ -39,6 +52,8 @@ def image_store(name: str, state_dir: Path):  # type: ignore[no-untyped-def]
 
 def egress_problem(name: str) -> str | None:
     """Why sandboxes of this backend cannot have proxy-only egress here (None: they can)."""
+    if name == "kubernetes":
+        return None  # per-sandbox NetworkPolicies; the cluster's CNI must enforce them (docs/kubernetes.md)
     if name == "local":
         from shared.runtime.local import network
 

@@ -1,0 +1,71 @@
+"""How sandboxes map to Kubernetes names, labels and annotations (pure).
+
+A sandbox id is never used raw in a Kubernetes name or label: object names are
+``sbx-`` + :func:`shared.ids.token` of the id (valid DNS-1123 labels whatever the id),
+and the id itself is kept in an annotation. Caller labels become labels under
+``label.sbx.dev/`` with values hashed when they are not valid label values; ``list``
+selects by label, then checks the exact values from the stored spec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from shared import ids
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PRODUCT = "cloud-agent-sandbox"
+COMPONENT = "app.kubernetes.io/component"
+SANDBOX = "sbx.dev/sandbox"
+"""Label on every object of one sandbox: the token of its id."""
+SANDBOX_ID = "sbx.dev/sandbox-id"
+"""Annotation: the sandbox id itself."""
+SPEC = "sbx.dev/spec"
+"""Annotation on the workspace claim: the SandboxSpec as JSON (what ``create`` was asked)."""
+STARTED = "sbx.dev/started"
+"""Annotation on the workspace claim once the sandbox has run (``stopped``, not ``created``)."""
+LABEL_PREFIX = "label.sbx.dev/"
+CONTAINER = "sandbox"
+PROXY_POD_LABEL = ("app.kubernetes.io/name", "sbx-proxy")
+
+_LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+def object_name(sandbox_id: str) -> str:
+    """Name of the sandbox's pod and NetworkPolicy."""
+    return f"sbx-{ids.token(sandbox_id)}"
+
+
+def claim_name(sandbox_id: str) -> str:
+    """Name of the sandbox's workspace PersistentVolumeClaim."""
+    return f"sbx-{ids.token(sandbox_id)}-ws"
+
+
+def label_key(key: str) -> str:
+    if len(key) <= 63 and _LABEL_NAME.fullmatch(key):
+        return LABEL_PREFIX + key
+    return f"{LABEL_PREFIX}k-{ids.token(key)}"
+
+
+def label_value(value: str) -> str:
+    if len(value) <= 63 and _LABEL_VALUE.fullmatch(value):
+        return value
+    return f"v-{ids.token(value)}"
+
+
+def labels(sandbox_id: str, caller: Mapping[str, str]) -> dict[str, str]:
+    """The labels every object of a sandbox carries."""
+    out = {MANAGED_BY: PRODUCT, COMPONENT: "sandbox", SANDBOX: ids.token(sandbox_id)}
+    out.update({label_key(k): label_value(v) for k, v in caller.items()})
+    return out
+
+
+def selector(caller: Mapping[str, str] | None = None, *, sandbox_id: str | None = None) -> str:
+    """A label selector for the product's sandboxes, narrowed by caller labels or one id."""
+    terms = {MANAGED_BY: PRODUCT, COMPONENT: "sandbox"}
+    if sandbox_id is not None:
+        terms[SANDBOX] = ids.token(sandbox_id)
+    terms.update({label_key(k): label_value(v) for k, v in (caller or {}).items()})
+    return ",".join(f"{k}={v}" for k, v in terms.items())

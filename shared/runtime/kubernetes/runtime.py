@@ -1,0 +1,507 @@
+"""The Kubernetes runtime backend (kubernetes-asyncio): see ``manifests`` for the objects
+and ``channel`` for exec. Readiness and removal are awaited with watches, never polled.
+
+State lives only in the cluster: the workspace claim (with the spec in an annotation) is
+the record of a sandbox, so any instance of any service finds every sandbox again with a
+label query. Root filesystem changes live in the pod and are lost on stop; the workspace
+and ``/.sbx`` (session state) are on the claim and survive it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio.stream import WsApiClient
+
+from shared import errors, ids
+from shared.runtime import api
+from shared.runtime.kubernetes import channel, manifests, names
+from shared.settings import KubernetesSettings
+
+TRUST_SETUP = f"""
+cat /etc/ssl/certs/ca-certificates.crt {manifests.CA_DIR}/proxy-ca.pem > {manifests.BUNDLE} 2>/dev/null \
+  || cat {manifests.CA_DIR}/proxy-ca.pem > {manifests.BUNDLE}
+system=/etc/ssl/certs/ca-certificates.crt
+if [ -w $system ]; then cat {manifests.BUNDLE} > $system; fi
+"""
+"""Run once per start when egress goes through the proxy: the trust bundle every tool is
+pointed at (and the image's own store, when the sandbox may write it)."""
+
+FAIL_FAST = {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"}
+
+
+def api_error(exc: ApiException, what: str) -> errors.SandboxError:
+    """The project's error for a Kubernetes API error."""
+    status = exc.status or 0
+    detail = f"{what}: {exc.status} {exc.reason}"
+    if status == 404:
+        return errors.NotFound(detail)
+    if status == 409:
+        return errors.Conflict(detail)
+    if status in (400, 422):
+        return errors.InvalidInput(detail)
+    if status in (401, 403):
+        return errors.ConfigError(f"{detail} (check the service account's RBAC rules: docs/kubernetes.md)")
+    return errors.Unavailable(detail)
+
+
+class _ExecClient(WsApiClient):
+    """WsApiClient that offers v5 and v4 and lets aiohttp negotiate, so ``ws.protocol``
+    says which one the server speaks."""
+
+    async def request(self, method, url, query_params=None, headers=None, **kwargs):  # type: ignore[no-untyped-def,override]
+        expanded = []
+        for key, value in query_params or []:
+            expanded.extend((key, v) for v in value) if isinstance(value, list) else expanded.append(
+                (key, value)
+            )
+        from urllib.parse import urlencode
+
+        from kubernetes_asyncio.stream.ws_client import get_websocket_url
+
+        headers = {k: v for k, v in (headers or {}).items() if k.lower() != "sec-websocket-protocol"}
+        target = get_websocket_url(url + ("?" + urlencode(expanded) if expanded else ""))
+        return await self.rest_client.pool_manager.ws_connect(
+            target, headers=headers, protocols=channel.PROTOCOLS, max_msg_size=0, heartbeat=30
+        )
+
+
+class KubernetesRuntime(api.Runtime):
+    name = "kubernetes"
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        *,
+        egress: str = "none",
+        configuration: client.Configuration | None = None,
+    ) -> None:
+        self.settings = settings
+        self.egress = egress
+        self.ns = settings.namespace
+        self._configuration = configuration
+        self._clients: tuple[client.ApiClient, WsApiClient] | None = None
+        self._opening = asyncio.Lock()
+        self._proxy_url: str | None = None
+
+    # ---- clients -------------------------------------------------------------------------
+
+    async def _open(self) -> tuple[client.CoreV1Api, client.NetworkingV1Api, client.CoreV1Api]:
+        async with self._opening:
+            if self._clients is None:
+                cfg = self._configuration
+                if cfg is None:
+                    cfg = client.Configuration()
+                    if self.settings.kubeconfig:
+                        await config.load_kube_config(
+                            config_file=self.settings.kubeconfig, client_configuration=cfg
+                        )
+                    else:
+                        config.load_incluster_config(client_configuration=cfg)
+                self._clients = (client.ApiClient(cfg), _ExecClient(cfg))
+        plain, ws = self._clients
+        return client.CoreV1Api(plain), client.NetworkingV1Api(plain), client.CoreV1Api(ws)
+
+    async def close(self) -> None:
+        if self._clients is not None:
+            for c in self._clients:
+                await c.close()
+            self._clients = None
+
+    async def _call(self, what: str, coro: Any, *, missing_ok: bool = False) -> Any:
+        try:
+            return await coro
+        except ApiException as exc:
+            if missing_ok and exc.status == 404:
+                return None
+            raise api_error(exc, what) from None
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise errors.Unavailable(f"{what}: the Kubernetes API is unreachable: {exc}") from exc
+
+    async def proxy_url(self) -> str:
+        """The proxies' Service by cluster IP: sandboxes have no DNS."""
+        if self._proxy_url is None:
+            core, _, _ = await self._open()
+            service = await self._call(
+                f"reading the proxy Service {self.settings.proxy_service}",
+                core.read_namespaced_service(self.settings.proxy_name, self.settings.proxy_namespace),
+            )
+            ip = service.spec.cluster_ip
+            if not ip or ip == "None":
+                raise errors.ConfigError(f"the proxy Service {self.settings.proxy_service} has no cluster IP")
+            host = f"[{ip}]" if ":" in ip else ip
+            self._proxy_url = f"http://{host}:{self.settings.proxy_port}"
+        return self._proxy_url
+
+    # ---- reading -------------------------------------------------------------------------
+
+    @staticmethod
+    def _gone(obj: Any) -> bool:
+        return obj is None or obj.metadata.deletion_timestamp is not None
+
+    async def _claim(self, sandbox_id: str) -> Any:
+        core, _, _ = await self._open()
+        claim = await self._call(
+            "reading a workspace claim",
+            core.read_namespaced_persistent_volume_claim(names.claim_name(sandbox_id), self.ns),
+            missing_ok=True,
+        )
+        return None if self._gone(claim) else claim
+
+    async def _pod(self, sandbox_id: str) -> Any:
+        core, _, _ = await self._open()
+        return await self._call(
+            "reading a sandbox pod",
+            core.read_namespaced_pod(names.object_name(sandbox_id), self.ns),
+            missing_ok=True,
+        )
+
+    @staticmethod
+    def _running(pod: Any) -> bool:
+        if pod is None or pod.metadata.deletion_timestamp is not None or pod.status is None:
+            return False
+        ready = [s.ready for s in pod.status.container_statuses or [] if s.name == names.CONTAINER]
+        return pod.status.phase == "Running" and ready == [True]
+
+    def _info(self, claim: Any, pod: Any) -> api.SandboxInfo:
+        annotations = claim.metadata.annotations or {}
+        try:
+            spec = msgspec.json.decode(annotations[names.SPEC], type=api.SandboxSpec)
+        except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise errors.InfrastructureError(
+                f"claim {claim.metadata.name} has no readable spec: {exc}"
+            ) from None
+        if self._running(pod):
+            status: api.SandboxStatus = "running"
+        else:
+            status = "stopped" if annotations.get(names.STARTED) == "true" else "created"
+        created = claim.metadata.creation_timestamp or datetime.now(UTC)
+        return api.SandboxInfo(spec=spec, status=status, created_at=created, backend=self.name)
+
+    async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
+        claim = await self._claim(sandbox_id)
+        if claim is None:
+            return None
+        return self._info(claim, await self._pod(sandbox_id))
+
+    async def _require(self, sandbox_id: str) -> Any:
+        claim = await self._claim(sandbox_id)
+        if claim is None:
+            raise errors.NotFound(f"no sandbox {sandbox_id!r}")
+        return claim
+
+    async def list(self, labels: Mapping[str, str] | None = None) -> list[api.SandboxInfo]:
+        core, _, _ = await self._open()
+        selector = names.selector(labels)
+        claims = await self._call(
+            "listing workspace claims",
+            core.list_namespaced_persistent_volume_claim(self.ns, label_selector=selector),
+        )
+        pods = await self._call(
+            "listing sandbox pods", core.list_namespaced_pod(self.ns, label_selector=selector)
+        )
+        by_token = {(p.metadata.labels or {}).get(names.SANDBOX): p for p in pods.items}
+        out = []
+        for claim in claims.items:
+            if self._gone(claim):
+                continue
+            info = self._info(claim, by_token.get((claim.metadata.labels or {}).get(names.SANDBOX)))
+            if all(info.spec.labels.get(k) == v for k, v in (labels or {}).items()):
+                out.append(info)
+        return out
+
+    # ---- watching ------------------------------------------------------------------------
+
+    async def _watch_pod(
+        self, sandbox_id: str, since: str | None, deadline: float
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Events of one pod from ``since`` on, until ``deadline``; restarts from a fresh
+        read when the server says the version is too old (410)."""
+        core, _, _ = await self._open()
+        name = names.object_name(sandbox_id)
+        while (left := deadline - time.monotonic()) > 0:
+            if since is None:
+                listed = await self._call(
+                    "listing a sandbox pod",
+                    core.list_namespaced_pod(self.ns, field_selector=f"metadata.name={name}"),
+                )
+                since = listed.metadata.resource_version
+                yield "SNAPSHOT", (listed.items[0] if listed.items else None)
+            stream = watch.Watch().stream(
+                core.list_namespaced_pod,
+                self.ns,
+                field_selector=f"metadata.name={name}",
+                resource_version=since,
+                timeout_seconds=max(1, int(left)),
+                allow_watch_bookmarks=False,
+            )
+            try:
+                async with (
+                    contextlib.aclosing(stream) if hasattr(stream, "aclose") else contextlib.nullcontext()
+                ):
+                    async for event in stream:
+                        since = event["object"].metadata.resource_version or since
+                        yield event["type"], event["object"]
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise api_error(exc, "watching a sandbox pod") from None
+                since = None  # expired: start over from a fresh list
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                raise errors.Unavailable(f"watching a sandbox pod: {exc}") from exc
+            finally:
+                await stream.close()
+
+    async def _until_ready(self, sandbox_id: str, since: str | None) -> None:
+        deadline = time.monotonic() + self.settings.start_timeout
+        last = "no status yet"
+        async for kind, pod in self._watch_pod(sandbox_id, since, deadline):
+            if kind == "DELETED" or (kind == "SNAPSHOT" and pod is None):
+                raise errors.InfrastructureError(
+                    f"sandbox {sandbox_id!r}: its pod was deleted while starting"
+                )
+            if self._running(pod):
+                return
+            last, fatal = self._why_not_ready(pod)
+            if fatal:
+                raise errors.InfrastructureError(f"sandbox {sandbox_id!r} cannot start: {last}")
+        raise errors.Timeout(
+            f"sandbox {sandbox_id!r} not ready after {self.settings.start_timeout:.0f}s "
+            f"(SBX_K8S_START_TIMEOUT): {last}"
+        )
+
+    @staticmethod
+    def _why_not_ready(pod: Any) -> tuple[str, bool]:
+        status = pod.status
+        if status is None:
+            return "pending", False
+        if status.phase in ("Failed", "Succeeded"):
+            return f"pod {status.phase.lower()}: {status.message or status.reason or ''}".strip(), True
+        for cs in status.container_statuses or []:
+            waiting = cs.state.waiting if cs.state else None
+            if waiting is not None and waiting.reason:
+                return f"{waiting.reason}: {waiting.message or ''}".strip(), waiting.reason in FAIL_FAST
+        for cond in status.conditions or []:
+            if cond.type == "PodScheduled" and cond.status == "False":
+                return f"unschedulable: {cond.message or cond.reason}", False
+        return f"phase {status.phase}", False
+
+    async def _until_gone(self, sandbox_id: str, pod: Any, timeout: float = 60.0) -> None:
+        if pod is None:
+            return
+        deadline = time.monotonic() + timeout
+        async for kind, seen in self._watch_pod(sandbox_id, pod.metadata.resource_version, deadline):
+            if kind == "DELETED" or (kind == "SNAPSHOT" and seen is None):
+                return
+            if seen is not None and seen.metadata.uid != pod.metadata.uid:
+                return  # the old pod is gone; a new one replaced it
+        raise errors.Timeout(f"sandbox {sandbox_id!r}: its pod did not go away within {timeout:.0f}s")
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
+        ids.validate_session_id(spec.sandbox_id, what="sandbox id")
+        if spec.isolation == "strong" and not self.settings.strong_runtime_class:
+            raise errors.NotBuiltYet(
+                "strong isolation (Kata) is not configured on this cluster: set SBX_K8S_STRONG_RUNTIME_CLASS"
+            )
+        if spec.limits.memory_bytes < 16 * 1024**2 or spec.limits.pids < 8 or spec.limits.cpus <= 0:
+            raise errors.InvalidInput("limits too small: at least 16 MiB memory, 8 pids and some CPU")
+        self._image(spec)
+        core, _, _ = await self._open()
+        for _ in range(2):
+            existing = await self._call(
+                "reading a workspace claim",
+                core.read_namespaced_persistent_volume_claim(names.claim_name(spec.sandbox_id), self.ns),
+                missing_ok=True,
+            )
+            if existing is not None and existing.metadata.deletion_timestamp is not None:
+                raise errors.Conflict(
+                    f"sandbox {spec.sandbox_id!r} is still being deleted; try again shortly"
+                )
+            if existing is not None:
+                info = self._info(existing, None)
+                if info.spec != spec:
+                    raise errors.Conflict(f"sandbox {spec.sandbox_id!r} exists with a different spec")
+                return self._info(existing, await self._pod(spec.sandbox_id))
+            try:
+                created = await core.create_namespaced_persistent_volume_claim(
+                    self.ns, manifests.workspace_claim(spec, self.settings)
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    continue  # someone created it first: compare with theirs
+                raise api_error(exc, "creating a workspace claim") from None
+            return self._info(created, None)
+        raise errors.Conflict(f"sandbox {spec.sandbox_id!r} is being created and deleted concurrently")
+
+    def _image(self, spec: api.SandboxSpec) -> str:
+        image = self.settings.image(spec.image)
+        if image is None:
+            known = ", ".join(name for name, _ in self.settings.images)
+            raise errors.InvalidInput(
+                f"unknown image {spec.image!r}; this cluster offers: {known} (SBX_K8S_IMAGES)"
+            )
+        return image
+
+    async def start(self, sandbox_id: str) -> api.SandboxInfo:
+        core, net, _ = await self._open()
+        claim = await self._require(sandbox_id)
+        info = self._info(claim, None)
+        pod = await self._pod(sandbox_id)
+        if self._running(pod):
+            return self._info(claim, pod)
+        if pod is not None and (
+            pod.metadata.deletion_timestamp is not None or pod.status.phase in ("Failed", "Succeeded")
+        ):
+            await self._delete_pod(sandbox_id)
+            await self._until_gone(sandbox_id, pod)
+            pod = None
+        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]
+        policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
+        try:
+            await net.create_namespaced_network_policy(self.ns, policy)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise api_error(exc, "creating a sandbox NetworkPolicy") from None
+        since = pod.metadata.resource_version if pod is not None else None
+        if pod is None:
+            proxy = await self.proxy_url() if self.egress == "proxy" else None
+            body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
+            try:
+                since = (await core.create_namespaced_pod(self.ns, body)).metadata.resource_version
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise api_error(exc, "creating a sandbox pod") from None
+                since = None  # another instance is starting it: wait with them
+        await self._until_ready(sandbox_id, since)
+        if self.egress == "proxy":
+            result, _, err = await self.run(sandbox_id, ["/bin/sh", "-c", TRUST_SETUP], timeout=30)
+            if result.exit_code != 0:
+                raise errors.InfrastructureError(
+                    f"sandbox {sandbox_id!r}: installing the proxy CA failed: {err[-300:]!r}"
+                )
+        if (claim.metadata.annotations or {}).get(names.STARTED) != "true":
+            await self._call(
+                "marking a workspace claim started",
+                core.patch_namespaced_persistent_volume_claim(
+                    names.claim_name(sandbox_id),
+                    self.ns,
+                    {"metadata": {"annotations": {names.STARTED: "true"}}},
+                ),
+            )
+        return msgspec.structs.replace(info, status="running")
+
+    async def _delete_pod(self, sandbox_id: str) -> None:
+        core, _, _ = await self._open()
+        await self._call(
+            "deleting a sandbox pod",
+            core.delete_namespaced_pod(names.object_name(sandbox_id), self.ns, grace_period_seconds=1),
+            missing_ok=True,
+        )
+
+    async def stop(self, sandbox_id: str) -> api.SandboxInfo:
+        claim = await self._require(sandbox_id)
+        pod = await self._pod(sandbox_id)
+        if pod is not None:
+            await self._delete_pod(sandbox_id)
+            await self._until_gone(sandbox_id, pod)
+        info = self._info(claim, None)
+        return msgspec.structs.replace(info, status="stopped" if info.status != "created" else "created")
+
+    async def delete(self, sandbox_id: str) -> None:
+        core, net, _ = await self._open()
+        pod = await self._pod(sandbox_id)
+        if pod is not None:
+            await self._delete_pod(sandbox_id)
+        await self._call(
+            "deleting a sandbox NetworkPolicy",
+            net.delete_namespaced_network_policy(names.object_name(sandbox_id), self.ns),
+            missing_ok=True,
+        )
+        await self._call(
+            "deleting a workspace claim",
+            core.delete_namespaced_persistent_volume_claim(
+                names.claim_name(sandbox_id), self.ns, propagation_policy="Background"
+            ),
+            missing_ok=True,
+        )
+        if pod is not None:
+            await self._until_gone(sandbox_id, pod)
+
+    # ---- exec ----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        sandbox_id: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        keep_stdin_open: bool = False,
+    ) -> api.Exec:
+        exec_id = channel.new_exec_id()
+        one_shot = stdin if (stdin and not keep_stdin_open) else None
+        command = channel.wrap(
+            argv,
+            exec_id=exec_id,
+            cwd=cwd or "/workspace",
+            env=env or {},
+            stdin_bytes=len(one_shot) if one_shot is not None else None,
+        )
+        ws = await self._connect(sandbox_id, command, stdin=keep_stdin_open or one_shot is not None)
+
+        async def kill() -> None:
+            await self._kill(sandbox_id, exec_id)
+
+        return channel.ChannelExec(
+            ws, timeout=timeout, stdin=stdin, keep_stdin_open=keep_stdin_open, kill=kill
+        )
+
+    async def _connect(
+        self, sandbox_id: str, command: list[str], *, stdin: bool
+    ) -> aiohttp.ClientWebSocketResponse:
+        _, _, ws_core = await self._open()
+        try:
+            return await ws_core.connect_get_namespaced_pod_exec(
+                names.object_name(sandbox_id),
+                self.ns,
+                command=command,
+                container=names.CONTAINER,
+                stdin=stdin,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+            )
+        except aiohttp.WSServerHandshakeError as exc:
+            info = await self.get(sandbox_id)
+            if info is None:
+                raise errors.NotFound(f"no sandbox {sandbox_id!r}") from None
+            if info.status != "running":
+                raise errors.NotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running") from None
+            raise errors.Unavailable(
+                f"exec into sandbox {sandbox_id!r} refused: {exc.status} {exc.message}"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise errors.Unavailable(f"exec into sandbox {sandbox_id!r}: {exc}") from exc
+
+    async def _kill(self, sandbox_id: str, exec_id: str) -> None:
+        ws = await self._connect(sandbox_id, channel.killer(exec_id), stdin=False)
+        killing = channel.ChannelExec(ws, timeout=30, stdin=None, keep_stdin_open=False, kill=_nothing)
+        with contextlib.suppress(errors.SandboxError):
+            await killing.wait()
+
+
+async def _nothing() -> None:
+    return None

@@ -1,0 +1,563 @@
+"""A Kubernetes API server for the tests: kmock's emulator with its gaps filled, plus a
+kubelet that runs every pod as a real local sandbox.
+
+This is a faithful emulator, not a mock: the runtime under test speaks HTTP and the
+pods/exec websocket to it exactly as it would to a cluster, and every command it runs
+executes for real (in a bubblewrap sandbox standing in for the pod's container).
+
+What kmock 0.8 lacks and is filled in here (see ../shared/design/environment.md):
+
+* label selectors (``a=b``, ``a!=b``, ``a``, ``!a``) and field selectors
+  (``metadata.name``, ``metadata.namespace``) on list and watch;
+* ``watch=True`` (kubernetes-asyncio's spelling; kmock only knows ``true``);
+* ``metadata.namespace``, ``uid``, ``creationTimestamp`` and a cluster-wide
+  ``resourceVersion`` on every write; watches resume from a resourceVersion and answer
+  410 Expired for one older than the retained history (``retained``), as etcd
+  compaction makes a real server do; ``timeoutSeconds`` ends a watch;
+* graceful pod deletion (``deletionTimestamp`` first, gone once the kubelet has stopped
+  the containers; emulated with a kubelet finalizer), the ``pvc-protection`` finalizer
+  (a claim in use by a pod stays until the pod is gone) and owner-reference garbage
+  collection of a claim's pods and NetworkPolicies;
+* pods/exec over a websocket speaking ``v5.channel.k8s.io``/``v4.channel.k8s.io``
+  (``protocols`` restricts what the server accepts), byte for byte: empty frames open
+  the channels, stdin on 0, output on 1/2, the exit Status on 3, v5's close frame; a
+  client that hangs up closes the command's stdin and leaves it running, as a real
+  kubelet does.
+
+Pod to sandbox: the claim name is the local sandbox id (so the workspace survives the
+pod); ``runAsUser`` 0 is ``run_as_root``; ``readOnlyRootFilesystem`` is the opposite of
+``writable_root``; the container's env and workingDir apply to every exec; any image in
+``images`` runs as the local default image, any other gets ``ErrImagePull``. Not
+emulated: scheduling, RuntimeClasses, NetworkPolicy enforcement, configMap volumes,
+admission, RBAC enforcement (``calls`` records verb and resource of every request so
+tests can check them against deploy/'s Roles).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import copy
+import json
+import re
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import attrs
+import kmock
+from kmock._internal import enums, rendering
+
+from shared import errors
+from shared.runtime import api
+from shared.runtime.local import runtime as local
+
+KUBELET_FINALIZER = "emulator.sbx.dev/kubelet"
+PVC_PROTECTION = "kubernetes.io/pvc-protection"
+EXEC_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec")
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _selected(obj: dict[str, Any], labels: str | None, fields: str | None) -> bool:
+    meta = obj.get("metadata", {})
+    have = meta.get("labels") or {}
+    for term in filter(None, (labels or "").split(",")):
+        if "!=" in term:
+            k, v = term.split("!=", 1)
+            if have.get(k) == v:
+                return False
+        elif "=" in term:
+            k, v = term.split("=", 1)
+            if have.get(k.rstrip("=")) != v:
+                return False
+        elif term.startswith("!"):
+            if term[1:] in have:
+                return False
+        elif term not in have:
+            return False
+    for term in filter(None, (fields or "").split(",")):
+        k, _, v = term.partition("=")
+        if k == "metadata.name" and meta.get("name") != v:
+            return False
+        if k == "metadata.namespace" and meta.get("namespace") != v:
+            return False
+    return True
+
+
+class _Recorder(dict):  # type: ignore[type-arg]
+    """Stands in for kmock's per-resource buses: every event gets the next
+    resourceVersion, is logged for watches, and wakes the kubelet."""
+
+    def __init__(self, owner: ClusterEmulator) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def __missing__(self, resource: Any) -> _Bus:
+        bus = self[resource] = _Bus(self.owner, resource)
+        return bus
+
+
+class _Bus:
+    def __init__(self, owner: ClusterEmulator, resource: Any) -> None:
+        self.owner, self.resource = owner, resource
+
+    async def put(self, event: dict[str, Any]) -> None:
+        self.owner._record(self.resource, event)
+
+
+@attrs.define(kw_only=True)
+class ClusterEmulator(kmock.KubernetesEmulator):
+    images: frozenset[str] = frozenset()
+    """Image references that "pull"; every other one fails with ErrImagePull."""
+    protocols: tuple[str, ...] = ("v5.channel.k8s.io", "v4.channel.k8s.io")
+    retained: int = 10_000
+    """Events kept for watches that resume; older versions get 410 Expired."""
+    state_dir: Any = None
+    calls: list[tuple[str, str, str | None]] = attrs.field(factory=list)
+    """(verb, group/resource[/subresource], namespace) of every request, in order."""
+
+    _rv: int = attrs.field(default=0, init=False)
+    _log: collections.deque[tuple[int, Any, dict[str, Any]]] = attrs.field(
+        factory=collections.deque, init=False
+    )
+    _changed: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
+    _tasks: set[asyncio.Task[None]] = attrs.field(factory=set, init=False)
+    _pod_locks: dict[str, asyncio.Lock] = attrs.field(
+        factory=lambda: collections.defaultdict(asyncio.Lock), init=False
+    )
+    _runtime: Any = attrs.field(default=None, init=False)
+    _expired_before: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self._buses = _Recorder(self)
+        self._runtime = local.LocalRuntime(self.state_dir)
+
+    # ---- requests ------------------------------------------------------------------------
+
+    async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
+        found = EXEC_PATH.fullmatch(raw_request.path)
+        if found and raw_request.headers.get("Upgrade", "").lower() == "websocket":
+            self.calls.append(("create", "pods/exec", found.group(1)))
+            return await self._exec(raw_request, found.group(1), found.group(2))
+        return await super().__call__(raw_request)
+
+    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+        if (
+            request.resource is not None
+            and request.method == "GET"
+            and request.params.get("watch") in ("True", "1")
+        ):
+            evolved = attrs.evolve(request, action=enums.action.WATCH)
+            # kmock matches reactions against the requests it has logged: log this one instead.
+            self._requests[:] = [evolved if r is request else r for r in self._requests]
+            request = evolved
+        if request.resource is not None:
+            self._note(request)
+            self._stamp(request)
+        return await super()._handle(request)
+
+    def _note(self, request: rendering.Request) -> None:
+        group = request.resource.group or ""
+        what = f"{group}/{request.resource.plural}".lstrip("/")
+        if request.subresource:
+            what += f"/{request.subresource}"
+        if request.method == "GET":
+            verb = "watch" if request.action == enums.action.WATCH else ("get" if request.name else "list")
+        else:
+            verb = VERBS.get(request.method, request.method.lower())
+        self.calls.append((verb, what, request.namespace))
+
+    def _stamp(self, request: rendering.Request) -> None:
+        """What the API server adds to every write."""
+        data = request.data if isinstance(request.data, dict) else None
+        if request.action == enums.action.CREATE and data is not None:
+            meta = data.setdefault("metadata", {})
+            meta["namespace"] = request.namespace or meta.get("namespace")
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=str(self._rv + 1))
+            if request.resource.plural == "pods":
+                meta["finalizers"] = [*meta.get("finalizers", []), KUBELET_FINALIZER]
+                data["status"] = {
+                    "phase": "Pending",
+                    "conditions": [{"type": "PodScheduled", "status": "True"}],
+                }
+            if request.resource.plural == "persistentvolumeclaims":
+                meta["finalizers"] = [*meta.get("finalizers", []), PVC_PROTECTION]
+                data["status"] = {"phase": "Bound"}
+        elif request.action == enums.action.UPDATE and data is not None:
+            data.setdefault("metadata", {})["resourceVersion"] = str(self._rv + 1)
+
+    async def _serve_list(self, request: rendering.Request) -> rendering.Payload:
+        async with self._lock:
+            items = self._select(request)
+        return {
+            "apiVersion": "v1",
+            "kind": "List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
+
+    def _select(self, request: rendering.Request) -> list[dict[str, Any]]:
+        out = []
+        for (resource, namespace, _), obj in self._objects.items():
+            if resource != request.resource or obj.deleted:
+                continue
+            if request.namespace is not None and namespace != request.namespace:
+                continue
+            raw = obj.raw
+            if _selected(raw, request.params.get("labelSelector"), request.params.get("fieldSelector")):
+                out.append(copy.deepcopy(raw))
+        return out
+
+    def _matches(self, request: rendering.Request, resource: Any, obj: dict[str, Any]) -> bool:
+        meta = obj.get("metadata", {})
+        return (
+            resource == request.resource
+            and (request.namespace is None or meta.get("namespace") == request.namespace)
+            and (request.name is None or meta.get("name") == request.name)
+            and _selected(obj, request.params.get("labelSelector"), request.params.get("fieldSelector"))
+        )
+
+    async def _serve_watch(self, request: rendering.Request):  # type: ignore[no-untyped-def,override]
+        yield b""
+        loop = asyncio.get_running_loop()
+        timeout = float(request.params.get("timeoutSeconds") or 3600)
+        deadline = loop.time() + timeout
+        since_raw = request.params.get("resourceVersion") or ""
+        async with self._lock:
+            if since_raw in ("", "0"):
+                initial = [{"type": "ADDED", "object": o} for o in self._select(request)]
+                since = self._rv
+            else:
+                since = int(since_raw)
+                if since < self._expired_before:
+                    code = {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": f"too old resource version: {since}",
+                    }
+                    yield {"type": "ERROR", "object": code}
+                    return
+                initial = []
+        for event in initial:
+            yield event
+        while (left := deadline - loop.time()) > 0:
+            pending = [
+                (rv, e)
+                for rv, res, e in list(self._log)
+                if rv > since and self._matches(request, res, e["object"])
+            ]
+            for rv, event in pending:
+                yield event
+            since = max([since, *(rv for rv, _ in pending)])
+            newest = self._rv
+            if newest > since and not pending:
+                since = newest
+                continue
+            async with self._changed:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait_for(lambda s=since: self._rv > s), left)
+
+    # ---- events and direct writes --------------------------------------------------------
+
+    def _record(self, resource: Any, event: dict[str, Any]) -> None:
+        obj = copy.deepcopy(event["object"])
+        meta = obj.setdefault("metadata", {})
+        rv = int(meta.get("resourceVersion") or 0)
+        if rv <= self._rv:
+            rv = self._rv + 1
+            meta["resourceVersion"] = str(rv)
+        self._rv = rv
+        self._log.append((rv, resource, {"type": event["type"], "object": obj}))
+        while len(self._log) > self.retained:
+            self._expired_before = self._log.popleft()[0] + 1
+        self._spawn(self._wake())
+        self._spawn(self._react(resource, event["type"], obj))
+
+    async def _wake(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def expire_history(self) -> None:
+        """Forget every event so far: watches resuming from before now get 410."""
+        self._log.clear()
+        self._expired_before = self._rv + 1
+
+    def _find(self, plural: str, namespace: str, name: str) -> Any:
+        for key, obj in self._objects.items():
+            if key[0].plural == plural and key[1] == namespace and key[2] == name and not obj.deleted:
+                return key, obj
+        return None, None
+
+    async def write(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Change a stored object as a controller would (with an event); finish its
+        deletion once its last finalizer is gone."""
+        async with self._lock:
+            key, obj = self._find(plural, namespace, name)
+            if obj is None:
+                return
+            patch = copy.deepcopy(patch)
+            patch.setdefault("metadata", {})["resourceVersion"] = str(self._rv + 1)
+            obj.patch(patch)
+            raw = obj.raw
+            self._record(key[0], {"type": "MODIFIED", "object": raw})
+            meta = raw.get("metadata", {})
+            if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+                obj.delete()
+                self._record(key[0], {"type": "DELETED", "object": raw})
+
+    async def remove_finalizer(self, plural: str, namespace: str, name: str, finalizer: str) -> None:
+        _, obj = self._find(plural, namespace, name)
+        if obj is not None:
+            left = [f for f in obj.raw.get("metadata", {}).get("finalizers", []) if f != finalizer]
+            await self.write(plural, namespace, name, {"metadata": {"finalizers": left or None}})
+
+    async def close_all(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for (resource, _, _), obj in list(self._objects.items()):
+            if resource.plural == "persistentvolumeclaims" and not obj.deleted:
+                with contextlib.suppress(Exception):
+                    await self._runtime.delete(obj.raw["metadata"]["name"])
+
+    # ---- the kubelet and the controllers -------------------------------------------------
+
+    async def _react(self, resource: Any, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        try:
+            if resource.plural == "pods":
+                async with self._pod_locks[f"{meta['namespace']}/{meta['name']}"]:
+                    if meta.get("deletionTimestamp") and KUBELET_FINALIZER in meta.get("finalizers", []):
+                        await self._kill_pod(obj)
+                    elif kind == "ADDED":
+                        await self._run_pod(obj)
+            elif resource.plural == "persistentvolumeclaims" and meta.get("deletionTimestamp"):
+                await self._collect_claim(obj)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if resource.plural == "pods":
+                await self.write(
+                    "pods",
+                    meta["namespace"],
+                    meta["name"],
+                    {"status": {"phase": "Failed", "message": f"emulated kubelet: {exc}"}},
+                )
+
+    @staticmethod
+    def _claim_of(pod: dict[str, Any]) -> str:
+        for volume in pod["spec"].get("volumes", []):
+            if "persistentVolumeClaim" in volume:
+                return volume["persistentVolumeClaim"]["claimName"]
+        raise errors.InvalidInput("the emulated kubelet runs only pods with a workspace claim")
+
+    async def _run_pod(self, pod: dict[str, Any]) -> None:
+        meta, container = pod["metadata"], pod["spec"]["containers"][0]
+        if container["image"] not in self.images:
+            message = f'Failed to pull image "{container["image"]}": not found'
+            await self.write(
+                "pods",
+                meta["namespace"],
+                meta["name"],
+                {
+                    "status": {
+                        "containerStatuses": [
+                            {
+                                "name": container["name"],
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": container["image"],
+                                "imageID": "",
+                                "state": {"waiting": {"reason": "ErrImagePull", "message": message}},
+                            }
+                        ]
+                    }
+                },
+            )
+            return
+        security = {**pod["spec"].get("securityContext", {}), **container.get("securityContext", {})}
+        limits = container.get("resources", {}).get("limits", {})
+        spec = api.SandboxSpec(
+            sandbox_id=self._claim_of(pod),
+            run_as_root=security.get("runAsUser", 0) == 0,
+            writable_root=not security.get("readOnlyRootFilesystem", False),
+            limits=api.Limits(
+                memory_bytes=_bytes(limits.get("memory", "2Gi")), cpus=_cpus(limits.get("cpu", "1"))
+            ),
+        )
+        with contextlib.suppress(errors.Conflict):
+            await self._runtime.create(spec)
+        await self._runtime.start(spec.sandbox_id)
+        now = _now()
+        await self.write(
+            "pods",
+            meta["namespace"],
+            meta["name"],
+            {
+                "status": {
+                    "phase": "Running",
+                    "podIP": "10.244.0.10",
+                    "startTime": now,
+                    "conditions": [
+                        {"type": "Ready", "status": "True"},
+                        {"type": "PodScheduled", "status": "True"},
+                    ],
+                    "containerStatuses": [
+                        {
+                            "name": container["name"],
+                            "ready": True,
+                            "started": True,
+                            "restartCount": 0,
+                            "image": container["image"],
+                            "imageID": container["image"],
+                            "state": {"running": {"startedAt": now}},
+                        }
+                    ],
+                }
+            },
+        )
+
+    async def _kill_pod(self, pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        with contextlib.suppress(errors.NotFound, errors.InvalidInput):
+            await self._runtime.stop(self._claim_of(pod))
+        await self.remove_finalizer("pods", meta["namespace"], meta["name"], KUBELET_FINALIZER)
+
+    async def _collect_claim(self, claim: dict[str, Any]) -> None:
+        """Owner-reference GC of the claim's pods and policies, then pvc-protection."""
+        meta = claim["metadata"]
+        for (resource, namespace, name), obj in list(self._objects.items()):
+            if obj.deleted or namespace != meta["namespace"]:
+                continue
+            owners = obj.raw.get("metadata", {}).get("ownerReferences", [])
+            if any(o.get("uid") == meta["uid"] for o in owners) and not obj.raw["metadata"].get(
+                "deletionTimestamp"
+            ):
+                if resource.plural == "pods":
+                    await self.write("pods", namespace, name, {"metadata": {"deletionTimestamp": _now()}})
+                else:
+                    async with self._lock:
+                        obj.delete()
+                        self._record(resource, {"type": "DELETED", "object": obj.last.raw})
+        while any(
+            key[0].plural == "pods"
+            and not obj.deleted
+            and key[1] == meta["namespace"]
+            and self._claim_of(obj.raw) == meta["name"]
+            for key, obj in list(self._objects.items())
+        ):
+            await asyncio.sleep(0.02)
+        with contextlib.suppress(errors.NotFound):
+            await self._runtime.delete(meta["name"])
+        await self.remove_finalizer("persistentvolumeclaims", meta["namespace"], meta["name"], PVC_PROTECTION)
+
+    # ---- pods/exec -----------------------------------------------------------------------
+
+    async def _exec(
+        self, raw: aiohttp.web.BaseRequest, namespace: str, name: str
+    ) -> aiohttp.web.StreamResponse:
+        _, stored = self._find("pods", namespace, name)
+        pod = stored.raw if stored is not None else None
+        if pod is None:
+            return _status(404, "NotFound", f'pods "{name}" not found')
+        if pod.get("status", {}).get("phase") != "Running" or pod["metadata"].get("deletionTimestamp"):
+            return _status(400, "BadRequest", "container is not running")
+        argv = raw.query.getall("command", [])
+        wants_stdin = raw.query.get("stdin") in ("true", "True", "1")
+        ws = aiohttp.web.WebSocketResponse(protocols=self.protocols)
+        await ws.prepare(raw)
+        if ws.ws_protocol is None:
+            await ws.close(code=aiohttp.WSCloseCode.PROTOCOL_ERROR, message=b"no supported channel protocol")
+            return ws
+        v5 = ws.ws_protocol.startswith("v5.")
+        container = pod["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container.get("env", [])}
+        for channel in (1, 2):
+            await ws.send_bytes(bytes([channel]))
+        try:
+            proc = await self._runtime.exec(
+                self._claim_of(pod),
+                argv,
+                env=env,
+                cwd=container.get("workingDir"),
+                keep_stdin_open=wants_stdin,
+            )
+        except errors.SandboxError as exc:
+            await ws.send_bytes(b"\x03" + json.dumps({"status": "Failure", "message": str(exc)}).encode())
+            await ws.close()
+            return ws
+
+        async def pump_out() -> None:
+            async for stream, data in proc.chunks():
+                await ws.send_bytes(bytes([1 if stream == "stdout" else 2]) + data)
+
+        async def pump_in() -> None:
+            async for message in ws:
+                if message.type != aiohttp.WSMsgType.BINARY or not message.data:
+                    continue
+                channel, payload = message.data[0], message.data[1:]
+                with contextlib.suppress(errors.SandboxError):
+                    if channel == 0 and wants_stdin and payload:
+                        await proc.send(payload)
+                    elif channel == 255 and v5 and payload[:1] == b"\x00":
+                        await proc.close_stdin()
+            with contextlib.suppress(errors.SandboxError, OSError):
+                await proc.close_stdin()  # the client hung up: its stdin is gone, the command is not
+
+        reading = asyncio.create_task(pump_in())
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await pump_out()
+        result = await proc.wait()
+        status: dict[str, Any] = {"metadata": {}, "status": "Success"}
+        if result.exit_code != 0:
+            status = {
+                "metadata": {},
+                "status": "Failure",
+                "reason": "NonZeroExitCode",
+                "message": f"command terminated with non-zero exit code: exit status {result.exit_code}",
+                "details": {"causes": [{"reason": "ExitCode", "message": str(result.exit_code)}]},
+            }
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_bytes(b"\x03" + json.dumps(status).encode())
+        await ws.close()
+        reading.cancel()
+        return ws
+
+
+def _status(code: int, reason: str, message: str) -> aiohttp.web.Response:
+    body = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "code": code,
+        "reason": reason,
+        "message": message,
+    }
+    return aiohttp.web.json_response(body, status=code)
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3, "k": 1000, "M": 1000**2, "G": 1000**3}
+    for suffix, factor in units.items():
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * factor)
+    return int(quantity)
+
+
+def _cpus(quantity: str) -> float:
+    return int(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
