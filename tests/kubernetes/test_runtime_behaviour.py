@@ -1,0 +1,142 @@
+"""What the Kubernetes runtime does beyond the shared contract, against the emulated API
+server (emulator.py: kmock with its gaps filled; pods run as real local sandboxes)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import kmock
+import pytest
+
+from shared import errors
+from shared.runtime import api
+from shared.runtime.kubernetes import names
+from tests.contract.runtime_contract import new_id
+from tests.kubernetes.conftest import SETTINGS, needs_root
+
+pytestmark = needs_root
+
+
+async def started(rt, **spec_fields) -> str:
+    spec = api.SandboxSpec(sandbox_id=new_id(), **spec_fields)
+    await rt.create(spec)
+    await rt.start(spec.sandbox_id)
+    return spec.sandbox_id
+
+
+async def test_a_v4_only_server_still_takes_one_shot_stdin_and_says_why_it_cannot_close_stdin(
+    cluster, make_kube
+):
+    cluster.protocols = ("v4.channel.k8s.io",)
+    rt = make_kube()
+    sid = await started(rt)
+    result, out, _ = await rt.run(sid, ["cat"], stdin=b"\x00\xffbinary\n")
+    assert (result.exit_code, out) == (0, b"\x00\xffbinary\n")
+    helper = await rt.exec(sid, ["sh", "-c", "read -r x; echo got $x"], keep_stdin_open=True)
+    await helper.send(b"one\n")
+    assert [d async for _, d in helper.chunks()] == [b"got one\n"]
+    with pytest.raises(errors.Unavailable, match="v4"):
+        await helper.close_stdin()
+    assert (await helper.wait()).exit_code == 0
+    await rt.delete(sid)
+
+
+async def test_a_timeout_kills_what_the_command_started_even_a_new_session(make_kube):
+    rt = make_kube()
+    sid = await started(rt)
+    script = "setsid sleep 300 & sleep 300 & echo started; wait"
+    result, out, _ = await rt.run(sid, ["sh", "-c", script], timeout=1.0)
+    assert result.timed_out and out == b"started\n"
+    _, ps, _ = await rt.run(sid, ["sh", "-c", "ps -e -o comm= | grep -c '^sleep$' || true"])
+    assert ps.strip() == b"0"
+    running = await rt.exec(sid, ["sleep", "300"])
+    await running.kill()
+    assert (await asyncio.wait_for(running.wait(), 10)).exit_code == 128 + 9
+    await rt.delete(sid)
+
+
+async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_reason(make_kube):
+    rt = make_kube(
+        dataclasses.replace(SETTINGS, images=(("default", "registry.example/missing:1"),), start_timeout=2)
+    )
+    spec = api.SandboxSpec(sandbox_id=new_id())
+    await rt.create(spec)
+    with pytest.raises(errors.Timeout, match="ErrImagePull"):
+        await rt.start(spec.sandbox_id)
+    assert (await rt.get(spec.sandbox_id)).status == "created"
+    await rt.delete(spec.sandbox_id)
+
+
+async def test_an_expired_watch_is_resumed_from_a_fresh_list(cluster, make_kube):
+    rt = make_kube()
+    sid = await started(rt)
+    cluster.expire_history()
+    lists_before = sum(1 for verb, what, _ in cluster.calls if (verb, what) == ("list", "pods"))
+    stopped = await rt.stop(sid)
+    assert stopped.status == "stopped"
+    lists_after = sum(1 for verb, what, _ in cluster.calls if (verb, what) == ("list", "pods"))
+    assert lists_after > lists_before, "the 410 made the runtime list again"
+    await rt.delete(sid)
+
+
+async def test_two_instances_starting_one_sandbox_make_one_pod(cluster, make_kube):
+    first, second = make_kube(), make_kube()
+    spec = api.SandboxSpec(sandbox_id=new_id())
+    await first.create(spec)
+    a, b = await asyncio.gather(first.start(spec.sandbox_id), second.start(spec.sandbox_id))
+    assert a.status == b.status == "running"
+    creates = [c for c in cluster.calls if c[:2] == ("create", "pods")]
+    assert len(creates) == 2, "both tried"
+    pods = [k for k, o in cluster.objects.items() if k[0].plural == "pods" and not o.deleted]
+    assert len(pods) == 1
+    await first.delete(spec.sandbox_id)
+
+
+async def test_delete_leaves_nothing_in_the_cluster_or_on_the_node(cluster, make_kube):
+    rt = make_kube()
+    sid = await started(rt, labels={"session": "with spaces & symbols"})
+    assert [i.sandbox_id for i in await rt.list({"session": "with spaces & symbols"})] == [sid]
+    await rt.delete(sid)
+    for _ in range(100):
+        alive = [k for k, o in cluster.objects.items() if not o.deleted]
+        if not alive:
+            break
+        await asyncio.sleep(0.05)
+    assert alive == []
+    assert await cluster._runtime.list() == []
+
+
+async def test_api_errors_become_the_projects_errors(cluster, make_kube):
+    rt = make_kube()
+    cluster["post", kmock.resource("", "v1", "persistentvolumeclaims")] << 403
+    with pytest.raises(errors.ConfigError, match="RBAC"):
+        await rt.create(api.SandboxSpec(sandbox_id=new_id()))
+    with pytest.raises(errors.InvalidInput, match="unknown image"):
+        await rt.create(api.SandboxSpec(sandbox_id=new_id(), image="python"))
+    with pytest.raises(errors.NotBuiltYet, match="SBX_K8S_STRONG_RUNTIME_CLASS"):
+        await make_kube(dataclasses.replace(SETTINGS, strong_runtime_class="")).create(
+            api.SandboxSpec(sandbox_id=new_id(), isolation="strong")
+        )
+
+
+async def test_an_unreachable_api_server_is_unavailable_not_a_crash(make_kube):
+    from kubernetes_asyncio import client
+
+    from shared.runtime.kubernetes import runtime as kube
+
+    rt = kube.KubernetesRuntime(SETTINGS, configuration=client.Configuration(host="http://127.0.0.1:9"))
+    with pytest.raises(errors.Unavailable):
+        await rt.get("anything")
+    await rt.close()
+
+
+async def test_objects_carry_the_session_labels_and_the_id_annotation(cluster, make_kube):
+    rt = make_kube()
+    sid = await started(rt, labels={"session": "s1", "pool": "default"})
+    for (resource, _, _), obj in cluster.objects.items():
+        if obj.deleted:
+            continue
+        labels = obj.raw["metadata"]["labels"]
+        assert labels["label.sbx.dev/session"] == "s1" and labels[names.MANAGED_BY] == names.PRODUCT, resource
+    await rt.delete(sid)
