@@ -222,7 +222,7 @@ class PoolHandlers:
         """With proxy egress, hand out a sandbox only once the proxy-scaler has given it a
         proxy (the first proxy starts while the first sandbox does), so its first request
         finds a way out. If none comes in time, go on: the sandbox gets one later."""
-        if self.runtime.egress != "proxy":
+        if self.runtime.egress != "proxy" or not self.runtime.pinned_proxies:
             return state
         deadline = time.monotonic() + PROXY_WAIT
         while time.monotonic() < deadline:

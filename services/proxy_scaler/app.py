@@ -1,7 +1,8 @@
 """Wiring of the proxy-scaler: one round at start-up and then continuously, by the lease holder.
 
-With sandbox egress ``none`` there is nothing to scale: the service runs its lifecycle
-and says so in its health details.
+With sandbox egress ``none``, or on a backend whose fleet is not built (Kubernetes: a
+fixed Deployment for now), there is nothing to scale: the service runs its lifecycle and
+says so in its health details.
 """
 
 from __future__ import annotations
@@ -29,13 +30,18 @@ def make_setup(
             ctx.details["fleet"] = "off: sandbox egress is none"
             return service.Workload()
         runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir, egress="proxy")
-        fleet = backends.open_proxy_fleet(
-            runtime_settings.backend,
-            ctx.settings.state_dir,
-            runtime,
-            binary=proxy_settings.binary,
-            config=proxy_settings.config,
-        )
+        try:
+            fleet = backends.open_proxy_fleet(
+                runtime_settings.backend,
+                ctx.settings.state_dir,
+                runtime,
+                binary=proxy_settings.binary,
+                config=proxy_settings.config,
+            )
+        except errors.NotBuiltYet as exc:
+            ctx.details["fleet"] = f"off: {exc}"
+            log.warning("proxy_scaler.no_fleet", reason=str(exc))
+            return service.Workload()
         await fleet.ensure_ca()
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)

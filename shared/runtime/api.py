@@ -102,6 +102,10 @@ class Runtime(abc.ABC):
     name: str
     egress: str = "none"
     """How sandboxes reach the network: ``none`` or ``proxy`` (only the credential proxy)."""
+    pinned_proxies: bool = False
+    """Whether each sandbox reaches only the one proxy the proxy-scaler assigns it (local),
+    so it has no way out until it is assigned; else it reaches the fleet through a
+    load-balanced address (Kubernetes: the proxies' Service)."""
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> SandboxInfo:

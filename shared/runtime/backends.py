@@ -77,6 +77,11 @@ def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary
 
         assert isinstance(runtime, local.LocalRuntime)
         return proxies.LocalProxies(state_dir, runtime, binary=binary, config=config)
+    if name == "kubernetes":
+        raise errors.NotBuiltYet(
+            "scaling the proxy Deployment from the proxy-scaler is not built yet; on Kubernetes the "
+            "sbx-proxy Deployment in deploy/ runs a fixed number of replicas behind its Service"
+        )
     raise errors.ConfigError(f"the {name!r} runtime has no proxy fleet here")
 
 

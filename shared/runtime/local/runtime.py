@@ -164,6 +164,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 class LocalRuntime(api.Runtime):
     name = "local"
+    pinned_proxies = True  # each sandbox's veth is DNATed to its assigned proxy only
 
     def __init__(
         self,
