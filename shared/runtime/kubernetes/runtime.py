@@ -15,12 +15,14 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
+from kubernetes_asyncio.stream.ws_client import get_websocket_url
 
 from shared import errors, ids
 from shared.runtime import api
@@ -59,15 +61,9 @@ class _ExecClient(WsApiClient):
     says which one the server speaks."""
 
     async def request(self, method, url, query_params=None, headers=None, **kwargs):  # type: ignore[no-untyped-def,override]
-        expanded = []
+        expanded: list[tuple[str, str]] = []
         for key, value in query_params or []:
-            expanded.extend((key, v) for v in value) if isinstance(value, list) else expanded.append(
-                (key, value)
-            )
-        from urllib.parse import urlencode
-
-        from kubernetes_asyncio.stream.ws_client import get_websocket_url
-
+            expanded.extend((key, v) for v in (value if isinstance(value, list) else [value]))
         headers = {k: v for k, v in (headers or {}).items() if k.lower() != "sec-websocket-protocol"}
         target = get_websocket_url(url + ("?" + urlencode(expanded) if expanded else ""))
         return await self.rest_client.pool_manager.ws_connect(
@@ -245,12 +241,9 @@ class KubernetesRuntime(api.Runtime):
                 allow_watch_bookmarks=False,
             )
             try:
-                async with (
-                    contextlib.aclosing(stream) if hasattr(stream, "aclose") else contextlib.nullcontext()
-                ):
-                    async for event in stream:
-                        since = event["object"].metadata.resource_version or since
-                        yield event["type"], event["object"]
+                async for event in stream:
+                    since = event["object"].metadata.resource_version or since
+                    yield event["type"], event["object"]
             except ApiException as exc:
                 if exc.status != 410:
                     raise api_error(exc, "watching a sandbox pod") from None
@@ -365,7 +358,7 @@ class KubernetesRuntime(api.Runtime):
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
             pod = None
-        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]
+        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]  # model -> dict
         policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
         try:
             await net.create_namespaced_network_policy(self.ns, policy)
