@@ -1,0 +1,107 @@
+"""Least privilege, checked against the code: every call a service's runtime makes to the
+(emulated, see emulator.py) API server is allowed by the Role deploy/ binds to that
+service, and every rule in those Roles is used by some call."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import kmock
+import pytest
+import yaml
+
+from shared import errors
+from shared.runtime import api
+from tests.contract.runtime_contract import new_id
+from tests.kubernetes.conftest import SETTINGS, needs_root
+
+pytestmark = needs_root
+RBAC = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "base" / "rbac.yaml"
+UNUSED_BY_DESIGN = {("get", "pods/exec")}
+"""pods/exec ``get``: API servers before the websocket-upgrade check want it instead of create."""
+
+
+def role(name: str) -> dict:
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        if doc and doc["kind"] == "Role" and doc["metadata"]["name"] == name:
+            return doc
+    raise AssertionError(f"no Role {name} in {RBAC}")
+
+
+def grants(doc: dict) -> set[tuple[str, str, str]]:
+    """(verb, group/resource, namespace) the Role allows."""
+    out = set()
+    for rule in doc["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    out.add((verb, f"{group}/{resource}".lstrip("/"), doc["metadata"]["namespace"]))
+    return out
+
+
+def check(calls: list[tuple[str, str, str | None]], *names: str) -> None:
+    allowed = set().union(*(grants(role(n)) for n in names))
+    made = set(calls)
+    assert made <= allowed, f"calls the Roles {names} do not allow: {sorted(made - allowed)}"
+    unused = {(v, r) for v, r, _ in allowed - made} - UNUSED_BY_DESIGN
+    assert not unused, f"rules no call uses (not least privilege): {sorted(unused)}"
+
+
+async def test_the_lifecycle_role_allows_exactly_what_pool_manager_and_reaper_do(cluster, make_kube):
+    rt = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    cluster.objects[kmock.resource("", "v1", "services"), "sbx-system", "sbx-proxy"] = {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "sbx-proxy", "namespace": "sbx-system"},
+        "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 3128}]},
+    }  # fmt: skip
+    spec = api.SandboxSpec(sandbox_id=new_id(), labels={"pool": "default"})
+    await rt.create(spec)
+    await rt.start(spec.sandbox_id)
+    await rt.run(spec.sandbox_id, ["sh", "-c", "sleep 30"], timeout=0.3)  # the warm-up probe, with a kill
+    assert await rt.get(spec.sandbox_id) is not None
+    await rt.list({"pool": "default"})
+    await rt.stop(spec.sandbox_id)
+    await rt.delete(spec.sandbox_id)
+    assert await rt.proxy_url() == "http://10.96.0.20:3128"
+    calls = [c for c in cluster.calls if c[1] != "services"]
+    check(calls, "sbx-lifecycle")
+    service_calls = [c for c in cluster.calls if c[1] == "services"]
+    assert service_calls == [("get", "services", "sbx-system")]
+    check(service_calls, "sbx-proxy-reader")
+    (rule,) = role("sbx-proxy-reader")["rules"]
+    assert rule["resourceNames"] == ["sbx-proxy"]
+
+
+async def test_the_exec_role_allows_exactly_what_the_executor_does(cluster, make_kube):
+    owner = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    spec = api.SandboxSpec(sandbox_id=new_id())
+    await owner.create(spec)
+    await owner.start(spec.sandbox_id)
+    before = len(cluster.calls)
+    executor = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    await executor.run(spec.sandbox_id, ["echo", "hi"])
+    await executor.run(spec.sandbox_id, ["sleep", "30"], timeout=0.3)
+    executing = cluster.calls[before:]
+    await owner.stop(spec.sandbox_id)
+    before = len(cluster.calls)
+    with pytest.raises(errors.NotRunning):
+        await executor.exec(spec.sandbox_id, ["true"])
+    executing += cluster.calls[before:]
+    check(executing, "sbx-exec")
+    await owner.delete(spec.sandbox_id)
+
+
+def test_roles_are_bound_to_the_services_that_need_them():
+    bindings = {}
+    for doc in yaml.safe_load_all(RBAC.read_text()):
+        if doc and doc["kind"] == "RoleBinding":
+            accounts = {s["name"] for s in doc["subjects"] if s["kind"] == "ServiceAccount"}
+            bindings.setdefault(doc["roleRef"]["name"], set()).update(accounts)
+    assert bindings["sbx-lifecycle"] == {"sbx-pool-manager", "sbx-reaper"}
+    assert bindings["sbx-exec"] == {"sbx-executor"}
+    assert bindings["sbx-proxy-reader"] == {"sbx-pool-manager"}
+    everyone = set().union(*bindings.values())
+    assert not {"sbx-gateway", "sbx-scheduler"} & everyone, "gateway and scheduler never talk to Kubernetes"
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(RBAC.read_text()) if doc}
+    assert not {"ClusterRole", "ClusterRoleBinding"} & kinds, "nothing cluster-wide"
