@@ -181,8 +181,9 @@ async def run(
     health_kv = await js.key_value(topology.health_bucket)
 
     if s.metrics_port is not None:
-        port = metrics.serve(s.metrics_port)
-        ctx.details["metrics"] = f"http://127.0.0.1:{port}/metrics"
+        port = metrics.serve(s.metrics_port, s.metrics_host)
+        shown = "127.0.0.1" if s.metrics_host in ("0.0.0.0", "::", "") else s.metrics_host  # noqa: S104
+        ctx.details["metrics"] = f"http://{shown}:{port}/metrics"
     workload = await setup(ctx)
     await broker.start()
     started = events.InstanceStarted(

@@ -128,6 +128,9 @@ class ServiceSettings:
     metrics_port: int | None = None
     """Serve Prometheus ``/metrics`` on this port (``SBX_METRICS_PORT``; 0 = any free port;
     unset = off). The gateway always serves them on its own HTTP port."""
+    metrics_host: str = "127.0.0.1"
+    """Address the ``/metrics`` listener binds (``SBX_METRICS_HOST``; ``0.0.0.0`` in a pod,
+    so probes and Prometheus reach it)."""
     faults: frozenset[str] = frozenset()
     """Fault-injection points for crash tests (``SBX_FAULTS``, comma separated).
     Never set in production; see ``shared.faults``."""
@@ -148,6 +151,7 @@ class ServiceSettings:
             drain_timeout=_duration(env, "SBX_DRAIN_TIMEOUT", cls.drain_timeout),
             faults=frozenset(f for f in env.get("SBX_FAULTS", "").split(",") if f),
             metrics_port=_port(env, "SBX_METRICS_PORT", 0) if env.get("SBX_METRICS_PORT") else None,
+            metrics_host=env.get("SBX_METRICS_HOST", cls.metrics_host).strip() or cls.metrics_host,
         )
 
     @property
@@ -399,7 +403,7 @@ class KubernetesSettings:
     proxy_port: int = 3128
     seccomp_profile: str = "RuntimeDefault"
     """``RuntimeDefault`` or ``localhost/<file>`` installed on every node (``SBX_K8S_SECCOMP``;
-    deploy/seccomp/ has the product's profile)."""
+    the product's profile is deploy/kubernetes/base/seccomp/sbx-sandbox.json)."""
     start_timeout: float = 120.0
     """How long a pod may take to become ready, image pull included (``SBX_K8S_START_TIMEOUT``)."""
     kubeconfig: str = ""

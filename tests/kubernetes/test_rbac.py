@@ -48,7 +48,7 @@ def check(calls: list[tuple[str, str, str | None]], *names: str) -> None:
     assert not unused, f"rules no call uses (not least privilege): {sorted(unused)}"
 
 
-async def test_the_lifecycle_role_allows_exactly_what_pool_manager_and_reaper_do(cluster, make_kube):
+async def test_the_lifecycle_role_allows_exactly_what_the_pool_manager_does(cluster, make_kube):
     rt = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
     cluster.objects[kmock.resource("", "v1", "services"), "sbx-system", "sbx-proxy"] = {
         "apiVersion": "v1", "kind": "Service",
@@ -92,13 +92,29 @@ async def test_the_exec_role_allows_exactly_what_the_executor_does(cluster, make
     await owner.delete(spec.sandbox_id)
 
 
+async def test_the_reaper_role_allows_exactly_what_the_sweep_does(cluster, make_kube):
+    owner = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    specs = [api.SandboxSpec(sandbox_id=new_id()) for _ in range(2)]
+    for spec in specs:
+        await owner.create(spec)
+    await owner.start(specs[0].sandbox_id)  # one running, one never started
+    before = len(cluster.calls)
+    reaper = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    for info in await reaper.list():
+        await reaper.delete(info.sandbox_id)
+    await reaper.delete(specs[0].sandbox_id)  # again: already gone
+    assert await reaper.list() == []
+    check(cluster.calls[before:], "sbx-reaper")
+
+
 def test_roles_are_bound_to_the_services_that_need_them():
     bindings = {}
     for doc in yaml.safe_load_all(RBAC.read_text()):
         if doc and doc["kind"] == "RoleBinding":
             accounts = {s["name"] for s in doc["subjects"] if s["kind"] == "ServiceAccount"}
             bindings.setdefault(doc["roleRef"]["name"], set()).update(accounts)
-    assert bindings["sbx-lifecycle"] == {"sbx-pool-manager", "sbx-reaper"}
+    assert bindings["sbx-lifecycle"] == {"sbx-pool-manager"}
+    assert bindings["sbx-reaper"] == {"sbx-reaper"}
     assert bindings["sbx-exec"] == {"sbx-executor"}
     assert bindings["sbx-proxy-reader"] == {"sbx-pool-manager"}
     everyone = set().union(*bindings.values())
