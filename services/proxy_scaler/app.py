@@ -1,8 +1,8 @@
 """Wiring of the proxy-scaler: one round at start-up and then continuously, by the lease holder.
 
-With sandbox egress ``none``, or on a backend whose fleet is not built (Kubernetes: a
-fixed Deployment for now), there is nothing to scale: the service runs its lifecycle and
-says so in its health details.
+With sandbox egress ``none`` there is nothing to scale: the service runs its lifecycle
+and says so in its health details. Locally proxies are processes routed per sandbox
+(``Scaler``); on Kubernetes the proxy Deployment is sized (``ReplicaScaler``).
 """
 
 from __future__ import annotations
@@ -30,22 +30,20 @@ def make_setup(
             ctx.details["fleet"] = "off: sandbox egress is none"
             return service.Workload()
         runtime = backends.open_runtime(runtime_settings.backend, ctx.settings.state_dir, egress="proxy")
-        try:
-            fleet = backends.open_proxy_fleet(
-                runtime_settings.backend,
-                ctx.settings.state_dir,
-                runtime,
-                binary=proxy_settings.binary,
-                config=proxy_settings.config,
-            )
-        except errors.NotBuiltYet as exc:
-            ctx.details["fleet"] = f"off: {exc}"
-            log.warning("proxy_scaler.no_fleet", reason=str(exc))
-            return service.Workload()
+        fleet = backends.open_proxy_fleet(
+            runtime_settings.backend,
+            ctx.settings.state_dir,
+            runtime,
+            binary=proxy_settings.binary,
+            config=proxy_settings.config,
+        )
         await fleet.ensure_ca()
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
-        scaler = handlers.Scaler(
+        # A fleet whose sandboxes each reach one proxy (local) is routed per sandbox; one
+        # behind a load-balanced address (Kubernetes) is only sized.
+        kind = handlers.Scaler if fleet.pinned else handlers.ReplicaScaler
+        scaler = kind(
             ctx,
             fleet,
             sandboxes,
@@ -80,8 +78,7 @@ def make_setup(
                         try:
                             report = await leases.while_held(lease, scaler.round(service.now()))
                             if report is not None:
-                                running = sum(1 for r in fleet.records() if fleet.alive(r))
-                                ctx.details["fleet"] = f"{running} proxies"
+                                ctx.details["fleet"] = f"{report.serving} proxies"
                                 if report.notes:
                                     ctx.details["last_note"] = report.notes[-1][:200]
                         except errors.SandboxError as exc:

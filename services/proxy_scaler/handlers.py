@@ -31,6 +31,8 @@ class Report:
     died: int = 0
     assigned: int = 0
     rerouted: int = 0
+    serving: int = 0
+    """Proxies serving at the end of the round."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -139,6 +141,7 @@ class Scaler:
             if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
         report.rerouted = len(routed - set(plan.assign))
+        report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
         return report
 
     async def _record_assignment(self, sandbox_id: str, proxy_id: str) -> bool:
@@ -179,3 +182,44 @@ class Scaler:
             if self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
                 stale[sandbox.sandbox_id] = record
         return stale
+
+
+class ReplicaScaler(Scaler):
+    """The round for a fleet the platform runs behind one address (Kubernetes: the proxy
+    Deployment, sized through its scale subresource). Proxies are recorded as they start
+    serving and stop; sandboxes are not assigned, the Service balances them."""
+
+    async def round(self, now: datetime) -> Report:
+        report = Report()
+        sandboxes = list((await self.sandboxes.all()).values())
+        if self.last_active is None or any(s.status in ("requested", "running") for s in sandboxes):
+            self.last_active = now
+        proxies = list((await self.proxies.all()).values())
+        serving = await self.fleet.ready()
+        plan = logic.replica_plan(
+            sandboxes,
+            proxies,
+            serving,
+            per_proxy=self.per_proxy,
+            keep_one=(now - self.last_active).total_seconds() < self.keep_warm,
+        )
+        current = await self.fleet.replicas()
+        if current != plan.replicas:
+            await self.fleet.scale(plan.replicas)
+            report.notes.append(f"scaled {current} -> {plan.replicas}")
+        meta = self.ctx.meta
+        for proxy_id, endpoint in plan.started.items():
+            await self._proxy_event(
+                proxy_id,
+                events.ProxyStarted(meta=meta(), proxy_id=proxy_id, backend=self.backend, endpoint=endpoint),
+            )
+            report.started += 1
+        for proxy_id, reason in plan.stopped.items():
+            stopped = events.ProxyStopped(meta=meta(), proxy_id=proxy_id, reason=reason)
+            await self._proxy_event(proxy_id, stopped)
+            if reason == "died":
+                report.died += 1
+            else:
+                report.stopped += 1
+        report.serving = len(serving)
+        return report

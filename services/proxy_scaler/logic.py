@@ -86,3 +86,35 @@ def plan(
         and (now - p.updated_at).total_seconds() >= drain_grace
     )
     return Plan(died=died, start=start, drain=drain, stop=stop, assign=assign)
+
+
+@dataclass(frozen=True)
+class ReplicaPlan:
+    """For a fleet behind a load-balanced address (Kubernetes: a Deployment and its
+    Service), where the platform chooses which proxy goes and no sandbox is routed."""
+
+    replicas: int
+    started: dict[str, str] = field(default_factory=dict)
+    """Serving proxies not recorded yet: proxy_id → endpoint."""
+    stopped: dict[str, str] = field(default_factory=dict)
+    """Recorded proxies no longer serving: proxy_id → ``drained`` (the fleet was larger
+    than wanted) or ``died`` (the platform replaces it)."""
+
+
+def replica_plan(
+    sandboxes: Iterable[states.SandboxState],
+    proxies: Iterable[states.ProxyState],
+    serving: dict[str, str],
+    *,
+    per_proxy: int,
+    keep_one: bool = False,
+) -> ReplicaPlan:
+    active = sum(1 for s in sandboxes if s.status in ("requested", "running"))
+    want = wanted(active, per_proxy) or (1 if keep_one else 0)
+    recorded = {p.proxy_id for p in proxies if p.status in ("running", "draining")}
+    reason = "drained" if len(recorded) > want else "died"
+    return ReplicaPlan(
+        replicas=want,
+        started={pid: endpoint for pid, endpoint in sorted(serving.items()) if pid not in recorded},
+        stopped={pid: reason for pid in sorted(recorded - set(serving))},
+    )

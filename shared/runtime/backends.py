@@ -78,10 +78,11 @@ def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary
         assert isinstance(runtime, local.LocalRuntime)
         return proxies.LocalProxies(state_dir, runtime, binary=binary, config=config)
     if name == "kubernetes":
-        raise errors.NotBuiltYet(
-            "scaling the proxy Deployment from the proxy-scaler is not built yet; on Kubernetes the "
-            "sbx-proxy Deployment in deploy/ runs a fixed number of replicas behind its Service"
-        )
+        from shared.runtime.kubernetes import proxies as kube_proxies
+        from shared.runtime.kubernetes import runtime as kube
+
+        assert isinstance(runtime, kube.KubernetesRuntime)
+        return kube_proxies.KubernetesProxies(runtime)
     raise errors.ConfigError(f"the {name!r} runtime has no proxy fleet here")
 
 

@@ -27,10 +27,14 @@ What kmock 0.8 lacks and is filled in here (see ../shared/design/environment.md)
 Pod to sandbox: the claim name is the local sandbox id (so the workspace survives the
 pod); ``runAsUser`` 0 is ``run_as_root``; ``readOnlyRootFilesystem`` is the opposite of
 ``writable_root``; the container's env and workingDir apply to every exec; any image in
-``images`` runs as the local default image, any other gets ``ErrImagePull``. Not
-emulated: scheduling, RuntimeClasses, NetworkPolicy enforcement, configMap volumes,
-admission, RBAC enforcement (``calls`` records verb and resource of every request so
-tests can check them against deploy/'s Roles).
+``images`` runs as the local default image, any other gets ``ErrImagePull``; configMap
+volumes are files written into the sandbox after it starts (so only where the sandbox
+may write them). Pods without a workspace claim (the proxies) are reported running and
+ready, with an address, but run nothing. Deployments are reconciled to ``spec.replicas``
+(pods from the template; the scale subresource reads and patches it). Not emulated:
+scheduling, RuntimeClasses, NetworkPolicy enforcement, admission, rollouts, RBAC
+enforcement (``calls`` records verb and resource of every request so tests can check
+them against deploy/'s Roles).
 """
 
 from __future__ import annotations
@@ -270,7 +274,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # ---- events and direct writes --------------------------------------------------------
 
-    def _record(self, resource: Any, event: dict[str, Any]) -> None:
+    def _record(self, resource: Any, event: dict[str, Any], *, react: bool = True) -> None:
         obj = copy.deepcopy(event["object"])
         meta = obj.setdefault("metadata", {})
         rv = int(meta.get("resourceVersion") or 0)
@@ -282,7 +286,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         while len(self._log) > self.retained:
             self._expired_before = self._log.popleft()[0] + 1
         self._spawn(self._wake())
-        self._spawn(self._react(resource, event["type"], obj))
+        if react:
+            self._spawn(self._react(resource, event["type"], obj))
 
     async def _wake(self) -> None:
         async with self._changed:
@@ -304,7 +309,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 return key, obj
         return None, None
 
-    async def write(self, plural: str, namespace: str, name: str, patch: dict[str, Any]) -> None:
+    async def write(
+        self, plural: str, namespace: str, name: str, patch: dict[str, Any], *, quiet: bool = False
+    ) -> None:
         """Change a stored object as a controller would (with an event); finish its
         deletion once its last finalizer is gone."""
         async with self._lock:
@@ -315,7 +322,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             patch.setdefault("metadata", {})["resourceVersion"] = str(self._rv + 1)
             obj.patch(patch)
             raw = obj.raw
-            self._record(key[0], {"type": "MODIFIED", "object": raw})
+            self._record(key[0], {"type": "MODIFIED", "object": raw}, react=not quiet)
             meta = raw.get("metadata", {})
             if meta.get("deletionTimestamp") and not meta.get("finalizers"):
                 obj.delete()
@@ -340,7 +347,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
     async def _react(self, resource: Any, kind: str, obj: dict[str, Any]) -> None:
         meta = obj["metadata"]
         try:
-            if resource.plural == "pods":
+            owner = next((o for o in meta.get("ownerReferences", []) if o.get("kind") == "Deployment"), None)
+            if resource.plural == "pods" and kind == "DELETED" and owner is not None:
+                async with self._pod_locks[f"deployment/{meta['namespace']}/{owner['name']}"]:
+                    await self._reconcile_deployment(meta["namespace"], owner["name"])
+            elif resource.plural == "pods":
                 async with self._pod_locks[f"{meta['namespace']}/{meta['name']}"]:
                     if meta.get("deletionTimestamp") and KUBELET_FINALIZER in meta.get("finalizers", []):
                         await self._kill_pod(obj)
@@ -348,6 +359,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                         await self._run_pod(obj)
             elif resource.plural == "persistentvolumeclaims" and meta.get("deletionTimestamp"):
                 await self._collect_claim(obj)
+            elif resource.plural == "deployments" and kind in ("ADDED", "MODIFIED"):
+                async with self._pod_locks[f"deployment/{meta['namespace']}/{meta['name']}"]:
+                    await self._reconcile_deployment(meta["namespace"], meta["name"])
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -360,11 +374,11 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 )
 
     @staticmethod
-    def _claim_of(pod: dict[str, Any]) -> str:
+    def _claim_of(pod: dict[str, Any]) -> str | None:
         for volume in pod["spec"].get("volumes", []):
             if "persistentVolumeClaim" in volume:
                 return volume["persistentVolumeClaim"]["claimName"]
-        raise errors.InvalidInput("the emulated kubelet runs only pods with a workspace claim")
+        return None
 
     async def _run_pod(self, pod: dict[str, Any]) -> None:
         meta, container = pod["metadata"], pod["spec"]["containers"][0]
@@ -390,10 +404,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 },
             )
             return
+        claim = self._claim_of(pod)
+        if claim is None:  # not a sandbox (a proxy pod): reported running, nothing runs
+            await self._mark_running(pod)
+            return
         security = {**pod["spec"].get("securityContext", {}), **container.get("securityContext", {})}
         limits = container.get("resources", {}).get("limits", {})
         spec = api.SandboxSpec(
-            sandbox_id=self._claim_of(pod),
+            sandbox_id=claim,
             run_as_root=security.get("runAsUser", 0) == 0,
             writable_root=not security.get("readOnlyRootFilesystem", False),
             limits=api.Limits(
@@ -403,6 +421,41 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         with contextlib.suppress(errors.Conflict):
             await self._runtime.create(spec)
         await self._runtime.start(spec.sandbox_id)
+        await self._mount_volumes(pod, spec.sandbox_id)
+        await self._mark_running(pod)
+
+    async def _mount_volumes(self, pod: dict[str, Any], sandbox_id: str) -> None:
+        """emptyDir volumes: a world-writable directory; configMap volumes: their files.
+        Both made inside the sandbox as its user, so only where it may write them (root
+        sandboxes with a writable root; /tmp is the sandbox's own tmpfs anyway)."""
+        container = pod["spec"]["containers"][0]
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        for mount in container.get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if "emptyDir" in volume and mount["mountPath"] != "/tmp":
+                await self._runtime.run(
+                    sandbox_id, ["sh", "-c", 'mkdir -p "$1" && chmod 777 "$1"', "sh", mount["mountPath"]]
+                )
+            source = volume.get("configMap")
+            if source is None:
+                continue
+            _, stored = self._find("configmaps", pod["metadata"]["namespace"], source["name"])
+            if stored is None:
+                if source.get("optional"):
+                    continue
+                raise errors.NotFound(f'configmap "{source["name"]}" not found')
+            for key, text in (stored.raw.get("data") or {}).items():
+                path = f"{mount['mountPath']}/{key}"
+                result, _, err = await self._runtime.run(
+                    sandbox_id,
+                    ["sh", "-c", 'mkdir -p "${1%/*}" && cat > "$1"', "sh", path],
+                    stdin=text.encode(),
+                )
+                if result.exit_code != 0:
+                    raise errors.InfrastructureError(f"mounting {path}: {err.decode(errors='replace')}")
+
+    async def _mark_running(self, pod: dict[str, Any]) -> None:
+        meta, container = pod["metadata"], pod["spec"]["containers"][0]
         now = _now()
         await self.write(
             "pods",
@@ -411,7 +464,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             {
                 "status": {
                     "phase": "Running",
-                    "podIP": "10.244.0.10",
+                    "podIP": f"10.244.0.{10 + self._rv % 240}",
                     "startTime": now,
                     "conditions": [
                         {"type": "Ready", "status": "True"},
@@ -434,8 +487,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _kill_pod(self, pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
-        with contextlib.suppress(errors.NotFound, errors.InvalidInput):
-            await self._runtime.stop(self._claim_of(pod))
+        if (claim := self._claim_of(pod)) is not None:
+            with contextlib.suppress(errors.NotFound):
+                await self._runtime.stop(claim)
         await self.remove_finalizer("pods", meta["namespace"], meta["name"], KUBELET_FINALIZER)
 
     async def _collect_claim(self, claim: dict[str, Any]) -> None:
@@ -465,6 +519,76 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         with contextlib.suppress(errors.NotFound):
             await self._runtime.delete(meta["name"])
         await self.remove_finalizer("persistentvolumeclaims", meta["namespace"], meta["name"], PVC_PROTECTION)
+
+    async def insert(self, resource: Any, body: dict[str, Any]) -> None:
+        """Create an object as a controller would (stamped, with its ADDED event)."""
+        async with self._lock:
+            meta = body.setdefault("metadata", {})
+            meta.update(uid=str(uuid.uuid4()), creationTimestamp=_now(), resourceVersion=str(self._rv + 1))
+            if resource.plural == "pods":
+                meta["finalizers"] = [*meta.get("finalizers", []), KUBELET_FINALIZER]
+                body["status"] = {"phase": "Pending"}
+            self._objects[resource, meta["namespace"], meta["name"]] = body
+            self._record(resource, {"type": "ADDED", "object": body})
+
+    async def _reconcile_deployment(self, namespace: str, name: str) -> None:
+        """The Deployment controller, reduced to replicas: pods from the template up to
+        ``spec.replicas``; the newest go first on scale-down (gracefully, as any pod)."""
+        _, stored = self._find("deployments", namespace, name)
+        if stored is None:
+            return
+        deployment = stored.raw
+        want = int(deployment["spec"].get("replicas", 1))
+        selector = deployment["spec"]["selector"]["matchLabels"]
+
+        def owned(key: Any, obj: Any) -> bool:
+            meta = obj.raw["metadata"] if not obj.deleted else {}
+            labels = meta.get("labels", {})
+            return (
+                key[0].plural == "pods" and key[1] == namespace and bool(meta)
+                and not meta.get("deletionTimestamp") and all(labels.get(k) == v for k, v in selector.items())
+            )  # fmt: skip
+
+        pods = sorted(
+            (o.raw for k, o in self._objects.items() if owned(k, o)),
+            key=lambda p: p["metadata"]["creationTimestamp"],
+        )
+        pod_resource = kmock.resource("", "v1", "pods")
+        for _ in range(want - len(pods)):
+            template = copy.deepcopy(deployment["spec"]["template"])
+            body = {"apiVersion": "v1", "kind": "Pod", "spec": template["spec"], "metadata": {
+                "name": f"{name}-{uuid.uuid4().hex[:5]}", "namespace": namespace,
+                "labels": template["metadata"].get("labels", {}),
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name,
+                                     "uid": deployment["metadata"]["uid"]}]}}  # fmt: skip
+            await self.insert(pod_resource, body)
+        for pod in pods[want:][::-1] if len(pods) > want else []:
+            await self.write(
+                "pods", namespace, pod["metadata"]["name"], {"metadata": {"deletionTimestamp": _now()}}
+            )
+        await self.write("deployments", namespace, name, {"status": {"replicas": want}}, quiet=True)
+
+    async def _serve_fetch(self, request: rendering.Request) -> rendering.Payload:
+        found = await super()._serve_fetch(request)
+        return self._scale_view(found) if request.subresource == "scale" else found
+
+    async def _serve_update(self, request: rendering.Request) -> rendering.Payload:
+        found = await super()._serve_update(request)
+        return self._scale_view(found) if request.subresource == "scale" else found
+
+    @staticmethod
+    def _scale_view(deployment: dict[str, Any]) -> dict[str, Any]:
+        """The scale subresource of a Deployment (a PATCH to it merges ``spec.replicas``
+        into the Deployment, which is what a real server does)."""
+        replicas = int(deployment["spec"].get("replicas", 1))
+        labels = deployment["spec"]["selector"]["matchLabels"]
+        return {
+            "apiVersion": "autoscaling/v1", "kind": "Scale",
+            "metadata": {k: deployment["metadata"][k] for k in ("name", "namespace", "uid")},
+            "spec": {"replicas": replicas},
+            "status": {"replicas": int(deployment.get("status", {}).get("replicas", 0)),
+                       "selector": ",".join(f"{k}={v}" for k, v in labels.items())},
+        }  # fmt: skip
 
     # ---- pods/exec -----------------------------------------------------------------------
 

@@ -69,26 +69,3 @@ async def test_an_agent_works_in_a_kubernetes_sandbox(cluster, nats_server, name
             proc.terminate()
         for proc in procs:
             await asyncio.to_thread(proc.wait, 20)
-
-
-async def test_the_proxy_scaler_says_the_kubernetes_fleet_is_not_built_and_keeps_running(
-    cluster, nats_server, namespace, tmp_path
-):
-    config = tmp_path / "kubeconfig"
-    config.write_text(kubeconfig(str(cluster.url).rstrip("/")))
-    env = support.service_env(
-        nats_server.url,
-        namespace,
-        SBX_RUNTIME="kubernetes",
-        KUBECONFIG=str(config),
-        SBX_SANDBOX_EGRESS="proxy",
-        SBX_STATE_DIR=str(tmp_path / "state"),
-    )
-    proc = support.spawn_service("proxy_scaler", env, tmp_path / "proxy_scaler.log")
-    try:
-        details = await support.wait_for_health(nats_server.url, namespace, "proxy-scaler", timeout=30)
-        assert details["fleet"].startswith("off:") and "not built yet" in details["fleet"]
-        assert proc.poll() is None
-    finally:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 20)

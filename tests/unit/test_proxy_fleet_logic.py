@@ -149,3 +149,33 @@ def test_a_new_start_clears_the_proxy_assignment():
     stopped = sandbox(1, "stopped", proxy="a")
     resumed = projections.evolve_sandbox(stopped, events.SandboxStarted(meta=meta, sandbox_id="sb-001"), 9)
     assert resumed.status == "running" and resumed.proxy_id is None
+
+
+# ---- a fleet behind one address (Kubernetes: a Deployment and its Service) ------------
+
+
+def test_replicas_follow_the_sandboxes_and_go_to_zero():
+    assert logic.replica_plan([], [], {}, per_proxy=2).replicas == 0
+    assert logic.replica_plan([], [], {}, per_proxy=2, keep_one=True).replicas == 1
+    requested = [sandbox(0, "requested")]
+    assert logic.replica_plan(requested, [], {}, per_proxy=2).replicas == 1, (
+        "the first starts with the request"
+    )
+    three = [sandbox(n) for n in range(3)] + [sandbox(9, "stopped")]
+    assert logic.replica_plan(three, [], {}, per_proxy=2).replicas == 2
+
+
+def test_serving_pods_are_recorded_once_and_gone_ones_stopped_with_the_right_reason():
+    serving = {"px-a": "10.0.0.1:3128", "px-b": "10.0.0.2:3128"}
+    plan = logic.replica_plan([sandbox(0)], [proxy("px-a")], serving, per_proxy=1)
+    assert plan.started == {"px-b": "10.0.0.2:3128"} and plan.stopped == {}
+    # Two recorded, one wanted, one gone: it was scaled away.
+    plan = logic.replica_plan([sandbox(0)], [proxy("px-a"), proxy("px-b")], {"px-a": "x"}, per_proxy=1)
+    assert plan.stopped == {"px-b": "drained"}
+    # As many recorded as wanted and one gone: it died (the Deployment replaces it).
+    plan = logic.replica_plan(
+        [sandbox(0), sandbox(1)], [proxy("px-a"), proxy("px-b")], {"px-a": "x"}, per_proxy=1
+    )
+    assert plan.stopped == {"px-b": "died"} and plan.replicas == 2
+    # Stopped records are history, never stopped again.
+    assert logic.replica_plan([], [proxy("px-z", "stopped")], {}, per_proxy=1).stopped == {}

@@ -107,13 +107,21 @@ class KubernetesRuntime(api.Runtime):
         plain, ws = self._clients
         return client.CoreV1Api(plain), client.NetworkingV1Api(plain), client.CoreV1Api(ws)
 
+    async def core_api(self) -> client.CoreV1Api:
+        return (await self._open())[0]
+
+    async def apps_api(self) -> client.AppsV1Api:
+        await self._open()
+        return client.AppsV1Api(self._clients[0])  # type: ignore[index]
+
     async def close(self) -> None:
         if self._clients is not None:
             for c in self._clients:
                 await c.close()
             self._clients = None
 
-    async def _call(self, what: str, coro: Any, *, missing_ok: bool = False) -> Any:
+    async def call(self, what: str, coro: Any, *, missing_ok: bool = False) -> Any:
+        """Await an API call; its errors become the project's (``what`` names the call)."""
         try:
             return await coro
         except ApiException as exc:
@@ -127,7 +135,7 @@ class KubernetesRuntime(api.Runtime):
         """The proxies' Service by cluster IP: sandboxes have no DNS."""
         if self._proxy_url is None:
             core, _, _ = await self._open()
-            service = await self._call(
+            service = await self.call(
                 f"reading the proxy Service {self.settings.proxy_service}",
                 core.read_namespaced_service(self.settings.proxy_name, self.settings.proxy_namespace),
             )
@@ -146,7 +154,7 @@ class KubernetesRuntime(api.Runtime):
 
     async def _claim(self, sandbox_id: str) -> Any:
         core, _, _ = await self._open()
-        claim = await self._call(
+        claim = await self.call(
             "reading a workspace claim",
             core.read_namespaced_persistent_volume_claim(names.claim_name(sandbox_id), self.ns),
             missing_ok=True,
@@ -155,7 +163,7 @@ class KubernetesRuntime(api.Runtime):
 
     async def _pod(self, sandbox_id: str) -> Any:
         core, _, _ = await self._open()
-        return await self._call(
+        return await self.call(
             "reading a sandbox pod",
             core.read_namespaced_pod(names.object_name(sandbox_id), self.ns),
             missing_ok=True,
@@ -198,11 +206,11 @@ class KubernetesRuntime(api.Runtime):
     async def list(self, labels: Mapping[str, str] | None = None) -> list[api.SandboxInfo]:
         core, _, _ = await self._open()
         selector = names.selector(labels)
-        claims = await self._call(
+        claims = await self.call(
             "listing workspace claims",
             core.list_namespaced_persistent_volume_claim(self.ns, label_selector=selector),
         )
-        pods = await self._call(
+        pods = await self.call(
             "listing sandbox pods", core.list_namespaced_pod(self.ns, label_selector=selector)
         )
         by_token = {(p.metadata.labels or {}).get(names.SANDBOX): p for p in pods.items}
@@ -226,7 +234,7 @@ class KubernetesRuntime(api.Runtime):
         name = names.object_name(sandbox_id)
         while (left := deadline - time.monotonic()) > 0:
             if since is None:
-                listed = await self._call(
+                listed = await self.call(
                     "listing a sandbox pod",
                     core.list_namespaced_pod(self.ns, field_selector=f"metadata.name={name}"),
                 )
@@ -311,7 +319,7 @@ class KubernetesRuntime(api.Runtime):
         self._image(spec)
         core, _, _ = await self._open()
         for _ in range(2):
-            existing = await self._call(
+            existing = await self.call(
                 "reading a workspace claim",
                 core.read_namespaced_persistent_volume_claim(names.claim_name(spec.sandbox_id), self.ns),
                 missing_ok=True,
@@ -383,7 +391,7 @@ class KubernetesRuntime(api.Runtime):
                     f"sandbox {sandbox_id!r}: installing the proxy CA failed: {err[-300:]!r}"
                 )
         if (claim.metadata.annotations or {}).get(names.STARTED) != "true":
-            await self._call(
+            await self.call(
                 "marking a workspace claim started",
                 core.patch_namespaced_persistent_volume_claim(
                     names.claim_name(sandbox_id),
@@ -395,7 +403,7 @@ class KubernetesRuntime(api.Runtime):
 
     async def _delete_pod(self, sandbox_id: str) -> None:
         core, _, _ = await self._open()
-        await self._call(
+        await self.call(
             "deleting a sandbox pod",
             core.delete_namespaced_pod(names.object_name(sandbox_id), self.ns, grace_period_seconds=1),
             missing_ok=True,
@@ -415,12 +423,12 @@ class KubernetesRuntime(api.Runtime):
         pod = await self._pod(sandbox_id)
         if pod is not None:
             await self._delete_pod(sandbox_id)
-        await self._call(
+        await self.call(
             "deleting a sandbox NetworkPolicy",
             net.delete_namespaced_network_policy(names.object_name(sandbox_id), self.ns),
             missing_ok=True,
         )
-        await self._call(
+        await self.call(
             "deleting a workspace claim",
             core.delete_namespaced_persistent_volume_claim(
                 names.claim_name(sandbox_id), self.ns, propagation_policy="Background"

@@ -56,6 +56,9 @@ async def ensure_ca(confdir: Path, binary: str) -> None:
 
 
 class LocalProxies:
+    pinned = True
+    """Each sandbox is routed to one proxy (the nftables map); the scaler assigns it."""
+
     def __init__(self, state_dir: Path, runtime: LocalRuntime, *, binary: str, config: str = "") -> None:
         self.state_dir = state_dir
         self.runtime = runtime
