@@ -19,6 +19,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
+import structlog
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
@@ -88,6 +89,12 @@ class KubernetesRuntime(api.Runtime):
         self._clients: tuple[client.ApiClient, WsApiClient] | None = None
         self._opening = asyncio.Lock()
         self._proxy_url: str | None = None
+        if not settings.runtime_class:
+            structlog.get_logger(__name__).warning(
+                "kubernetes.no_runtime_class",
+                effect="sandboxes run on the node's default runtime (runc), without gVisor",
+                fix="install gVisor and set SBX_K8S_RUNTIME_CLASS=gvisor",
+            )
 
     # ---- clients -------------------------------------------------------------------------
 
