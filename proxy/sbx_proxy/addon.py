@@ -17,15 +17,13 @@ Nothing here logs a header value.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import logging
-import socket
 
 from mitmproxy import ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
-from sbx_proxy import config, credentials, hosts, redact
+from sbx_proxy import config, credentials, front, hosts, redact
 
 log = logging.getLogger("sbx_proxy")
 SECRETS = "sbx_secrets"
@@ -39,9 +37,34 @@ class CredentialProxy:
         """CONNECT target (name, port) per client connection."""
         self.pins: dict[str, tuple[str, str]] = {}
         """(name, checked address) the tunnel of a client connection goes to."""
+        self.front: front.Front | None = None
 
     def load(self, loader) -> None:  # type: ignore[no-untyped-def]
         loader.add_option("sbx_config", str, "", "Path of the credential proxy's TOML config.")
+        loader.add_option(
+            "sbx_listen",
+            str,
+            "",
+            "host:port of the front door (front.py); mitmproxy then listens on loopback.",
+        )
+
+    async def running(self) -> None:
+        if not ctx.options.sbx_listen:
+            return
+        inner = ctx.master.addons.get("proxyserver").listen_addrs()[0]
+        host, _, port = ctx.options.sbx_listen.rpartition(":")
+        self.front = front.Front(lambda: self.config, (str(inner[0]), int(inner[1])))
+        try:
+            await self.front.start(host.strip("[]"), int(port))
+        except (OSError, ValueError) as exc:
+            log.error("sbx_proxy: cannot listen at %s: %s", ctx.options.sbx_listen, exc)
+            ctx.master.shutdown()
+            return
+        log.info("sbx_proxy: listening at %s (tunnels without a rule: spliced)", ctx.options.sbx_listen)
+
+    async def done(self) -> None:
+        if self.front is not None:
+            await self.front.close()
 
     def configure(self, updated: set[str]) -> None:
         if "sbx_config" not in updated:
@@ -59,19 +82,7 @@ class CredentialProxy:
     # ---- connections -------------------------------------------------------------
 
     async def _resolve(self, host: str, port: int) -> tuple[str | None, str | None]:
-        """(the address to connect to, None) or (None, why it is refused). Every address
-        the name has must be allowed; the first is used (and pinned by the caller)."""
-        try:
-            infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        except (OSError, UnicodeError) as exc:
-            return None, f"cannot resolve {host}: {type(exc).__name__}"
-        addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
-        for address in addresses:
-            why = self.config.refusal(address)
-            if why is not None:
-                log.warning("sbx_proxy: refused %s:%s (%s)", host, port, why)
-                return None, why
-        return (addresses[0], None) if addresses else (None, f"{host} has no address")
+        return await front.resolve(self.config, host, port)
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         """Remember the CONNECT target, check it, and pin the tunnel to the checked address."""

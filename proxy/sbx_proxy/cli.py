@@ -24,8 +24,11 @@ def mitmdump_args(args: argparse.Namespace) -> list[str]:
     addon = Path(__file__).with_name("addon.py")
     argv = [
         "--mode", "regular",
-        "--listen-host", args.listen_host,
-        "--listen-port", str(args.listen_port),
+        # mitmproxy listens on a loopback port of its own; the front door (front.py) owns
+        # the public port, tunnels hosts without a rule itself and hands it the rest.
+        "--listen-host", "127.0.0.1",
+        "--listen-port", "0",
+        "--set", f"sbx_listen={args.listen_host}:{args.listen_port}",
         "--set", f"confdir={args.confdir}",
         "--set", "flow_detail=0",            # never print flows (headers would carry tokens)
         "--set", "termlog_verbosity=info",
