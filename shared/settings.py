@@ -398,6 +398,9 @@ class KubernetesSettings:
     """StorageClass of workspace volumes (``SBX_K8S_STORAGE_CLASS``; empty: the cluster default)."""
     workspace_size: str = "10Gi"
     """Size of each workspace volume (``SBX_K8S_WORKSPACE_SIZE``)."""
+    scratch_size: str = "10Gi"
+    """Most node disk a sandbox may fill outside its workspace: root filesystem changes,
+    ``/tmp``, logs (``SBX_K8S_SCRATCH_SIZE``; the pod is evicted beyond it)."""
     proxy_service: str = "sbx-system/sbx-proxy"
     """The credential proxies' Service, ``namespace/name`` (``SBX_K8S_PROXY_SERVICE``)."""
     proxy_port: int = 3128
@@ -438,6 +441,9 @@ class KubernetesSettings:
         size = env.get("SBX_K8S_WORKSPACE_SIZE", cls.workspace_size).strip()
         if not _K8S_QUANTITY.fullmatch(size):
             raise errors.ConfigError(f"SBX_K8S_WORKSPACE_SIZE={size!r} is not a quantity such as 10Gi")
+        scratch = env.get("SBX_K8S_SCRATCH_SIZE", cls.scratch_size).strip()
+        if not _K8S_QUANTITY.fullmatch(scratch):
+            raise errors.ConfigError(f"SBX_K8S_SCRATCH_SIZE={scratch!r} is not a quantity such as 10Gi")
         seccomp = env.get("SBX_K8S_SECCOMP", cls.seccomp_profile).strip()
         if seccomp != "RuntimeDefault" and not re.fullmatch(r"localhost/[A-Za-z0-9._/-]+\.json", seccomp):
             raise errors.ConfigError(
@@ -450,6 +456,7 @@ class KubernetesSettings:
             images=images,
             storage_class=name("SBX_K8S_STORAGE_CLASS", cls.storage_class, empty=True),
             workspace_size=size,
+            scratch_size=scratch,
             proxy_service=proxy,
             seccomp_profile=seccomp,
             start_timeout=_duration(env, "SBX_K8S_START_TIMEOUT", cls.start_timeout, minimum=1),

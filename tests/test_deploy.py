@@ -461,7 +461,7 @@ def test_the_proxy_matches_what_sandbox_pods_and_their_policies_expect():
     key, value = names.PROXY_POD_LABEL
     proxy = find("Deployment", name, namespace)
     assert proxy["spec"]["template"]["metadata"]["labels"][key] == value
-    assert proxy["spec"]["replicas"] == 1
+    assert "replicas" not in proxy["spec"], "the proxy-scaler owns the count; an apply must not reset it"
     (container,) = pod_spec(proxy)["containers"]
     assert [p["containerPort"] for p in container["ports"]] == [kube.proxy_port]
     assert container["readinessProbe"]["tcpSocket"]["port"] in ("proxy", kube.proxy_port)

@@ -60,7 +60,7 @@ class Scaler:
         """When a sandbox was last wanted (the scaler's start counts): one proxy stays up
         for ``keep_warm`` after it, then the fleet goes to zero."""
 
-    async def _proxy_event(self, proxy_id: str, event: events.Event) -> None:
+    async def _proxy_event(self, proxy_id: str, event: events.Event) -> bool:
         def decide(state: states.ProxyState | None) -> list[events.Event]:
             match event:
                 case events.ProxyStarted():
@@ -71,7 +71,8 @@ class Scaler:
                     return [event] if state and state.status in ("running", "draining") else []
             return []
 
-        await aggregates.transact(self.proxies, proxy_id, decide)
+        outcome = await aggregates.transact(self.proxies, proxy_id, decide)
+        return bool(outcome.appended)
 
     async def round(self, now: datetime) -> Report:
         report = Report()
@@ -209,17 +210,14 @@ class ReplicaScaler(Scaler):
             report.notes.append(f"scaled {current} -> {plan.replicas}")
         meta = self.ctx.meta
         for proxy_id, endpoint in plan.started.items():
-            await self._proxy_event(
-                proxy_id,
-                events.ProxyStarted(meta=meta(), proxy_id=proxy_id, backend=self.backend, endpoint=endpoint),
+            started = events.ProxyStarted(
+                meta=meta(), proxy_id=proxy_id, backend=self.backend, endpoint=endpoint
             )
-            report.started += 1
+            report.started += await self._proxy_event(proxy_id, started)
         for proxy_id, reason in plan.stopped.items():
             stopped = events.ProxyStopped(meta=meta(), proxy_id=proxy_id, reason=reason)
-            await self._proxy_event(proxy_id, stopped)
-            if reason == "died":
-                report.died += 1
-            else:
-                report.stopped += 1
+            if await self._proxy_event(proxy_id, stopped):
+                report.died += reason == "died"
+                report.stopped += reason != "died"
         report.serving = len(serving)
         return report

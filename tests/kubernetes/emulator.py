@@ -17,7 +17,9 @@ What kmock 0.8 lacks and is filled in here (see ../shared/design/environment.md)
 * graceful pod deletion (``deletionTimestamp`` first, gone once the kubelet has stopped
   the containers; emulated with a kubelet finalizer), the ``pvc-protection`` finalizer
   (a claim in use by a pod stays until the pod is gone) and owner-reference garbage
-  collection of a claim's pods and NetworkPolicies;
+  collection, Foreground (dependents first, ``foregroundDeletion``) or Background
+  (dependents once the owner is gone; so a claim in use deleted in the background
+  waits for its pod forever, as on a real cluster);
 * pods/exec over a websocket speaking ``v5.channel.k8s.io``/``v4.channel.k8s.io``
   (``protocols`` restricts what the server accepts), byte for byte: empty frames open
   the channels, stdin on 0, output on 1/2, the exit Status on 3, v5's close frame; a
@@ -61,6 +63,7 @@ from shared.runtime.local import runtime as local
 
 KUBELET_FINALIZER = "emulator.sbx.dev/kubelet"
 PVC_PROTECTION = "kubernetes.io/pvc-protection"
+FOREGROUND = "foregroundDeletion"
 EXEC_PATH = re.compile(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/exec")
 VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
@@ -166,7 +169,23 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if request.resource is not None:
             self._note(request)
             self._stamp(request)
+            if request.action == enums.action.DELETE and request.name is not None:
+                await self._deletion_policy(request)
         return await super()._handle(request)
+
+    async def _deletion_policy(self, request: rendering.Request) -> None:
+        """``propagationPolicy=Foreground`` puts the ``foregroundDeletion`` finalizer on the
+        owner first (so its dependents go before it), as the API server does."""
+        body = request.data if isinstance(request.data, dict) else {}
+        policy = request.params.get("propagationPolicy") or body.get("propagationPolicy") or "Background"
+        if policy != "Foreground":
+            return
+        async with self._lock:
+            _, obj = self._find(request.resource.plural, request.namespace, request.name)
+            if obj is not None:
+                finalizers = obj.raw.get("metadata", {}).get("finalizers") or []
+                if FOREGROUND not in finalizers:
+                    obj.patch({"metadata": {"finalizers": [*finalizers, FOREGROUND]}})
 
     def _note(self, request: rendering.Request) -> None:
         group = request.resource.group or ""
@@ -357,8 +376,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                         await self._kill_pod(obj)
                     elif kind == "ADDED":
                         await self._run_pod(obj)
+            elif resource.plural == "persistentvolumeclaims" and kind == "DELETED":
+                for key, dependent in self._dependents(meta["uid"], meta["namespace"]):  # background GC
+                    await self._collect(key[0], key, dependent)
             elif resource.plural == "persistentvolumeclaims" and meta.get("deletionTimestamp"):
-                await self._collect_claim(obj)
+                async with self._pod_locks[f"claim/{meta['namespace']}/{meta['name']}"]:
+                    await self._collect_claim(obj)
             elif resource.plural == "deployments" and kind in ("ADDED", "MODIFIED"):
                 async with self._pod_locks[f"deployment/{meta['namespace']}/{meta['name']}"]:
                     await self._reconcile_deployment(meta["namespace"], meta["name"])
@@ -492,29 +515,40 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 await self._runtime.stop(claim)
         await self.remove_finalizer("pods", meta["namespace"], meta["name"], KUBELET_FINALIZER)
 
+    def _dependents(self, owner_uid: str, namespace: str) -> list[tuple[Any, Any]]:
+        return [
+            (key, obj) for key, obj in list(self._objects.items())
+            if not obj.deleted and key[1] == namespace
+            and any(o.get("uid") == owner_uid for o in obj.raw.get("metadata", {}).get("ownerReferences", []))
+        ]  # fmt: skip
+
+    async def _collect(self, resource: Any, key: Any, obj: Any) -> None:
+        """Delete one dependent as the garbage collector does (pods gracefully)."""
+        if obj.raw["metadata"].get("deletionTimestamp"):
+            return
+        if resource.plural == "pods":
+            await self.write("pods", key[1], key[2], {"metadata": {"deletionTimestamp": _now()}})
+        else:
+            async with self._lock:
+                obj.delete()
+                self._record(resource, {"type": "DELETED", "object": obj.last.raw})
+
     async def _collect_claim(self, claim: dict[str, Any]) -> None:
-        """Owner-reference GC of the claim's pods and policies, then pvc-protection."""
+        """A claim being deleted. Foreground: its dependents go first, then the finalizer.
+        Background: they go only once the claim itself is gone (see _react on DELETED).
+        pvc-protection holds the claim while any pod uses it, either way."""
         meta = claim["metadata"]
-        for (resource, namespace, name), obj in list(self._objects.items()):
-            if obj.deleted or namespace != meta["namespace"]:
-                continue
-            owners = obj.raw.get("metadata", {}).get("ownerReferences", [])
-            if any(o.get("uid") == meta["uid"] for o in owners) and not obj.raw["metadata"].get(
-                "deletionTimestamp"
-            ):
-                if resource.plural == "pods":
-                    await self.write("pods", namespace, name, {"metadata": {"deletionTimestamp": _now()}})
-                else:
-                    async with self._lock:
-                        obj.delete()
-                        self._record(resource, {"type": "DELETED", "object": obj.last.raw})
+        if FOREGROUND in (meta.get("finalizers") or []):
+            for key, obj in self._dependents(meta["uid"], meta["namespace"]):
+                await self._collect(key[0], key, obj)
+            while self._dependents(meta["uid"], meta["namespace"]):
+                await asyncio.sleep(0.02)
+            await self.remove_finalizer("persistentvolumeclaims", meta["namespace"], meta["name"], FOREGROUND)
         while any(
-            key[0].plural == "pods"
-            and not obj.deleted
-            and key[1] == meta["namespace"]
+            key[0].plural == "pods" and not obj.deleted and key[1] == meta["namespace"]
             and self._claim_of(obj.raw) == meta["name"]
             for key, obj in list(self._objects.items())
-        ):
+        ):  # fmt: skip
             await asyncio.sleep(0.02)
         with contextlib.suppress(errors.NotFound):
             await self._runtime.delete(meta["name"])

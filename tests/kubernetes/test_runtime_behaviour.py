@@ -12,6 +12,7 @@ import pytest
 from shared import errors
 from shared.runtime import api
 from shared.runtime.kubernetes import names
+from tests import support
 from tests.contract.runtime_contract import new_id
 from tests.kubernetes.conftest import SETTINGS, needs_root
 
@@ -64,7 +65,7 @@ async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_reason(ma
     await rt.create(spec)
     with pytest.raises(errors.Timeout, match="ErrImagePull"):
         await rt.start(spec.sandbox_id)
-    assert (await rt.get(spec.sandbox_id)).status == "created"
+    assert (await rt.get(spec.sandbox_id)).status != "running"
     await rt.delete(spec.sandbox_id)
 
 
@@ -139,4 +140,74 @@ async def test_objects_carry_the_session_labels_and_the_id_annotation(cluster, m
             continue
         labels = obj.raw["metadata"]["labels"]
         assert labels["label.sbx.dev/session"] == "s1" and labels[names.MANAGED_BY] == names.PRODUCT, resource
+    await rt.delete(sid)
+
+
+async def test_a_timeout_returns_even_when_a_survivor_holds_the_output_open(make_kube):
+    """``env -i`` clears the marker the killer looks for: that process survives, keeps
+    stdout open, and the call still ends (the stream is closed after a grace period)."""
+    rt = make_kube()
+    sid = await started(rt)
+    result, _, _ = await rt.run(sid, ["sh", "-c", "env -i sleep 300 & sleep 300"], timeout=1.0)
+    assert result.timed_out and result.exit_code == -1
+    await rt.delete(sid)
+
+
+async def test_a_claim_deleted_in_the_background_under_its_pod_is_swept_not_leaked(cluster, make_kube):
+    """``kubectl delete pvc`` (background propagation) while the pod runs: pvc-protection
+    keeps the claim and the garbage collector waits for it, forever. The sandbox's pod
+    shows up in ``list`` as an orphan, and deleting it frees both."""
+    rt = make_kube()
+    sid = await started(rt)
+    core = await rt.core_api()
+    await core.delete_namespaced_persistent_volume_claim(names.claim_name(sid), SETTINGS.namespace)
+    assert await rt.get(sid) is None, "a claim being deleted is no sandbox"
+    assert sid in {i.sandbox_id for i in await rt.list()}, "its pod is listed for the sweep"
+    await rt.delete(sid)
+
+    def gone():
+        return not [k for k, o in cluster.objects.items() if not o.deleted]
+
+    await support.eventually(gone, timeout=20)
+
+
+async def test_a_stale_network_policy_of_an_earlier_claim_is_replaced_not_adopted(cluster, make_kube):
+    rt = make_kube()
+    spec = api.SandboxSpec(sandbox_id=new_id())
+    stale = {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": names.object_name(spec.sandbox_id), "namespace": SETTINGS.namespace,
+                     "ownerReferences": [{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                                          "name": names.claim_name(spec.sandbox_id), "uid": "an-old-claim"}]},
+        "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]},
+    }  # fmt: skip
+    await cluster.insert(kmock.resource("networking.k8s.io", "v1", "networkpolicies"), stale)
+    claim = await rt.create(spec)
+    await rt.start(spec.sandbox_id)
+    _, policy = cluster._find("networkpolicies", SETTINGS.namespace, names.object_name(spec.sandbox_id))
+    raw = policy.raw
+    assert raw["metadata"]["ownerReferences"][0]["uid"] != "an-old-claim"
+    assert raw["spec"]["egress"] == [], "the sandbox's own policy (egress none), not the allow-all one"
+    assert claim.status == "created"
+    await rt.delete(spec.sandbox_id)
+
+
+async def test_the_trust_bundle_is_made_on_start_and_again_after_a_start_that_died(cluster, make_kube):
+    """Proxy egress: the CA (from its ConfigMap) goes into the bundle every tool uses; a
+    start that finds the pod running finishes the job if it was never done."""
+    service = {"apiVersion": "v1", "kind": "Service", "spec": {"clusterIP": "10.96.0.20"},
+               "metadata": {"name": "sbx-proxy", "namespace": "sbx-system"}}  # fmt: skip
+    ca = "-----BEGIN CERTIFICATE-----\nMIIBtestca\n-----END CERTIFICATE-----\n"
+    configmap = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"proxy-ca.pem": ca},
+                 "metadata": {"name": "sbx-proxy-ca", "namespace": SETTINGS.namespace}}  # fmt: skip
+    await cluster.insert(kmock.resource("", "v1", "services"), service)
+    await cluster.insert(kmock.resource("", "v1", "configmaps"), configmap)
+    rt = make_kube(egress="proxy")
+    sid = await started(rt)
+    _, out, _ = await rt.run(sid, ["sh", "-c", 'echo "$HTTPS_PROXY"; cat "$SSL_CERT_FILE"'])
+    assert out.decode().startswith("http://10.96.0.20:3128\n") and ca in out.decode()
+    await rt.run(sid, ["sh", "-c", 'rm -f "$SSL_CERT_FILE"'])  # as if the first start died before it
+    assert (await rt.start(sid)).status == "running"
+    _, out, _ = await rt.run(sid, ["sh", "-c", 'cat "$SSL_CERT_FILE"'])
+    assert ca in out.decode()
     await rt.delete(sid)

@@ -53,8 +53,17 @@ def test_the_pod_is_hardened_field_by_field():
     )
     assert (sc["runAsUser"], sc["runAsNonRoot"], sc["readOnlyRootFilesystem"]) == (0, False, False)
     assert sc["procMount"] == "Default"
-    assert container["resources"]["limits"] == {"cpu": "1000m", "memory": "2048Mi"}
-    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert container["resources"]["limits"] == {
+        "cpu": "1000m",
+        "memory": "2048Mi",
+        "ephemeral-storage": "10Gi",
+    }
+    assert container["resources"]["requests"] == {
+        "cpu": "100m",
+        "memory": "256Mi",
+        "ephemeral-storage": "100Mi",
+    }
+    assert spec["serviceAccountName"] == "sbx-sandbox"
     assert "ports" not in container and container["stdin"] is False and container["tty"] is False
     mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
     assert mounts["/workspace"]["subPath"] == "workspace" and mounts["/.sbx"]["subPath"] == "control"
@@ -206,3 +215,31 @@ def test_exit_status_frames_are_read_as_kubernetes_writes_them():
     assert channel.exit_code(failure) == 137
     with pytest.raises(errors.InfrastructureError, match="container not found"):
         channel.exit_code({"status": "Failure", "message": "container not found", "reason": "InternalError"})
+
+
+def test_caller_variables_cannot_change_what_the_wrapper_does(tmp_path):
+    """The wrapper keeps no shell variable of its own: ``n``, ``x``, ``f`` from the caller
+    are just variables of the command."""
+    env = {"A": "1", "n": "0", "x": "evil", "f": "/etc/passwd", "B": "2"}
+    argv = channel.wrap(
+        ["sh", "-c", 'printf "%s" "$A$n$x$B"'], exec_id="e3", cwd=str(tmp_path), env=env, stdin_bytes=4
+    )
+    done = _sh(argv, stdin=b"data")
+    assert (done.returncode, done.stdout) == (0, b"10evil2")
+    with pytest.raises(errors.InvalidInput):
+        channel.wrap(["true"], exec_id="e", cwd="/", env={"SBX_EXEC_ID": "other"}, stdin_bytes=None)
+
+
+@pytest.mark.skipif(not __import__("shutil").which("setpriv"), reason="setpriv (util-linux) missing")
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="runs processes as another user")
+def test_the_killer_kills_even_when_other_processes_environments_are_unreadable():
+    """As an unprivileged user (as in a pod with every capability dropped), grep cannot read
+    root's /proc/*/environ and exits 2; the killer must go on and kill its target."""
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    target = subprocess.Popen([*as_nobody, "env", "SBX_EXEC_ID=k1", "sleep", "300"])
+    try:
+        done = _sh([*as_nobody, *channel.killer("k1")])
+        assert done.returncode == 0, done.stderr
+        assert target.wait(10) == -9
+    finally:
+        target.kill()

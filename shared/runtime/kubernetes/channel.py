@@ -26,9 +26,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
+import structlog
 
 from shared import errors
 from shared.runtime import api
+
+log = structlog.get_logger(__name__)
 
 STDIN, STDOUT, STDERR, STATUS = 0, 1, 2, 3
 CLOSE = 255
@@ -40,21 +43,32 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 WRAPPER = r"""
 cd -- "$1" || exit 126
+shift
+while [ "$1" != -- ]; do export "$1"; shift; done
 export SBX_EXEC_ID="$2"
 if [ "$3" != - ]; then
-  f="/tmp/.sbx-in-$2"; head -c "$3" > "$f" && exec 3< "$f"; rm -f "$f"; exec 0<&3 3<&-
+  head -c "$3" > "/tmp/.sbx-in-$2" && exec 3< "/tmp/.sbx-in-$2"; rm -f "/tmp/.sbx-in-$2"; exec 0<&3 3<&-
 fi
-n=$4; shift 4
-while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done
+shift 3
 exec "$@"
 """
+"""Arguments: cwd, NAME=value..., ``--``, exec id, stdin byte count or ``-``, the command.
+It uses no shell variable of its own, so no caller variable can change what it does,
+and the exec id is exported last, so the caller cannot replace it."""
 
 KILLER = r"""
 for round in 1 2 3 4 5 6 7 8; do
-  found=$(grep -l -a -s -F "SBX_EXEC_ID=$1" /proc/[0-9]*/environ) || exit 0
+  found=$(grep -l -a -s -F "SBX_EXEC_ID=$1" /proc/[0-9]*/environ 2>/dev/null)
+  [ -n "$found" ] || exit 0
   for f in $found; do p=${f#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null; done
 done
 """
+"""grep's exit status is not used: it is 2 whenever one ``environ`` could not be read (a
+process of another user, a non-dumpable one, one that just exited), matches or not."""
+KILL_TIMEOUT = 30.0
+GRACE = 3.0
+"""After a kill, how long the stream may stay open (a process that cleared its
+environment can survive and hold stdout); then it is closed and the call returns."""
 
 
 def new_exec_id() -> str:
@@ -73,11 +87,11 @@ def wrap(
     if not argv:
         raise errors.InvalidInput("the command is empty")
     for name in env:
-        if not ENV_NAME.fullmatch(name):
+        if not ENV_NAME.fullmatch(name) or name == "SBX_EXEC_ID":
             raise errors.InvalidInput(f"environment variable name {name!r:.60} is not allowed")
     pairs = [f"{k}={v}" for k, v in env.items()]
     count = "-" if stdin_bytes is None else str(stdin_bytes)
-    return ["/bin/sh", "-c", WRAPPER, "sbx-exec", cwd, exec_id, count, str(len(pairs)), *pairs, *argv]
+    return ["/bin/sh", "-c", WRAPPER, "sbx-exec", cwd, *pairs, "--", exec_id, count, *argv]
 
 
 def killer(exec_id: str) -> list[str]:
@@ -106,8 +120,11 @@ class ChannelExec(api.Exec):
         stdin: bytes | None,
         keep_stdin_open: bool,
         kill: Callable[[], Awaitable[None]],
+        stdin_requested: bool = True,
     ) -> None:
         self.ws = ws
+        self.stdin_requested = stdin_requested
+        self.killed = False
         self.protocol = ws.protocol or V4
         self.keep_stdin_open = keep_stdin_open
         self.started = time.monotonic()
@@ -127,7 +144,7 @@ class ChannelExec(api.Exec):
     async def _feed(self, data: bytes | None) -> None:
         if data:
             await self._send(data)
-        if not self.keep_stdin_open and self.protocol == V5:
+        if not self.keep_stdin_open and self.protocol == V5 and self.stdin_requested:
             await self._close_stdin()
 
     async def _send(self, data: bytes) -> None:
@@ -203,10 +220,22 @@ class ChannelExec(api.Exec):
         duration = time.monotonic() - self.started
         if self.timed_out:
             return api.ExecResult(exit_code=-1, timed_out=True, duration=duration)
+        if self._code is None and self.killed:
+            return api.ExecResult(exit_code=128 + 9, duration=duration)
         if self._code is None:
             raise self._failure or errors.Unavailable("the exec stream ended without an exit status")
         return api.ExecResult(exit_code=self._code, duration=duration)
 
     async def kill(self) -> None:
+        """SIGKILL the command and what it started (a second exec), then give the stream
+        GRACE to end; a stream something still holds open is closed."""
+        if self.finished:
+            return
+        self.killed = True
+        try:
+            await asyncio.wait_for(self._kill(), KILL_TIMEOUT)
+        except (errors.SandboxError, TimeoutError) as exc:
+            log.warning("exec.kill_failed", error=str(exc))
+        await asyncio.wait({self._reader}, timeout=GRACE)
         if not self.finished:
-            await self._kill()
+            await self.ws.close()

@@ -42,6 +42,9 @@ ROOT_CAPABILITIES = {
 which Docker's default set would keep). Non-root sandboxes keep none."""
 
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"
+SERVICE_ACCOUNT = "sbx-sandbox"
+"""A service account of their own, with no binding and no token (deploy/ creates it), so
+sandboxes never share the namespace's ``default`` one and whatever gets bound to it."""
 CA_CONFIGMAP = "sbx-proxy-ca"
 """ConfigMap in the sandbox namespace holding the proxies' CA certificate (``proxy-ca.pem``)."""
 CA_DIR = "/etc/sbx/ca"
@@ -154,10 +157,15 @@ def pod(
         },
         "resources": {
             "requests": {
+                "ephemeral-storage": "100Mi",
                 "cpu": _quantity_cpu(min(spec.limits.cpus, REQUEST_CPUS)),
                 "memory": _quantity_bytes(min(spec.limits.memory_bytes, REQUEST_MEMORY)),
             },
-            "limits": {"cpu": _quantity_cpu(spec.limits.cpus), "memory": memory},
+            "limits": {
+                "cpu": _quantity_cpu(spec.limits.cpus),
+                "memory": memory,
+                "ephemeral-storage": settings.scratch_size,
+            },
         },
         "volumeMounts": [
             {"name": "workspace", "mountPath": "/workspace", "subPath": "workspace"},
@@ -168,7 +176,7 @@ def pod(
     }
     volumes: list[dict[str, Any]] = [
         {"name": "workspace", "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]}},
-        {"name": "tmp", "emptyDir": {"sizeLimit": "2Gi"}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": settings.scratch_size}},
         {"name": "trust", "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}},
     ]
     if proxy_url is not None:
@@ -185,6 +193,7 @@ def pod(
             "ownerReferences": _owner(claim),
         },
         "spec": {
+            "serviceAccountName": SERVICE_ACCOUNT,
             "automountServiceAccountToken": False,
             "enableServiceLinks": False,
             "hostNetwork": False,

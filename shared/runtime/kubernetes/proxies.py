@@ -1,6 +1,7 @@
 """The credential-proxy fleet on Kubernetes: the proxies' Deployment (``SBX_K8S_PROXY_SERVICE``
-names both it and its Service), sized through its scale subresource. Each ready pod that
-is not terminating is one proxy.
+names both it and its Service), sized through its scale subresource. Each running pod
+that is not terminating is one proxy (readiness only decides whether the Service sends
+it connections: a pod that flaps is not a proxy that died).
 
 Sandboxes reach the fleet through the Service (``pinned = False``), so there is nothing
 to route per sandbox. Draining is the Deployment's: a pod being removed leaves the
@@ -61,13 +62,17 @@ class KubernetesProxies:
         return self._selector
 
     async def ready(self) -> dict[str, str]:
-        """Proxy pod name → ``ip:port``, for every ready pod that is not terminating."""
+        """Proxy pod name → ``ip:port``, for every running pod that is not terminating."""
         core = await self.runtime.core_api()
         pods = await self.runtime.call(
             "listing proxy pods", core.list_namespaced_pod(self.ns, label_selector=await self._pod_selector())
         )
         port = self.settings.proxy_port
-        return {p.metadata.name: f"{p.status.pod_ip}:{port}" for p in pods.items if _serving(p)}
+
+        def endpoint(ip: str) -> str:
+            return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+        return {p.metadata.name: endpoint(p.status.pod_ip) for p in pods.items if _serving(p)}
 
     async def close(self) -> None:
         await self.runtime.close()
@@ -76,4 +81,4 @@ class KubernetesProxies:
 def _serving(pod: Any) -> bool:
     if pod.metadata.deletion_timestamp is not None or pod.status is None or not pod.status.pod_ip:
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+    return pod.status.phase == "Running"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
@@ -31,13 +32,17 @@ from shared.runtime.kubernetes import channel, manifests, names
 from shared.settings import KubernetesSettings
 
 TRUST_SETUP = f"""
-cat /etc/ssl/certs/ca-certificates.crt {manifests.CA_DIR}/proxy-ca.pem > {manifests.BUNDLE} 2>/dev/null \
-  || cat {manifests.CA_DIR}/proxy-ca.pem > {manifests.BUNDLE}
+[ -s {manifests.BUNDLE} ] && exit 0
 system=/etc/ssl/certs/ca-certificates.crt
-if [ -w $system ]; then cat {manifests.BUNDLE} > $system; fi
+{{ cat $system 2>/dev/null; cat {manifests.CA_DIR}/proxy-ca.pem; }} > {manifests.BUNDLE}.new || exit 1
+if [ -w $system ] && [ -w "${{system%/*}}" ]; then
+  cp {manifests.BUNDLE}.new $system.new && mv -f $system.new $system
+fi
+mv -f {manifests.BUNDLE}.new {manifests.BUNDLE}
 """
-"""Run once per start when egress goes through the proxy: the trust bundle every tool is
-pointed at (and the image's own store, when the sandbox may write it)."""
+"""Run by every start when egress goes through the proxy (a no-op once done): the trust
+bundle every tool is pointed at, and the image's own store when the sandbox may write
+it. Files are replaced by rename, so two starts at once cannot leave a torn one."""
 
 FAIL_FAST = {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"}
 
@@ -110,7 +115,9 @@ class KubernetesRuntime(api.Runtime):
                         )
                     else:
                         config.load_incluster_config(client_configuration=cfg)
-                self._clients = (client.ApiClient(cfg), _ExecClient(cfg))
+                exec_cfg = copy.copy(cfg)
+                exec_cfg.connection_pool_maxsize = 0  # unlimited: every open exec holds one
+                self._clients = (client.ApiClient(cfg), _ExecClient(exec_cfg))
         plain, ws = self._clients
         return client.CoreV1Api(plain), client.NetworkingV1Api(plain), client.CoreV1Api(ws)
 
@@ -177,6 +184,10 @@ class KubernetesRuntime(api.Runtime):
         )
 
     @staticmethod
+    def _owned_by(pod: Any, claim: Any) -> bool:
+        return any(o.uid == claim.metadata.uid for o in pod.metadata.owner_references or [])
+
+    @staticmethod
     def _running(pod: Any) -> bool:
         if pod is None or pod.metadata.deletion_timestamp is not None or pod.status is None:
             return False
@@ -225,9 +236,22 @@ class KubernetesRuntime(api.Runtime):
         for claim in claims.items:
             if self._gone(claim):
                 continue
-            info = self._info(claim, by_token.get((claim.metadata.labels or {}).get(names.SANDBOX)))
+            try:
+                info = self._info(claim, by_token.pop((claim.metadata.labels or {}).get(names.SANDBOX), None))
+            except errors.InfrastructureError as exc:  # one bad record must not hide the rest
+                structlog.get_logger(__name__).warning("kubernetes.unreadable_claim", error=exc.message)
+                continue
             if all(info.spec.labels.get(k) == v for k, v in (labels or {}).items()):
                 out.append(info)
+        if not labels:  # pods whose claim is gone or going: orphans for the sweep to delete
+            for pod in by_token.values():
+                sandbox_id = (pod.metadata.annotations or {}).get(names.SANDBOX_ID)
+                if sandbox_id and pod.metadata.deletion_timestamp is None:
+                    created = pod.metadata.creation_timestamp or datetime.now(UTC)
+                    spec = api.SandboxSpec(sandbox_id=sandbox_id)
+                    out.append(
+                        api.SandboxInfo(spec=spec, status="running", created_at=created, backend=self.name)
+                    )
         return out
 
     # ---- watching ------------------------------------------------------------------------
@@ -271,16 +295,17 @@ class KubernetesRuntime(api.Runtime):
     async def _until_ready(self, sandbox_id: str, since: str | None) -> None:
         deadline = time.monotonic() + self.settings.start_timeout
         last = "no status yet"
-        async for kind, pod in self._watch_pod(sandbox_id, since, deadline):
-            if kind == "DELETED" or (kind == "SNAPSHOT" and pod is None):
-                raise errors.InfrastructureError(
-                    f"sandbox {sandbox_id!r}: its pod was deleted while starting"
-                )
-            if self._running(pod):
-                return
-            last, fatal = self._why_not_ready(pod)
-            if fatal:
-                raise errors.InfrastructureError(f"sandbox {sandbox_id!r} cannot start: {last}")
+        async with contextlib.aclosing(self._watch_pod(sandbox_id, since, deadline)) as events:
+            async for kind, pod in events:
+                if kind == "DELETED" or (kind == "SNAPSHOT" and pod is None):
+                    raise errors.InfrastructureError(
+                        f"sandbox {sandbox_id!r}: its pod was deleted while starting"
+                    )
+                if self._running(pod):
+                    return
+                last, fatal = self._why_not_ready(pod)
+                if fatal:
+                    raise errors.InfrastructureError(f"sandbox {sandbox_id!r} cannot start: {last}")
         raise errors.Timeout(
             f"sandbox {sandbox_id!r} not ready after {self.settings.start_timeout:.0f}s "
             f"(SBX_K8S_START_TIMEOUT): {last}"
@@ -306,11 +331,14 @@ class KubernetesRuntime(api.Runtime):
         if pod is None:
             return
         deadline = time.monotonic() + timeout
-        async for kind, seen in self._watch_pod(sandbox_id, pod.metadata.resource_version, deadline):
-            if kind == "DELETED" or (kind == "SNAPSHOT" and seen is None):
-                return
-            if seen is not None and seen.metadata.uid != pod.metadata.uid:
-                return  # the old pod is gone; a new one replaced it
+        async with contextlib.aclosing(
+            self._watch_pod(sandbox_id, pod.metadata.resource_version, deadline)
+        ) as events:
+            async for kind, seen in events:
+                if kind == "DELETED" or (kind == "SNAPSHOT" and seen is None):
+                    return
+                if seen is not None and seen.metadata.uid != pod.metadata.uid:
+                    return  # the old pod is gone; a new one replaced it
         raise errors.Timeout(f"sandbox {sandbox_id!r}: its pod did not go away within {timeout:.0f}s")
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -341,13 +369,14 @@ class KubernetesRuntime(api.Runtime):
                     raise errors.Conflict(f"sandbox {spec.sandbox_id!r} exists with a different spec")
                 return self._info(existing, await self._pod(spec.sandbox_id))
             try:
-                created = await core.create_namespaced_persistent_volume_claim(
-                    self.ns, manifests.workspace_claim(spec, self.settings)
+                created = await self.call(
+                    "creating a workspace claim",
+                    core.create_namespaced_persistent_volume_claim(
+                        self.ns, manifests.workspace_claim(spec, self.settings)
+                    ),
                 )
-            except ApiException as exc:
-                if exc.status == 409:
-                    continue  # someone created it first: compare with theirs
-                raise api_error(exc, "creating a workspace claim") from None
+            except errors.Conflict:
+                continue  # someone created it first: compare with theirs
             return self._info(created, None)
         raise errors.Conflict(f"sandbox {spec.sandbox_id!r} is being created and deleted concurrently")
 
@@ -361,43 +390,19 @@ class KubernetesRuntime(api.Runtime):
         return image
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
-        core, net, _ = await self._open()
+        core, _, _ = await self._open()
         claim = await self._require(sandbox_id)
         info = self._info(claim, None)
         pod = await self._pod(sandbox_id)
-        if self._running(pod):
+        if self._running(pod) and self._owned_by(pod, claim):
+            await self._ensure_trust(sandbox_id)  # a start that died half-way is finished here
             return self._info(claim, pod)
-        if pod is not None and (
-            pod.metadata.deletion_timestamp is not None or pod.status.phase in ("Failed", "Succeeded")
-        ):
+        if pod is not None and not self._owned_by(pod, claim):  # left from an earlier claim
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
             pod = None
-        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]  # model -> dict
-        policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
-        try:
-            await net.create_namespaced_network_policy(self.ns, policy)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise api_error(exc, "creating a sandbox NetworkPolicy") from None
-        since = pod.metadata.resource_version if pod is not None else None
-        if pod is None:
-            proxy = await self.proxy_url() if self.egress == "proxy" else None
-            body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
-            try:
-                since = (await core.create_namespaced_pod(self.ns, body)).metadata.resource_version
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise api_error(exc, "creating a sandbox pod") from None
-                since = None  # another instance is starting it: wait with them
-        await self._until_ready(sandbox_id, since)
-        if self.egress == "proxy":
-            result, _, err = await self.run(sandbox_id, ["/bin/sh", "-c", TRUST_SETUP], timeout=30)
-            if result.exit_code != 0:
-                raise errors.InfrastructureError(
-                    f"sandbox {sandbox_id!r}: installing the proxy CA failed: {err[-300:]!r}"
-                )
         if (claim.metadata.annotations or {}).get(names.STARTED) != "true":
+            # Before the pod exists: a sandbox that ever had one is "stopped", not "created".
             await self.call(
                 "marking a workspace claim started",
                 core.patch_namespaced_persistent_volume_claim(
@@ -406,7 +411,65 @@ class KubernetesRuntime(api.Runtime):
                     {"metadata": {"annotations": {names.STARTED: "true"}}},
                 ),
             )
+        if pod is not None and (
+            pod.metadata.deletion_timestamp is not None or pod.status.phase in ("Failed", "Succeeded")
+        ):
+            await self._delete_pod(sandbox_id)
+            await self._until_gone(sandbox_id, pod)
+            pod = None
+        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]  # model -> dict
+        policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
+        await self._ensure_policy(sandbox_id, policy, claim.metadata.uid)
+        since = pod.metadata.resource_version if pod is not None else None
+        if pod is None:
+            proxy = await self.proxy_url() if self.egress == "proxy" else None
+            body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
+            try:
+                created = await self.call("creating a sandbox pod", core.create_namespaced_pod(self.ns, body))
+                since = created.metadata.resource_version
+            except errors.Conflict:
+                since = None  # another instance is starting it: wait with them
+        await self._until_ready(sandbox_id, since)
+        await self._ensure_trust(sandbox_id)
         return msgspec.structs.replace(info, status="running")
+
+    async def _ensure_trust(self, sandbox_id: str) -> None:
+        if self.egress != "proxy":
+            return
+        result, _, err = await self.run(sandbox_id, ["/bin/sh", "-c", TRUST_SETUP], timeout=30)
+        if result.exit_code != 0:
+            raise errors.InfrastructureError(
+                f"sandbox {sandbox_id!r}: installing the proxy CA failed: {err[-300:]!r}"
+            )
+
+    async def _ensure_policy(self, sandbox_id: str, policy: dict[str, Any], claim_uid: str) -> None:
+        """Create the sandbox's NetworkPolicy; one left from an earlier claim of the same id
+        (garbage collection lags) is replaced, never adopted."""
+        _, net, _ = await self._open()
+        name = names.object_name(sandbox_id)
+        for _ in range(3):
+            try:
+                await self.call(
+                    "creating a sandbox NetworkPolicy", net.create_namespaced_network_policy(self.ns, policy)
+                )
+                return
+            except errors.Conflict:
+                pass
+            existing = await self.call(
+                "reading a sandbox NetworkPolicy",
+                net.read_namespaced_network_policy(name, self.ns),
+                missing_ok=True,
+            )
+            if existing is not None and any(
+                o.uid == claim_uid for o in existing.metadata.owner_references or []
+            ):
+                return
+            await self.call(
+                "replacing a stale sandbox NetworkPolicy",
+                net.delete_namespaced_network_policy(name, self.ns),
+                missing_ok=True,
+            )
+        raise errors.Conflict(f"sandbox {sandbox_id!r}: its NetworkPolicy keeps changing")
 
     async def _delete_pod(self, sandbox_id: str) -> None:
         core, _, _ = await self._open()
@@ -430,20 +493,23 @@ class KubernetesRuntime(api.Runtime):
         pod = await self._pod(sandbox_id)
         if pod is not None:
             await self._delete_pod(sandbox_id)
-        await self.call(
-            "deleting a sandbox NetworkPolicy",
-            net.delete_namespaced_network_policy(names.object_name(sandbox_id), self.ns),
-            missing_ok=True,
-        )
+        # Foreground: the garbage collector deletes the claim's pod and policy first. With
+        # Background it would wait for the claim, which pvc-protection keeps while a pod
+        # (one a racing start just made) uses it: neither would ever go.
         await self.call(
             "deleting a workspace claim",
             core.delete_namespaced_persistent_volume_claim(
-                names.claim_name(sandbox_id), self.ns, propagation_policy="Background"
+                names.claim_name(sandbox_id), self.ns, propagation_policy="Foreground"
             ),
             missing_ok=True,
         )
         if pod is not None:
             await self._until_gone(sandbox_id, pod)
+        await self.call(  # after the pod: the policy confines it until it is gone
+            "deleting a sandbox NetworkPolicy",
+            net.delete_namespaced_network_policy(names.object_name(sandbox_id), self.ns),
+            missing_ok=True,
+        )
 
     # ---- exec ----------------------------------------------------------------------------
 
@@ -473,7 +539,12 @@ class KubernetesRuntime(api.Runtime):
             await self._kill(sandbox_id, exec_id)
 
         return channel.ChannelExec(
-            ws, timeout=timeout, stdin=stdin, keep_stdin_open=keep_stdin_open, kill=kill
+            ws,
+            timeout=timeout,
+            stdin=stdin,
+            keep_stdin_open=keep_stdin_open,
+            kill=kill,
+            stdin_requested=keep_stdin_open or one_shot is not None,
         )
 
     async def _connect(
@@ -505,8 +576,13 @@ class KubernetesRuntime(api.Runtime):
             raise errors.Unavailable(f"exec into sandbox {sandbox_id!r}: {exc}") from exc
 
     async def _kill(self, sandbox_id: str, exec_id: str) -> None:
-        ws = await self._connect(sandbox_id, channel.killer(exec_id), stdin=False)
-        killing = channel.ChannelExec(ws, timeout=30, stdin=None, keep_stdin_open=False, kill=_nothing)
+        try:
+            ws = await self._connect(sandbox_id, channel.killer(exec_id), stdin=False)
+        except (errors.NotFound, errors.NotRunning):
+            return  # the sandbox is gone or stopped: so is the command
+        killing = channel.ChannelExec(
+            ws, timeout=None, stdin=None, keep_stdin_open=False, kill=_nothing, stdin_requested=False
+        )
         with contextlib.suppress(errors.SandboxError):
             await killing.wait()
 
