@@ -86,35 +86,58 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
             raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
 
 
-async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
-    """Every live key of a KV bucket and its value, in one ordered-consumer pass.
+SNAPSHOT_QUIET = 2.0
+"""How long a snapshot waits for the next key before deciding the tail is gone."""
+SNAPSHOT_ROUNDS = 20
+"""At most this many catch-ups with a bucket written while it is read."""
 
-    (nats-py's ``watchall`` can signal "initial values done" before delivering
-    them when they arrive faster than its consumer-info call returns; this reads
-    until the consumer itself says nothing is pending.)
+
+async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
+    """Every live key of a KV bucket and its value, as of the end of the call.
+
+    Takes the last message of every key with an ordered consumer, reading until it has
+    seen the bucket's last stream sequence, then checks that sequence again and reads
+    on if keys were written meanwhile. Messages come in stream order, so once the tail
+    is reached every key is there: a key updated during the pass is delivered at its
+    new place, later. (The consumer's ``num_pending`` is not enough: it can reach 0
+    while such a key is still to come, which let two pool-managers count 2 running
+    sandboxes where there were 3; and nats-py's ``watchall`` can signal "initial
+    values done" before delivering them.)
     """
+    stream = f"KV_{bucket}"
+    state = (await js.stream_info(stream)).state
+    if not state.messages:
+        return {}
+    tail = state.last_seq
     prefix = f"$KV.{bucket}."
     sub = await js.subscribe(
         f"{prefix}>",
-        stream=f"KV_{bucket}",
+        stream=stream,
         ordered_consumer=True,
         deliver_policy=api.DeliverPolicy.LAST_PER_SUBJECT,
         pending_msgs_limit=-1,
         pending_bytes_limit=-1,
     )
     out: dict[str, bytes] = {}
+    seen = 0
     try:
-        if eventstore.nothing_to_read(await sub.consumer_info()):
-            return out
-        while True:
-            msg = await sub.next_msg(timeout=10)
-            key = msg.subject[len(prefix) :]
-            if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-                out.pop(key, None)
-            else:
-                out[key] = msg.data
-            if msg.metadata.num_pending == 0:
+        for _ in range(SNAPSHOT_ROUNDS):
+            while seen < tail:
+                try:
+                    msg = await sub.next_msg(timeout=SNAPSHOT_QUIET)
+                except nats.errors.TimeoutError:
+                    break  # the tail expired or was purged (a TTL bucket): nothing more comes
+                key = msg.subject[len(prefix) :]
+                if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
+                    out.pop(key, None)
+                else:
+                    out[key] = msg.data
+                seen = msg.metadata.sequence.stream
+            newer = (await js.stream_info(stream)).state.last_seq
+            if newer <= tail or seen < tail:
                 return out
+            tail = newer
+        return out
     finally:
         await sub.unsubscribe()
 
