@@ -83,6 +83,8 @@ def world(tmp_path_factory):
     subprocess.run(["git", "config", "http.receivepack", "true"], cwd=bare, check=True)
     git_server = harness.Upstream(pki, harness.GitSmartHTTP)
     git_server.server.token, git_server.server.root = TOKEN, git_root
+    index = harness.Upstream(pki, harness.PackageIndex)
+    index.server.token, index.server.wheel = TOKEN, harness.demo_wheel()
     port = network.PROXY_PORTS[1] - harness.free_port() % 20  # away from the ports a fleet takes first
     rt = local.LocalRuntime(tmp / "state", egress="proxy")
     import asyncio
@@ -104,12 +106,18 @@ kind = "basic"
 hosts = ["github.com:{git_server.port}"]
 username = "x-access-token"
 password_env = "SBX_TEST_TOKEN"
+
+[[rules]]
+name = "private-index"
+kind = "bearer"
+hosts = ["gitlab.example:{index.port}"]
+token_env = "SBX_TEST_TOKEN"
 """
     proxy = harness.Proxy(
         tmp / "proxy",
         config,
         pki.ca_cert,
-        {"github.com": "127.0.0.1"},
+        {"github.com": "127.0.0.1", "gitlab.example": "127.0.0.1"},
         env={"SBX_TEST_TOKEN": TOKEN},
         listen_host=network.PROXY_ADDRESS,
         port=port,
@@ -119,7 +127,9 @@ password_env = "SBX_TEST_TOKEN"
     servers = HostServers()
     rt.test_git_port = git_server.port
     rt.test_git_root = git_root
+    rt.test_index = index
     yield rt, upstream, proxy, servers
+    index.close()
     git_server.close()
     servers.close()
     proxy.close()
@@ -288,3 +298,28 @@ async def test_a_sandbox_clones_and_pushes_with_a_credential_it_never_sees(world
         text=True,
     )
     assert log.stdout.split("\n")[0] == "from the sandbox"
+
+
+async def test_a_sandbox_installs_from_a_private_index_with_a_credential_it_never_sees(world, sandboxes):
+    """pip inside a real sandbox, with nothing but what the runtime gives it (proxy
+    variables, the CA bundle in PIP_CERT): the index wants a token, the proxy adds it."""
+    rt = world[0]
+    box = await sandboxes("egress-pip")
+    code, out = await sh(rt, box, "python3 -m pip --version")
+    if code != 0:
+        pytest.skip(f"the sandbox image has no pip: {out[:200]}")
+    index = rt.test_index
+    code, out = await sh(
+        rt,
+        box,
+        "python3 -m pip install -q --disable-pip-version-check --no-cache-dir --target /tmp/site "
+        f"--index-url https://gitlab.example:{index.port}/simple/ sbxdemo && "
+        "python3 -c 'import sys; sys.path.insert(0, \"/tmp/site\"); import sbxdemo; print(sbxdemo.GREETING)'",
+        timeout=120,
+    )
+    assert code == 0 and "installed through the proxy" in out, out
+    assert {s["auth"] for s in index.seen} == {f"Bearer {TOKEN}"}, "every request carried the token"
+    code, out = await sh(
+        rt, box, f"env; cat /tmp/site -r 2>/dev/null; grep -r {TOKEN} /tmp/site || echo clean"
+    )
+    assert TOKEN not in out.replace(f"grep -r {TOKEN}", "") and out.strip().endswith("clean")

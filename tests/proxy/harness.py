@@ -424,3 +424,63 @@ def keep_alive_requests(proxy: Proxy, connect: str, host: str, count: int, trust
             tls.sendall(f"GET /echo HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
             answers.append(_read_response(stream))
     return answers
+
+
+def demo_wheel(name: str = "sbxdemo", version: str = "1.0") -> tuple[str, bytes]:
+    """A minimal pure-Python wheel (file name, bytes): ``import sbxdemo; sbxdemo.GREETING``."""
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": b'GREETING = "installed through the proxy"\n',
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+
+    def digest(data: bytes) -> str:
+        return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{path},{digest(data)},{len(data)}\n" for path, data in files.items())
+    files[f"{dist}/RECORD"] = (record + f"{dist}/RECORD,,\n").encode()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as wheel:
+        for path, data in files.items():
+            wheel.writestr(path, data)
+    return f"{name}-{version}-py3-none-any.whl", buffer.getvalue()
+
+
+class PackageIndex(BaseHTTPRequestHandler):
+    """A private PEP 503 index: /simple/<project>/ and /files/<wheel>, only with
+    ``Authorization: Bearer <server.token>`` (as a private registry does)."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        server = self.server
+        self.server.seen.append({"path": self.path, "auth": self.headers.get("Authorization")})  # type: ignore[attr-defined]
+        if self.headers.get("Authorization") != f"Bearer {server.token}":  # type: ignore[attr-defined]
+            return self._send(401, b"token required\n", "text/plain")
+        filename, data = server.wheel  # type: ignore[attr-defined]
+        project = filename.split("-")[0]
+        if self.path.rstrip("/") == f"/simple/{project}":
+            import hashlib
+
+            sha = hashlib.sha256(data).hexdigest()
+            page = f'<html><body><a href="/files/{filename}#sha256={sha}">{filename}</a></body></html>'
+            return self._send(200, page.encode(), "text/html")
+        if self.path == f"/files/{filename}":
+            return self._send(200, data, "application/octet-stream")
+        return self._send(404, b"not found\n", "text/plain")
+
+    def _send(self, status: int, body: bytes, kind: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
