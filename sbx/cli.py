@@ -153,3 +153,23 @@ def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
 
 if __name__ == "__main__":
     app()
+
+
+@app.command("route")
+def route_command(
+    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'git push origin HEAD'")],
+    code_dir: Annotated[
+        list[Path] | None, typer.Option("--code-dir", help="A code dir (default: the current directory)")
+    ] = None,
+) -> None:
+    """Print where a command would run (host or sandbox) and why: the agent-host client's router."""
+    from sbx.client import route
+
+    text = " ".join(command)
+    cwd = Path.cwd()
+    decided = route.route(text, code_dir or [cwd], cwd)
+    typer.echo(f"{decided.where}: {decided.why}")
+    if decided.plan is not None:
+        typer.echo(f"  in {decided.plan.cwd}")
+        for segment in decided.plan.segments:
+            typer.echo("  run " + " | ".join(" ".join(step.argv) for step in segment))
