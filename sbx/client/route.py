@@ -247,7 +247,7 @@ def _plan(command: str, code_dirs: list[Path], cwd: Path) -> HostPlan | None:
                 raise NotHost("a variable assignment alone")
             name = words[0]
             if index == 0 and name == "git":
-                _check_git(words, here, code_dirs)
+                words = _check_git(words, here, code_dirs)
                 has_git = True
             elif index == 0 and name in GLUE:
                 if len(segment) > 1:
@@ -314,17 +314,26 @@ def _check_filter(words: list[str]) -> None:
         raise NotHost(f"{words[0]} reads a file here; on the host filters only read their pipe")
 
 
-def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> None:
+def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> list[str]:
+    """The git command, checked; local paths in it made absolute (git changes to the top
+    of the work tree, so a relative path would name something else there)."""
     if len(words) < 2 or words[1] not in NETWORK:
         raise NotHost("git without a network subcommand (options before it are not allowed)")
     sub = words[1]
     flags, valued = GIT_FLAGS[sub], GIT_VALUED[sub]
     positional: list[str] = []
+    where: list[int] = []  # the index in ``out`` of each positional argument
+    out = words[:2]
     args = iter(words[2:])
     for arg in args:
         if arg == "--":
-            positional.extend(args)
+            out.append(arg)
+            for rest in args:
+                where.append(len(out))
+                positional.append(rest)
+                out.append(rest)
             break
+        out.append(arg)
         if arg.startswith("-"):
             name = arg.split("=", 1)[0]
             if arg in flags or (name in flags and "=" in arg and name == "--force-with-lease"):
@@ -333,8 +342,11 @@ def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> None:
                 value = arg.split("=", 1)[1] if "=" in arg else next(args, None)
                 if value is None or value.startswith("-"):
                     raise NotHost(f"git {sub} {name} needs a value")
+                if "=" not in arg:
+                    out.append(value)
                 continue
             raise NotHost(f"git {sub} {name} is not on the list (some options run programs)")
+        where.append(len(out) - 1)
         positional.append(arg)
     for at, arg in enumerate(positional):
         if "::" in arg:
@@ -342,9 +354,11 @@ def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> None:
         if at == 0 or (sub == "clone" and at == 1):
             local = _local_path(arg)
             if local is not None:
-                target = here / local
                 must_exist = not (sub == "clone" and at == 1)
-                _inside(target, code_dirs, what="a local path", exists=must_exist)
+                checked = _inside(here / local, code_dirs, what="a local path", exists=must_exist)
+                absolute = f"file://{checked}" if arg.startswith("file://") else str(checked)
+                out[where[at]] = absolute
+    return out
 
 
 def _local_path(arg: str) -> str | None:

@@ -143,3 +143,17 @@ def test_the_plan_is_argv_lists_not_text(tree):
     (push, grep), (echo,) = plan.segments
     assert push.argv == ("git", "push", "origin", "a b") and push.stderr_to_stdout
     assert grep.argv == ("grep", "-v", "x") and echo.argv == ("echo", "done")
+
+
+def test_local_paths_in_the_plan_are_absolute_and_options_keep_their_place(tree):
+    decided = where(tree, "git push --force ../other --depth=1 main")
+    assert decided.where == "sandbox"  # --depth is not a push option
+    decided = where(tree, "git push --force ../other main")
+    ((push,),) = decided.plan.segments
+    assert push.argv == ("git", "push", "--force", str(tree / "other"), "main")
+    decided = where(tree, "git fetch file://../other")
+    ((fetch,),) = decided.plan.segments
+    assert fetch.argv == ("git", "fetch", f"file://{tree / 'other'}")
+    decided = where(tree, f"git clone --depth 1 https://x/y.git -- {tree}/new")
+    ((clone,),) = decided.plan.segments
+    assert clone.argv == ("git", "clone", "--depth", "1", "https://x/y.git", "--", str(tree / "new"))
