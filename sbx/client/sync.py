@@ -1,0 +1,258 @@
+"""Two-way sync of a code dir with its copy in the sandbox: what changed (pure, from
+manifests) and applying the sandbox's changes on the host (safely).
+
+A manifest maps each relative path (POSIX, no ``..``) to an :class:`Entry`: a file with
+its mode and content digest, a directory, or a symlink with its target. Scanning never
+follows symlinks, and digests are cached by (size, mtime, inode), so an unchanged
+10k-file tree costs one ``lstat`` per file.
+
+Pull-back (sandbox → host) is filtered:
+
+* inside any ``.git`` directory only history and the index come back (:data:`GIT_BACK`:
+  objects, refs, logs, HEAD, index, packed-refs, ...): config, hooks, info, modules,
+  worktrees and everything else stay as the host has them, so nothing built in the
+  sandbox can plant a hook or a config that a later host-side git runs;
+* a ``.git`` *file* (a gitfile pointing elsewhere) never comes back;
+* a symlink comes back only if its target stays inside the code dir;
+* every write goes to a temporary file in the same directory, then is renamed, and no
+  directory on the way may be a symlink: nothing is ever written outside the code dir.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import stat
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+GIT_BACK = (
+    "objects/", "refs/", "logs/", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "index", "packed-refs",
+    "COMMIT_EDITMSG", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "CHERRY_PICK_HEAD", "REVERT_HEAD", "shallow",
+)  # fmt: skip
+"""What may come back inside a ``.git`` directory (a trailing / means everything under it)."""
+DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "__pycache__/", "*.pyc", ".sbx/")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: Literal["file", "dir", "symlink"]
+    mode: int = 0
+    digest: str = ""
+    size: int = 0
+    target: str = ""
+
+
+Manifest = dict[str, Entry]
+
+
+@dataclass
+class Changes:
+    upsert: list[str] = field(default_factory=list)
+    """Paths whose content, mode or kind is new or changed (parents before children)."""
+    delete: list[str] = field(default_factory=list)
+    """Paths gone (children before parents)."""
+
+    def __bool__(self) -> bool:
+        return bool(self.upsert or self.delete)
+
+
+@dataclass
+class Report:
+    written: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)
+    """(path, why) for changes that were not applied on the host."""
+
+
+# ---- manifests -----------------------------------------------------------------------------
+
+
+def excluded(path: str, excludes: Iterable[str]) -> bool:
+    parts = PurePosixPath(path).parts
+    for pattern in excludes:
+        if pattern.endswith("/"):
+            if pattern[:-1] in parts:
+                return True
+        elif fnmatch.fnmatch(parts[-1], pattern) or fnmatch.fnmatch(path, pattern):
+            return True
+    return False
+
+
+def scan(root: Path, *, excludes: Iterable[str] = DEFAULT_EXCLUDES, cache: dict | None = None) -> Manifest:  # type: ignore[type-arg]
+    """The manifest of ``root`` (symlinks are entries, never followed). ``cache`` (kept
+    by the caller between scans) maps path → ((size, mtime_ns, ino), digest)."""
+    excludes = tuple(excludes)
+    cache = {} if cache is None else cache
+    out: Manifest = {}
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        for name in sorted(dirnames + filenames):
+            path = base / name
+            rel = path.relative_to(root).as_posix()
+            if excluded(rel, excludes):
+                if name in dirnames:
+                    dirnames.remove(name)
+                continue
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                out[rel] = Entry("symlink", target=os.readlink(path))
+                if name in dirnames:
+                    dirnames.remove(name)
+            elif stat.S_ISDIR(info.st_mode):
+                out[rel] = Entry("dir", mode=stat.S_IMODE(info.st_mode))
+            elif stat.S_ISREG(info.st_mode):
+                key = (info.st_size, info.st_mtime_ns, info.st_ino)
+                known = cache.get(rel)
+                digest = known[1] if known and known[0] == key else _digest(path)
+                cache[rel] = (key, digest)
+                mode = stat.S_IMODE(info.st_mode) & 0o777
+                out[rel] = Entry("file", mode=mode, digest=digest, size=info.st_size)
+    return out
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def diff(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> Changes:
+    changes = Changes()
+    for path in sorted(new, key=lambda p: (p.count("/"), p)):
+        if old.get(path) != new[path]:
+            changes.upsert.append(path)
+    for path in sorted(set(old) - set(new), key=lambda p: (-p.count("/"), p)):
+        changes.delete.append(path)
+    return changes
+
+
+# ---- what may come back ----------------------------------------------------------------------
+
+
+def may_come_back(path: str, entry: Entry | None) -> str | None:
+    """None if the sandbox's version of ``path`` may be applied on the host, else why not."""
+    parts = PurePosixPath(path).parts
+    if any(p in ("", ".", "..") for p in parts) or PurePosixPath(path).is_absolute():
+        return "not a plain relative path"
+    if ".git" in parts:
+        at = parts.index(".git")
+        inner = "/".join(parts[at + 1 :])
+        if not inner:
+            if entry is not None and entry.kind != "dir":
+                return ".git is not a directory (a gitfile or link stays as the host has it)"
+            return None
+        if entry is not None and entry.kind == "symlink":
+            return "no symlinks inside .git"
+        if not any(inner == p or (p.endswith("/") and (inner + "/").startswith(p)) for p in GIT_BACK):
+            return f".git/{inner} stays as the host has it (only history and the index come back)"
+    if entry is not None and entry.kind == "symlink":
+        target = PurePosixPath(entry.target)
+        if target.is_absolute():
+            return "a symlink to an absolute path"
+        depth = len(parts) - 1
+        for part in target.parts:
+            depth += -1 if part == ".." else (0 if part == "." else 1)
+            if depth < 0:
+                return "a symlink that leads out of the code dir"
+    return None
+
+
+# ---- applying on the host -----------------------------------------------------------------------
+
+
+def apply(
+    root: Path,
+    changes: Changes,
+    entries: Mapping[str, Entry],
+    content: Callable[[str], bytes],
+) -> Report:
+    """Apply the sandbox's changes under ``root``: ``entries`` is the sandbox manifest,
+    ``content(path)`` the bytes of a changed file. Refused changes are reported."""
+    report = Report()
+    root = Path(os.path.realpath(root))
+    for path in changes.delete:
+        why = may_come_back(path, None)
+        if why is None:
+            why = _delete(root, path)
+        (report.refused.append((path, why)) if why else report.deleted.append(path))
+    for path in changes.upsert:
+        entry = entries[path]
+        why = may_come_back(path, entry) or _write(root, path, entry, content)
+        (report.refused.append((path, why)) if why else report.written.append(path))
+    return report
+
+
+def _parent_safe(root: Path, path: str) -> str | None:
+    """None if every directory from ``root`` to ``path``'s parent is a real directory."""
+    probe = root
+    for part in PurePosixPath(path).parts[:-1]:
+        probe = probe / part
+        try:
+            info = probe.lstat()
+        except FileNotFoundError:
+            return None  # created below, as a real directory
+        if not stat.S_ISDIR(info.st_mode):
+            return f"{probe.relative_to(root)} is not a directory here (a symlink or a file)"
+    return None
+
+
+def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes]) -> str | None:
+    why = _parent_safe(root, path)
+    if why:
+        return why
+    target = root / path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    why = _parent_safe(root, path)  # mkdir followed nothing: check what it made
+    if why:
+        return why
+    existing = _lstat(target)
+    if entry.kind == "dir":
+        if existing is not None and not stat.S_ISDIR(existing.st_mode):
+            target.unlink()
+        target.mkdir(exist_ok=True)
+        os.chmod(target, entry.mode or 0o755, follow_symlinks=False)
+        return None
+    if existing is not None and stat.S_ISDIR(existing.st_mode) and not stat.S_ISLNK(existing.st_mode):
+        return "a directory on the host where the sandbox has a file"
+    temporary = target.with_name(f".{target.name}.sbx-{os.getpid()}")
+    if entry.kind == "symlink":
+        os.symlink(entry.target, temporary)
+    else:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(temporary, flags, entry.mode & 0o777 or 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(content(path))
+        os.chmod(temporary, entry.mode & 0o777 or 0o644)
+    os.replace(temporary, target)  # replaces a symlink itself, never what it points to
+    return None
+
+
+def _delete(root: Path, path: str) -> str | None:
+    why = _parent_safe(root, path)
+    if why:
+        return why
+    target = root / path
+    info = _lstat(target)
+    if info is None:
+        return None
+    if stat.S_ISDIR(info.st_mode):
+        try:
+            target.rmdir()
+        except OSError:
+            return "a directory that is not empty on the host"
+    else:
+        target.unlink()
+    return None
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except FileNotFoundError:
+        return None
