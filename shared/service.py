@@ -126,6 +126,8 @@ class Workload:
     """Run until cancelled; if one ends or fails, the process exits non-zero."""
     on_drain: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     """Called first on shutdown, to stop taking new work (e.g. close a listener)."""
+    on_stop: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """Called last, once in-flight work is done: release clients (e.g. the runtime's)."""
 
 
 Setup = Callable[[Context], Awaitable[Workload]]
@@ -231,6 +233,11 @@ async def run(
     except Exception as exc:
         log.warning("service.broker_stop_failed", error=repr(exc))
     await aio.cancel_and_wait([stopper, *tasks])
+    for callback in workload.on_stop:
+        try:
+            await asyncio.wait_for(callback(), s.drain_timeout)
+        except Exception as exc:
+            log.warning("service.stop_callback_failed", error=repr(exc))
     try:
         current = await instances.get(s.instance)
         stopped = events.InstanceStopped(

@@ -34,7 +34,9 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         async def on_exec_request(msg: NatsMessage) -> bytes:
             return await executor.handle(msg.body)
 
-        return service.Workload(tasks=[servers.run_sweeps()], on_drain=[servers.close])
+        return service.Workload(
+            tasks=[servers.run_sweeps()], on_drain=[servers.close], on_stop=[runtime.close]
+        )
 
     return setup
 

@@ -48,7 +48,7 @@ def make_setup(
         pools = pool_specs.configured(lifecycle)
         if pools:
             tasks.append(refill.run(ctx, pool, pools, lifecycle.max_running))
-        return service.Workload(tasks=tasks)
+        return service.Workload(tasks=tasks, on_stop=[runtime.close])
 
     return setup
 

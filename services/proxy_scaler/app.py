@@ -92,7 +92,7 @@ def make_setup(
                 await subscription.unsubscribe()
                 await lease.release()
 
-        return service.Workload(tasks=[projector.catch_up(ctx.js, proxies), loop()])
+        return service.Workload(tasks=[projector.catch_up(ctx.js, proxies), loop()], on_stop=[runtime.close])
 
     return setup
 

@@ -54,7 +54,7 @@ def make_setup(
             finally:
                 await lease.release()
 
-        return service.Workload(tasks=[loop()])
+        return service.Workload(tasks=[loop()], on_stop=[runtime.close])
 
     return setup
 

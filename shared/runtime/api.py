@@ -149,6 +149,9 @@ class Runtime(abc.ABC):
         writes more and ``Exec.close_stdin`` ends it (a long-lived helper process).
         Raises NotFound for an unknown id and NotRunning if the sandbox is not running."""
 
+    async def close(self) -> None:  # noqa: B027 - optional: backends with clients override it
+        """Release what the backend holds open (API clients); sandboxes are not touched."""
+
     async def run(
         self,
         sandbox_id: str,
