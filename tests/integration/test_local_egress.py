@@ -267,7 +267,7 @@ async def test_a_sandbox_without_a_route_is_refused_at_once_and_routes_follow_as
     assert code != 0, "a proxy's own port is reachable only through the sandbox's assignment"
     await rt.network.unroute(link)
     code, out = await sh(rt, box, f"curl -sS --max-time 5 https://github.com:{upstream.port}/echo")
-    assert code == 7 and "after 0 ms" in out, out  # reset at once, not a timeout
+    assert code == 7, out  # refused (curl's 7), not a timeout (28): no hang
     await rt.network.route(link, rt.test_proxy_port)
     code, out = await sh(rt, box, f"curl -sS --max-time 20 https://github.com:{upstream.port}/echo")
     assert code == 0, out
