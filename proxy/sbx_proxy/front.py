@@ -111,7 +111,7 @@ class Front:
         upstream: socket.socket | None = None
         try:
             head = await asyncio.wait_for(self._read_head(client), HEAD_TIMEOUT)
-            target = parse_connect(head)
+            target = parse_connect(head) if b"\r\n\r\n" in head else None
             cfg = self.config()
             if target is not None and cfg.rule_for(*target) is None:
                 upstream = await self._tunnel(client, head, target, cfg)

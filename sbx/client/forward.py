@@ -30,7 +30,9 @@ REPO_PATTERNS = (
     re.compile(r"branch\.[^\n]+\.(remote|merge|rebase|pushremote)"),
     re.compile(r"remote\.[^\n]+\.(url|pushurl|fetch|push|tagopt|prune)"),
 )
-CREDENTIALS_IN_URL = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+CREDENTIALS_IN_URL = re.compile(r"://[^/@\s]*:[^/@\s]*@|^https?://[^/]*@|\?")
+"""``user:pass@`` anywhere, any user part of an http(s) URL (a token as the user name),
+any query string (``?private_token=``)."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 

@@ -3,10 +3,12 @@
 Every git step runs hardened against what a sandbox could have left in the tree:
 ``safe.bareRepository=explicit`` (an embedded bare repository is never picked up),
 hooks off (``core.hooksPath=/dev/null``), no fsmonitor, no ``ext::`` transport, and an
-explicit ``--git-dir``/``--work-tree`` for the repository the directory is in (a ``.git``
-*file* pointing elsewhere is refused). ``clone`` gets no template directory. The host's
-own global git config (identity, credential helpers) applies: that is the point of
-running there.
+explicit ``--git-dir``/``--work-tree`` for the repository the directory is in, found no
+higher than its code dir (a ``.git`` *file* pointing elsewhere, or alternates, are
+refused), network transports only (https, http, ssh, git), a remote name only if the
+repository has that remote, no prompts, redacted traces. ``clone`` gets no template
+directory. The host's own global git config (identity, credential helpers) applies: that
+is the point of running there. Filters get only PATH and locale variables.
 """
 
 from __future__ import annotations
@@ -22,47 +24,71 @@ from sbx.client import route
 
 HARDENING = (
     "-c", "safe.bareRepository=explicit", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
-    "-c", "protocol.ext.allow=never",
+    # Network transports only: the local (file) transport would run the other repository's
+    # hooks (git drops -c settings before starting receive-pack), and ext:: runs anything.
+    "-c", "protocol.allow=never", "-c", "protocol.https.allow=always", "-c", "protocol.http.allow=always",
+    "-c", "protocol.ssh.allow=always", "-c", "protocol.git.allow=always",
 )  # fmt: skip
+GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_TRACE_REDACT": "1", "GIT_CONFIG_NOSYSTEM": "1"}
+"""Never prompt the host's user (a push to a look-alike host would ask for a password);
+traces never show credentials; no system-wide config."""
+FILTER_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE")
+"""Filters (grep, sort, ...) get only these of the host's variables."""
 
 
 class HostRunError(Exception):
     pass
 
 
-def repository(start: Path) -> Path:
-    """The work tree that ``start`` is in (its ``.git`` must be a directory)."""
+def repository(start: Path, root: Path) -> Path:
+    """The work tree that ``start`` is in, looked for no higher than the code dir ``root``
+    (a repository above it, say a dotfiles repo in $HOME, is never used). Its ``.git``
+    must be a directory, and hold no alternates the host did not make."""
     for candidate in (start, *start.parents):
+        if candidate != root and root not in candidate.parents:
+            break
         dot_git = candidate / ".git"
         if dot_git.is_symlink() or dot_git.is_file():
             raise HostRunError(f"{dot_git} is not a directory (a gitfile or a link): not run on the host")
         if dot_git.is_dir():
+            if (dot_git / "objects" / "info" / "alternates").exists():
+                raise HostRunError(
+                    f"{dot_git} borrows objects from elsewhere (alternates): not run on the host"
+                )
             return candidate
-    raise HostRunError(f"{start} is not inside a git repository")
+    raise HostRunError(f"{start} is not inside a git repository within the code dir {root}")
 
 
-def git_argv(step: route.Step, cwd: Path) -> list[str]:
+def git_argv(step: route.Step, cwd: Path, root: Path) -> list[str]:
     sub, args = step.argv[1], list(step.argv[2:])
     if sub == "clone":
         return ["git", *HARDENING, "clone", "--template=", *args]
-    tree = repository(cwd)
-    return ["git", *HARDENING, f"--git-dir={tree / '.git'}", f"--work-tree={tree}", sub, *args]
+    tree = repository(cwd, root)
+    base = ["git", *HARDENING, f"--git-dir={tree / '.git'}", f"--work-tree={tree}"]
+    remote = next((a for a in args if not a.startswith("-")), None)
+    if remote is not None and route.REMOTE_NAME.fullmatch(remote) and "://" not in remote:
+        found = subprocess.run(
+            [*base, "config", "--get", f"remote.{remote}.url"], capture_output=True, check=False
+        )
+        if found.returncode != 0:
+            raise HostRunError(f"{remote!r} is not a remote of {tree}: not run on the host")
+    return [*base, sub, *args]
 
 
 def run(plan: route.HostPlan, *, write: Callable[[bytes], None]) -> int:
     """Run the plan's segments like ``a && b``; each a pipeline. Output of the last step of
     each pipeline goes to ``write`` as it comes; returns the exit code."""
-    env = {**os.environ, **plan.env}
+    env = {**os.environ, **GIT_ENV, **plan.env}
     code = 0
     for segment in plan.segments:
-        code = _pipeline(segment, plan.cwd, env, write)
+        code = _pipeline(segment, plan, env, write)
         if code != 0:
             break
     return code
 
 
 def _pipeline(
-    steps: tuple[route.Step, ...], cwd: Path, env: dict[str, str], write: Callable[[bytes], None]
+    steps: tuple[route.Step, ...], plan: route.HostPlan, env: dict[str, str], write: Callable[[bytes], None]
 ) -> int:
     """Like bash: each step's stdout feeds the next; the last step's output (stderr merged
     unless redirected) streams to ``write``; earlier steps' stderr follows at the end."""
@@ -71,7 +97,9 @@ def _pipeline(
     with tempfile.TemporaryFile() as errors_of_earlier:
         for index, step in enumerate(steps):
             last = index == len(steps) - 1
-            argv = git_argv(step, cwd) if step.argv[0] == "git" else list(step.argv)
+            git = step.argv[0] == "git"
+            argv = git_argv(step, plan.cwd, plan.root) if git else list(step.argv)
+            step_env = env if git else {k: v for k, v in env.items() if k in FILTER_ENV_KEYS}
             stdout = subprocess.DEVNULL if step.quiet_stdout else subprocess.PIPE
             if step.quiet_stderr:
                 stderr: int | IO[bytes] = subprocess.DEVNULL
@@ -80,7 +108,12 @@ def _pipeline(
             else:
                 stderr = errors_of_earlier
             proc = subprocess.Popen(
-                argv, cwd=cwd, env=env, stdin=previous or subprocess.DEVNULL, stdout=stdout, stderr=stderr
+                argv,
+                cwd=plan.cwd,
+                env=step_env,
+                stdin=previous or subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
             )
             if previous is not None:
                 previous.close()

@@ -6,13 +6,15 @@ clone, ls-remote) plus glue that cannot touch files:
 * an optional leading ``cd DIR &&`` (an existing directory inside the code dirs, reached
   without symlinks);
 * ``echo``/``printf`` segments joined with ``&&``;
-* filters fed by a pipe (grep, jq, head, tail, sort, uniq, cut, tr, wc), each with short
-  options from a fixed list and no file argument;
+* filters fed by a pipe (grep, head, tail, sort, uniq, cut, tr, wc), each with short
+  options from a fixed list and no file argument (not jq: it reads the environment and
+  files on its own; not ``grep -e``: its pattern would turn the one argument into a file);
 * ``>/dev/null``, ``2>/dev/null`` and ``2>&1``;
 * variable prefixes that are on/off switches (``GIT_TRACE=1``).
 
-Every local path in it (the working directory, a clone target, a path or ``file://``
-remote) must resolve inside the code dirs without symlinks. Anything else stays in the
+Every local path in it (the working directory, every cd, a clone target) must resolve
+inside the code dirs without symlinks, and remotes are network URLs (https, ssh, git,
+``user@host:path``) or remote names, never local paths. Anything else stays in the
 **sandbox**: a substitution, a subshell, a heredoc, a file redirection, another program,
 another variable prefix, a ``$VAR``, a ``~``, an unquoted glob, a git option that runs a
 program (``--upload-pack``, ``clone -u/-c/--template``, ``ext::`` remotes, ...), or
@@ -26,6 +28,7 @@ host runner executes that plan, never the text.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +43,7 @@ SWITCHES = {
 SWITCH_VALUES = {"0", "1", "true", "false"}
 FILTERS: dict[str, tuple[frozenset[str], frozenset[str], int]] = {
     # name: (flag options, options taking a value, most positional arguments)
-    "grep": (frozenset("ivcnEFwxqoHh"), frozenset("Ae"), 1),
-    "jq": (frozenset("rcejMSsna"), frozenset(), 1),
+    "grep": (frozenset("ivcnEFwxqoHh"), frozenset("A"), 1),
     "head": (frozenset("q"), frozenset("nc"), 0),
     "tail": (frozenset("q"), frozenset("nc"), 0),
     "sort": (frozenset("rnufbVh"), frozenset("kt"), 0),
@@ -100,6 +102,8 @@ class HostPlan:
     first that fails, as ``&&`` would."""
 
     cwd: Path
+    root: Path = Path("/")
+    """The code dir ``cwd`` is in: host-side git looks for its repository no higher."""
     env: dict[str, str] = field(default_factory=dict)
     segments: tuple[tuple[Step, ...], ...] = ()
 
@@ -260,7 +264,8 @@ def _plan(command: str, code_dirs: list[Path], cwd: Path) -> HostPlan | None:
         planned.append(tuple(steps))
     if not has_git:
         return None
-    return HostPlan(cwd=here, env=env, segments=tuple(planned))
+    root = next(r for r in code_dirs if here == r or r in here.parents)
+    return HostPlan(cwd=here, root=root, env=env, segments=tuple(planned))
 
 
 def _redirections(part: list[Token]) -> tuple[list[str], bool, bool, bool]:
@@ -349,29 +354,39 @@ def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> list[str]
         where.append(len(out) - 1)
         positional.append(arg)
     for at, arg in enumerate(positional):
+        if any(ord(c) < 32 or ord(c) == 127 for c in arg) or "%0" in arg.lower():
+            raise NotHost("control characters in an argument")
         if "::" in arg:
             raise NotHost("a remote helper transport (ext::, fd::) runs a program")
-        if at == 0 or (sub == "clone" and at == 1):
-            local = _local_path(arg)
-            if local is not None:
-                must_exist = not (sub == "clone" and at == 1)
-                checked = _inside(here / local, code_dirs, what="a local path", exists=must_exist)
-                absolute = f"file://{checked}" if arg.startswith("file://") else str(checked)
-                out[where[at]] = absolute
+        if at == 0:
+            _check_remote(arg, sub)
+        elif sub == "clone" and at == 1:
+            checked = _inside(here / arg, code_dirs, what="the clone target", exists=False)
+            out[where[at]] = str(checked)
     return out
 
 
-def _local_path(arg: str) -> str | None:
-    """The local path ``arg`` names as a remote or clone target, if it is one."""
-    if arg.startswith("file://"):
-        return arg[len("file://") :] or "/"
-    if "://" in arg:
-        return None
-    if ":" in arg.split("/", 1)[0] and not arg.startswith((".", "/")):
-        return None  # scp-like host:path
-    if arg.startswith((".", "/")) or "/" in arg:
-        return arg
-    return None  # a remote name
+REMOTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+URL = re.compile(
+    r"(https?|ssh|git)://[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?|ssh://[A-Za-z0-9._-]+@[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[^\s]*)?"
+)
+SCP = re.compile(r"[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9._/~-][^\s]*")
+
+
+def _check_remote(arg: str, sub: str) -> None:
+    """The remote (or clone source) of a host command: a network URL of a known scheme,
+    scp-like ``user@host:path``, or a remote's name (hostrun checks it is configured).
+    Never a local path or ``file://``: git's local transport runs the other repository's
+    hooks, and that repository may be one the sandbox planted in the tree."""
+    if URL.fullmatch(arg):
+        if arg.startswith(("http://", "https://")) and ("@" in arg.split("/", 3)[2] or "?" in arg):
+            raise NotHost("a URL with credentials or a query in it")
+        return
+    if SCP.fullmatch(arg) and not arg.startswith("-"):
+        return
+    if sub != "clone" and REMOTE_NAME.fullmatch(arg) and not arg.startswith("-"):
+        return
+    raise NotHost(f"{arg!r:.60} is not a network URL or a remote name (local remotes run on the sandbox)")
 
 
 def _inside(

@@ -9,11 +9,14 @@ follows symlinks, and digests are cached by (size, mtime, inode), so an unchange
 Pull-back (sandbox → host) is filtered:
 
 * inside any ``.git`` directory only history and the index come back (:data:`GIT_BACK`:
-  objects, refs, logs, HEAD, index, packed-refs, ...): config, hooks, info, modules,
-  worktrees and everything else stay as the host has them, so nothing built in the
-  sandbox can plant a hook or a config that a later host-side git runs;
+  loose objects and packs, refs, logs, HEAD, index, packed-refs, ...): config, hooks,
+  info, ``objects/info/alternates``, modules, worktrees and everything else stay as the
+  host has them, so nothing built in the sandbox can plant a hook or a config that a
+  later host-side git runs; ``.GIT``, ``.git.``, ``git~1`` count as ``.git`` (and never
+  come back under another spelling);
 * a ``.git`` *file* (a gitfile pointing elsewhere) never comes back;
-* a symlink comes back only if its target stays inside the code dir;
+* a symlink comes back only if its target neither is absolute nor contains ``..``;
+* modes come back without setuid/setgid/sticky bits or write bits for others;
 * every write goes to a temporary file in the same directory, then is renamed, and no
   directory on the way may be a symlink: nothing is ever written outside the code dir.
 """
@@ -23,17 +26,24 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-GIT_BACK = (
-    "objects/", "refs/", "logs/", "HEAD", "ORIG_HEAD", "FETCH_HEAD", "index", "packed-refs",
-    "COMMIT_EDITMSG", "MERGE_HEAD", "MERGE_MSG", "MERGE_MODE", "CHERRY_PICK_HEAD", "REVERT_HEAD", "shallow",
-)  # fmt: skip
-"""What may come back inside a ``.git`` directory (a trailing / means everything under it)."""
+GIT_BACK = re.compile(
+    r"objects(/[0-9a-f]{2}(/[0-9a-f]{38,62})?|/pack(/pack-[0-9a-f]{40,64}\.(pack|idx|rev|bitmap|mtimes))?)?"
+    r"|refs(/[^/]+)*|logs(/[^/]+)*"
+    r"|HEAD|ORIG_HEAD|FETCH_HEAD|index|packed-refs|COMMIT_EDITMSG|MERGE_HEAD|MERGE_MSG|MERGE_MODE"
+    r"|CHERRY_PICK_HEAD|REVERT_HEAD|shallow"
+)
+"""What may come back inside a ``.git`` directory: loose objects and packs (never
+``objects/info/alternates``, which would lend the repository another one's objects),
+refs, logs, HEAD, the index and the merge state files."""
+FILE_MODE_MASK = 0o755
+"""Modes that come back: no setuid/setgid/sticky bits, nothing writable by others."""
 DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "__pycache__/", "*.pyc", ".sbx/")
 
 
@@ -138,29 +148,33 @@ def diff(old: Mapping[str, Entry], new: Mapping[str, Entry]) -> Changes:
 def may_come_back(path: str, entry: Entry | None) -> str | None:
     """None if the sandbox's version of ``path`` may be applied on the host, else why not."""
     parts = PurePosixPath(path).parts
-    if any(p in ("", ".", "..") for p in parts) or PurePosixPath(path).is_absolute():
+    if any(p in ("", ".", "..") for p in parts) or PurePosixPath(path).is_absolute() or "\0" in path:
         return "not a plain relative path"
-    if ".git" in parts:
-        at = parts.index(".git")
-        inner = "/".join(parts[at + 1 :])
+    git_at = next((i for i, p in enumerate(parts) if is_git_name(p)), None)
+    if git_at is not None:
+        if parts[git_at] != ".git":
+            return f"{parts[git_at]!r} is .git on a case-insensitive or Windows file system"
+        inner = "/".join(parts[git_at + 1 :])
         if not inner:
             if entry is not None and entry.kind != "dir":
                 return ".git is not a directory (a gitfile or link stays as the host has it)"
             return None
         if entry is not None and entry.kind == "symlink":
             return "no symlinks inside .git"
-        if not any(inner == p or (p.endswith("/") and (inner + "/").startswith(p)) for p in GIT_BACK):
+        if not GIT_BACK.fullmatch(inner):
             return f".git/{inner} stays as the host has it (only history and the index come back)"
     if entry is not None and entry.kind == "symlink":
         target = PurePosixPath(entry.target)
-        if target.is_absolute():
-            return "a symlink to an absolute path"
-        depth = len(parts) - 1
-        for part in target.parts:
-            depth += -1 if part == ".." else (0 if part == "." else 1)
-            if depth < 0:
-                return "a symlink that leads out of the code dir"
+        if target.is_absolute() or ".." in target.parts or "\0" in entry.target:
+            return "a symlink that goes up or out (only links into their own directory come back)"
     return None
+
+
+def is_git_name(name: str) -> bool:
+    """``.git`` as git itself guards it: any case, trailing dots or spaces (NTFS), the
+    8.3 short name ``git~1``."""
+    folded = name.lower().rstrip(". ")
+    return folded in (".git", "git~1")
 
 
 # ---- applying on the host -----------------------------------------------------------------------
@@ -216,7 +230,8 @@ def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes])
         if existing is not None and not stat.S_ISDIR(existing.st_mode):
             target.unlink()
         target.mkdir(exist_ok=True)
-        os.chmod(target, entry.mode or 0o755, follow_symlinks=False)
+        if not is_git_name(target.name):  # .git keeps the host's own mode
+            os.chmod(target, (entry.mode & FILE_MODE_MASK) | 0o700, follow_symlinks=False)
         return None
     if existing is not None and stat.S_ISDIR(existing.st_mode) and not stat.S_ISLNK(existing.st_mode):
         return "a directory on the host where the sandbox has a file"
@@ -225,10 +240,11 @@ def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes])
         os.symlink(entry.target, temporary)
     else:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(temporary, flags, entry.mode & 0o777 or 0o644)
+        mode = (entry.mode & FILE_MODE_MASK) | 0o600
+        fd = os.open(temporary, flags, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(content(path))
-        os.chmod(temporary, entry.mode & 0o777 or 0o644)
+        os.chmod(temporary, mode)
     os.replace(temporary, target)  # replaces a symlink itself, never what it points to
     return None
 

@@ -165,3 +165,17 @@ def test_what_the_front_does_not_parse_reaches_mitmproxy(proxy):
 )
 def test_only_a_plain_well_formed_connect_is_parsed(head, expected):
     assert front.parse_connect(head) == expected
+
+
+def test_a_connect_head_cut_short_never_opens_a_tunnel(proxy, echo):
+    """``CONNECT ...\\r\\n`` and then end of input (no blank line): not a complete request,
+    so the front tunnels nothing and hands it to mitmproxy; no error escapes."""
+    before = len(echo.peers)
+    with socket.create_connection((proxy.host, proxy.port), timeout=10) as sock:
+        sock.sendall(f"CONNECT echo.example:{echo.port} HTTP/1.1\r\n".encode())
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(10)
+        answer = sock.recv(4096)
+    assert not answer.startswith(b"HTTP/1.1 200"), answer
+    assert len(echo.peers) == before
+    assert "Traceback" not in proxy.output()

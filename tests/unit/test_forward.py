@@ -52,6 +52,12 @@ REPO_CONFIG = """
 \tfetch = +refs/heads/*:refs/remotes/origin/*
 [remote "leaky"]
 \turl = https://ann:tok@github.com/org/repo.git
+[remote "tokenuser"]
+\turl = https://ghp_secret@github.com/org/repo.git
+[remote "query"]
+\turl = https://gitlab.example/org/repo.git?private_token=secret
+[remote "ssh"]
+\turl = git@github.com:org/repo.git
 [branch "Main"]
 \tremote = origin
 \tmerge = refs/heads/main
@@ -83,9 +89,9 @@ def test_a_repository_config_adds_what_git_needs_there_and_nothing_that_runs(tmp
     keys = [k for k, _ in kept]
     assert keys == [
         "core.repositoryformatversion", "core.bare", "remote.origin.url", "remote.origin.fetch",
-        "branch.Main.remote", "branch.Main.merge", "user.email",
+        "remote.ssh.url", "branch.Main.remote", "branch.Main.merge", "user.email",
     ]  # fmt: skip
-    assert all("tok@" not in v for _, v in kept), "a URL with user:pass@ is dropped"
+    assert all("tok@" not in v and "secret" not in v for _, v in kept), "URLs with credentials are dropped"
 
 
 def test_an_unparsable_file_gives_an_empty_config_and_includes_are_not_followed(tmp_path):

@@ -1,16 +1,22 @@
-"""Running routed commands on the host (sbx/client/hostrun.py) with real git: argv lists,
-no shell, hardened git (no hooks, no fsmonitor, explicit repository, no bare-repo
-discovery), ``&&`` and pipes like bash."""
+"""Running routed commands on the host (sbx/client/hostrun.py) with real git against a
+real smart-HTTP remote (git's own http-backend) that wants the host's credential: argv
+lists, no shell, hardened git (no hooks, no local transport, no bare-repo discovery, an
+explicit repository found no higher than the code dir), ``&&`` and pipes like bash."""
 
 from __future__ import annotations
 
+import base64
 import subprocess
+import threading
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from sbx.client import hostrun, route
+from tests.proxy import harness
 
 IDENT = ["-c", "user.name=t", "-c", "user.email=t@e"]
+TOKEN = "host-only-token"
 
 
 def git(*args: str, cwd) -> str:
@@ -18,7 +24,27 @@ def git(*args: str, cwd) -> str:
 
 
 @pytest.fixture
-def code(tmp_path):
+def remote(tmp_path):
+    served = tmp_path / "served"
+    (served / "org").mkdir(parents=True)
+    git("init", "-q", "--bare", str(served / "org" / "remote.git"), cwd=tmp_path)
+    git("config", "http.receivepack", "true", cwd=served / "org" / "remote.git")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.GitSmartHTTP)
+    server.token, server.root, server.seen = TOKEN, served, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, served / "org" / "remote.git"
+    server.shutdown()
+
+
+@pytest.fixture
+def code(tmp_path, remote, monkeypatch):
+    """A code dir with a repository whose origin is the smart-HTTP remote; the host's git
+    config (here: the environment) carries the credential."""
+    server, _ = remote
+    header = "Authorization: Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
+    monkeypatch.setenv("GIT_CONFIG_COUNT", "1")
+    monkeypatch.setenv("GIT_CONFIG_KEY_0", "http.extraHeader")
+    monkeypatch.setenv("GIT_CONFIG_VALUE_0", header)
     code = tmp_path / "code"
     repo = code / "repo"
     repo.mkdir(parents=True)
@@ -26,7 +52,7 @@ def code(tmp_path):
     (repo / "f").write_text("x\n")
     git("add", "f", cwd=repo)
     git("commit", "-qm", "one", cwd=repo)
-    git("init", "-q", "--bare", str(code / "remote.git"), cwd=code)
+    git("remote", "add", "origin", f"http://127.0.0.1:{server.server_address[1]}/org/remote.git", cwd=repo)
     return code
 
 
@@ -38,45 +64,67 @@ def run(code, command: str, cwd: str = "repo") -> tuple[int, str]:
     return status, b"".join(out).decode()
 
 
-def test_a_push_runs_without_the_hooks_a_sandbox_could_have_planted(code):
+def test_a_push_uses_the_hosts_credential_and_never_the_hooks_a_sandbox_planted(code, remote):
+    _, bare = remote
     marker = code.parent / "hook-ran"
     hook = code / "repo" / ".git" / "hooks" / "pre-push"
     hook.write_text(f"#!/bin/sh\ntouch {marker}\n")
     hook.chmod(0o755)
-    status, out = run(code, "git push ../remote.git HEAD:refs/heads/main")
+    status, out = run(code, "git push origin HEAD:refs/heads/main")
     assert status == 0, out
-    assert (
-        git("rev-parse", "main", cwd=code / "remote.git").strip()
-        == git("rev-parse", "HEAD", cwd=code / "repo").strip()
-    )
+    assert git("rev-parse", "main", cwd=bare).strip() == git("rev-parse", "HEAD", cwd=code / "repo").strip()
     assert not marker.exists(), "the planted hook never runs on the host"
 
 
 def test_pipes_and_and_behave_like_bash(code):
-    run(code, "git push ../remote.git HEAD:refs/heads/main")
-    status, out = run(code, "git ls-remote ../remote.git | grep -c refs/heads")
+    run(code, "git push origin HEAD:refs/heads/main")
+    status, out = run(code, "git ls-remote origin | grep -c refs/heads")
     assert (status, out) == (0, "1\n")
-    status, out = run(code, "git fetch no-such-remote 2>/dev/null && echo after")
+    status, out = run(code, "git fetch origin refs/heads/nope 2>/dev/null && echo after")
     assert status != 0 and "after" not in out
 
 
-def test_a_gitfile_pointing_elsewhere_is_refused(code, tmp_path):
-    other = code / "other"
-    other.mkdir()
-    (other / ".git").write_text(f"gitdir: {tmp_path}/elsewhere\n")
-    decided = route.route("git fetch", [code], other)
-    with pytest.raises(hostrun.HostRunError, match="not a directory"):
+def test_a_remote_name_the_repository_does_not_have_is_refused(code):
+    """A bare word that is not a remote would be a path to git: a repository the sandbox
+    planted in the tree, whose hooks the local transport would run."""
+    planted = code / "repo" / "evil"
+    git("init", "-q", "--bare", str(planted), cwd=code)
+    decided = route.route("git push evil HEAD", [code], code / "repo")
+    with pytest.raises(hostrun.HostRunError, match="not a remote"):
         hostrun.run(decided.plan, write=lambda _: None)
 
 
-def test_an_embedded_bare_repository_is_not_picked_up(code):
-    """A bare repository planted in the tree (say, a directory with HEAD, objects and
-    refs) is never what host-side git works on: the repository is named explicitly."""
+def test_a_gitfile_alternates_or_a_repository_above_the_code_dir_are_refused(code, tmp_path):
+    other = code / "other"
+    other.mkdir()
+    (other / ".git").write_text(f"gitdir: {tmp_path}/elsewhere\n")
+    decided = route.route("git fetch origin", [code], other)
+    with pytest.raises(hostrun.HostRunError, match="not a directory"):
+        hostrun.run(decided.plan, write=lambda _: None)
+    # The code dir is a sub-directory of a repository: that repository is never used.
+    inner = code / "repo" / "sub"
+    inner.mkdir()
+    decided = route.route("git fetch origin", [inner], inner)
+    with pytest.raises(hostrun.HostRunError, match="within the code dir"):
+        hostrun.run(decided.plan, write=lambda _: None)
+    (code / "repo" / ".git" / "objects" / "info" / "alternates").write_text("/elsewhere/objects\n")
+    decided = route.route("git fetch origin", [code], code / "repo")
+    with pytest.raises(hostrun.HostRunError, match="alternates"):
+        hostrun.run(decided.plan, write=lambda _: None)
+
+
+def test_an_embedded_bare_repository_is_not_picked_up(code, remote):
+    """A bare repository planted in the tree is never what host-side git works on: the
+    repository is named explicitly."""
+    _, bare = remote
     planted = code / "repo" / "sub"
     git("init", "-q", "--bare", str(planted), cwd=code)
-    status, out = run(code, "git push ../../remote.git HEAD:refs/heads/x", cwd="repo/sub")
+    status, out = run(code, "git push origin HEAD:refs/heads/x", cwd="repo/sub")
     assert status == 0, out
-    assert (
-        git("rev-parse", "x", cwd=code / "remote.git").strip()
-        == git("rev-parse", "HEAD", cwd=code / "repo").strip()
-    )
+    assert git("rev-parse", "x", cwd=bare).strip() == git("rev-parse", "HEAD", cwd=code / "repo").strip()
+
+
+def test_filters_get_no_host_secrets(code, monkeypatch):
+    monkeypatch.setenv("SANDBOX_API_KEY", "host-secret-key")
+    status, out = run(code, "git ls-remote origin 2>&1 | grep -c host-secret-key")
+    assert out.strip() == "0"

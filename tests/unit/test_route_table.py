@@ -46,8 +46,9 @@ HOST = [
     "git ls-remote origin | cut -f2 | sort -u | head -3",
     "GIT_TRACE=1 git fetch",
     "git push origin 'refs/heads/a b'",
-    "git push ../other",
-    "git fetch file://{code}/other",
+    "git push evil-or-not",  # a remote name: hostrun checks the repository has it
+    "git push ssh://git@github.com/org/repo.git",
+    "git fetch git://example.org/repo.git",
     "git push && git push --tags",
     "printf 'x' && git push",
 ]
@@ -93,7 +94,18 @@ SANDBOX = {
     "git push | grep x /etc/passwd": "reads a file",
     "git push | sort -o out": "not on the list",
     "git push | tail -f": "not on the list",
-    "git push | jq -f prog.jq": "not on the list",
+    "git push | jq -f prog.jq": "not a git network command or glue",
+    "git ls-remote origin | jq -n env": "not a git network command or glue",
+    "git ls-remote origin | grep -e '' secret.txt": "not on the list",
+    "git push ./evil HEAD": "not a network URL or a remote name",
+    "git push ../other": "not a network URL or a remote name",
+    "git fetch file:///tmp/x": "not a network URL or a remote name",
+    "git clone ../planted new": "not a network URL or a remote name",
+    "git push https://tok@github.com/o/r.git": "not a network URL or a remote name",
+    "git push 'https://github.com/o/r.git?private_token=1'": "credentials or a query",
+    "git push xyz://host/x": "not a network URL or a remote name",
+    "git push -origin": "not on the list",
+    "git push 'https://github.com/o/r%0a.git'": "control characters",
     "git ls-remote | xargs rm": "not a git network command or glue",
     "HOME=/tmp git push": "not an on/off switch",
     "GIT_SSH_COMMAND=evil git push": "not an on/off switch",
@@ -106,8 +118,8 @@ SANDBOX = {
     "cd sub": "must lead into a command",
     "git clone https://x/y ../../elsewhere": "outside the code dirs",
     "git clone https://x/y ../escape/new": "symlink",
-    "git push /tmp/repo": "outside the code dirs",
-    "git push file:///tmp/repo": "outside the code dirs",
+    "git push /tmp/repo": "not a network URL or a remote name",
+    "git push file:///tmp/repo": "not a network URL or a remote name",
     "echo hi": "not a git network command",
     "echo x | git push": "feeding a pipe",
     "git push\nrm -rf /": "multi-line",
@@ -145,15 +157,13 @@ def test_the_plan_is_argv_lists_not_text(tree):
     assert grep.argv == ("grep", "-v", "x") and echo.argv == ("echo", "done")
 
 
-def test_local_paths_in_the_plan_are_absolute_and_options_keep_their_place(tree):
-    decided = where(tree, "git push --force ../other --depth=1 main")
-    assert decided.where == "sandbox"  # --depth is not a push option
-    decided = where(tree, "git push --force ../other main")
+def test_clone_targets_in_the_plan_are_absolute_and_options_keep_their_place(tree):
+    decided = where(tree, "git push --force origin main")
     ((push,),) = decided.plan.segments
-    assert push.argv == ("git", "push", "--force", str(tree / "other"), "main")
-    decided = where(tree, "git fetch file://../other")
-    ((fetch,),) = decided.plan.segments
-    assert fetch.argv == ("git", "fetch", f"file://{tree / 'other'}")
+    assert push.argv == ("git", "push", "--force", "origin", "main")
     decided = where(tree, f"git clone --depth 1 https://x/y.git -- {tree}/new")
     ((clone,),) = decided.plan.segments
     assert clone.argv == ("git", "clone", "--depth", "1", "https://x/y.git", "--", str(tree / "new"))
+    decided = where(tree, "git clone https://x/y.git new")
+    ((clone,),) = decided.plan.segments
+    assert clone.argv[-1] == str(tree / "repo" / "new") and decided.plan.root == tree

@@ -61,7 +61,11 @@ def test_hooks_and_config_planted_in_git_stay_as_the_host_has_them(trees):
     (sandbox / ".git" / "hooks" / "pre-push").write_text("#!/bin/sh\ncurl evil\n")
     (sandbox / ".git" / "config").write_text("[core]\n\tfsmonitor = evil\n")
     (sandbox / ".git" / "objects" / "ab").mkdir(parents=True)
-    (sandbox / ".git" / "objects" / "ab" / "cdef").write_bytes(b"object")
+    (sandbox / ".git" / "objects" / "ab" / "cdef").write_bytes(b"not an object name")
+    loose = "cd" * 19
+    (sandbox / ".git" / "objects" / "ab" / loose).write_bytes(b"object")
+    (sandbox / ".git" / "objects" / "info").mkdir()
+    (sandbox / ".git" / "objects" / "info" / "alternates").write_text("/home/u/private/.git/objects\n")
     (sandbox / ".git" / "refs" / "heads").mkdir(parents=True)
     (sandbox / ".git" / "refs" / "heads" / "main").write_text("abcdef\n")
     (sandbox / ".git" / "index").write_bytes(b"DIRC")
@@ -69,10 +73,14 @@ def test_hooks_and_config_planted_in_git_stay_as_the_host_has_them(trees):
     (sandbox / ".git" / "info" / "attributes").write_text("* filter=evil\n")
     report = pull_back(host, sandbox)
     refused = dict(report.refused)
-    assert set(refused) == {".git/hooks/pre-push", ".git/config", ".git/info", ".git/info/attributes"}
+    assert set(refused) == {
+        ".git/hooks/pre-push", ".git/config", ".git/info", ".git/info/attributes", ".git/objects/ab/cdef",
+        ".git/objects/info", ".git/objects/info/alternates",
+    }  # fmt: skip
     assert not (host / ".git" / "hooks" / "pre-push").exists()
     assert "fsmonitor" not in (host / ".git" / "config").read_text()
-    assert (host / ".git" / "objects" / "ab" / "cdef").read_bytes() == b"object"
+    assert (host / ".git" / "objects" / "ab" / loose).read_bytes() == b"object"
+    assert not (host / ".git" / "objects" / "info" / "alternates").exists()
     assert (host / ".git" / "refs" / "heads" / "main").read_text() == "abcdef\n"
     assert (host / ".git" / "index").read_bytes() == b"DIRC"
 
@@ -94,7 +102,7 @@ def test_symlinks_that_leave_the_code_dir_never_come_back_and_are_never_written_
     host, sandbox, outside = trees
     os.symlink(outside, sandbox / "escape")
     os.symlink("../../outside/x", sandbox / "src" / "relative-escape")
-    os.symlink("app.py", sandbox / "src" / "fine-link")
+    os.symlink("app.py", sandbox / "src" / "fine-link")  # into its own directory: fine
     report = pull_back(host, sandbox)
     refused = dict(report.refused)
     assert "escape" in refused and "src/relative-escape" in refused
@@ -160,3 +168,24 @@ def test_excludes_keep_build_output_and_environments_out():
     assert sync.excluded("node_modules/x/index.js", sync.DEFAULT_EXCLUDES)
     assert sync.excluded("pkg/__pycache__/m.cpython-311.pyc", sync.DEFAULT_EXCLUDES)
     assert not sync.excluded("src/node_modules_helper.py", sync.DEFAULT_EXCLUDES)
+
+
+def test_git_look_alikes_modes_and_upward_links_are_refused(trees):
+    host, sandbox, outside = trees
+    for name in (".GIT", ".Git", ".git.", "git~1"):
+        (sandbox / name).mkdir()
+        (sandbox / name / "config").write_text("[core]\n\tsshCommand = evil\n")
+    (sandbox / "d" / "e").mkdir(parents=True)
+    os.symlink("../..", sandbox / "d" / "e" / "s")
+    os.symlink("d/e/s/../../outside", sandbox / "L")
+    (sandbox / "setuid").write_text("x")
+    (sandbox / "setuid").chmod(0o4777)
+    (sandbox / "open").mkdir()
+    (sandbox / "open").chmod(0o777)
+    report = pull_back(host, sandbox)
+    refused = dict(report.refused)
+    for name in (".GIT", ".Git", ".git.", "git~1"):
+        assert name in refused and not (host / name).exists()
+    assert "d/e/s" in refused and "L" in refused
+    assert (host / "setuid").stat().st_mode & 0o7777 == 0o755
+    assert (host / "open").stat().st_mode & 0o777 == 0o755
