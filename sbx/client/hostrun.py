@@ -13,9 +13,13 @@ is the point of running there. Filters get only PATH and locale variables.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import tempfile
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
@@ -32,6 +36,10 @@ HARDENING = (
 GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_TRACE_REDACT": "1", "GIT_CONFIG_NOSYSTEM": "1"}
 """Never prompt the host's user (a push to a look-alike host would ask for a password);
 traces never show credentials; no system-wide config."""
+TIMEOUT = 600.0
+"""Longest a host command may run (a push of a large history included)."""
+OUTPUT_LIMIT = 4 * 1024 * 1024
+"""Most output passed on; the rest is dropped and said so."""
 FILTER_ENV_KEYS = ("PATH", "LANG", "LC_ALL", "LC_CTYPE")
 """Filters (grep, sort, ...) get only these of the host's variables."""
 
@@ -75,20 +83,44 @@ def git_argv(step: route.Step, cwd: Path, root: Path) -> list[str]:
     return [*base, sub, *args]
 
 
-def run(plan: route.HostPlan, *, write: Callable[[bytes], None]) -> int:
+def run(
+    plan: route.HostPlan,
+    *,
+    write: Callable[[bytes], None],
+    timeout: float = TIMEOUT,
+    limit: int = OUTPUT_LIMIT,
+) -> int:
     """Run the plan's segments like ``a && b``; each a pipeline. Output of the last step of
-    each pipeline goes to ``write`` as it comes; returns the exit code."""
+    each pipeline goes to ``write`` as it comes (at most ``limit`` bytes); returns the exit
+    code (124 when ``timeout`` ran out: every process of the plan is killed)."""
     env = {**os.environ, **GIT_ENV, **plan.env}
+    budget = _Budget(write, limit, time.monotonic() + timeout)
     code = 0
     for segment in plan.segments:
-        code = _pipeline(segment, plan, env, write)
+        code = _pipeline(segment, plan, env, budget)
         if code != 0:
             break
     return code
 
 
+class _Budget:
+    """Output and time left for a plan."""
+
+    def __init__(self, write: Callable[[bytes], None], limit: int, deadline: float) -> None:
+        self.write_through, self.left, self.deadline = write, limit, deadline
+        self.cut = False
+
+    def write(self, data: bytes) -> None:
+        if self.left > 0:
+            self.write_through(data[: self.left])
+        if len(data) > self.left and not self.cut:
+            self.cut = True
+            self.write_through(b"\n[output cut: more than the host passes on]\n")
+        self.left = max(0, self.left - len(data))
+
+
 def _pipeline(
-    steps: tuple[route.Step, ...], plan: route.HostPlan, env: dict[str, str], write: Callable[[bytes], None]
+    steps: tuple[route.Step, ...], plan: route.HostPlan, env: dict[str, str], budget: _Budget
 ) -> int:
     """Like bash: each step's stdout feeds the next; the last step's output (stderr merged
     unless redirected) streams to ``write``; earlier steps' stderr follows at the end."""
@@ -114,17 +146,32 @@ def _pipeline(
                 stdin=previous or subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,
+                start_new_session=True,  # a timeout kills git and the helpers it started
             )
             if previous is not None:
                 previous.close()
             previous = proc.stdout if not last else None
             processes.append(proc)
         final = processes[-1]
-        if final.stdout is not None:
-            for chunk in iter(lambda: final.stdout.read1(65536), b""):  # type: ignore[union-attr]
-                write(chunk)
-        codes = [p.wait() for p in processes]
+        timer = threading.Timer(max(0.0, budget.deadline - time.monotonic()), _kill_all, (processes,))
+        timer.start()
+        try:
+            if final.stdout is not None:
+                for chunk in iter(lambda: final.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                    budget.write(chunk)
+            codes = [p.wait() for p in processes]
+        finally:
+            timer.cancel()
         errors_of_earlier.seek(0)
         if leftover := errors_of_earlier.read():
-            write(leftover)
+            budget.write(leftover)
+    if time.monotonic() >= budget.deadline:
+        budget.write(b"\n[timed out on the host: the command was killed]\n")
+        return 124
     return codes[-1]
+
+
+def _kill_all(processes: list[subprocess.Popen[bytes]]) -> None:
+    for proc in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)

@@ -191,15 +191,25 @@ def apply(
     report = Report()
     root = Path(os.path.realpath(root))
     for path in changes.delete:
-        why = may_come_back(path, None)
-        if why is None:
-            why = _delete(root, path)
+        why = may_come_back(path, None) or _guarded(lambda p=path: _delete(root, p))
         (report.refused.append((path, why)) if why else report.deleted.append(path))
     for path in changes.upsert:
-        entry = entries[path]
-        why = may_come_back(path, entry) or _write(root, path, entry, content)
+        entry = entries.get(path)
+        if entry is None:
+            why: str | None = "not in the sandbox's manifest"
+        else:
+            why = may_come_back(path, entry) or _guarded(lambda p=path, e=entry: _write(root, p, e, content))
         (report.refused.append((path, why)) if why else report.written.append(path))
     return report
+
+
+def _guarded(change: Callable[[], str | None]) -> str | None:
+    """One path's change; a failure is that path's refusal, never the end of the round
+    (a name too long for the host, a temp name taken, a file vanished meanwhile)."""
+    try:
+        return change()
+    except (OSError, ValueError) as exc:
+        return f"could not be applied on the host: {type(exc).__name__}: {exc}"
 
 
 def _parent_safe(root: Path, path: str) -> str | None:

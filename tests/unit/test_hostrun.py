@@ -128,3 +128,15 @@ def test_filters_get_no_host_secrets(code, monkeypatch):
     monkeypatch.setenv("SANDBOX_API_KEY", "host-secret-key")
     status, out = run(code, "git ls-remote origin 2>&1 | grep -c host-secret-key")
     assert out.strip() == "0"
+
+
+def test_a_host_command_is_bounded_in_time_and_output(code):
+    run(code, "git push origin HEAD:refs/heads/main")
+    decided = route.route("git ls-remote origin | sort -r", [code], code / "repo")
+    out: list[bytes] = []
+    assert hostrun.run(decided.plan, write=out.append, limit=10) == 0
+    assert b"output cut" in b"".join(out)
+    silent = route.route("git fetch git://10.255.255.1/never.git", [code], code / "repo")
+    out.clear()
+    assert hostrun.run(silent.plan, write=out.append, timeout=0.5) == 124
+    assert b"timed out on the host" in b"".join(out)

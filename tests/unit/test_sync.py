@@ -189,3 +189,17 @@ def test_git_look_alikes_modes_and_upward_links_are_refused(trees):
     assert "d/e/s" in refused and "L" in refused
     assert (host / "setuid").stat().st_mode & 0o7777 == 0o755
     assert (host / "open").stat().st_mode & 0o777 == 0o755
+
+
+def test_one_path_that_cannot_be_applied_is_refused_and_the_rest_still_comes_back(trees):
+    host, sandbox, _ = trees
+    entries = {
+        "x" * 300: sync.Entry("file", mode=0o644, digest="d", size=1),
+        "fine.txt": sync.Entry("file", mode=0o644, digest="d", size=2),
+    }
+    changes = sync.Changes(upsert=["x" * 300, "fine.txt", "missing-from-manifest"])
+    report = sync.apply(host, changes, entries, lambda p: b"ok")
+    refused = dict(report.refused)
+    assert "could not be applied" in refused["x" * 300]
+    assert "not in the sandbox's manifest" in refused["missing-from-manifest"]
+    assert report.written == ["fine.txt"] and (host / "fine.txt").read_bytes() == b"ok"
