@@ -74,7 +74,7 @@ def git_argv(step: route.Step, cwd: Path, root: Path) -> list[str]:
     tree = repository(cwd, root)
     base = ["git", *HARDENING, f"--git-dir={tree / '.git'}", f"--work-tree={tree}"]
     remote = next((a for a in args if not a.startswith("-")), None)
-    if remote is not None and route.REMOTE_NAME.fullmatch(remote) and "://" not in remote:
+    if remote is not None and route.REMOTE_NAME.fullmatch(remote):
         found = subprocess.run(
             [*base, "config", "--get", f"remote.{remote}.url"], capture_output=True, check=False
         )

@@ -485,8 +485,7 @@ class KubernetesRuntime(api.Runtime):
         if pod is not None:
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
-        info = self._info(claim, None)
-        return msgspec.structs.replace(info, status="stopped" if info.status != "created" else "created")
+        return self._info(claim, None)  # no pod: "stopped", or "created" if it never ran
 
     async def delete(self, sandbox_id: str) -> None:
         core, net, _ = await self._open()
