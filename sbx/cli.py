@@ -151,10 +151,6 @@ def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
     typer.echo(f"imported {name} from {archive}")
 
 
-if __name__ == "__main__":
-    app()
-
-
 @app.command("route")
 def route_command(
     command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'git push origin HEAD'")],
@@ -173,3 +169,102 @@ def route_command(
         typer.echo(f"  in {decided.plan.cwd}")
         for segment in decided.plan.segments:
             typer.echo("  run " + " | ".join(" ".join(step.argv) for step in segment))
+
+
+Session = Annotated[
+    str, typer.Option("--session", help="The session: calls with the same name share a sandbox")
+]
+
+
+@app.command("exec")
+def exec_command(
+    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'make test'")],
+    session: Session,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the sandbox for later calls (until `sbx release`)")
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds before the command is killed")
+    ] = None,
+) -> None:
+    """Run COMMAND for the current directory's code in the session's sandbox (git network
+    commands run on this host): files go up before it and come back after it."""
+    import signal
+    import sys
+    import threading
+
+    from sbx.client import Sandbox, SyncError
+    from sbx.client.transport import ApiError
+
+    text = " ".join(command)
+    try:
+        sandbox = Sandbox(session=session, keep=keep)
+    except SyncError as exc:
+        typer.echo(f"sbx exec: {exc}", err=True)
+        raise typer.Exit(2) from None
+    interrupted = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting
+        interrupted.set()
+        typer.echo("\nsbx exec: stopping the command in the sandbox (Ctrl-C again to stop waiting)", err=True)
+        threading.Thread(target=sandbox.stop, daemon=True).start()
+
+    def write(stream: str, data: bytes) -> None:
+        out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        out.write(data)
+        out.flush()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    code = 1
+    try:
+        result = sandbox.stream(text, timeout=timeout, output=write)
+        code = 130 if interrupted.is_set() else result.exit_code
+        _report_refused(result.refused)
+    except (ApiError, SyncError) as exc:
+        typer.echo(f"sbx exec: {exc}", err=True)
+        code = 2 if not isinstance(exc, ApiError) or not exc.retriable else 75
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        try:
+            sandbox.close()
+        except (ApiError, OSError) as exc:
+            typer.echo(f"sbx exec: could not release the sandbox: {exc}", err=True)
+    raise typer.Exit(code)
+
+
+def _report_refused(refused: list[tuple[str, str]], shown: int = 10) -> None:
+    """What did not come back: changes inside .git are counted, the rest listed (up to ``shown``)."""
+    inside_git = [path for path, why in refused if "stays as the host has it" in why]
+    others = [(path, why) for path, why in refused if "stays as the host has it" not in why]
+    for path, why in others[:shown]:
+        typer.echo(f"sbx exec: not brought back: {path or '(all)'}: {why}", err=True)
+    if len(others) > shown:
+        typer.echo(f"sbx exec: ... and {len(others) - shown} more not brought back", err=True)
+    if inside_git:
+        typer.echo(
+            f"sbx exec: {len(inside_git)} change(s) inside .git (config, hooks, info, ...) stay as the host "
+            "has them: only history and the index come back",
+            err=True,
+        )
+
+
+@app.command("release")
+def release_command(session: Session) -> None:
+    """Release a session's sandbox kept with `sbx exec --keep`."""
+    from sbx.client import Sandbox, SyncError
+    from sbx.client.transport import ApiError
+
+    try:
+        had = Sandbox(session=session, keep=True).release()
+    except (ApiError, SyncError) as exc:
+        typer.echo(f"sbx release: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"released {session}" if had else f"{session} had no sandbox")
+
+
+if __name__ == "__main__":
+    app()

@@ -50,6 +50,13 @@ class Conflict(SandboxError):
     status = 409
 
 
+class SandboxChanged(Conflict):
+    """The session's sandbox is not the one the caller synced with (it was replaced or
+    reaped meanwhile): nothing was done; sync everything again and retry."""
+
+    code = "sandbox_changed"
+
+
 class NotRunning(Conflict):
     """The sandbox exists but is not running (stopped, or its processes died)."""
 
@@ -127,6 +134,7 @@ BY_CODE: dict[str, type[SandboxError]] = {
         Unauthorized,
         NotFound,
         Conflict,
+        SandboxChanged,
         NotRunning,
         LimitExceeded,
         NotBuiltYet,

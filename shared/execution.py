@@ -62,8 +62,46 @@ class Edit(Request, frozen=True, kw_only=True, tag="edit"):
     insert_text: str | None = None
 
 
-AnyRequest = Shell | ShellAsync | ShellPoll | ShellWait | ShellStop | Edit
-REQUEST_TYPES = (Shell, ShellAsync, ShellPoll, ShellWait, ShellStop, Edit)
+class Streamed(Request, frozen=True, kw_only=True):
+    """An operation whose result is a stream (:mod:`shared.streams`) to ``inbox``; the
+    reply only says it started (and, for uploads, where to send the input). Publishing
+    anything to ``stop`` ends it: the command is killed, the transfer abandoned."""
+
+    inbox: str
+    stop: str
+
+
+class Run(Streamed, frozen=True, kw_only=True, tag="run"):
+    """A one-off ``bash -c`` (not the session's persistent shell): output streamed as it
+    comes, then optionally the listing of ``list_root``, then the exit code."""
+
+    command: str
+    cwd: str
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    timeout: float | None = None
+    list_root: str | None = None
+    prune: list[str] = []
+
+
+class PutFiles(Streamed, frozen=True, kw_only=True, tag="put_files"):
+    """Remove ``delete`` under ``root``, extract the tar sent to the reply's ``input``,
+    then stream the tree's listing (when ``listing``)."""
+
+    root: str
+    delete: list[str] = []
+    prune: list[str] = []
+    listing: bool = True
+
+
+class GetFiles(Streamed, frozen=True, kw_only=True, tag="get_files"):
+    """Read NUL-separated relative paths from the input; stream a tar of them."""
+
+    root: str
+
+
+AnyRequest = Shell | ShellAsync | ShellPoll | ShellWait | ShellStop | Edit | Run | PutFiles | GetFiles
+REQUEST_TYPES = (Shell, ShellAsync, ShellPoll, ShellWait, ShellStop, Edit, Run, PutFiles, GetFiles)
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,6 +116,8 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     job_id: str | None = None
     status: JobStatus | None = None
     duration: float | None = None
+    input: str | None = None
+    """Streamed operations that read input: the subject to stream it to."""
 
 
 _request_decoder = msgspec.json.Decoder(AnyRequest)

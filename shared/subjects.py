@@ -89,6 +89,10 @@ class Topology:
         """Executor requests (shell, jobs, edits); queue group ``executor``."""
         return f"{self.namespace}.exec"
 
+    def exec_stop(self, session_id: str, run_id: str) -> str:
+        """Where to publish to stop one streamed operation (any gateway can)."""
+        return f"{self.namespace}.exec.stop.{ids.token(session_id)}.{run_id}"
+
     @property
     def pool_requests(self) -> str:
         """Provisioning requests to the pool-manager; queue group ``pool-manager``."""

@@ -35,7 +35,9 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
             return await executor.handle(msg.body)
 
         return service.Workload(
-            tasks=[servers.run_sweeps()], on_drain=[servers.close], on_stop=[runtime.close]
+            tasks=[servers.run_sweeps()],
+            on_drain=[executor.streamed.close, servers.close],
+            on_stop=[runtime.close],
         )
 
     return setup

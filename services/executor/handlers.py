@@ -9,7 +9,7 @@ import time
 import structlog
 from nats.js.kv import KeyValue
 
-from services.executor import edits, output, scripts, shells
+from services.executor import edits, output, scripts, shells, streamed
 from shared import (
     activity,
     codec,
@@ -17,6 +17,7 @@ from shared import (
     errors,
     events,
     execution,
+    hostapi,
     ids,
     metrics,
     projector,
@@ -49,6 +50,7 @@ class Executor:
         self.sandboxes = sandboxes
         self.limit = output_limit
         self.activity_kv = activity_kv
+        self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
 
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
@@ -66,6 +68,9 @@ class Executor:
             # recorded while the call starts; the end-of-call touch comes after it.
             busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
             try:
+                if isinstance(request, execution.Streamed):
+                    # Started, not finished: its end is touched and audited when it ends.
+                    return codec.encode(await self.streamed.start(request))
                 reply = await self.dispatch(request)
             finally:
                 await busy
@@ -95,6 +100,8 @@ class Executor:
                 return request.timeout or execution.DEFAULT_TIMEOUT
             case execution.ShellWait():
                 return request.timeout or 30.0
+            case execution.Run():
+                return request.timeout or execution.DEFAULT_TIMEOUT
         return QUICK
 
     async def _touch(self, session_id: str, *, busy_for: float = 0.0) -> None:
@@ -308,6 +315,17 @@ class Executor:
                 return execution.Reply(ok=True, output=edits.edit_message(path, snippet))
         raise errors.InvalidInput(f"unknown edit command {request.command!r}")
 
+    async def _streamed_finished(
+        self, request: execution.Streamed, end: hostapi.End, seconds: float, failure: str | None
+    ) -> None:
+        tool = type(request).__struct_config__.tag
+        metrics.exec_seconds.labels(tool).observe(seconds)  # type: ignore[arg-type]
+        if failure is not None:
+            reply = execution.Reply(ok=False, error=commands.ErrorInfo("stopped", failure[:500]))
+        else:
+            reply = execution.Reply(ok=True, exit_code=end.exit_code, timed_out=end.timed_out)
+        await asyncio.gather(self._touch(request.session_id), self._audit(request, reply, seconds))
+
     # ---- audit -----------------------------------------------------------------------
 
     async def _audit(self, request: execution.AnyRequest, reply: execution.Reply, seconds: float) -> None:
@@ -320,6 +338,14 @@ class Executor:
                 what = f"{request.command} {request.path}"
             case execution.ShellStop():
                 what = f"stop {request.job_id}"
+            case execution.Run():
+                what = request.command
+            case execution.PutFiles():
+                what = f"put into {request.root}" + (
+                    f", {len(request.delete)} deleted" if request.delete else ""
+                )
+            case execution.GetFiles():
+                what = f"get from {request.root}"
             case _:
                 what = ""
         outcome = (

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from services.gateway import auth, bus_client, mcp_tools, openapi, placement, rest, schemas
+from services.gateway import auth, bus_client, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
 from shared import metrics, projections, projector, service, settings
 
 log = structlog.get_logger(__name__)
@@ -27,6 +27,7 @@ def build_app(
     ctx: service.Context,
     api: rest.SessionsAPI,
     mcp_app: mcp_tools.StarletteWithLifespan,
+    host: hostapi.HostAPI | None = None,
 ) -> auth.BearerAuth:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -40,6 +41,14 @@ def build_app(
     routes = [
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
+
+    if host is not None:
+        routes += [
+            Route(
+                op.path, host.endpoint(getattr(host, op.handler_name), op.operation_id), methods=[op.method]
+            )
+            for op in hostapi.OPERATIONS
+        ]
 
     async def metrics_endpoint(_: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -64,16 +73,19 @@ class _Server(uvicorn.Server):
 
 def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
-        sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
+        session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = bus_client.CommandClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
         executor = bus_client.ExecClient(ctx.nc, ctx.topology)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
 
-        where = placement.Placement(sessions, sandboxes)
+        where = placement.Placement(session_states, sandboxes)
         mcp_app = mcp_tools.mcp_http_app(
             mcp_tools.build_mcp(client, executor, running_sandbox=where.running_sandbox, forget=where.forget)
         )
-        app = build_app(gateway, ctx, rest.SessionsAPI(client, sessions), mcp_app)
+        host = hostapi.HostAPI(
+            ctx.nc, ctx.topology, sessions.Resolver(client, where.running_sandbox, where.forget), executor
+        )
+        app = build_app(gateway, ctx, rest.SessionsAPI(client, session_states), mcp_app, host)
         server = _Server(
             uvicorn.Config(
                 app,

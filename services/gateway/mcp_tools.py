@@ -41,7 +41,6 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Literal
 
 import fastmcp
@@ -50,9 +49,10 @@ from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.http import StarletteWithLifespan
 from pydantic import Field
 
-from services.gateway import bus_client
+from services.gateway import bus_client, sessions
+from services.gateway.sessions import Identity, identity_from_headers
 from shared import errors, execution, ids, service, states
-from shared.commands import Actor, ClearSession, EnsureSession, ProvisionSandbox
+from shared.commands import ClearSession, ProvisionSandbox
 
 TOOL_NAMES: tuple[str, ...] = (
     "shell",
@@ -90,34 +90,6 @@ _SANDBOX_NOTE = (
     "The sandbox is created automatically on first use; /workspace is the working directory. "
     "There is no network access in this version."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """Who is calling and for which session, read from the request's headers."""
-
-    session_id: str
-    correlation_id: str
-    org_id: str | None = None
-    user_id: str | None = None
-
-    @property
-    def actor(self) -> Actor:
-        return Actor(via="mcp", org_id=self.org_id, user_id=self.user_id)
-
-
-def identity_from_headers(headers: Mapping[str, str]) -> Identity:
-    """Validate the identity headers (names in lower case); raise InvalidInput if wrong."""
-    session_id = ids.validate_session_id(headers.get("x-session-id"), what="X-Session-Id header")
-    request_id = headers.get("x-request-id") or None
-    if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
-        raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
-    return Identity(
-        session_id=session_id,
-        correlation_id=request_id or ids.new_id(),
-        org_id=ids.validate_attribution(headers.get("x-org-id"), what="X-Org-Id header"),
-        user_id=ids.validate_attribution(headers.get("x-user-id"), what="X-User-Id header"),
-    )
 
 
 def request_headers() -> Mapping[str, str]:
@@ -232,45 +204,15 @@ def build_mcp(
     def identity() -> Identity:
         return identity_from_headers(headers())
 
-    async def sandbox_for(who: Identity, *, fast: bool = True) -> str:
-        if fast and running_sandbox is not None:
-            known = await running_sandbox(who.session_id)
-            if known is not None:
-                return known
-        state = await commands.session(
-            EnsureSession(
-                session_id=who.session_id,
-                command_id=ids.new_id(),
-                correlation_id=who.correlation_id,
-                actor=who.actor,
-            )
-        )
-        if state is None or state.sandbox_id is None:
-            raise errors.Unavailable("the scheduler did not assign a sandbox to this session; retry shortly")
-        return state.sandbox_id
-
-    def request_fields(who: Identity, sandbox_id: str) -> dict[str, object]:
-        return {
-            "session_id": who.session_id,
-            "sandbox_id": sandbox_id,
-            "actor": who.actor,
-            "correlation_id": who.correlation_id,
-        }
+    resolver = sessions.Resolver(commands, running_sandbox, forget)
 
     async def run(
         who: Identity, build: Callable[..., execution.AnyRequest], budget: float
     ) -> execution.Reply:
-        sandbox_id = await sandbox_for(who)
-        try:
-            return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
-        except (errors.NotFound, errors.Conflict):
-            if running_sandbox is None:
-                raise
-        # The projection was behind (the sandbox just stopped or was replaced): ask the scheduler.
-        if forget is not None:
-            forget(who.session_id)
-        sandbox_id = await sandbox_for(who, fast=False)
-        return await executor.run(build(**request_fields(who, sandbox_id)), budget=budget)
+        async def call(sandbox_id: str) -> execution.Reply:
+            return await executor.run(build(**resolver.request_fields(who, sandbox_id)), budget=budget)
+
+        return await resolver.with_sandbox(who, call)
 
     # ---- shell -----------------------------------------------------------------------------------
 

@@ -6,14 +6,15 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import rest, schemas
+from services.gateway import hostapi, rest, schemas
 
 REF = "#/components/schemas/{name}"
 
 
 def document(version: str) -> dict[str, Any]:
     types: list[Any] = [schemas.Health]
-    for op in rest.OPERATIONS:
+    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS)
+    for op in operations:
         if op.body is not None:
             types.append(op.body)
         types.extend(t for t, _ in op.responses.values() if t is not None)
@@ -22,11 +23,11 @@ def document(version: str) -> dict[str, Any]:
     ref_of = dict(zip(unique, refs, strict=True))
 
     paths: dict[str, dict[str, Any]] = {}
-    for op in rest.OPERATIONS:
+    for op in operations:
         entry: dict[str, Any] = {
             "operationId": op.operation_id,
             "summary": op.summary,
-            "tags": ["sessions"],
+            "tags": [op.tag],
             "parameters": [
                 {
                     "name": p.name,
@@ -71,7 +72,10 @@ def document(version: str) -> dict[str, Any]:
         "info": {
             "title": "Cloud Agent Sandbox control plane",
             "version": version,
-            "description": "Session registry. Every call needs `Authorization: Bearer <SANDBOX_API_KEY>`.",
+            "description": (
+                "Session registry and the host API (streamed exec and file transfer for the "
+                "agent-host client). Every call needs `Authorization: Bearer <SANDBOX_API_KEY>`."
+            ),
         },
         "paths": paths,
         "components": {

@@ -60,6 +60,7 @@ class Operation:
     responses: dict[int, tuple[type | None, str]]
     body: type | None = None
     params: tuple[Param, ...] = ()
+    tag: str = "sessions"
 
 
 SESSION_ID_PARAM = Param("session_id", "path", "The session id.", {"type": "string"}, required=True)

@@ -1,0 +1,324 @@
+"""The host API's streamed operations in a sandbox: a one-off command with live output,
+an upload (deletions, then a tar extracted), a download (a tar of named paths), and the
+listing of a tree that lets the client see what a command changed.
+
+Each operation starts before the executor replies (so a sandbox that is gone or not
+running is an ordinary error reply), then runs in a task of its own that streams its
+result to the caller's inbox (:mod:`shared.streams`) and ends with a
+:class:`shared.hostapi.End` frame. A message on the request's ``stop`` subject, a
+caller that goes away or stops acknowledging, or the executor's drain kills what runs
+in the sandbox: nothing keeps running for nobody.
+
+Everything the sandbox sends back (output, tar bytes, listings) is passed through
+untouched; the client treats it as untrusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import re
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+import structlog
+from nats.aio.client import Client
+
+from services.executor import output
+from shared import errors, execution, hostapi, streams
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+QUICK = 120.0
+"""Longest an upload, a download or a listing may take in the sandbox."""
+MESSAGE_MAX = 4096
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_STREAM = {"stdout": hostapi.STDOUT, "stderr": hostapi.STDERR}
+
+#: Removes the NUL-separated relative paths read from stdin (operands, after ``--``).
+DELETE = 'cd -- "$1" || exit 0; exec xargs -0 -r rm -rf --'
+#: Extracts a tar from stdin into $1 (created if missing), keeping modes and mtimes.
+EXTRACT = 'mkdir -p -- "$1" && cd -- "$1" || exit 3; exec tar -x -p -f - --no-same-owner'
+#: A tar of the NUL-separated relative paths read from stdin, directories without children.
+ARCHIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null --no-recursion -T -'
+
+Finished = Callable[[execution.Streamed, hostapi.End, float, str | None], Awaitable[None]]
+
+
+def listing_argv(prune: list[str]) -> list[str]:
+    """``find`` over the current directory, skipping directories named in ``prune``."""
+    argv = ["find", ".", "-mindepth", "1"]
+    if prune:
+        names: list[str] = []
+        for name in prune:
+            names += [*(["-o"] if names else []), "-name", name]
+        argv += ["(", "-type", "d", "(", *names, ")", ")", "-prune", "-o"]
+    return [*argv, "-printf", hostapi.LIST_FORMAT]  # find turns \\0 into NUL itself
+
+
+def run_argv(request: execution.Run) -> list[str]:
+    unset: list[str] = []
+    for name in request.unset:
+        unset += ["-u", name]
+    return ["env", *unset, "bash", "-c", request.command] if unset else ["bash", "-c", request.command]
+
+
+def validate(request: execution.Streamed) -> None:
+    """Bad input is refused before anything runs (pure)."""
+    match request:
+        case execution.Run():
+            if not request.command.strip() or "\0" in request.command:
+                raise errors.InvalidInput("command is empty or contains a NUL character")
+            if not request.cwd.startswith("/") or "\0" in request.cwd:
+                raise errors.InvalidInput("cwd must be an absolute path")
+            for name in [*request.env, *request.unset]:
+                if not _ENV_NAME.fullmatch(name):
+                    raise errors.InvalidInput(f"not a variable name: {name[:100]!r}")
+            if any("\0" in value for value in request.env.values()):
+                raise errors.InvalidInput("a variable's value contains a NUL character")
+            if request.timeout is not None and not 0 < request.timeout <= execution.MAX_TIMEOUT:
+                raise errors.InvalidInput(
+                    f"timeout must be between 0 and {execution.MAX_TIMEOUT:.0f} seconds"
+                )
+            if request.list_root is not None:
+                hostapi.validate_root(request.list_root)
+            hostapi.validate_prune(request.prune)
+        case execution.PutFiles():
+            hostapi.validate_root(request.root)
+            if len(request.delete) > hostapi.MAX_DELETES:
+                raise errors.InvalidInput(f"at most {hostapi.MAX_DELETES} deletions per upload")
+            for path in request.delete:
+                hostapi.validate_relative(path)
+            hostapi.validate_prune(request.prune)
+        case execution.GetFiles():
+            hostapi.validate_root(request.root)
+
+
+class StreamedOps:
+    def __init__(self, runtime: api.Runtime, nc: Client, finished: Finished) -> None:
+        self.runtime = runtime
+        self.nc = nc
+        self.finished = finished
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self, request: execution.Streamed) -> execution.Reply:
+        validate(request)
+        inputs = None
+        match request:
+            case execution.Run():
+                process = await self.runtime.exec(
+                    request.sandbox_id,
+                    run_argv(request),
+                    env=request.env,
+                    cwd=request.cwd,
+                    timeout=request.timeout or execution.DEFAULT_TIMEOUT,
+                )
+                work = functools.partial(self._run, request, process)
+            case execution.PutFiles():
+                await self._delete(request)
+                process = await self._script(request, EXTRACT, request.root)
+                inputs = await self.nc.subscribe(self.nc.new_inbox())
+                work = functools.partial(self._put, request, process, inputs)
+            case execution.GetFiles():
+                process = await self._script(request, ARCHIVE, request.root)
+                inputs = await self.nc.subscribe(self.nc.new_inbox())
+                work = functools.partial(self._get, request, process, inputs)
+            case _:
+                raise errors.InvalidInput(f"{type(request).__name__} is not a streamed operation")
+        stopped = asyncio.Event()
+
+        async def on_stop(_: object) -> None:
+            stopped.set()
+            with contextlib.suppress(Exception):
+                await process.kill()  # the work then ends as usual, with the killed exit status
+
+        # Subscribed before the reply leaves, so no input frame and no stop is missed.
+        stop = await self.nc.subscribe(request.stop, cb=on_stop, max_msgs=1)
+        task = asyncio.create_task(self._guard(request, process, work, stop, inputs, stopped))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return execution.Reply(ok=True, input=inputs.subject if inputs is not None else None)
+
+    async def _delete(self, request: execution.PutFiles) -> None:
+        if not request.delete:
+            return
+        names = b"".join(path.encode(errors="surrogateescape") + b"\0" for path in request.delete)
+        result, out, err = await self.runtime.run(
+            request.sandbox_id, ["/bin/sh", "-c", DELETE, "sbx", request.root], stdin=names, timeout=QUICK
+        )
+        if result.exit_code != 0:
+            raise errors.InvalidInput(
+                f"could not delete under {request.root}: {output.text(out + err).strip()[:MESSAGE_MAX]}"
+            )
+
+    async def _script(self, request: execution.Streamed, script: str, root: str) -> api.Exec:
+        return await self.runtime.exec(
+            request.sandbox_id, ["/bin/sh", "-c", script, "sbx", root], timeout=QUICK, keep_stdin_open=True
+        )
+
+    async def _guard(self, request, process, work, stop, inputs, stopped) -> None:  # type: ignore[no-untyped-def]
+        """Run ``work(sender)``; if the caller goes away, the work fails or the executor
+        drains, kill the process. Failures reach the caller as an error frame."""
+        started = time.monotonic()
+        end, failure = hostapi.End(), None
+        try:
+            async with streams.Sender(self.nc, request.inbox) as sender:
+                try:
+                    end = await work(sender)
+                    if stopped.is_set():
+                        failure = "stopped by the caller"
+                except errors.SandboxError as exc:
+                    failure = exc.message
+                    with contextlib.suppress(streams.Aborted):
+                        await sender.error(exc)
+                except streams.Aborted:
+                    raise
+                except Exception as exc:
+                    log.exception("executor.streamed_crashed", op=type(request).__name__)
+                    failure = f"internal error: {type(exc).__name__}"
+                    with contextlib.suppress(streams.Aborted):
+                        await sender.error(errors.InfrastructureError(failure))
+        except streams.Aborted as exc:
+            failure = f"the caller went away: {exc}"
+        except asyncio.CancelledError:
+            failure = "the executor is shutting down"
+            raise
+        finally:
+            if failure is not None:
+                with contextlib.suppress(Exception):
+                    await process.kill()
+            for sub in (stop, inputs):
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await self.finished(request, end, time.monotonic() - started, failure)
+
+    async def _pump(self, process: api.Exec, sender: streams.Sender, channels: dict[str, bytes]) -> bytes:
+        """Send the process's output on ``channels``; keep what goes to no channel (capped)."""
+        kept = output.Capture(MESSAGE_MAX)
+        async for stream, data in process.chunks():
+            channel = channels.get(stream)
+            if channel is None:
+                kept.add(data)
+            else:
+                await sender.send(channel, data)
+        return bytes(kept.head + kept.tail)
+
+    @staticmethod
+    async def _beat(sender: streams.Sender, process: api.Exec) -> None:
+        """Heartbeats while the process runs; a caller that is gone kills it (the next
+        frame then fails the operation)."""
+        try:
+            await sender.heartbeats()
+        except streams.Aborted:
+            with contextlib.suppress(Exception):
+                await process.kill()
+
+    async def _listing(self, request: execution.Streamed, root: str, prune: list[str], sender) -> str:  # type: ignore[no-untyped-def]
+        """Stream ``root``'s listing; return a complaint if it is incomplete, else ''."""
+        process = await self.runtime.exec(request.sandbox_id, listing_argv(prune), cwd=root, timeout=QUICK)
+        complaint = await self._pump(process, sender, {"stdout": hostapi.LISTING})
+        result = await process.wait()
+        if result.exit_code != 0:
+            why = output.text(complaint).strip()[:MESSAGE_MAX] or f"exit status {result.exit_code}"
+            return f"the listing of {root} is incomplete: {why}"
+        return ""
+
+    async def _run(self, request: execution.Run, process: api.Exec, sender: streams.Sender) -> hostapi.End:
+        beats = asyncio.create_task(self._beat(sender, process))
+        try:
+            await self._pump(process, sender, _STREAM)
+            result = await process.wait()
+        finally:
+            beats.cancel()
+        message = ""
+        if request.list_root is not None:
+            message = await self._listing(request, request.list_root, request.prune, sender)
+        end = hostapi.End(
+            exit_code=None if result.timed_out else result.exit_code,
+            timed_out=result.timed_out,
+            duration=result.duration,
+            sandbox_id=request.sandbox_id,
+            message=message,
+        )
+        await sender.end(msgspec.json.encode(end))
+        return end
+
+    async def _feed(self, inputs, process: api.Exec) -> None:  # type: ignore[no-untyped-def]
+        """Copy the caller's input stream into the process's stdin, acknowledging each
+        frame once the process took it."""
+        seq = 0
+        while True:
+            try:
+                msg = await inputs.next_msg(timeout=streams.SILENCE)
+            except TimeoutError:
+                raise errors.Unavailable("the caller stopped sending its input") from None
+            headers = msg.headers or {}
+            seq += 1
+            if headers.get("Sbx-Seq") != str(seq):
+                raise errors.InvalidInput("an input frame was lost")
+            channel = headers.get("Sbx-Ch", "").encode()
+            if channel == streams.END:
+                await process.close_stdin()
+                await msg.respond(b"")
+                return
+            if channel != streams.PING:
+                try:
+                    await process.send(msg.data)
+                except errors.SandboxError:
+                    await msg.respond(streams.STOP)  # the process stopped reading: say so
+                    await process.close_stdin()
+                    return
+            await msg.respond(b"")
+
+    async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
+        beats = asyncio.create_task(self._beat(sender, process))
+        try:
+            pump = asyncio.create_task(self._pump(process, sender, {}))
+            await self._feed(inputs, process)
+            complaint = await pump
+            result = await process.wait()
+        finally:
+            beats.cancel()
+        message = ""
+        if result.exit_code != 0:
+            message = f"extracting failed (exit status {result.exit_code}): {output.text(complaint).strip()}"
+        elif request.listing:
+            message = await self._listing(request, request.root, request.prune, sender)
+        end = hostapi.End(
+            exit_code=result.exit_code,
+            duration=result.duration,
+            sandbox_id=request.sandbox_id,
+            message=message,
+        )
+        await sender.end(msgspec.json.encode(end))
+        return end
+
+    async def _get(self, request: execution.GetFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
+        feed = asyncio.create_task(self._feed(inputs, process))
+        try:
+            complaint = await self._pump(process, sender, {"stdout": hostapi.TAR})
+            await feed
+        finally:
+            feed.cancel()
+        result = await process.wait()
+        message = output.text(complaint).strip()[:MESSAGE_MAX] if result.exit_code != 0 else ""
+        end = hostapi.End(
+            exit_code=result.exit_code,
+            duration=result.duration,
+            sandbox_id=request.sandbox_id,
+            message=message,
+        )
+        await sender.end(msgspec.json.encode(end))
+        return end
+
+    async def close(self) -> None:
+        """Drain: running operations are stopped (their processes killed)."""
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=10)

@@ -1,0 +1,384 @@
+"""The host API: streamed exec and file transfer for the agent-host client (``sbx exec``,
+``sbx.client.Sandbox``). Same API key as the rest; the session is the path's id, and a
+call on a session with no sandbox claims one (as the MCP tools do). Wire format:
+:mod:`shared.hostapi`.
+
+* ``POST /v1/sessions/{id}/run``: JSON :class:`~shared.hostapi.RunBody`; answers a
+  frame stream (``o``/``e`` output as it comes, ``l`` the listing when asked, then ``x``
+  or ``!``). ``X-Run-Id`` names the run: ``POST /v1/sessions/{id}/runs/{run}/stop`` (any
+  gateway) kills it, and so does the client going away.
+* ``POST /v1/sessions/{id}/files/put``: body frames ``j`` (:class:`~shared.hostapi.PutParams`)
+  then ``t`` (a tar); answers ``l`` (the tree's listing) and ``x``.
+* ``POST /v1/sessions/{id}/files/get``: JSON :class:`~shared.hostapi.GetBody`; answers
+  ``t`` (a tar of those paths) and ``x``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import anyio
+import msgspec
+import structlog
+from nats.aio.client import Client
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from services.gateway import bus_client, rest, schemas, sessions
+from shared import errors, execution, hostapi, ids, streams, subjects
+
+log = structlog.get_logger(__name__)
+
+BODY_MAX = 16 * 1024 * 1024
+"""Largest JSON body (a download's path list)."""
+LISTING_MAX = 256 * 1024 * 1024
+START_BUDGET = 30.0
+
+
+_FRAMES = (
+    f"A frame stream ({hostapi.MEDIA_TYPE}): 1 channel byte, a 4-byte big-endian length, the "
+    "payload; see shared/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error)."
+)
+_ERRORS = {
+    400: (schemas.Problem, "Invalid input; nothing was run."),
+    401: (schemas.Problem, "Missing or wrong API key."),
+    429: (schemas.Problem, "No sandbox can be started now (a limit); retry."),
+    503: (schemas.Problem, "The scheduler, an executor or NATS is unavailable; retry."),
+}
+_SESSION = rest.Param(
+    "session_id", "path", "The session id (its sandbox is claimed if it has none).", required=True
+)
+OPERATIONS: tuple[rest.Operation, ...] = (
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/run",
+        "runCommand",
+        "Run a command in the session's sandbox, output streamed as it comes",
+        "run",
+        {200: (None, _FRAMES + " Header X-Run-Id names the run (to stop it)."), **_ERRORS},
+        body=hostapi.RunBody,
+        params=(_SESSION, *rest.ATTRIBUTION),
+        tag="host",
+    ),
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/runs/{run_id}/stop",
+        "stopRun",
+        "Stop a running command (its processes are killed); any gateway instance can",
+        "stop",
+        {202: (None, "Asked to stop."), **_ERRORS},
+        params=(_SESSION, rest.Param("run_id", "path", "The run's X-Run-Id.", required=True)),
+        tag="host",
+    ),
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/files/put",
+        "putFiles",
+        "Upload: the body is frames, a 'j' frame of PutParams JSON then 't' frames of a tar",
+        "put",
+        {200: (None, _FRAMES + " 'l' frames: the tree's listing after the upload."), **_ERRORS},
+        params=(_SESSION, *rest.ATTRIBUTION),
+        tag="host",
+    ),
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/files/get",
+        "getFiles",
+        "Download the named paths as a tar",
+        "get",
+        {200: (None, _FRAMES + " 't' frames: a tar of the paths."), **_ERRORS},
+        body=hostapi.GetBody,
+        params=(_SESSION, *rest.ATTRIBUTION),
+        tag="host",
+    ),
+)
+
+
+class FrameStream(Response):
+    """A frame stream that also watches for the client going away (whatever the ASGI
+    server's version): then the stream's generator is closed, which stops the work."""
+
+    media_type = hostapi.MEDIA_TYPE
+
+    def __init__(self, frames: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+        # Like StreamingResponse: no body attribute, so no Content-Length.
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)
+        self.frames = frames
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stream() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for data in self.frames:
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        async def disconnect() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def first(work: Callable[[], Awaitable[None]]) -> None:
+                    await work()
+                    group.cancel_scope.cancel()
+
+                group.start_soon(first, stream)
+                group.start_soon(first, disconnect)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.frames.aclose()  # type: ignore[attr-defined]
+
+
+def _error_frame(exc: errors.SandboxError) -> bytes:
+    status = exc.status if exc.status >= 400 else 500
+    body = schemas.Problem(error=exc.code, message=exc.message, status=status, retriable=exc.retriable)
+    return hostapi.frame(hostapi.ERROR, msgspec.json.encode(body))
+
+
+class HostAPI:
+    def __init__(
+        self,
+        nc: Client,
+        topology: subjects.Topology,
+        resolver: sessions.Resolver,
+        executor: bus_client.ExecClient,
+    ) -> None:
+        self.nc = nc
+        self.topology = topology
+        self.resolver = resolver
+        self.executor = executor
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _who(request: Request) -> sessions.Identity:
+        return sessions.identity_from_headers(
+            request.headers, session_id=request.path_params["session_id"], via="rest"
+        )
+
+    @staticmethod
+    async def _json(request: Request, body_type: type[msgspec.Struct]) -> msgspec.Struct:
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > BODY_MAX:
+                raise errors.InvalidInput(f"request body is larger than {BODY_MAX} bytes")
+        try:
+            return msgspec.json.decode(bytes(raw), type=body_type)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise errors.InvalidInput(f"invalid request body: {exc}") from None
+
+    async def _start(
+        self,
+        who: sessions.Identity,
+        receiver: streams.Receiver,
+        run_id: str,
+        build: Callable[..., execution.AnyRequest],
+        expected: str | None = None,
+    ) -> tuple[str, execution.Reply]:
+        stop = self.topology.exec_stop(who.session_id, run_id)
+
+        async def call(sandbox_id: str) -> tuple[str, execution.Reply]:
+            if expected is not None and sandbox_id != expected:
+                raise errors.SandboxChanged(
+                    f"session {who.session_id!r} is now served by sandbox {sandbox_id}, not {expected}; "
+                    "nothing was done: sync everything again"
+                )
+            request = build(
+                **self.resolver.request_fields(who, sandbox_id), inbox=receiver.subject, stop=stop
+            )
+            return sandbox_id, await self.executor.run(request, budget=START_BUDGET)
+
+        return await self.resolver.with_sandbox(who, call)
+
+    async def _relay(
+        self, receiver: streams.Receiver, stop: str, feed: Awaitable[None] | None = None
+    ) -> AsyncIterator[bytes]:
+        """The executor's frames as HTTP frames; if the client goes away first, stop the work."""
+        ended = False
+        feeder = asyncio.ensure_future(feed) if feed is not None else None
+        try:
+            async for frame in receiver.frames():
+                if frame.channel in (hostapi.END, hostapi.ERROR):
+                    ended = True
+                yield hostapi.frame(frame.channel, frame.data)
+        except errors.SandboxError as exc:
+            ended = True
+            yield _error_frame(exc)
+        finally:
+            if feeder is not None:
+                feeder.cancel()
+                with contextlib.suppress(BaseException):
+                    await feeder
+            if not ended:
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(stop, b"stop")
+            await receiver.__aexit__()
+
+    def _stream(self, frames: AsyncIterator[bytes], sandbox_id: str, run_id: str) -> FrameStream:
+        return FrameStream(
+            frames, {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
+        )
+
+    # ---- endpoints ---------------------------------------------------------------------------
+
+    async def run(self, request: Request) -> Response:
+        who = self._who(request)
+        body: hostapi.RunBody = await self._json(request, hostapi.RunBody)  # type: ignore[assignment]
+        run_id = ids.new_id()
+        receiver = await streams.Receiver(self.nc).__aenter__()
+        try:
+            sandbox_id, _ = await self._start(
+                who,
+                receiver,
+                run_id,
+                lambda **fields: execution.Run(
+                    command=body.command,
+                    cwd=body.cwd,
+                    env=body.env,
+                    unset=body.unset,
+                    timeout=body.timeout,
+                    list_root=body.list_root,
+                    prune=body.prune,
+                    **fields,
+                ),
+                body.sandbox_id,
+            )
+        except BaseException:
+            await receiver.__aexit__()
+            raise
+        stop = self.topology.exec_stop(who.session_id, run_id)
+        return self._stream(self._relay(receiver, stop), sandbox_id, run_id)
+
+    async def stop(self, request: Request) -> Response:
+        who = self._who(request)
+        run_id = request.path_params["run_id"]
+        if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
+            raise errors.InvalidInput("run id must be the 32 hex characters of the X-Run-Id header")
+        await self.nc.publish(self.topology.exec_stop(who.session_id, run_id), b"stop")
+        return Response(status_code=202)
+
+    async def get(self, request: Request) -> Response:
+        who = self._who(request)
+        body: hostapi.GetBody = await self._json(request, hostapi.GetBody)  # type: ignore[assignment]
+        hostapi.validate_root(body.root)
+        for path in body.paths:
+            hostapi.validate_relative(path)
+        names = b"".join(path.encode(errors="surrogateescape") + b"\0" for path in body.paths)
+        run_id = ids.new_id()
+        receiver = await streams.Receiver(self.nc).__aenter__()
+        try:
+            sandbox_id, reply = await self._start(
+                who, receiver, run_id, lambda **fields: execution.GetFiles(root=body.root, **fields)
+            )
+        except BaseException:
+            await receiver.__aexit__()
+            raise
+
+        async def feed() -> None:
+            assert reply.input is not None
+            async with streams.Sender(self.nc, reply.input) as sender:
+                await sender.send(hostapi.TAR, names)
+                await sender.end(b"")
+
+        stop = self.topology.exec_stop(who.session_id, run_id)
+        return self._stream(self._relay(receiver, stop, feed()), sandbox_id, run_id)
+
+    async def put(self, request: Request) -> Response:
+        """The upload is forwarded as it arrives; the answer (the listing) is collected
+        meanwhile and sent once the upload is done."""
+        who = self._who(request)
+        body = request.stream()
+        reader = hostapi.FrameReader()
+        first: tuple[bytes, bytes] | None = None
+        early: list[tuple[bytes, bytes]] = []
+        async for chunk in body:
+            early += reader.feed(chunk)
+            if early:
+                first = early.pop(0)
+                break
+        if first is None or first[0] != hostapi.PARAMS:
+            raise errors.InvalidInput("an upload starts with a 'j' frame of JSON parameters")
+        try:
+            params = msgspec.json.decode(first[1], type=hostapi.PutParams)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
+        run_id = ids.new_id()
+        receiver = await streams.Receiver(self.nc).__aenter__()
+        try:
+            sandbox_id, reply = await self._start(
+                who,
+                receiver,
+                run_id,
+                lambda **fields: execution.PutFiles(
+                    root=params.root,
+                    delete=params.delete,
+                    prune=params.prune,
+                    listing=params.listing,
+                    **fields,
+                ),
+                params.sandbox_id,
+            )
+        except BaseException:
+            await receiver.__aexit__()
+            raise
+        stop = self.topology.exec_stop(who.session_id, run_id)
+        collected: list[bytes] = []
+        size = 0
+
+        async def collect() -> None:
+            nonlocal size
+            async for frame in self._relay(receiver, stop):
+                size += len(frame)
+                if size > LISTING_MAX:
+                    raise errors.InvalidInput(f"the answer is larger than {LISTING_MAX} bytes")
+                collected.append(frame)
+
+        async def upload() -> None:
+            """Forward the tar. If the sandbox stops reading it, its answer says why."""
+            assert reply.input is not None
+            try:
+                async with streams.Sender(self.nc, reply.input) as sender:
+                    for channel, data in early:
+                        await sender.send(channel, data)
+                    async for chunk in body:
+                        for channel, data in reader.feed(chunk):
+                            if channel != hostapi.TAR:
+                                raise errors.InvalidInput("after the parameters, an upload is 't' frames")
+                            await sender.send(channel, data)
+                    if reader.pending:
+                        raise errors.InvalidInput("the upload ended in the middle of a frame")
+                    await sender.end(b"")
+            except streams.Aborted:
+                pass
+
+        collector = asyncio.create_task(collect())
+        try:
+            await upload()
+        except BaseException:
+            collector.cancel()  # its relay publishes the stop
+            with contextlib.suppress(BaseException):
+                await collector
+            raise
+        await collector
+        headers = {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
+        return Response(b"".join(collected), 200, headers, hostapi.MEDIA_TYPE)
+
+    def endpoint(
+        self, handler: Callable[[Request], Awaitable[Response]], name: str
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except errors.SandboxError as exc:
+                if exc.status >= 500:
+                    log.warning("hostapi.failed", operation=name, code=exc.code, error=exc.message)
+                return rest.problem(exc)
+
+        return endpoint

@@ -1,0 +1,110 @@
+"""Who is calling, and which sandbox serves their session: shared by the MCP tools and
+the host API.
+
+A call first asks the placement cache (the projections, remembered for a moment); when
+that has no answer it sends ``EnsureSession`` to the scheduler (get-or-create of the
+session's sandbox). A remembered answer may be stale: the executor checks ownership and
+state on every call and refuses, and then the call is retried once through the scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from services.gateway import bus_client
+from shared import errors, ids
+from shared.commands import Actor, EnsureSession
+
+T = TypeVar("T")
+REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who is calling and for which session, read from the request's headers."""
+
+    session_id: str
+    correlation_id: str
+    org_id: str | None = None
+    user_id: str | None = None
+    via: Literal["mcp", "rest"] = "mcp"
+
+    @property
+    def actor(self) -> Actor:
+        return Actor(via=self.via, org_id=self.org_id, user_id=self.user_id)
+
+
+def identity_from_headers(
+    headers: Mapping[str, str], *, session_id: str | None = None, via: Literal["mcp", "rest"] = "mcp"
+) -> Identity:
+    """Validate the identity headers (names in lower case); raise InvalidInput if wrong.
+    The session comes from ``X-Session-Id`` unless the caller names it (a REST path)."""
+    if session_id is None:
+        session = ids.validate_session_id(headers.get("x-session-id"), what="X-Session-Id header")
+    else:
+        session = ids.validate_session_id(session_id)
+    request_id = headers.get("x-request-id") or None
+    if request_id is not None and not REQUEST_ID.fullmatch(request_id):
+        raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+    return Identity(
+        session_id=session,
+        correlation_id=request_id or ids.new_id(),
+        org_id=ids.validate_attribution(headers.get("x-org-id"), what="X-Org-Id header"),
+        user_id=ids.validate_attribution(headers.get("x-user-id"), what="X-User-Id header"),
+        via=via,
+    )
+
+
+class Resolver:
+    def __init__(
+        self,
+        commands: bus_client.CommandClient,
+        running_sandbox: Callable[[str], Awaitable[str | None]] | None = None,
+        forget: Callable[[str], None] | None = None,
+    ) -> None:
+        self.commands = commands
+        self.running_sandbox = running_sandbox
+        self.forget = forget
+
+    async def sandbox_for(self, who: Identity, *, fast: bool = True) -> str:
+        if fast and self.running_sandbox is not None:
+            known = await self.running_sandbox(who.session_id)
+            if known is not None:
+                return known
+        state = await self.commands.session(
+            EnsureSession(
+                session_id=who.session_id,
+                command_id=ids.new_id(),
+                correlation_id=who.correlation_id,
+                actor=who.actor,
+            )
+        )
+        if state is None or state.sandbox_id is None:
+            raise errors.Unavailable("the scheduler did not assign a sandbox to this session; retry shortly")
+        return state.sandbox_id
+
+    async def with_sandbox(self, who: Identity, call: Callable[[str], Awaitable[T]]) -> T:
+        """``call(sandbox_id)``; when a remembered sandbox was refused, once more through
+        the scheduler."""
+        sandbox_id = await self.sandbox_for(who)
+        try:
+            return await call(sandbox_id)
+        except (errors.NotFound, errors.Conflict):
+            if self.running_sandbox is None:
+                raise
+        # The projection was behind (the sandbox just stopped or was replaced): ask the scheduler.
+        if self.forget is not None:
+            self.forget(who.session_id)
+        return await call(await self.sandbox_for(who, fast=False))
+
+    @staticmethod
+    def request_fields(who: Identity, sandbox_id: str) -> dict[str, object]:
+        return {
+            "session_id": who.session_id,
+            "sandbox_id": sandbox_id,
+            "actor": who.actor,
+            "correlation_id": who.correlation_id,
+        }

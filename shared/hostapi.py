@@ -1,0 +1,196 @@
+"""The host API's wire contract: what the agent-host client and the gateway exchange.
+
+Three streamed operations on a session's sandbox (``/v1/sessions/{id}/run``, ``/files/put``,
+``/files/get``). Their bodies and answers are *frames*: one channel byte, a 4-byte
+big-endian length, the payload. Channels:
+
+==========  =========================================================================
+``o``/``e`` the command's stdout/stderr, as it comes
+``t``       tar bytes (the upload's body; the download's answer)
+``l``       a tree listing (:data:`LIST_FORMAT`, see :func:`parse_listing`)
+``j``       JSON parameters (the first frame of an upload's body)
+``x``       the end: JSON :class:`End`; nothing follows
+``!``       an error: JSON ``{"error", "message", "status", "retriable"}``; nothing follows
+==========  =========================================================================
+
+Paths the sandbox reports are relative to the operation's ``root``, which is always an
+absolute directory under ``/workspace``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import msgspec
+
+from shared import errors
+
+STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR = b"o", b"e", b"t", b"l", b"j", b"x", b"!"
+CHANNELS = frozenset((STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR))
+MEDIA_TYPE = "application/vnd.sbx.frames"
+FRAME_MAX = 4 * 1024 * 1024
+WORKSPACE = "/workspace"
+MAX_DELETES = 20_000
+MAX_PRUNE = 64
+_HEADER = struct.Struct(">cI")
+
+LIST_FORMAT = "%y %m %s %T@ %C@ %i %P\\0%l\\0"
+"""``find -printf`` format of a listing record: type, mode, size, mtime, ctime, inode and
+the path, NUL, the link target, NUL."""
+
+
+class RunBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    command: str
+    cwd: str = WORKSPACE
+    env: dict[str, str] = {}
+    unset: list[str] = []
+    timeout: float | None = None
+    list_root: str | None = None
+    """List this tree after the command (on channel ``l``), before the end frame."""
+    prune: list[str] = []
+    """Directory names the listing skips (``node_modules``, ``.venv``, ...)."""
+    sandbox_id: str | None = None
+    """The sandbox the caller synced with: if the session now has another, nothing runs
+    (409 ``sandbox_changed``)."""
+
+
+class PutParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    root: str
+    delete: list[str] = []
+    """Relative paths removed (recursively) before the tar is extracted."""
+    prune: list[str] = []
+    listing: bool = True
+    """Answer with the tree's listing after the upload."""
+    sandbox_id: str | None = None
+    """As for :class:`RunBody`: the upload is a difference against that sandbox's copy."""
+
+
+class GetBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    root: str
+    paths: list[str]
+
+
+class End(msgspec.Struct, frozen=True, kw_only=True):
+    exit_code: int | None = None
+    timed_out: bool = False
+    duration: float = 0.0
+    sandbox_id: str = ""
+    message: str = ""
+    """What the sandbox's side said when it did not fully succeed (tar's complaints)."""
+
+
+# ---- frames -------------------------------------------------------------------------------------
+
+
+def frame(channel: bytes, data: bytes = b"") -> bytes:
+    return _HEADER.pack(channel, len(data)) + data
+
+
+class FrameReader:
+    """Incremental decoder: ``feed`` bytes, get whole frames."""
+
+    def __init__(self, limit: int = FRAME_MAX) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._buffer += data
+        while len(self._buffer) >= _HEADER.size:
+            channel, size = _HEADER.unpack_from(self._buffer)
+            if channel not in CHANNELS:
+                raise errors.InvalidInput(f"unknown frame channel {channel!r}")
+            if size > self.limit:
+                raise errors.InvalidInput(f"a frame of {size} bytes is larger than {self.limit}")
+            if len(self._buffer) < _HEADER.size + size:
+                return
+            payload = bytes(self._buffer[_HEADER.size : _HEADER.size + size])
+            del self._buffer[: _HEADER.size + size]
+            yield channel, payload
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
+
+
+# ---- validation (both sides) ---------------------------------------------------------------------
+
+
+def validate_root(root: str) -> str:
+    """An absolute, normalized directory under /workspace."""
+    if not isinstance(root, str) or "\0" in root or not root.startswith("/"):
+        raise errors.InvalidInput("root must be an absolute path under /workspace")
+    normal = posixpath.normpath(root)
+    if normal != root.rstrip("/") or not (normal == WORKSPACE or normal.startswith(WORKSPACE + "/")):
+        raise errors.InvalidInput(f"root must be a normalized path under {WORKSPACE}, not {root!r}")
+    return normal
+
+
+def validate_relative(path: str) -> str:
+    """A relative path with no ``.``/``..`` parts, no NUL, no newline."""
+    if (
+        not path
+        or path.startswith("/")
+        or "\0" in path
+        or "\n" in path
+        or any(part in ("", ".", "..") for part in path.split("/"))
+    ):
+        raise errors.InvalidInput(f"not a plain relative path: {path[:200]!r}")
+    return path
+
+
+def validate_prune(names: list[str]) -> list[str]:
+    if len(names) > MAX_PRUNE:
+        raise errors.InvalidInput(f"at most {MAX_PRUNE} prune names")
+    for name in names:
+        if not name or "/" in name or "\0" in name or name in (".", ".."):
+            raise errors.InvalidInput(f"a prune name is a single directory name, not {name[:100]!r}")
+    return names
+
+
+# ---- listings ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Stat:
+    """What a listing says of one path: enough to see that it changed, not its content."""
+
+    kind: str  # "f" file, "d" directory, "l" symlink, anything else: another kind
+    mode: int
+    size: int
+    mtime: str
+    ctime: str
+    inode: str
+    target: str = ""
+
+
+def parse_listing(data: bytes) -> dict[str, Stat]:
+    """Parse :data:`LIST_FORMAT` records; malformed records raise InvalidInput."""
+    out: dict[str, Stat] = {}
+    fields = data.split(b"\0")
+    if fields and fields[-1] == b"":
+        fields.pop()
+    if len(fields) % 2:
+        raise errors.InvalidInput("a listing ended in the middle of a record")
+    for i in range(0, len(fields), 2):
+        head, target = fields[i], fields[i + 1]
+        parts = head.split(b" ", 6)
+        if len(parts) != 7:
+            raise errors.InvalidInput("a listing record is malformed")
+        kind, mode, size, mtime, ctime, inode, path = parts
+        try:
+            name = path.decode(errors="surrogateescape")  # the caller decides what to do with it
+            out[name] = Stat(
+                kind.decode(),
+                int(mode, 8),
+                int(size),
+                mtime.decode(),
+                ctime.decode(),
+                inode.decode(),
+                target.decode(errors="surrogateescape"),
+            )
+        except ValueError as exc:
+            raise errors.InvalidInput(f"a listing record is malformed: {exc}") from None
+    return out
