@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -89,11 +89,12 @@ def run(
     write: Callable[[bytes], None],
     timeout: float = TIMEOUT,
     limit: int = OUTPUT_LIMIT,
+    environ: Mapping[str, str] | None = None,
 ) -> int:
     """Run the plan's segments like ``a && b``; each a pipeline. Output of the last step of
     each pipeline goes to ``write`` as it comes (at most ``limit`` bytes); returns the exit
     code (124 when ``timeout`` ran out: every process of the plan is killed)."""
-    env = {**os.environ, **GIT_ENV, **plan.env}
+    env = {**(os.environ if environ is None else environ), **GIT_ENV, **plan.env}
     budget = _Budget(write, limit, time.monotonic() + timeout)
     code = 0
     for segment in plan.segments:

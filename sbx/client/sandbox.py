@@ -191,7 +191,7 @@ class Sandbox:
         if decided.where == "host":
             assert decided.plan is not None
             try:
-                code = hostrun.run(decided.plan, write=lambda data: write("stdout", data))
+                code = hostrun.run(decided.plan, write=lambda data: write("stdout", data), environ=self.env)
             except hostrun.HostRunError as exc:
                 write("stderr", f"sbx: {exc}\n".encode())
                 code = 2
@@ -444,6 +444,9 @@ class Sandbox:
             [p for p, _ in result.refused],
         )
         tree.sandbox = after
+        for path in changes.GIT_CONFIGS:  # the sandbox changed its copy: the next round replaces it
+            if before.get(path) != after.get(path):
+                tree.extra.pop(path, None)
 
     def _host_moved(self, tree: state.Tree, path: str) -> str | None:
         """Why not to touch ``path`` on the host: it changed there since this round's scan."""

@@ -233,6 +233,24 @@ EXEC_FACTORIES: dict[type, Any] = {
         insert_line=3,
         insert_text="import os\n",
     ),
+    execution.Run: lambda: execution.Run(
+        **REQUEST_BASE,
+        inbox="_INBOX.a",
+        stop="sbx.exec.stop.x.y",
+        command="make test",
+        cwd="/workspace/repo",
+        env={"GIT_TRACE": "1"},
+        unset=["TOKEN"],
+        timeout=600.0,
+        list_root="/workspace/repo",
+        prune=["node_modules"],
+    ),
+    execution.PutFiles: lambda: execution.PutFiles(
+        **REQUEST_BASE, inbox="_INBOX.b", stop="sbx.exec.stop.x.z", root="/workspace/repo", delete=["gone"]
+    ),
+    execution.GetFiles: lambda: execution.GetFiles(
+        **REQUEST_BASE, inbox="_INBOX.c", stop="sbx.exec.stop.x.w", root="/workspace/repo"
+    ),
 }
 
 POOL_BASE: dict[str, Any] = dict(sandbox_id=SBX, command_id="cmd-4", correlation_id="req-4", actor=ACTOR)
@@ -470,6 +488,9 @@ def test_request_ops_are_stable() -> None:
         execution.ShellWait: "shell_wait",
         execution.ShellStop: "shell_stop",
         execution.Edit: "edit",
+        execution.Run: "run",
+        execution.PutFiles: "put_files",
+        execution.GetFiles: "get_files",
     }
     assert {cls: _op(cls) for cls in provisioning.POOL_REQUEST_TYPES} == {
         provisioning.Provision: "provision",

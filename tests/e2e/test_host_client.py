@@ -1,0 +1,266 @@
+"""The agent-host client against a real `sbx up`: `Sandbox` and `sbx exec` run commands in
+real sandboxes, files go up and come back, git network commands run on this host with
+its credentials (a local smart-HTTP remote that requires them), output streams, Ctrl-C
+stops, --keep/release share or free the sandbox, and what a sandbox does to .git
+internals stays in the sandbox."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from http.server import ThreadingHTTPServer
+
+import httpx
+import pytest
+
+from sbx.client import Sandbox, transport
+from shared import hostapi
+from tests import support
+from tests.e2e.test_sbx_up import read_until, remove_sandboxes
+from tests.proxy import harness
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+TOKEN = "host-only-token-5b1f"
+BASIC = base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
+IDENT = ("-c", "user.name=Host", "-c", "user.email=host@example.com")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
+         "--nats-port", str(support.free_port())],
+        env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        banner = read_until(proc, r"Stop with Ctrl-C")
+        url = re.search(r"REST API\s+(http://\S+)/v1/sessions", banner).group(1)
+        yield state, url, (state / "api-key").read_text().strip()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        remove_sandboxes(state)
+
+
+@pytest.fixture
+def client_env(stack, tmp_path):
+    state, url, key = stack
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(
+        "[user]\n\tname = Host User\n\temail = host@example.com\n"
+        f"[http]\n\textraHeader = Authorization: Basic {BASIC}\n[alias]\n\tevil = !touch /tmp/pwned\n"
+    )
+    return {
+        "PATH": os.environ["PATH"], "HOME": str(home), "SBX_URL": url, "SANDBOX_API_KEY": key,
+        "SBX_CLIENT_STATE_DIR": str(tmp_path / "client-state"),
+    }  # fmt: skip
+
+
+def git(*args: str, cwd) -> str:
+    return subprocess.run(["git", *IDENT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def repo(tmp_path):
+    repo = tmp_path / "work" / "repo"
+    repo.mkdir(parents=True)
+    git("init", "-q", "-b", "main", cwd=repo)
+    (repo / "f.txt").write_text("x\n")
+    (repo / "old.txt").write_text("old\n")
+    (repo / "run.sh").write_text("#!/bin/sh\necho run\n")
+    git("add", "-A", cwd=repo)
+    git("commit", "-qm", "one", cwd=repo)
+    return repo
+
+
+@pytest.fixture
+def remote(tmp_path):
+    served = tmp_path / "served"
+    (served / "org").mkdir(parents=True)
+    git("init", "-q", "--bare", str(served / "org" / "remote.git"), cwd=tmp_path)
+    git("config", "http.receivepack", "true", cwd=served / "org" / "remote.git")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.GitSmartHTTP)
+    server.token, server.root, server.seen = TOKEN, served, []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server, served / "org" / "remote.git"
+    server.shutdown()
+
+
+def test_a_build_edits_and_commits_and_everything_comes_back(client_env, repo):
+    with Sandbox(cwd=repo, session="build-1", env=client_env) as sb:
+        result = sb.execute(
+            "pwd; sed -i s/x/y/ f.txt && echo built > out.txt && rm old.txt && mkdir -p gen/deep && "
+            "head -c 3000000 /dev/urandom > gen/deep/blob.bin && chmod +x run.sh && ln -s f.txt link && "
+            "git add -A && git commit -qm 'from the sandbox' && git log --format=%s -n 1"
+        )
+        assert result["exit_code"] == 0, result["output"]
+        assert result["output"].splitlines()[0] == "/workspace/repo"
+        assert "from the sandbox" in result["output"]
+        blob = sb.execute("sha256sum gen/deep/blob.bin")["output"].split()[0]
+    assert (repo / "f.txt").read_text() == "y\n"
+    assert (repo / "out.txt").read_text() == "built\n"
+    assert not (repo / "old.txt").exists()
+    assert os.access(repo / "run.sh", os.X_OK)
+    assert os.readlink(repo / "link") == "f.txt"
+    import hashlib
+
+    assert hashlib.sha256((repo / "gen/deep/blob.bin").read_bytes()).hexdigest() == blob
+    assert git("log", "--format=%s", "-n", "1", cwd=repo).strip() == "from the sandbox"
+    assert git("status", "--porcelain", cwd=repo) == ""
+
+
+def test_git_push_runs_on_the_host_with_credentials_the_sandbox_never_sees(client_env, repo, remote):
+    server, bare = remote
+    port = server.server_address[1]
+    git("remote", "add", "origin", f"http://127.0.0.1:{port}/org/remote.git", cwd=repo)
+    with Sandbox(cwd=repo, session="push-1", env=client_env) as sb:
+        made = sb.execute("echo change > pushed.txt && git add pushed.txt && git commit -qm 'to push'")
+        assert made["exit_code"] == 0, made["output"]
+        seen = sb.execute(
+            "env; git config --list --show-origin; cat /workspace/.sbx-host/gitconfig .git/config"
+        )
+        assert BASIC not in seen["output"] and "evil" not in seen["output"]
+        assert "Host User" in seen["output"]  # the allowlisted identity did go in
+        pushed = sb.stream("git push origin HEAD:refs/heads/main 2>&1", output=lambda *_: None)
+        assert pushed.where == "host" and pushed.exit_code == 0
+    assert git("--git-dir", str(bare), "log", "--format=%s", "main", cwd=repo).splitlines()[0] == "to push"
+    assert any("git-receive-pack" in s["path"] for s in server.seen)
+
+
+def test_output_streams_exit_codes_pass_through_and_a_run_can_be_stopped(client_env, repo, stack):
+    _, url, key = stack
+    with Sandbox(cwd=repo, session="stream-1", env=client_env) as sb:
+        side = transport.Transport(url, key)
+        released = []
+
+        def output(stream: str, data: bytes) -> None:
+            if b"first" in data and not released:
+                # The command cannot finish until this runs: proof the output came live.
+                side.run("stream-1", hostapi.RunBody(command="touch /tmp/go"), lambda *_: None)
+                released.append(True)
+
+        result = sb.stream(
+            "echo first; until [ -e /tmp/go ]; do sleep 0.05; done; echo second", output=output
+        )
+        assert released and result.exit_code == 0
+        assert sb.execute("exit 7")["exit_code"] == 7
+        assert sb.execute("echo to-err >&2; exit 0")["output"] == "to-err\n"
+
+        started = threading.Event()
+        stopper = threading.Thread(target=lambda: (started.wait(30), sb.stop()))
+        stopper.start()
+        stopped = sb.stream("echo started; sleep 300", output=lambda s, d: started.set())
+        stopper.join()
+        assert stopped.exit_code == 128 + signal.SIGKILL
+
+        timed = sb.stream("sleep 300", timeout=1)
+        assert timed.timed_out
+        side.close()
+
+
+def test_what_the_sandbox_does_to_git_internals_stays_there(client_env, repo, tmp_path):
+    config_before = (repo / ".git" / "config").read_text()
+    with Sandbox(cwd=repo, session="git-1", keep=False, env=client_env) as sb:
+        result = sb.stream(
+            "printf '#!/bin/sh\\ntouch /tmp/hooked\\n' > .git/hooks/pre-push && "
+            "chmod +x .git/hooks/pre-push && "
+            "git config alias.x '!touch /tmp/pwned' && git config core.fsmonitor 'touch /tmp/pwned' && "
+            "echo /elsewhere > .git/objects/info/alternates && ln -s /etc/passwd escape && "
+            "ln -s ../../outside up && mkdir sub && echo 'gitdir: /tmp/evil' > sub/.git && "
+            "mkdir -p Sub2/.GIT && echo x > Sub2/.GIT/config",
+        )
+        assert result.exit_code == 0
+        refused = dict(result.refused)
+        assert {".git/hooks/pre-push", ".git/objects/info/alternates", "escape", "up", "sub/.git"} <= set(
+            refused
+        )
+        assert not (repo / ".git" / "hooks" / "pre-push").exists()
+        assert (repo / ".git" / "config").read_text() == config_before
+        assert not (repo / "escape").exists() and not (repo / "up").exists()
+        assert not (repo / "sub" / ".git").exists() and not (repo / "Sub2" / ".GIT").exists()
+        # The next round replaces what the sandbox changed with the host's version.
+        again = sb.execute("ls .git/hooks/pre-push 2>&1; git config --get alias.x; echo done")
+        assert "No such file" in again["output"] and "touch" not in again["output"]
+
+
+def test_a_sandbox_that_removes_the_whole_tree_removes_nothing_on_the_host(client_env, repo):
+    with Sandbox(cwd=repo, session="rm-1", env=client_env) as sb:
+        result = sb.stream("cd / && rm -rf /workspace/repo")
+        assert result.exit_code == 0
+        assert result.refused and "incomplete" in result.refused[0][1]
+    assert (repo / "f.txt").exists() and (repo / ".git" / "HEAD").exists()
+
+
+def test_only_named_variables_sync_paths_and_task_files_go_in(client_env, repo, tmp_path):
+    shared_lib = tmp_path / "work" / "common"
+    shared_lib.mkdir()
+    (shared_lib / "lib.txt").write_text("lib\n")
+    task = tmp_path / "TASK.md"
+    task.write_text("do the thing\n")
+    env = {
+        **client_env, "FOO": "forwarded", "HOST_SECRET": "never",
+        "SBX_FORWARD_ENV": "FOO MISSING", "SBX_SYNC_PATHS": str(shared_lib), "SBX_TASK_FILES": str(task),
+    }  # fmt: skip
+    with Sandbox(cwd=repo, session="env-1", env=env) as sb:
+        out = sb.execute(
+            'echo "[$FOO][${HOST_SECRET:-}][${MISSING-unset}]"; '
+            'cat ../common/lib.txt "$SBX_TASK_DIR/TASK.md"; '
+            "echo changed > ../common/lib.txt"
+        )["output"]
+    assert out.splitlines() == ["[forwarded][][unset]", "lib", "do the thing"]
+    assert (shared_lib / "lib.txt").read_text() == "lib\n"  # sync paths go one way
+
+
+def test_cli_keep_release_and_ctrl_c(client_env, repo):
+    env = {**client_env, "PYTHONPATH": str(support.ROOT)}
+
+    def sbx(*args: str, **kw) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "sbx.cli", *args]
+        return subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=120, **kw)
+
+    first = sbx("exec", "--session", "cli-1", "--keep", "--", "echo kept > /tmp/marker; echo made > made.txt")
+    assert first.returncode == 0, first.stderr
+    assert (repo / "made.txt").read_text() == "made\n"
+    second = sbx("exec", "--session", "cli-1", "--keep", "--", "cat /tmp/marker; exit 4")
+    assert second.returncode == 4 and second.stdout == "kept\n"
+    released = sbx("release", "--session", "cli-1")
+    assert released.returncode == 0 and "released" in released.stdout
+    fresh = sbx("exec", "--session", "cli-1", "--", "cat /tmp/marker 2>&1 || echo fresh")
+    assert fresh.stdout.strip().endswith("fresh")
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sbx.cli", "exec", "--session", "cli-2", "--", "echo ready; sleep 300"],
+        cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 130
+
+
+def test_the_host_api_refuses_bad_input_and_a_stale_sandbox(stack):
+    _, url, key = stack
+    auth = {"Authorization": f"Bearer {key}"}
+    assert httpx.post(f"{url}/v1/sessions/api-1/run", json={"command": "true"}).status_code == 401
+    bad = httpx.post(f"{url}/v1/sessions/api-1/files/get", json={"root": "/etc", "paths": []}, headers=auth)
+    assert bad.status_code == 400 and "/workspace" in bad.json()["message"]
+    extra = httpx.post(f"{url}/v1/sessions/api-1/run", json={"command": "true", "rogue": 1}, headers=auth)
+    assert extra.status_code == 400
+    stale = httpx.post(
+        f"{url}/v1/sessions/api-1/run",
+        json={"command": "true", "sandbox_id": "sb-not-this-one"},
+        headers=auth,
+    )
+    assert stale.status_code == 409 and stale.json()["error"] == "sandbox_changed"
+    spec = httpx.get(f"{url}/openapi.json").json()
+    assert {"/v1/sessions/{session_id}/run", "/v1/sessions/{session_id}/files/put"} <= set(spec["paths"])
