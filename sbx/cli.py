@@ -10,8 +10,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
-from sbx import observe, stack, up
-from shared import errors, logs
+from sbx import stack
+from shared import errors
 
 app = typer.Typer(
     name="sbx",
@@ -30,6 +30,8 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def _run(coro: Awaitable[int]) -> None:
+    from shared import logs  # imported here: `sbx exec` never needs it
+
     # Library chatter (reconnect attempts while NATS starts) is not for the operator.
     logs.configure(service="sbx", instance=str(os.getpid()), level="error", fmt="console")
     try:
@@ -46,6 +48,8 @@ def _run(coro: Awaitable[int]) -> None:
 
 
 def _with_stack(state_dir: Path | None, action: Callable[..., Awaitable[int]], **kwargs: object) -> None:
+    from sbx import observe  # (NATS client) imported only by the commands that use it
+
     async def go() -> int:
         nc, topology = await observe.connect(
             stack.bus_settings(stack.state_dir(state_dir, os.environ), os.environ)
@@ -68,6 +72,8 @@ def up_command(
     ] = 4222,
 ) -> None:
     """Start NATS (unless NATS_URL is set) and all six services; stop them on Ctrl-C."""
+    from sbx import up
+
     options = up.Options(
         host=host, port=port, state_dir=stack.state_dir(state_dir, os.environ), nats_port=nats_port
     )
@@ -77,6 +83,8 @@ def up_command(
 @app.command("status")
 def status_command(state_dir: StateDir = None, json: Json = False) -> None:
     """Health and pid of every service instance, and session counts. Exit 1 if a service is down."""
+    from sbx import observe
+
     _with_stack(state_dir, observe.status, as_json=json)
 
 
@@ -89,6 +97,8 @@ def events_command(
     json: Json = False,
 ) -> None:
     """Print the audit stream (one JSON object a line with --json)."""
+    from sbx import observe
+
     _with_stack(state_dir, observe.follow_events, session=session, follow=follow, as_json=json, since=since)
 
 
@@ -107,6 +117,8 @@ def replay_command(
     if verify and rebuild:
         typer.echo("sbx: error: choose one of --verify and --rebuild", err=True)
         raise typer.Exit(2)
+    from sbx import observe
+
     _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
 
 
@@ -171,100 +183,27 @@ def route_command(
             typer.echo("  run " + " | ".join(" ".join(step.argv) for step in segment))
 
 
-Session = Annotated[
-    str, typer.Option("--session", help="The session: calls with the same name share a sandbox")
-]
+_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
 
 
-@app.command("exec")
-def exec_command(
-    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'make test'")],
-    session: Session,
-    keep: Annotated[
-        bool, typer.Option("--keep", help="Keep the sandbox for later calls (until `sbx release`)")
-    ] = False,
-    timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds before the command is killed")
-    ] = None,
-) -> None:
-    """Run COMMAND for the current directory's code in the session's sandbox (git network
-    commands run on this host): files go up before it and come back after it."""
-    import signal
-    import sys
-    import threading
+@app.command("exec", context_settings=_PASS_THROUGH, add_help_option=False)
+def exec_command(ctx: typer.Context) -> None:
+    """Run a command for the current directory's code in a session's sandbox (git network
+    commands run on this host). See `sbx exec --help`."""
+    from sbx.client import cli as client_cli
 
-    from sbx.client import Sandbox, SyncError
-    from sbx.client.transport import ApiError
-
-    text = " ".join(command)
-    try:
-        sandbox = Sandbox(session=session, keep=keep)
-    except SyncError as exc:
-        typer.echo(f"sbx exec: {exc}", err=True)
-        raise typer.Exit(2) from None
-    interrupted = threading.Event()
-
-    def on_interrupt(signum: int, frame: object) -> None:
-        if interrupted.is_set():
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting
-        interrupted.set()
-        typer.echo("\nsbx exec: stopping the command in the sandbox (Ctrl-C again to stop waiting)", err=True)
-        threading.Thread(target=sandbox.stop, daemon=True).start()
-
-    def write(stream: str, data: bytes) -> None:
-        out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
-        out.write(data)
-        out.flush()
-
-    previous = signal.signal(signal.SIGINT, on_interrupt)
-    code = 1
-    try:
-        result = sandbox.stream(text, timeout=timeout, output=write)
-        code = 130 if interrupted.is_set() else result.exit_code
-        _report_refused(result.refused)
-    except (ApiError, SyncError) as exc:
-        typer.echo(f"sbx exec: {exc}", err=True)
-        code = 2 if not isinstance(exc, ApiError) or not exc.retriable else 75
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        try:
-            sandbox.close()
-        except (ApiError, OSError) as exc:
-            typer.echo(f"sbx exec: could not release the sandbox: {exc}", err=True)
-    raise typer.Exit(code)
+    raise typer.Exit(client_cli.main(["exec", *ctx.args]))
 
 
-def _report_refused(refused: list[tuple[str, str]], shown: int = 10) -> None:
-    """What did not come back: changes inside .git are counted, the rest listed (up to ``shown``)."""
-    inside_git = [path for path, why in refused if "stays as the host has it" in why]
-    others = [(path, why) for path, why in refused if "stays as the host has it" not in why]
-    for path, why in others[:shown]:
-        typer.echo(f"sbx exec: not brought back: {path or '(all)'}: {why}", err=True)
-    if len(others) > shown:
-        typer.echo(f"sbx exec: ... and {len(others) - shown} more not brought back", err=True)
-    if inside_git:
-        typer.echo(
-            f"sbx exec: {len(inside_git)} change(s) inside .git (config, hooks, info, ...) stay as the host "
-            "has them: only history and the index come back",
-            err=True,
-        )
+@app.command("release", context_settings=_PASS_THROUGH, add_help_option=False)
+def release_command(ctx: typer.Context) -> None:
+    """Release a session's sandbox kept with `sbx exec --keep`. See `sbx release --help`."""
+    from sbx.client import cli as client_cli
 
-
-@app.command("release")
-def release_command(session: Session) -> None:
-    """Release a session's sandbox kept with `sbx exec --keep`."""
-    from sbx.client import Sandbox, SyncError
-    from sbx.client.transport import ApiError
-
-    try:
-        had = Sandbox(session=session, keep=True).release()
-    except (ApiError, SyncError) as exc:
-        typer.echo(f"sbx release: {exc}", err=True)
-        raise typer.Exit(2) from None
-    typer.echo(f"released {session}" if had else f"{session} had no sandbox")
+    raise typer.Exit(client_cli.main(["release", *ctx.args]))
 
 
 if __name__ == "__main__":
-    app()
+    from sbx.entry import main
+
+    main()

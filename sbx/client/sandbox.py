@@ -23,19 +23,21 @@ Usage::
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
 import secrets
 import stat
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
 from shared import execution, hostapi
 
+T = TypeVar("T")
 Output = Callable[[str, bytes], None]
 """Called with ("stdout" | "stderr", data) as output comes."""
 _NAMES = {hostapi.STDOUT: "stdout", hostapi.STDERR: "stderr"}
@@ -60,6 +62,9 @@ class Result:
     refused: list[tuple[str, str]] = field(default_factory=list)
     """Changes of the sandbox not applied on the host, and why."""
     sandbox_id: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the time went: ``up`` (scan and upload), ``run`` (the command, its output
+    and the listing), ``back`` (download and apply)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +178,7 @@ class Sandbox:
         self.record = state.load(self._record_path) if keep else state.Record()
         self.root = changes.sandbox_root(self.code_dir)
         self._closed = False
+        self._configs: dict[Path, tuple[object, bytes]] = {}
 
     # ---- public --------------------------------------------------------------------------------
 
@@ -246,8 +252,10 @@ class Sandbox:
     # ---- one command in the sandbox -----------------------------------------------------------
 
     def _in_sandbox(self, command: str, timeout: float | None, write: Output) -> Result:
+        started = time.perf_counter()
         expected = self.record.sandbox_id or None
         sent, before = self._sync_up(expected)
+        synced = time.perf_counter()
         tree = self.record.trees[str(self.code_dir)]
         env = dict(self.forwarded)
         env.setdefault("GIT_CONFIG_GLOBAL", f"{changes.HOST_DIR}/gitconfig")
@@ -264,6 +272,7 @@ class Sandbox:
             sandbox_id=self.record.sandbox_id or None,
         )
         answer = self.transport.run(self.session, body, lambda channel, data: write(_NAMES[channel], data))
+        ran = time.perf_counter()
         self.record.sandbox_id = answer.sandbox_id or answer.end.sandbox_id
         end = answer.end
         result = Result(
@@ -279,6 +288,7 @@ class Sandbox:
         self._pull_back(tree, before if before is not None else tree.sandbox, after, end.message, result)
         if self.keep:
             state.save(self._record_path, self.record)
+        result.seconds = {"up": synced - started, "run": ran - synced, "back": time.perf_counter() - ran}
         return result
 
     # ---- up ----------------------------------------------------------------------------------
@@ -373,10 +383,25 @@ class Sandbox:
         tree.extra = digests
         return len(files) + len(gone)
 
+    def _rendered(self, path: Path, *, repository: bool) -> bytes:
+        """The allowlisted rendering of a git config file, remembered while the file's
+        size, mtime and inode stay the same (reading it runs git)."""
+        try:
+            info = path.lstat()
+            signature = (info.st_size, info.st_mtime_ns, info.st_ino, repository)
+        except OSError:
+            signature = None
+        known = self._configs.get(path)
+        if known is not None and signature is not None and known[0] == signature:
+            return known[1]
+        pairs = forward.allowed(forward.read_config(path), repository=repository)
+        rendered = forward.render(pairs).encode()
+        self._configs[path] = (signature, rendered)
+        return rendered
+
     def _host_configs(self) -> dict[str, bytes]:
         home = Path(self.env.get("HOME") or Path.home())
-        pairs = forward.allowed(forward.read_config(home / ".gitconfig"), repository=False)
-        return {"gitconfig": forward.render(pairs).encode()}
+        return {"gitconfig": self._rendered(home / ".gitconfig", repository=False)}
 
     def _repo_configs(self) -> dict[str, bytes]:
         git = self.code_dir / ".git"
@@ -386,8 +411,7 @@ class Sandbox:
         for name in ("config", "config.worktree"):
             path = git / name
             if path.is_file() and not path.is_symlink():
-                pairs = forward.allowed(forward.read_config(path), repository=True)
-                out[f".git/{name}"] = forward.render(pairs).encode()
+                out[f".git/{name}"] = self._rendered(path, repository=True)
         return out
 
     # ---- back --------------------------------------------------------------------------------
@@ -482,6 +506,12 @@ class Sandbox:
         return sync.Entry("file", mode=stat.S_IMODE(info.st_mode) & 0o777, digest=digest, size=len(content))
 
 
+async def _to_thread(function: Callable[..., T], *args: object) -> T:
+    import asyncio  # here: the synchronous CLI never pays for importing it
+
+    return await asyncio.to_thread(function, *args)
+
+
 class AsyncSandbox:
     """The async twin of :class:`Sandbox`: the same calls, run in a worker thread."""
 
@@ -489,15 +519,15 @@ class AsyncSandbox:
         self.sync = Sandbox(*args, **kwargs)  # type: ignore[arg-type]
 
     async def execute(self, command: str, timeout: float | None = None) -> dict[str, object]:
-        return await asyncio.to_thread(self.sync.execute, command, timeout)
+        return await _to_thread(self.sync.execute, command, timeout)
 
     async def stream(
         self, command: str, *, timeout: float | None = None, output: Output | None = None
     ) -> Result:
-        return await asyncio.to_thread(lambda: self.sync.stream(command, timeout=timeout, output=output))
+        return await _to_thread(lambda: self.sync.stream(command, timeout=timeout, output=output))
 
     async def close(self) -> None:
-        await asyncio.to_thread(self.sync.close)
+        await _to_thread(self.sync.close)
 
     async def __aenter__(self) -> AsyncSandbox:
         return self

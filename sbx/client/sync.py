@@ -98,29 +98,39 @@ def scan(root: Path, *, excludes: Iterable[str] = DEFAULT_EXCLUDES, cache: dict 
     excludes = tuple(excludes)
     cache = {} if cache is None else cache
     out: Manifest = {}
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        for name in sorted(dirnames + filenames):
-            path = base / name
-            rel = path.relative_to(root).as_posix()
-            if excluded(rel, excludes):
-                if name in dirnames:
-                    dirnames.remove(name)
+    dir_names = {p[:-1] for p in excludes if p.endswith("/")}
+    name_patterns = [p for p in excludes if not p.endswith("/")]
+    by_name = re.compile("|".join(fnmatch.translate(p) for p in name_patterns if "/" not in p) or "(?!)")
+    by_path = [p for p in name_patterns if "/" in p]
+
+    def skip(rel: str, name: str) -> bool:
+        return bool(by_name.match(name)) or any(fnmatch.fnmatch(rel, p) for p in by_path)
+
+    pending = [("", os.fspath(root))]
+    while pending:
+        prefix, directory = pending.pop()
+        with os.scandir(directory) as entries:
+            found = sorted(entries, key=lambda e: e.name)
+        for entry in found:
+            name = entry.name
+            rel = prefix + name
+            info = entry.stat(follow_symlinks=False)
+            mode = info.st_mode
+            if stat.S_ISDIR(mode):
+                if name in dir_names or skip(rel, name):
+                    continue
+                out[rel] = Entry("dir", mode=stat.S_IMODE(mode))
+                pending.append((rel + "/", entry.path))
+            elif name_patterns and skip(rel, name):
                 continue
-            info = path.lstat()
-            if stat.S_ISLNK(info.st_mode):
-                out[rel] = Entry("symlink", target=os.readlink(path))
-                if name in dirnames:
-                    dirnames.remove(name)
-            elif stat.S_ISDIR(info.st_mode):
-                out[rel] = Entry("dir", mode=stat.S_IMODE(info.st_mode))
-            elif stat.S_ISREG(info.st_mode):
+            elif stat.S_ISLNK(mode):
+                out[rel] = Entry("symlink", target=os.readlink(entry.path))
+            elif stat.S_ISREG(mode):
                 key = (info.st_size, info.st_mtime_ns, info.st_ino)
                 known = cache.get(rel)
-                digest = known[1] if known and known[0] == key else _digest(path)
+                digest = known[1] if known and known[0] == key else _digest(Path(entry.path))
                 cache[rel] = (key, digest)
-                mode = stat.S_IMODE(info.st_mode) & 0o777
-                out[rel] = Entry("file", mode=mode, digest=digest, size=info.st_size)
+                out[rel] = Entry("file", mode=stat.S_IMODE(mode) & 0o777, digest=digest, size=info.st_size)
     return out
 
 

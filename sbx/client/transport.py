@@ -1,18 +1,24 @@
 """The host API over HTTP (:mod:`shared.hostapi`): run a command with streamed output,
 upload a tar, download paths, stop a run, release a session.
 
-Synchronous (httpx), because the agent-facing surface (``sbx exec``, ``Sandbox``) is.
-Every answer is read as frames; an error frame or an error status becomes
-:class:`ApiError` with the gateway's message.
+Synchronous, on the standard library's ``http.client``: ``sbx exec`` is started once per
+tool call, so what it imports is paid every time (httpx alone costs ~70 ms to import).
+One kept-alive connection per ``Transport``; a request on a reused connection that the
+gateway had already closed (idle) is sent again on a new one. Every answer is read as
+frames; an error frame or an error status becomes :class:`ApiError` with the gateway's
+message.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import socket
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from urllib.parse import quote, urlsplit
 
-import httpx
 import msgspec
 
 from shared import hostapi
@@ -21,6 +27,8 @@ DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 90.0
 """Longest silence on a stream (the executor sends heartbeats every few seconds)."""
+READ_SIZE = 256 * 1024
+_STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
 class ApiError(Exception):
@@ -54,134 +62,188 @@ class Transport:
         *,
         org_id: str | None = None,
         user_id: str | None = None,
-        client: httpx.Client | None = None,
+        timeout: float = READ_TIMEOUT,
     ) -> None:
-        headers = {"authorization": f"Bearer {api_key}"}
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ApiError(f"SBX_URL must be an http(s) URL, not {url!r}")
+        self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
+        self.base = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.headers = {"authorization": f"Bearer {api_key}", "user-agent": "sbx-client"}
         if org_id:
-            headers["x-org-id"] = org_id
+            self.headers["x-org-id"] = org_id
         if user_id:
-            headers["x-user-id"] = user_id
-        self.url = url.rstrip("/")
-        self.http = client or httpx.Client(
-            headers=headers,
-            timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
-        )
-        if client is not None:
-            self.http.headers.update(headers)
+            self.headers["x-user-id"] = user_id
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
         self.current_run: tuple[str, str] | None = None
         """(session, run id) of the run streaming now: what :meth:`stop` stops."""
 
     def close(self) -> None:
-        self.http.close()
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
     def _path(self, session: str, tail: str) -> str:
-        from urllib.parse import quote
+        return f"{self.base}/v1/sessions/{quote(session, safe='')}{tail}"
 
-        return f"{self.url}/v1/sessions/{quote(session, safe='')}{tail}"
+    def _connect(self, timeout: float | None = None) -> http.client.HTTPConnection:
+        kind = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = kind(self.host, self.port, timeout=timeout or self.timeout)
+        try:
+            conn.connect()
+        except OSError as exc:
+            raise ApiError(
+                f"cannot reach the gateway at {self.scheme}://{self.host}:{self.port or ''}: {exc} "
+                "(is `sbx up` running? is SBX_URL right?)",
+                retriable=True,
+            ) from None
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return conn
+
+    def _request(
+        self, method: str, path: str, body: bytes | Iterable[bytes] | None = None, content_type: str = ""
+    ) -> http.client.HTTPResponse:
+        """Send; the response (its status not yet checked). A reused connection the
+        gateway closed meanwhile is replaced once (only bytes bodies can be sent twice)."""
+        headers = dict(self.headers)
+        if content_type:
+            headers["content-type"] = content_type
+        chunked = body is not None and not isinstance(body, bytes)
+        if chunked:
+            headers["transfer-encoding"] = "chunked"
+        for attempt in range(2):
+            reused = self._conn is not None
+            if self._conn is None:
+                self._conn = self._connect()
+            try:
+                self._conn.request(method, path, body=body, headers=headers, encode_chunked=chunked)
+                return self._conn.getresponse()
+            except _STALE:
+                self.close()
+                if not reused or chunked or attempt:
+                    raise ApiError("the gateway closed the connection; the outcome is unknown") from None
+            except OSError as exc:
+                self.close()
+                raise ApiError(f"talking to the gateway failed: {exc}; the outcome is unknown") from None
+        raise AssertionError("unreachable")
 
     # ---- operations ---------------------------------------------------------------------------
 
     def run(self, session: str, body: hostapi.RunBody, output: Output) -> Answer:
-        with self.http.stream(
-            "POST",
-            self._path(session, "/run"),
-            content=msgspec.json.encode(body),
-            headers={"content-type": "application/json"},
-        ) as response:
+        with self._lock:
+            response = self._request(
+                "POST", self._path(session, "/run"), msgspec.json.encode(body), "application/json"
+            )
             self._check(response)
-            self.current_run = (session, response.headers.get("x-run-id", ""))
+            self.current_run = (session, response.getheader("x-run-id", ""))
             try:
                 return self._frames(response, output, None)
             finally:
                 self.current_run = None
 
     def stop(self) -> None:
-        """Stop the run streaming now (from another thread, e.g. on Ctrl-C)."""
+        """Stop the run streaming now (from another thread, e.g. on Ctrl-C): on a
+        connection of its own."""
         current = self.current_run
         if current is None or not current[1]:
             return
         session, run_id = current
         try:
-            self.http.post(self._path(session, f"/runs/{run_id}/stop"), timeout=CONNECT_TIMEOUT)
-        except httpx.HTTPError:
+            conn = self._connect(CONNECT_TIMEOUT)
+            try:
+                conn.request("POST", self._path(session, f"/runs/{run_id}/stop"), headers=self.headers)
+                conn.getresponse().read()
+            finally:
+                conn.close()
+        except (ApiError, OSError, http.client.HTTPException):
             pass  # closing the stream stops it too
 
     def put(self, session: str, params: hostapi.PutParams, tar: Iterable[bytes]) -> Answer:
         def body() -> Iterator[bytes]:
             yield hostapi.frame(hostapi.PARAMS, msgspec.json.encode(params))
             for chunk in tar:
-                yield hostapi.frame(hostapi.TAR, chunk)
+                if chunk:
+                    yield hostapi.frame(hostapi.TAR, chunk)
 
-        with self.http.stream("POST", self._path(session, "/files/put"), content=body()) as response:
+        with self._lock:
+            response = self._request("POST", self._path(session, "/files/put"), body(), hostapi.MEDIA_TYPE)
             self._check(response)
             return self._frames(response, None, None)
 
     def get(self, session: str, root: str, paths: list[str], tar: Callable[[bytes], None]) -> Answer:
         body = msgspec.json.encode(hostapi.GetBody(root=root, paths=paths))
-        with self.http.stream(
-            "POST",
-            self._path(session, "/files/get"),
-            content=body,
-            headers={"content-type": "application/json"},
-        ) as response:
+        with self._lock:
+            response = self._request("POST", self._path(session, "/files/get"), body, "application/json")
             self._check(response)
             return self._frames(response, None, tar)
 
     def release(self, session: str) -> bool:
         """Delete the session and its sandbox; False if there was none."""
-        response = self.http.delete(self._path(session, ""))
-        if response.status_code == 404:
-            return False
-        self._check(response)
-        return True
+        with self._lock:
+            response = self._request("DELETE", self._path(session, ""))
+            if response.status == 404:
+                response.read()
+                return False
+            self._check(response)
+            response.read()
+            return True
 
     # ---- reading answers ----------------------------------------------------------------------
 
-    @staticmethod
-    def _check(response: httpx.Response) -> None:
-        if response.status_code < 400:
+    def _check(self, response: http.client.HTTPResponse) -> None:
+        if response.status < 400:
             return
-        response.read()
+        raw = response.read()
         try:
-            problem = json.loads(response.content)
-            raise ApiError(
-                problem.get("message", response.text),
-                code=problem.get("error", "error"),
-                status=response.status_code,
-                retriable=bool(problem.get("retriable")),
+            problem = json.loads(raw)
+            message, code = (
+                problem.get("message", raw.decode(errors="replace")),
+                problem.get("error", "error"),
             )
+            retriable = bool(problem.get("retriable"))
         except (ValueError, AttributeError):
-            raise ApiError(
-                f"HTTP {response.status_code}: {response.text[:300]}", status=response.status_code
-            ) from None
+            message, code, retriable = (
+                f"HTTP {response.status}: {raw[:300].decode(errors='replace')}",
+                "error",
+                False,
+            )
+        raise ApiError(message, code=code, status=response.status, retriable=retriable)
 
-    @staticmethod
     def _frames(
-        response: httpx.Response, output: Output | None, tar: Callable[[bytes], None] | None
+        self, response: http.client.HTTPResponse, output: Output | None, tar: Callable[[bytes], None] | None
     ) -> Answer:
         reader = hostapi.FrameReader()
         listing = bytearray()
-        for chunk in response.iter_bytes():
-            for channel, data in reader.feed(chunk):
-                if channel in (hostapi.STDOUT, hostapi.STDERR) and output is not None:
-                    output(channel, data)
-                elif channel == hostapi.LISTING:
-                    listing += data
-                elif channel == hostapi.TAR and tar is not None:
-                    tar(data)
-                elif channel == hostapi.END:
-                    return Answer(
-                        end=msgspec.json.decode(data, type=hostapi.End),
-                        listing=bytes(listing),
-                        sandbox_id=response.headers.get("x-sandbox-id", ""),
-                        run_id=response.headers.get("x-run-id", ""),
-                    )
-                elif channel == hostapi.ERROR:
-                    problem = json.loads(data)
-                    raise ApiError(
-                        problem.get("message", "error"),
-                        code=problem.get("error", "error"),
-                        status=int(problem.get("status", 500)),
-                        retriable=bool(problem.get("retriable")),
-                    )
+        try:
+            while chunk := response.read1(READ_SIZE):
+                for channel, data in reader.feed(chunk):
+                    if channel in (hostapi.STDOUT, hostapi.STDERR) and output is not None:
+                        output(channel, data)
+                    elif channel == hostapi.LISTING:
+                        listing += data
+                    elif channel == hostapi.TAR and tar is not None:
+                        tar(data)
+                    elif channel == hostapi.END:
+                        response.read()  # the rest (nothing): the connection can be reused
+                        return Answer(
+                            end=msgspec.json.decode(data, type=hostapi.End),
+                            listing=bytes(listing),
+                            sandbox_id=response.getheader("x-sandbox-id", ""),
+                            run_id=response.getheader("x-run-id", ""),
+                        )
+                    elif channel == hostapi.ERROR:
+                        response.read()
+                        problem = json.loads(data)
+                        raise ApiError(
+                            problem.get("message", "error"),
+                            code=problem.get("error", "error"),
+                            status=int(problem.get("status", 500)),
+                            retriable=bool(problem.get("retriable")),
+                        )
+        except (OSError, http.client.HTTPException) as exc:
+            self.close()
+            raise ApiError(f"the stream from the gateway broke: {exc}; the outcome is unknown") from None
+        self.close()
         raise ApiError("the gateway closed the stream before the end frame; the outcome is unknown")
