@@ -92,6 +92,8 @@ class PutFiles(Streamed, frozen=True, kw_only=True, tag="put_files"):
     delete: list[str] = []
     prune: list[str] = []
     listing: bool = True
+    list_paths: list[str] | None = None
+    """List only these paths after the upload (None: the whole tree)."""
 
 
 class GetFiles(Streamed, frozen=True, kw_only=True, tag="get_files"):

@@ -35,6 +35,7 @@ FRAME_MAX = 4 * 1024 * 1024
 WORKSPACE = "/workspace"
 MAX_DELETES = 20_000
 MAX_PRUNE = 64
+MAX_LIST_PATHS = 2000
 _HEADER = struct.Struct(">cI")
 
 LIST_FORMAT = "%y %m %s %T@ %C@ %i %P\\0%l\\0"
@@ -64,6 +65,9 @@ class PutParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     prune: list[str] = []
     listing: bool = True
     """Answer with the tree's listing after the upload."""
+    list_paths: list[str] | None = None
+    """List only these paths (the ones uploaded or deleted), not the whole tree: a path
+    missing from the answer is gone. At most :data:`MAX_LIST_PATHS`."""
     sandbox_id: str | None = None
     """As for :class:`RunBody`: the upload is a difference against that sandbox's copy."""
 

@@ -108,6 +108,28 @@ def pull_back(
     return result
 
 
+def merge_listing(
+    known: Mapping[str, hostapi.Stat],
+    listed_paths: Iterable[str],
+    deleted: Iterable[str],
+    listed: Mapping[str, hostapi.Stat],
+) -> dict[str, hostapi.Stat]:
+    """The whole tree's listing from the last one known, after an upload that deleted
+    ``deleted`` (with what was under them) and listed only ``listed_paths``: a listed
+    path missing from ``listed`` is gone."""
+    out = dict(known)
+    for path in deleted:
+        prefix = path + "/"
+        for other in [p for p in out if p == path or p.startswith(prefix)]:
+            del out[other]
+    for path in listed_paths:
+        if path in listed:
+            out[path] = listed[path]
+        else:
+            out.pop(path, None)
+    return out
+
+
 def not_text(listing: Mapping[str, hostapi.Stat]) -> list[str]:
     """Paths whose names are not UTF-8 (they cannot come back)."""
     out = []

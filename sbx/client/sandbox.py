@@ -348,11 +348,23 @@ class Sandbox:
             tree.host = manifest
             return 0, None
         skipped: list[tuple[str, str]] = []
+        deletions = changes.collapse([*diff.delete, *extra_gone])
+        touched = sorted({*diff.upsert, *deletions, *extra_send})
+        # What the sandbox held before is known (the last round's listing): list only
+        # what this upload touched, not the whole tree.
+        partial = (
+            listing
+            and bool(self.record.sandbox_id)
+            and bool(tree.sandbox)
+            and len(touched) <= hostapi.MAX_LIST_PATHS
+            and not any(p.startswith(("-", "!", "(", ")")) for p in touched)
+        )
         params = hostapi.PutParams(
             root=sandbox_root,
-            delete=changes.collapse([*diff.delete, *extra_gone]),
+            delete=deletions,
             prune=[p[:-1] for p in self.settings.excludes if p.endswith("/")],
             listing=listing,
+            list_paths=touched if partial else None,
             sandbox_id=expected,
         )
         answer = self.transport.put(
@@ -364,9 +376,13 @@ class Sandbox:
         for path, _ in skipped:
             manifest = {p: e for p, e in manifest.items() if p != path}
         tree.host, tree.extra = manifest, extra_now
-        return len(diff.upsert) + len(diff.delete) + len(extra_send), (
-            hostapi.parse_listing(answer.listing) if listing else None
-        )
+        count = len(diff.upsert) + len(diff.delete) + len(extra_send)
+        if not listing:
+            return count, None
+        listed = hostapi.parse_listing(answer.listing)
+        if not partial:
+            return count, listed
+        return count, changes.merge_listing(tree.sandbox, touched, deletions, listed)
 
     def _push_files(self, sandbox_root: str, key: str, files: dict[str, bytes], expected: str | None) -> int:
         """Generated or single files into ``sandbox_root``; only when their content changed."""

@@ -41,7 +41,14 @@ _STREAM = {"stdout": hostapi.STDOUT, "stderr": hostapi.STDERR}
 #: Removes the NUL-separated relative paths read from stdin (operands, after ``--``).
 DELETE = 'cd -- "$1" || exit 0; exec xargs -0 -r rm -rf --'
 #: Extracts a tar from stdin into $1 (created if missing), keeping modes and mtimes.
-EXTRACT = 'mkdir -p -- "$1" && cd -- "$1" || exit 3; exec tar -x -p -f - --no-same-owner'
+#: Extracts a tar from stdin into $1 (created if missing), keeping modes and mtimes, then
+#: runs the rest of the arguments (the listing) in the same process: one exec, not two.
+#: Exit 3: the tar failed (fatal); else the listing's status.
+EXTRACT = (
+    'mkdir -p -- "$1" && cd -- "$1" || exit 3; shift; '
+    'tar -x -p -f - --no-same-owner || { echo "tar failed ($?)" >&2; exit 3; }; '
+    '[ $# -eq 0 ] || exec "$@"'
+)
 #: A tar of the NUL-separated relative paths read from stdin, directories without children.
 ARCHIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null --no-recursion -T -'
 
@@ -57,6 +64,16 @@ def listing_argv(prune: list[str]) -> list[str]:
             names += [*(["-o"] if names else []), "-name", name]
         argv += ["(", "-type", "d", "(", *names, ")", ")", "-prune", "-o"]
     return [*argv, "-printf", hostapi.LIST_FORMAT]  # find turns \\0 into NUL itself
+
+
+def put_listing_argv(request: execution.PutFiles) -> list[str]:
+    """What lists the tree after an upload: all of it, only the named paths, or nothing."""
+    if not request.listing:
+        return []
+    if request.list_paths is None:
+        return listing_argv(request.prune)
+    # Only these paths (each given as a starting point, listed as given: %p, not %P).
+    return ["find", *request.list_paths, "-maxdepth", "0", "-printf", hostapi.LIST_FORMAT.replace("%P", "%p")]
 
 
 def run_argv(request: execution.Run) -> list[str]:
@@ -93,6 +110,12 @@ def validate(request: execution.Streamed) -> None:
             for path in request.delete:
                 hostapi.validate_relative(path)
             hostapi.validate_prune(request.prune)
+            if request.list_paths is not None:
+                if len(request.list_paths) > hostapi.MAX_LIST_PATHS:
+                    raise errors.InvalidInput(f"at most {hostapi.MAX_LIST_PATHS} paths to list")
+                for path in request.list_paths:
+                    if hostapi.validate_relative(path).startswith(("-", "!", "(", ")")):
+                        raise errors.InvalidInput(f"a path to list cannot start with {path[0]!r}")
         case execution.GetFiles():
             hostapi.validate_root(request.root)
 
@@ -119,7 +142,12 @@ class StreamedOps:
                 work = functools.partial(self._run, request, process)
             case execution.PutFiles():
                 await self._delete(request)
-                process = await self._script(request, EXTRACT, request.root)
+                process = await self.runtime.exec(
+                    request.sandbox_id,
+                    ["/bin/sh", "-c", EXTRACT, "sbx", request.root, *put_listing_argv(request)],
+                    timeout=QUICK,
+                    keep_stdin_open=True,
+                )
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
                 work = functools.partial(self._put, request, process, inputs)
             case execution.GetFiles():
@@ -278,19 +306,24 @@ class StreamedOps:
     async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
         beats = asyncio.create_task(self._beat(sender, process))
         try:
-            pump = asyncio.create_task(self._pump(process, sender, {}))
+            pump = asyncio.create_task(self._pump(process, sender, {"stdout": hostapi.LISTING}))
             await self._feed(inputs, process)
             complaint = await pump
             result = await process.wait()
         finally:
             beats.cancel()
+        why = output.text(complaint).strip()[:MESSAGE_MAX]
         message = ""
-        if result.exit_code != 0:
-            message = f"extracting failed (exit status {result.exit_code}): {output.text(complaint).strip()}"
-        elif request.listing:
-            message = await self._listing(request, request.root, request.prune, sender)
+        exit_code = result.exit_code
+        if result.exit_code == 3 or result.timed_out:
+            message = f"extracting failed: {why or 'timed out'}"
+        elif result.exit_code != 0 and request.list_paths is None:
+            message = f"the listing of {request.root} is incomplete: {why or result.exit_code}"
+            exit_code = 0
+        else:
+            exit_code = 0  # a path listed by name may be gone (deleted): that is an answer too
         end = hostapi.End(
-            exit_code=result.exit_code,
+            exit_code=exit_code,
             duration=result.duration,
             sandbox_id=request.sandbox_id,
             message=message,

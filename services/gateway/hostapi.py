@@ -321,6 +321,7 @@ class HostAPI:
                     delete=params.delete,
                     prune=params.prune,
                     listing=params.listing,
+                    list_paths=params.list_paths,
                     **fields,
                 ),
                 params.sandbox_id,

@@ -264,3 +264,27 @@ def test_the_host_api_refuses_bad_input_and_a_stale_sandbox(stack):
     assert stale.status_code == 409 and stale.json()["error"] == "sandbox_changed"
     spec = httpx.get(f"{url}/openapi.json").json()
     assert {"/v1/sessions/{session_id}/run", "/v1/sessions/{session_id}/files/put"} <= set(spec["paths"])
+
+
+def test_a_kept_sandbox_gets_only_what_changed_on_the_host(client_env, repo):
+    with Sandbox(cwd=repo, session="inc-1", keep=True, env=client_env) as sb:
+        assert sb.stream("true").sent > 0
+        unchanged = sb.stream("true")
+        assert unchanged.sent == 0 and unchanged.written == [] and unchanged.deleted == []
+        (repo / "f.txt").write_text("host edit\n")
+        (repo / "old.txt").unlink()
+        (repo / "newdir").mkdir()
+        (repo / "newdir" / "n").write_text("n\n")
+        out: list[bytes] = []
+        result = sb.stream(
+            "cat f.txt; ls old.txt 2>&1; cat newdir/n; echo made > m.txt", output=lambda s, d: out.append(d)
+        )
+        assert result.sent == 4, result  # f.txt, old.txt (deleted), newdir, newdir/n
+        assert result.written == ["m.txt"] and result.deleted == []
+        text = b"".join(out).decode()
+        assert "host edit" in text and "No such file" in text and "n\n" in text
+    # Another client (a new process with --keep) continues from what was recorded.
+    with Sandbox(cwd=repo, session="inc-1", keep=True, env=client_env) as again:
+        assert again.stream("test -f m.txt").exit_code == 0
+        assert again.stream("true").sent == 0
+        assert again.release()

@@ -246,3 +246,21 @@ def test_the_listing_prunes_only_directories_by_name():
     assert argv[4:15] == ["(", "-type", "d", "(", "-name", "node_modules", "-o", "-name", ".venv", ")", ")"]
     assert argv[-2:] == ["-printf", hostapi.LIST_FORMAT]
     assert streamed.run_argv(_run(unset=["A", "B"])) == ["env", "-u", "A", "-u", "B", "bash", "-c", "true"]
+
+
+def test_a_partial_listing_is_merged_into_the_last_known_one():
+    known = {"a": stat_(), "d": stat_("d"), "d/x": stat_(), "d/y": stat_(), "b": stat_()}
+    merged = changes.merge_listing(
+        known, ["a", "d", "new", "gone"], ["d"], {"a": stat_(size=5), "new": stat_()}
+    )
+    assert merged == {"a": stat_(size=5), "b": stat_(), "new": stat_()}
+
+
+def test_an_upload_lists_all_of_the_tree_only_the_named_paths_or_nothing():
+    base = {"session_id": "s", "sandbox_id": "sb", "inbox": "i", "stop": "s", "root": "/workspace/a"}
+    assert streamed.put_listing_argv(execution.PutFiles(**base, listing=False)) == []
+    assert streamed.put_listing_argv(execution.PutFiles(**base))[:2] == ["find", "."]
+    named = streamed.put_listing_argv(execution.PutFiles(**base, list_paths=["x", "d/y"]))
+    assert named[:5] == ["find", "x", "d/y", "-maxdepth", "0"] and "%p" in named[-1]
+    with pytest.raises(errors.InvalidInput):
+        streamed.validate(execution.PutFiles(**base, list_paths=["-delete"]))
