@@ -177,6 +177,14 @@ class SandboxProxyAssigned(SandboxEvent, frozen=True, kw_only=True, tag="sandbox
     reason: str = "new"
 
 
+class SandboxCacheAttached(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.cache_attached"):
+    """The organisation's package cache now shows in the sandbox (``/.sbx/cache``):
+    shared by that organisation's sandboxes, never another's."""
+
+    session_id: str
+    org_id: str
+
+
 # ---- proxies -------------------------------------------------------------------
 
 
@@ -279,6 +287,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SandboxRefused,
     SandboxLost,
     SandboxProxyAssigned,
+    SandboxCacheAttached,
     ProxyStarted,
     ProxyDraining,
     ProxyStopped,
@@ -303,6 +312,7 @@ AnyEvent = (
     | SandboxRefused
     | SandboxLost
     | SandboxProxyAssigned
+    | SandboxCacheAttached
     | ProxyStarted
     | ProxyDraining
     | ProxyStopped

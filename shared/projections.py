@@ -145,6 +145,11 @@ def evolve_sandbox(
             return msgspec.structs.replace(
                 state, proxy_id=event.proxy_id, updated_at=event.meta.time, last_seq=seq
             )
+        case events.SandboxCacheAttached() if status in ("requested", "running", "stopped"):
+            assert state is not None
+            return msgspec.structs.replace(
+                state, cache_org=event.org_id, updated_at=event.meta.time, last_seq=seq
+            )
         case events.SandboxFailed() if status in ("requested", "running", "stopped"):
             assert state is not None
             return msgspec.structs.replace(

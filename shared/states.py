@@ -59,6 +59,8 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
     proxy_id: str | None = None
     """The fleet proxy its traffic goes to (proxy egress)."""
+    cache_org: str | None = None
+    """The organisation whose package cache it shows (None: a cache of its own)."""
     last_seq: int
 
 

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from faststream.nats import NatsMessage
 
-from services.executor import handlers, shells
+from services.executor import caches, handlers, shells
 from shared import projections, projector, service, settings
 from shared.runtime import backends
 
@@ -25,8 +25,10 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         activity_kv = await ctx.js.key_value(ctx.topology.activity_bucket)
         servers = shells.ShellServers(runtime)
+        sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
+        tenant_caches = caches.TenantCaches(ctx, runtime, sessions, sandboxes)
         executor = handlers.Executor(
-            ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers
+            ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers, tenant_caches
         )
         ctx.details["runtime"] = runtime.name
 

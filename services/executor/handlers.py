@@ -9,7 +9,7 @@ import time
 import structlog
 from nats.js.kv import KeyValue
 
-from services.executor import edits, output, scripts, shells, streamed
+from services.executor import caches, edits, output, scripts, shells, streamed
 from shared import (
     activity,
     codec,
@@ -43,6 +43,7 @@ class Executor:
         output_limit: int,
         activity_kv: KeyValue | None = None,
         shell_servers: shells.ShellServers | None = None,
+        tenant_caches: caches.TenantCaches | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
@@ -51,6 +52,7 @@ class Executor:
         self.limit = output_limit
         self.activity_kv = activity_kv
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
+        self.tenant_caches = tenant_caches
 
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
@@ -64,6 +66,8 @@ class Executor:
             ids.validate_session_id(request.session_id)
             valid = True
             await self._check_owner(request)
+            if self.tenant_caches is not None:
+                await self.tenant_caches.ensure(request)
             # Busy for as long as the call may run (so the reaper never counts it idle),
             # recorded while the call starts; the end-of-call touch comes after it.
             busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))

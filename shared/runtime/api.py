@@ -149,6 +149,16 @@ class Runtime(abc.ABC):
         writes more and ``Exec.close_stdin`` ends it (a long-lived helper process).
         Raises NotFound for an unknown id and NotRunning if the sandbox is not running."""
 
+    tenant_caches: bool = False
+    """Whether :meth:`attach_cache` works here."""
+
+    async def attach_cache(self, sandbox_id: str, key: str) -> bool:
+        """Show the package cache ``key`` (an organisation's token) in the running sandbox
+        at ``/.sbx/cache``, where ``XDG_CACHE_HOME``, ``PIP_CACHE_DIR``, ``npm_config_cache``
+        and friends point. True if attached now, False if it already was. A sandbox shows
+        at most one organisation's cache, ever (another key: Conflict)."""
+        raise errors.NotBuiltYet(f"per-tenant package caches are not built for the {self.name} runtime yet")
+
     async def close(self) -> None:  # noqa: B027 - optional: backends with clients override it
         """Release what the backend holds open (API clients); sandboxes are not touched."""
 

@@ -288,3 +288,23 @@ def test_a_kept_sandbox_gets_only_what_changed_on_the_host(client_env, repo):
         assert again.stream("test -f m.txt").exit_code == 0
         assert again.stream("true").sent == 0
         assert again.release()
+
+
+def test_package_caches_are_shared_within_an_organisation_and_never_across(client_env, repo, stack):
+    state, _, _ = stack
+    write = 'mkdir -p "$PIP_CACHE_DIR" && echo wheel > "$PIP_CACHE_DIR/shared.whl"'
+    read = 'cat "$PIP_CACHE_DIR/shared.whl" 2>/dev/null || echo none'
+    with Sandbox(cwd=repo, session="cache-a1", env=client_env, org_id="acme") as sb:
+        assert sb.execute(write)["exit_code"] == 0
+    with Sandbox(cwd=repo, session="cache-a2", env=client_env, org_id="acme") as sb:
+        assert sb.execute(read)["output"] == "wheel\n"
+    with Sandbox(cwd=repo, session="cache-g1", env=client_env, org_id="globex") as sb:
+        assert sb.execute(read)["output"] == "none\n"
+    with Sandbox(cwd=repo, session="cache-none", env=client_env) as sb:
+        assert sb.execute(read)["output"] == "none\n"
+    events = subprocess.run(
+        [sys.executable, "-m", "sbx.cli", "events", "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+    )  # fmt: skip
+    attached = [line for line in events.stdout.splitlines() if "sandbox.cache_attached" in line]
+    assert {re.search(r"org_id=(\S+)", line).group(1) for line in attached} == {"acme", "globex"}

@@ -148,6 +148,10 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         events.SandboxProxyAssigned,
         {"sandbox_id": SB, "proxy_id": "px-3129", "reason": "new"},
     ),
+    "sandbox.cache_attached.json": (
+        events.SandboxCacheAttached,
+        {"sandbox_id": SB, "session_id": "task-42", "org_id": "acme", "meta.service": "executor"},
+    ),
     "proxy.started.json": (
         events.ProxyStarted,
         {"proxy_id": "px-3129", "backend": "local", "endpoint": "10.213.255.254:3129"},

@@ -48,6 +48,9 @@ class Plan:
     env: dict[str, str] = field(default_factory=dict)
     files: tuple[tuple[Path, str], ...] = ()
     """Host files shown read-only at the given inside paths (the proxy's CA certificate)."""
+    cache: Path | None = None
+    """The sandbox's cache slot, shown at ``cache_dir`` (see ``caches``)."""
+    cache_dir: str = "/.sbx/cache"
 
 
 def home(run_as_root: bool) -> str:
@@ -103,6 +106,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         str(plan.hold),
         HOLD,
         *(arg for source, dest in plan.files for arg in ("--ro-bind", str(source), dest)),
+        *(("--bind", str(plan.cache), plan.cache_dir) if plan.cache is not None else ()),
         "--chdir",
         WORKSPACE,
     ]

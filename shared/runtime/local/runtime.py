@@ -30,7 +30,7 @@ import msgspec
 
 from shared import errors, ids
 from shared.runtime import api
-from shared.runtime.local import bwrap, cgroups, images, network
+from shared.runtime.local import bwrap, caches, cgroups, images, network
 
 PR_SET_NO_NEW_PRIVS = 38
 START_TIMEOUT = 10.0
@@ -165,6 +165,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 class LocalRuntime(api.Runtime):
     name = "local"
     pinned_proxies = True  # each sandbox's veth is DNATed to its assigned proxy only
+    tenant_caches = True  # a slot per sandbox, an organisation's cache bound into it on claim
 
     def __init__(
         self,
@@ -186,6 +187,7 @@ class LocalRuntime(api.Runtime):
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.images = images.ImageStore(state_dir / "images")
+        self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
         self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
         self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
@@ -294,7 +296,7 @@ class LocalRuntime(api.Runtime):
 
     def _env(self, spec: api.SandboxSpec) -> dict[str, str]:
         """What every process in the sandbox gets besides PATH/HOME/TERM/LANG."""
-        env = {"GIT_TERMINAL_PROMPT": "0"}  # an expired credential makes git fail, never hang
+        env = {"GIT_TERMINAL_PROMPT": "0", **caches.ENV}  # git: an expired credential fails, never hangs
         if self.egress == "proxy":
             url = network.proxy_url()
             bundle, ca = f"{CA_DIR}/ca-bundle.pem", f"{CA_DIR}/proxy-ca.pem"
@@ -348,6 +350,8 @@ class LocalRuntime(api.Runtime):
             writable_root=spec.writable_root,
             env=self._env(spec),
             files=self._ca_files(spec),
+            cache=self.caches.slot(d.name),
+            cache_dir=caches.CACHE_DIR,
         )
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
@@ -359,6 +363,7 @@ class LocalRuntime(api.Runtime):
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
         plan = self._plan(spec, d)
+        await asyncio.to_thread(self.caches.prepare, d.name)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (d / "upper" / sub / str(index)).mkdir(parents=True, exist_ok=True)
@@ -450,6 +455,10 @@ class LocalRuntime(api.Runtime):
             return None  # from an earlier run: the link is gone
         return record
 
+    async def attach_cache(self, sandbox_id: str, key: str) -> bool:
+        await self._require(sandbox_id)
+        return await asyncio.to_thread(self.caches.attach, self._dir(sandbox_id).name, key)
+
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         info = await self._require(sandbox_id)
         await asyncio.to_thread(self.cgroups.kill_all, self._cgroup(sandbox_id))
@@ -461,6 +470,7 @@ class LocalRuntime(api.Runtime):
         if not d.exists():
             return
         await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
+        await asyncio.to_thread(self.caches.release, d.name)  # before anything is removed
         graveyard = self.root / f".deleting.{d.name}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             d.rename(graveyard)

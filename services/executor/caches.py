@@ -1,0 +1,78 @@
+"""Per-tenant package caches: on a session's first call on a sandbox, the executor shows
+its organisation's cache in it (``Runtime.attach_cache``) and records that
+(``SandboxCacheAttached``). Idempotent on both sides, so any executor may do it, and a
+crash between the mount and the event is repaired by the next call.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import structlog
+
+from shared import aggregates, errors, events, execution, ids, projector, service, states
+from shared.runtime import api
+
+log = structlog.get_logger(__name__)
+
+REMEMBERED = 10_000
+
+
+def decide(
+    state: states.SandboxState | None, session_id: str, org_id: str, meta: events.Meta
+) -> list[events.Event]:
+    """The event to record once the cache shows in the sandbox (pure)."""
+    if state is None or state.session_id != session_id or state.status not in ("running", "stopped"):
+        return []
+    if state.cache_org == org_id:
+        return []
+    return [
+        events.SandboxCacheAttached(
+            meta=meta, sandbox_id=state.sandbox_id, session_id=session_id, org_id=org_id
+        )
+    ]
+
+
+class TenantCaches:
+    def __init__(
+        self,
+        ctx: service.Context,
+        runtime: api.Runtime,
+        sessions: projector.ProjectionStore[states.SessionState],
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+    ) -> None:
+        self.ctx = ctx
+        self.runtime = runtime
+        self.sessions = sessions
+        self.sandboxes = sandboxes
+        self._done: OrderedDict[str, None] = OrderedDict()
+
+    async def ensure(self, request: execution.Request) -> None:
+        """Make the sandbox show its session's organisation's cache (once per sandbox)."""
+        session_id, sandbox_id = request.session_id, request.sandbox_id
+        if not self.runtime.tenant_caches or sandbox_id in self._done:
+            return
+        session = await self.sessions.get(session_id)
+        org_id = session.org_id if session is not None else None
+        if org_id:
+            try:
+                await self.runtime.attach_cache(sandbox_id, ids.token(org_id))
+            except errors.NotRunning:
+                return  # not running yet or any more: the call itself will say so
+            except errors.SandboxError as exc:
+                # The call still runs, without the shared cache; said once per sandbox.
+                log.warning("executor.cache_not_attached", sandbox_id=sandbox_id, error=exc.message)
+                self._remember(sandbox_id)
+                return
+            meta = self.ctx.meta(
+                session_id=session_id, correlation_id=request.correlation_id, actor=request.actor
+            )
+            await aggregates.transact(
+                self.sandboxes, sandbox_id, lambda state: decide(state, session_id, org_id, meta)
+            )
+        self._remember(sandbox_id)
+
+    def _remember(self, sandbox_id: str) -> None:
+        self._done[sandbox_id] = None
+        while len(self._done) > REMEMBERED:
+            self._done.popitem(last=False)

@@ -1,0 +1,95 @@
+"""Per-tenant package caches on the real local runtime: real bubblewrap sandboxes, real
+mounts. Sandboxes of one organisation share a cache; another organisation's sandboxes
+and sandboxes without one never see it; deleting a sandbox never touches a cache."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shared import errors, ids
+from shared.runtime import api
+from shared.runtime.local import caches
+from shared.runtime.local import runtime as local
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime and mounts need root")
+ACME, GLOBEX = ids.token("acme"), ids.token("globex")
+
+
+@pytest.fixture
+async def runtime(tmp_path):
+    rt = local.LocalRuntime(tmp_path / "state")
+    yield rt
+    for info in await rt.list():
+        await rt.delete(info.sandbox_id)
+
+
+async def started(rt: local.LocalRuntime, name: str, *, run_as_root: bool = True) -> str:
+    await rt.create(api.SandboxSpec(sandbox_id=name, run_as_root=run_as_root))
+    await rt.start(name)
+    return name
+
+
+async def sh(rt: local.LocalRuntime, sandbox: str, script: str) -> tuple[int, str]:
+    result, out, err = await rt.run(sandbox, ["/bin/sh", "-c", script], timeout=30)
+    return result.exit_code, (out + err).decode()
+
+
+async def test_one_organisation_shares_a_cache_and_no_other_sees_it(runtime, tmp_path):
+    a1 = await started(runtime, "acme-1")
+    a2 = await started(runtime, "acme-2", run_as_root=False)
+    g1 = await started(runtime, "globex-1")
+    lone = await started(runtime, "no-org-1")
+    assert await runtime.attach_cache(a1, ACME) is True
+    assert await runtime.attach_cache(a1, ACME) is False  # idempotent
+    assert await runtime.attach_cache(a2, ACME) is True
+    assert await runtime.attach_cache(g1, GLOBEX) is True
+
+    code, out = await sh(
+        runtime,
+        a1,
+        'mkdir -p "$PIP_CACHE_DIR" && echo wheel > "$PIP_CACHE_DIR/pkg.whl"; echo $XDG_CACHE_HOME',
+    )
+    assert code == 0 and out.strip() == caches.CACHE_DIR
+    assert await sh(runtime, a2, f"cat {caches.CACHE_DIR}/pip/pkg.whl") == (0, "wheel\n")
+    code, out = await sh(runtime, g1, f"ls -A {caches.CACHE_DIR}; cat {caches.CACHE_DIR}/pip/pkg.whl")
+    assert code != 0 and "wheel" not in out
+    code, out = await sh(runtime, lone, f"echo mine > {caches.CACHE_DIR}/x && ls -A {caches.CACHE_DIR}")
+    assert (code, out) == (0, "x\n")  # a cache of its own
+
+    # Another organisation's cache can never be attached to a sandbox that shows one.
+    with pytest.raises(errors.Conflict):
+        await runtime.attach_cache(a1, GLOBEX)
+    with pytest.raises(errors.InvalidInput):
+        await runtime.attach_cache(a1, "../../etc")
+
+    # Deleting sandboxes detaches, never deletes: the cache outlives them.
+    for sandbox in (a1, a2, g1, lone):
+        await runtime.delete(sandbox)
+    cache = tmp_path / "state" / "caches" / ACME
+    assert (cache / "pip" / "pkg.whl").read_text() == "wheel\n"
+    assert not any((tmp_path / "state" / "cache-slots").iterdir())
+    assert caches.mounted_on(cache) == 0
+
+
+async def test_a_sandbox_cannot_escape_its_cache_by_links(runtime, tmp_path):
+    """A link planted in the shared cache points inside the sandbox that follows it, never
+    at the host: the cache is just a directory to every sandbox."""
+    a1 = await started(runtime, "acme-1")
+    a2 = await started(runtime, "acme-2")
+    await runtime.attach_cache(a1, ACME)
+    await runtime.attach_cache(a2, ACME)
+    (tmp_path / "host-secret").write_text("host secret\n")
+    await sh(runtime, a1, f"ln -s {tmp_path}/host-secret {caches.CACHE_DIR}/link")
+    code, out = await sh(runtime, a2, f"cat {caches.CACHE_DIR}/link")
+    assert "host secret" not in out
+
+
+async def test_a_restarted_sandbox_keeps_its_slot(runtime):
+    a1 = await started(runtime, "acme-1")
+    await runtime.attach_cache(a1, ACME)
+    await sh(runtime, a1, f"echo kept > {caches.CACHE_DIR}/k")
+    await runtime.stop(a1)
+    await runtime.start(a1)
+    assert await sh(runtime, a1, f"cat {caches.CACHE_DIR}/k") == (0, "kept\n")
