@@ -16,12 +16,19 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
 from sbx.client import sync
 
 CHUNK = 1 << 20
 SPOOL = 64 << 20
 """A download is kept in memory up to this size, then in a temporary file."""
+DOWNLOAD_MAX = 8 << 30
+"""The most one pull-back may bring (the sandbox decides what it sends)."""
+
+
+class TooLarge(Exception):
+    pass
 
 
 class _Chunks(io.RawIOBase):
@@ -115,17 +122,26 @@ def _add(archive: tarfile.TarFile, root: Path, path: str, entry: sync.Entry) -> 
 class Download:
     """Collects a tar as it streams in; then :meth:`members` reads it."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = DOWNLOAD_MAX) -> None:
         self.file = tempfile.SpooledTemporaryFile(max_size=SPOOL)
+        self.limit = limit
+        self.size = 0
 
     def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise TooLarge(f"the sandbox sent more than {self.limit} bytes back")
         self.file.write(data)
 
     def close(self) -> None:
         self.file.close()
 
-    def members(self, wanted: set[str]) -> Iterator[tuple[str, sync.Entry, bytes] | tuple[str, str]]:
+    def members(
+        self, wanted: Mapping[str, int | None]
+    ) -> Iterator[tuple[str, sync.Entry, BinaryIO] | tuple[str, str]]:
         """(path, entry, content) for each wanted member, or (path, why) for a refused one.
+        ``wanted`` maps each path asked for to the size its listing gave (a file may not
+        be larger). The content is read as it is applied, never held whole in memory.
         Paths asked for but missing from the tar are not reported here."""
         self.file.seek(0)
         seen: set[str] = set()
@@ -142,14 +158,20 @@ class Download:
                         yield (name, "not asked for (or sent twice): ignored")
                         continue
                     seen.add(name)
-                    if member.isreg():
+                    if member.issparse():
+                        yield (name, "a sparse file: not brought back")
+                    elif member.isreg():
+                        listed = wanted[name]
+                        if listed is not None and member.size > listed:
+                            yield (name, f"larger ({member.size} bytes) than its listing said ({listed})")
+                            continue
                         source = archive.extractfile(member)
-                        content = source.read() if source is not None else b""
-                        yield (name, sync.Entry("file", mode=member.mode & 0o777, size=len(content)), content)
+                        entry = sync.Entry("file", mode=member.mode & 0o777, size=member.size)
+                        yield (name, entry, source if source is not None else io.BytesIO())
                     elif member.isdir():
-                        yield (name, sync.Entry("dir", mode=member.mode & 0o777), b"")
+                        yield (name, sync.Entry("dir", mode=member.mode & 0o777), io.BytesIO())
                     elif member.issym():
-                        yield (name, sync.Entry("symlink", target=member.linkname), b"")
+                        yield (name, sync.Entry("symlink", target=member.linkname), io.BytesIO())
                     else:
                         yield (name, "only files, directories and symlinks come back")
             except tarfile.TarError as exc:

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sbx.client import sync
-from shared import hostapi
+from shared import errors, hostapi
 
 SANDBOX_BASE = hostapi.WORKSPACE
 HOST_DIR = f"{SANDBOX_BASE}/.sbx-host"
 """Where the client puts what is not the code dir: the allowlisted host git config, task files."""
-GIT_CONFIGS = (".git/config", ".git/config.worktree")
-"""Never sent as they are: the sandbox gets the allowlisted rendering instead."""
 REFUSED = sync.Entry("file", digest="!refused")
 """Recorded for a path whose sandbox version was refused: the next round sends the host's."""
 
@@ -53,9 +51,43 @@ def sandbox_cwd(code_dir: Path, root: str, cwd: Path) -> str:
     return root if relative == "." else posixpath.join(root, relative)
 
 
-def for_upload(manifest: Mapping[str, sync.Entry]) -> dict[str, sync.Entry]:
-    """The manifest without what never goes up as it is (repository configs)."""
-    return {p: e for p, e in manifest.items() if p not in GIT_CONFIGS}
+def sendable(path: str) -> bool:
+    """Whether a path can travel at all: valid UTF-8, no newline, no NUL."""
+    try:
+        hostapi.validate_relative(path)
+        path.encode()
+    except (errors.InvalidInput, UnicodeEncodeError):
+        return False
+    return True
+
+
+def for_upload(manifest: Mapping[str, sync.Entry]) -> tuple[dict[str, sync.Entry], list[str]]:
+    """(what goes up as it is, the paths left out because they cannot travel). Inside
+    any ``.git`` directory, at any depth, only :data:`sync.GIT_UP` goes: never a config
+    (the allowlisted rendering of each goes instead, see :func:`git_dirs`), hooks,
+    modules or worktrees; a look-alike ``.GIT`` never goes."""
+    out: dict[str, sync.Entry] = {}
+    unsendable: list[str] = []
+    for path, entry in manifest.items():
+        inner = sync.git_inner(path)
+        if inner is not None:
+            name = inner[0].rsplit("/", 1)[-1]
+            if name != ".git" or (inner[1] and not sync.GIT_UP.fullmatch(inner[1])):
+                continue
+        if not sendable(path):
+            unsendable.append(path)
+            continue
+        out[path] = entry
+    return out, unsendable
+
+
+def git_dirs(manifest: Mapping[str, sync.Entry]) -> list[str]:
+    """The ``.git`` directories in a manifest (the code dir's and nested repositories')."""
+    return sorted(
+        p
+        for p, e in manifest.items()
+        if e.kind == "dir" and p.rsplit("/", 1)[-1] == ".git" and sync.git_inner(p) == (p, "")
+    )
 
 
 def collapse(paths: Iterable[str]) -> list[str]:
@@ -90,13 +122,13 @@ def pull_back(
     result = PullBack()
 
     def wanted(path: str) -> bool:
-        if path in GIT_CONFIGS or sync.excluded(path, excludes):
+        # Folded: on a case-insensitive host, .VENV/ is .venv/ and .SBX/ is .sbx/.
+        if sync.excluded(path, excludes, fold=True):
             return False
-        try:
-            path.encode()
-        except UnicodeEncodeError:
-            return False  # a name that is not UTF-8: reported by the caller, never applied
-        return True
+        inner = sync.git_inner(path)
+        if inner is not None and inner[1] in ("config", "config.worktree"):
+            return False  # the rendered copy the client sent: never comes back
+        return sendable(path)  # the caller reports the others
 
     for path in sorted(after, key=lambda p: (p.count("/"), p)):
         old = before.get(path)
@@ -131,14 +163,12 @@ def merge_listing(
 
 
 def not_text(listing: Mapping[str, hostapi.Stat]) -> list[str]:
-    """Paths whose names are not UTF-8 (they cannot come back)."""
-    out = []
-    for path in listing:
-        try:
-            path.encode()
-        except UnicodeEncodeError:
-            out.append(path.encode(errors="surrogateescape").decode(errors="replace"))
-    return out
+    """Paths that cannot come back (not UTF-8, a newline in the name), printable."""
+    return [
+        path.encode(errors="surrogateescape").decode(errors="replace").replace("\n", "\\n")
+        for path in listing
+        if not sendable(path)
+    ]
 
 
 def host_after(

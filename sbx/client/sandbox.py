@@ -35,13 +35,43 @@ from pathlib import Path
 from typing import TypeVar
 
 from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
-from shared import execution, hostapi
+from shared import errors, execution, hostapi
 
 T = TypeVar("T")
 Output = Callable[[str, bytes], None]
 """Called with ("stdout" | "stderr", data) as output comes."""
 _NAMES = {hostapi.STDOUT: "stdout", hostapi.STDERR: "stderr"}
 _SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
+
+
+OUTPUT_MAX = 16 * 1024 * 1024
+"""The most output :meth:`Sandbox.execute` keeps (its first and last halves)."""
+
+
+class _Bounded:
+    """The first and last ``limit/2`` bytes of a stream, and how much was left out."""
+
+    def __init__(self, limit: int) -> None:
+        self.half = limit // 2
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.half - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.half:
+                del self.tail[: len(self.tail) - self.half]
+
+    def text(self) -> str:
+        cut = self.total - len(self.head) - len(self.tail)
+        middle = f"\n[... {cut} bytes of output left out ...]\n".encode() if cut else b""
+        return (bytes(self.head) + middle + bytes(self.tail)).decode(errors="replace")
 
 
 class SyncError(Exception):
@@ -87,12 +117,20 @@ class Settings:
         from sbx import stack  # the local `sbx up`'s state: where its gateway and key are
 
         stack_dir = stack.state_dir(None, env)
+        # A local stack's state dir says where its gateway and key are, unless it is the
+        # default one relative to where we are (inside a code dir, the sandbox could have
+        # written it): then only when named in SBX_STATE_DIR.
+        trusted = bool(env.get("SBX_STATE_DIR")) or stack_dir.is_absolute()
         url = given.get("url") or env.get("SBX_URL")
         if not url:
-            info = stack.StackInfo.read(stack_dir)
+            info = stack.StackInfo.read(stack_dir) if trusted else None
             url = info.gateway_url if info and info.gateway_url else transport.DEFAULT_URL
         key = given.get("api_key") or env.get("SANDBOX_API_KEY")
         if not key:
+            if not trusted:
+                raise SyncError(
+                    "no API key: set SANDBOX_API_KEY (or SBX_STATE_DIR to a local `sbx up`'s state dir)"
+                )
             try:
                 key = (stack_dir / "api-key").read_text().strip()
             except OSError:
@@ -158,6 +196,12 @@ class Sandbox:
         if not self.cwd.is_dir():
             raise SyncError(f"{self.cwd} is not a directory")
         self.code_dir = code_dir_of(self.cwd)
+        home = Path(env.get("HOME") or Path.home()).resolve()
+        if self.code_dir == Path("/") or self.code_dir == home or self.code_dir in home.parents:
+            raise SyncError(
+                f"{self.code_dir} is not a code dir: it would send the whole of it (keys, dotfiles) and let "
+                "the sandbox write there; run from a repository or a project directory"
+            )
         self.session = session or f"sbx-{secrets.token_hex(8)}"
         if not _SESSION.fullmatch(self.session):
             raise SyncError("a session name is 1 to 128 of letters, digits, '_', '.', ':' or '-'")
@@ -179,14 +223,15 @@ class Sandbox:
         self.root = changes.sandbox_root(self.code_dir)
         self._closed = False
         self._configs: dict[Path, tuple[object, bytes]] = {}
+        self.unsent: list[tuple[str, str]] = []
 
     # ---- public --------------------------------------------------------------------------------
 
     def execute(self, command: str, timeout: float | None = None) -> dict[str, object]:
         """Run ``command``; ``{"output": combined stdout and stderr, "exit_code": int}``."""
-        chunks: list[bytes] = []
-        result = self.stream(command, timeout=timeout, output=lambda _, data: chunks.append(data))
-        return {"output": b"".join(chunks).decode(errors="replace"), "exit_code": result.exit_code}
+        kept = _Bounded(OUTPUT_MAX)
+        result = self.stream(command, timeout=timeout, output=lambda _, data: kept.add(data))
+        return {"output": kept.text(), "exit_code": result.exit_code}
 
     def stream(self, command: str, *, timeout: float | None = None, output: Output | None = None) -> Result:
         """Run ``command``, handing output to ``output`` as it comes; the full result."""
@@ -281,10 +326,17 @@ class Sandbox:
             timed_out=end.timed_out,
             sent=sent,
             sandbox_id=self.record.sandbox_id,
+            refused=self.unsent,
         )
+        self.unsent = []
         if end.timed_out:
             write("stderr", f"\n[sbx: timed out after {body.timeout:g} s: the command was killed]\n".encode())
-        after = hostapi.parse_listing(answer.listing)
+        try:
+            after = hostapi.parse_listing(answer.listing)
+        except errors.InvalidInput as exc:
+            raise SyncError(
+                f"the sandbox's listing is malformed ({exc.message}): nothing came back"
+            ) from None
         self._pull_back(tree, before if before is not None else tree.sandbox, after, end.message, result)
         if self.keep:
             state.save(self._record_path, self.record)
@@ -311,21 +363,19 @@ class Sandbox:
             target = changes.sandbox_root(path, taken)
             taken.add(Path(target).name)
             if path.is_dir():
-                count, _ = self._push_tree(path.resolve(), target, {}, expected, listing=False)
+                count, _ = self._push_tree(path.resolve(), target, expected, listing=False)
                 sent += count
             else:
                 sent += self._push_files(
                     hostapi.WORKSPACE, f"file:{path}", {Path(target).name: _read(path)}, expected
                 )
-        extra = self._repo_configs()
-        count, listing = self._push_tree(self.code_dir, self.root, extra, expected, listing=True)
+        count, listing = self._push_tree(self.code_dir, self.root, expected, listing=True)
         return sent + count, listing
 
     def _push_tree(
         self,
         host_root: Path,
         sandbox_root: str,
-        extra: dict[str, bytes],
         expected: str | None,
         *,
         listing: bool,
@@ -335,9 +385,10 @@ class Sandbox:
         if tree is None or tree.sandbox_root != sandbox_root or not self.record.sandbox_id:
             tree = state.Tree(sandbox_root)
             self.record.trees[key] = tree
-        manifest = changes.for_upload(
-            sync.scan(host_root, excludes=self.settings.excludes, cache=tree.digests)
-        )
+        full = sync.scan(host_root, excludes=self.settings.excludes, cache=tree.digests)
+        manifest, unsendable = changes.for_upload(full)
+        self.unsent += [(p, "not sent: the name cannot travel (a newline, not UTF-8)") for p in unsendable]
+        extra = self._repo_configs(host_root, full)
         if not self.record.sandbox_id:
             tree.host, tree.extra = {}, {}
         diff = sync.diff(tree.host, manifest)
@@ -379,7 +430,10 @@ class Sandbox:
         count = len(diff.upsert) + len(diff.delete) + len(extra_send)
         if not listing:
             return count, None
-        listed = hostapi.parse_listing(answer.listing)
+        try:
+            listed = hostapi.parse_listing(answer.listing)
+        except errors.InvalidInput as exc:
+            raise SyncError(f"the sandbox's listing is malformed ({exc.message})") from None
         if not partial:
             return count, listed
         return count, changes.merge_listing(tree.sandbox, touched, deletions, listed)
@@ -419,15 +473,15 @@ class Sandbox:
         home = Path(self.env.get("HOME") or Path.home())
         return {"gitconfig": self._rendered(home / ".gitconfig", repository=False)}
 
-    def _repo_configs(self) -> dict[str, bytes]:
-        git = self.code_dir / ".git"
-        if not git.is_dir() or git.is_symlink():
-            return {}
+    def _repo_configs(self, host_root: Path, manifest: Mapping[str, sync.Entry]) -> dict[str, bytes]:
+        """The allowlisted rendering of each repository's config in the tree (the code
+        dir's and nested ones'), in place of the files themselves."""
         out = {}
-        for name in ("config", "config.worktree"):
-            path = git / name
-            if path.is_file() and not path.is_symlink():
-                out[f".git/{name}"] = self._rendered(path, repository=True)
+        for git in changes.git_dirs(manifest):
+            for name in ("config", "config.worktree"):
+                entry = manifest.get(f"{git}/{name}")
+                if entry is not None and entry.kind == "file":
+                    out[f"{git}/{name}"] = self._rendered(host_root / git / name, repository=True)
         return out
 
     # ---- back --------------------------------------------------------------------------------
@@ -449,10 +503,16 @@ class Sandbox:
         if plan.upsert:
             download = archive.Download()
             try:
-                answer = self.transport.get(self.session, self.root, plan.upsert, download.write)
+                try:
+                    answer = self.transport.get(self.session, self.root, plan.upsert, download.write)
+                except archive.TooLarge as exc:
+                    self.transport.close()  # the stream was left half read
+                    result.refused.append(("", f"{exc}: nothing was brought back"))
+                    return
                 if answer.end.message:
                     result.refused.append(("", f"the sandbox's tar said: {answer.end.message[:500]}"))
-                for item in download.members(set(plan.upsert)):
+                sizes = {p: (after[p].size if after[p].kind == "f" else None) for p in plan.upsert}
+                for item in download.members(sizes):
                     if len(item) == 2:
                         result.refused.append(item)  # type: ignore[arg-type]
                         continue
@@ -468,7 +528,7 @@ class Sandbox:
                         result.refused.append((path, why))
                         continue
                     result.written.append(path)
-                    written[path] = self._entry_now(tree, path, content)
+                    written[path] = self._entry_now(tree, path)
             finally:
                 download.close()
         for path in plan.delete:
@@ -484,7 +544,7 @@ class Sandbox:
             [p for p, _ in result.refused],
         )
         tree.sandbox = after
-        for path in changes.GIT_CONFIGS:  # the sandbox changed its copy: the next round replaces it
+        for path in list(tree.extra):  # the sandbox changed a rendered copy: the next round replaces it
             if before.get(path) != after.get(path):
                 tree.extra.pop(path, None)
 
@@ -505,7 +565,7 @@ class Sandbox:
                 return "changed on the host meanwhile (the host's version is kept)"
         return None
 
-    def _entry_now(self, tree: state.Tree, path: str, content: bytes) -> sync.Entry | None:
+    def _entry_now(self, tree: state.Tree, path: str) -> sync.Entry | None:
         """The host manifest's entry for a path just written (what the next scan will see);
         the digest cache learns it too, so the next scan does not read the file again."""
         full = self.code_dir / path
@@ -517,9 +577,9 @@ class Sandbox:
             return sync.Entry("symlink", target=os.readlink(full))
         if stat.S_ISDIR(info.st_mode):
             return sync.Entry("dir", mode=stat.S_IMODE(info.st_mode))
-        digest = _digest(content)
+        digest = sync.file_digest(full)
         tree.digests[path] = ((info.st_size, info.st_mtime_ns, info.st_ino), digest)
-        return sync.Entry("file", mode=stat.S_IMODE(info.st_mode) & 0o777, digest=digest, size=len(content))
+        return sync.Entry("file", mode=stat.S_IMODE(info.st_mode) & 0o777, digest=digest, size=info.st_size)
 
 
 async def _to_thread(function: Callable[..., T], *args: object) -> T:

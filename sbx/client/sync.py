@@ -27,11 +27,12 @@ import fnmatch
 import hashlib
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Literal
+from typing import BinaryIO, Literal
 
 GIT_BACK = re.compile(
     r"objects(/[0-9a-f]{2}(/[0-9a-f]{38,62})?|/pack(/pack-[0-9a-f]{40,64}\.(pack|idx|rev|bitmap|mtimes))?)?"
@@ -42,6 +43,13 @@ GIT_BACK = re.compile(
 """What may come back inside a ``.git`` directory: loose objects and packs (never
 ``objects/info/alternates``, which would lend the repository another one's objects),
 refs, logs, HEAD, the index and the merge state files."""
+GIT_UP = re.compile(GIT_BACK.pattern + r"|info/exclude|info/attributes|description")
+"""What goes up inside a ``.git`` directory: history, the index and the harmless local
+files; never its config as it is (the allowlisted rendering goes instead), hooks,
+modules (submodules' repositories, with configs of their own) or worktrees."""
+GIT_OBJECT = re.compile(r"objects/[0-9a-f]{2}/[0-9a-f]{38,62}|objects/pack/pack-[0-9a-f]{40,64}\.[a-z]+")
+"""Objects are named by their content: they come back only when new, never rewritten
+or deleted (pruning is the host's git's business)."""
 FILE_MODE_MASK = 0o755
 """Modes that come back: no setuid/setgid/sticky bits, nothing writable by others."""
 DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "__pycache__/", "*.pyc", ".sbx/")
@@ -81,13 +89,19 @@ class Report:
 # ---- manifests -----------------------------------------------------------------------------
 
 
-def excluded(path: str, excludes: Iterable[str]) -> bool:
+def excluded(path: str, excludes: Iterable[str], *, fold: bool = False) -> bool:
+    """Whether ``path`` matches an exclude. ``fold`` compares case-insensitively, as a
+    case-insensitive host file system would (``.VENV`` is ``.venv`` there): what comes
+    back from the sandbox is checked that way."""
+    if fold:
+        path = path.casefold()
+        excludes = [p.casefold() for p in excludes]
     parts = PurePosixPath(path).parts
     for pattern in excludes:
         if pattern.endswith("/"):
             if pattern[:-1] in parts:
                 return True
-        elif fnmatch.fnmatch(parts[-1], pattern) or fnmatch.fnmatch(path, pattern):
+        elif fnmatch.fnmatchcase(parts[-1], pattern) or fnmatch.fnmatchcase(path, pattern):
             return True
     return False
 
@@ -128,13 +142,13 @@ def scan(root: Path, *, excludes: Iterable[str] = DEFAULT_EXCLUDES, cache: dict 
             elif stat.S_ISREG(mode):
                 key = (info.st_size, info.st_mtime_ns, info.st_ino)
                 known = cache.get(rel)
-                digest = known[1] if known and known[0] == key else _digest(Path(entry.path))
+                digest = known[1] if known and known[0] == key else file_digest(Path(entry.path))
                 cache[rel] = (key, digest)
                 out[rel] = Entry("file", mode=stat.S_IMODE(mode) & 0o777, digest=digest, size=info.st_size)
     return out
 
 
-def _digest(path: Path) -> str:
+def file_digest(path: Path) -> str:
     h = hashlib.blake2b(digest_size=16)
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -180,6 +194,16 @@ def may_come_back(path: str, entry: Entry | None) -> str | None:
     return None
 
 
+def git_inner(path: str) -> tuple[str, str] | None:
+    """(the ``.git`` directory's path, the path inside it) for a path in a ``.git``
+    directory at any depth (look-alike spellings count), else None."""
+    parts = PurePosixPath(path).parts
+    at = next((i for i, p in enumerate(parts) if is_git_name(p)), None)
+    if at is None:
+        return None
+    return "/".join(parts[: at + 1]), "/".join(parts[at + 1 :])
+
+
 def is_git_name(name: str) -> bool:
     """``.git`` as git itself guards it: any case, trailing dots or spaces (NTFS), the
     8.3 short name ``git~1``."""
@@ -194,7 +218,7 @@ def apply(
     root: Path,
     changes: Changes,
     entries: Mapping[str, Entry],
-    content: Callable[[str], bytes],
+    content: Callable[[str], bytes | BinaryIO],
 ) -> Report:
     """Apply the sandbox's changes under ``root``: ``entries`` is the sandbox manifest,
     ``content(path)`` the bytes of a changed file. Refused changes are reported."""
@@ -236,7 +260,7 @@ def _parent_safe(root: Path, path: str) -> str | None:
     return None
 
 
-def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes]) -> str | None:
+def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes | BinaryIO]) -> str | None:
     why = _parent_safe(root, path)
     if why:
         return why
@@ -246,8 +270,13 @@ def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes])
     if why:
         return why
     existing = _lstat(target)
+    inner = git_inner(path)
+    if inner is not None and GIT_OBJECT.fullmatch(inner[1]) and existing is not None:
+        return "git objects are never rewritten (named by their content; the host's copy stays)"
     if entry.kind == "dir":
         if existing is not None and not stat.S_ISDIR(existing.st_mode):
+            if is_git_name(target.name):
+                return "a .git file (gitfile) on the host stays as it is"
             target.unlink()
         target.mkdir(exist_ok=True)
         if not is_git_name(target.name):  # .git keeps the host's own mode
@@ -263,13 +292,20 @@ def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes])
         mode = (entry.mode & FILE_MODE_MASK) | 0o600
         fd = os.open(temporary, flags, mode)
         with os.fdopen(fd, "wb") as f:
-            f.write(content(path))
+            data = content(path)
+            if isinstance(data, bytes | bytearray):
+                f.write(data)
+            else:
+                shutil.copyfileobj(data, f, 1 << 20)
         os.chmod(temporary, mode)
     os.replace(temporary, target)  # replaces a symlink itself, never what it points to
     return None
 
 
 def _delete(root: Path, path: str) -> str | None:
+    inner = git_inner(path)
+    if inner is not None and (inner[1] == "objects" or inner[1].startswith("objects/")):
+        return "git objects are never deleted from the host (pruning is the host's git's business)"
     why = _parent_safe(root, path)
     if why:
         return why

@@ -21,13 +21,15 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from shared import hostapi
+from shared import errors, hostapi
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 90.0
 """Longest silence on a stream (the executor sends heartbeats every few seconds)."""
 READ_SIZE = 256 * 1024
+LISTING_MAX = 512 * 1024 * 1024
+"""The most listing bytes one answer may carry (the sandbox writes them)."""
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError)
 
 
@@ -223,19 +225,28 @@ class Transport:
                         output(channel, data)
                     elif channel == hostapi.LISTING:
                         listing += data
+                        if len(listing) > LISTING_MAX:
+                            raise ApiError(f"the sandbox's listing is larger than {LISTING_MAX} bytes")
                     elif channel == hostapi.TAR and tar is not None:
                         tar(data)
                     elif channel == hostapi.END:
                         response.read()  # the rest (nothing): the connection can be reused
+                        try:
+                            end = msgspec.json.decode(data, type=hostapi.End)
+                        except msgspec.DecodeError as exc:
+                            raise ApiError(f"a malformed end frame: {exc}") from None
                         return Answer(
-                            end=msgspec.json.decode(data, type=hostapi.End),
+                            end=end,
                             listing=bytes(listing),
                             sandbox_id=response.getheader("x-sandbox-id", ""),
                             run_id=response.getheader("x-run-id", ""),
                         )
                     elif channel == hostapi.ERROR:
                         response.read()
-                        problem = json.loads(data)
+                        try:
+                            problem = dict(json.loads(data))
+                        except (ValueError, TypeError):
+                            problem = {"message": data[:300].decode(errors="replace")}
                         raise ApiError(
                             problem.get("message", "error"),
                             code=problem.get("error", "error"),
@@ -245,5 +256,8 @@ class Transport:
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise ApiError(f"the stream from the gateway broke: {exc}; the outcome is unknown") from None
+        except errors.InvalidInput as exc:  # a malformed frame
+            self.close()
+            raise ApiError(f"the gateway sent a malformed stream: {exc.message}") from None
         self.close()
         raise ApiError("the gateway closed the stream before the end frame; the outcome is unknown")

@@ -305,13 +305,14 @@ class StreamedOps:
 
     async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
         beats = asyncio.create_task(self._beat(sender, process))
+        pump = asyncio.create_task(self._pump(process, sender, {"stdout": hostapi.LISTING}))
         try:
-            pump = asyncio.create_task(self._pump(process, sender, {"stdout": hostapi.LISTING}))
             await self._feed(inputs, process)
             complaint = await pump
             result = await process.wait()
         finally:
             beats.cancel()
+            pump.cancel()
         why = output.text(complaint).strip()[:MESSAGE_MAX]
         message = ""
         exit_code = result.exit_code

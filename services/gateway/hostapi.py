@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -24,7 +25,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import bus_client, rest, schemas, sessions
@@ -33,8 +34,11 @@ from shared import errors, execution, hostapi, ids, streams, subjects
 log = structlog.get_logger(__name__)
 
 BODY_MAX = 16 * 1024 * 1024
+BODY_SILENCE = 60.0
+"""An upload that sends nothing for this long is abandoned."""
+ANSWER_IN_MEMORY = 1024 * 1024
 """Largest JSON body (a download's path list)."""
-LISTING_MAX = 256 * 1024 * 1024
+LISTING_MAX = 512 * 1024 * 1024
 START_BUDGET = 30.0
 
 
@@ -133,6 +137,16 @@ class FrameStream(Response):
         finally:
             with anyio.CancelScope(shield=True):
                 await self.frames.aclose()  # type: ignore[attr-defined]
+
+
+async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
+    """The body's next chunk, None at its end; a client that stalls is given up on."""
+    try:
+        return await asyncio.wait_for(anext(chunks), BODY_SILENCE)
+    except StopAsyncIteration:
+        return None
+    except TimeoutError:
+        raise errors.InvalidInput(f"the upload sent nothing for {BODY_SILENCE:g} s") from None
 
 
 def _error_frame(exc: errors.SandboxError) -> bytes:
@@ -291,22 +305,23 @@ class HostAPI:
         return self._stream(self._relay(receiver, stop, feed()), sandbox_id, run_id)
 
     async def put(self, request: Request) -> Response:
-        """The upload is forwarded as it arrives; the answer (the listing) is collected
-        meanwhile and sent once the upload is done."""
+        """The upload is forwarded as it arrives (in frames of up to ``streams.CHUNK``,
+        however small the client's were); the answer (the listing) is spooled meanwhile
+        (to disk beyond a little) and sent once the upload is done. If the executor's side
+        ends first, the rest of the upload is not read."""
         who = self._who(request)
-        body = request.stream()
+        chunks = aiter(request.stream())
         reader = hostapi.FrameReader()
-        first: tuple[bytes, bytes] | None = None
         early: list[tuple[bytes, bytes]] = []
-        async for chunk in body:
-            early += reader.feed(chunk)
-            if early:
-                first = early.pop(0)
+        while not early:
+            chunk = await _next_chunk(chunks)
+            if chunk is None:
                 break
-        if first is None or first[0] != hostapi.PARAMS:
+            early += reader.feed(chunk)
+        if not early or early[0][0] != hostapi.PARAMS:
             raise errors.InvalidInput("an upload starts with a 'j' frame of JSON parameters")
         try:
-            params = msgspec.json.decode(first[1], type=hostapi.PutParams)
+            params = msgspec.json.decode(early.pop(0)[1], type=hostapi.PutParams)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
         run_id = ids.new_id()
@@ -330,7 +345,7 @@ class HostAPI:
             await receiver.__aexit__()
             raise
         stop = self.topology.exec_stop(who.session_id, run_id)
-        collected: list[bytes] = []
+        answer = tempfile.SpooledTemporaryFile(max_size=ANSWER_IN_MEMORY)
         size = 0
 
         async def collect() -> None:
@@ -338,38 +353,67 @@ class HostAPI:
             async for frame in self._relay(receiver, stop):
                 size += len(frame)
                 if size > LISTING_MAX:
-                    raise errors.InvalidInput(f"the answer is larger than {LISTING_MAX} bytes")
-                collected.append(frame)
+                    raise errors.InvalidInput(f"the sandbox's answer is larger than {LISTING_MAX} bytes")
+                await asyncio.to_thread(answer.write, frame) if size > ANSWER_IN_MEMORY else answer.write(
+                    frame
+                )
 
         async def upload() -> None:
             """Forward the tar. If the sandbox stops reading it, its answer says why."""
             assert reply.input is not None
+            pending = bytearray()
             try:
                 async with streams.Sender(self.nc, reply.input) as sender:
-                    for channel, data in early:
-                        await sender.send(channel, data)
-                    async for chunk in body:
-                        for channel, data in reader.feed(chunk):
+
+                    async def forward(frames: list[tuple[bytes, bytes]]) -> None:
+                        for channel, data in frames:
                             if channel != hostapi.TAR:
                                 raise errors.InvalidInput("after the parameters, an upload is 't' frames")
-                            await sender.send(channel, data)
+                            pending.extend(data)
+                            if len(pending) >= streams.CHUNK:
+                                await sender.send(hostapi.TAR, bytes(pending))
+                                pending.clear()
+
+                    await forward(early)
+                    while (chunk := await _next_chunk(chunks)) is not None:
+                        await forward(list(reader.feed(chunk)))
                     if reader.pending:
                         raise errors.InvalidInput("the upload ended in the middle of a frame")
+                    if pending:
+                        await sender.send(hostapi.TAR, bytes(pending))
                     await sender.end(b"")
             except streams.Aborted:
                 pass
 
         collector = asyncio.create_task(collect())
+        uploader = asyncio.create_task(upload())
         try:
-            await upload()
+            done, _ = await asyncio.wait({collector, uploader}, return_when=asyncio.FIRST_COMPLETED)
+            if uploader not in done:
+                uploader.cancel()  # the sandbox's side ended first: the rest is not wanted
+                with contextlib.suppress(BaseException):
+                    await uploader
+            else:
+                uploader.result()  # a bad upload: its error
+            await collector
         except BaseException:
-            collector.cancel()  # its relay publishes the stop
-            with contextlib.suppress(BaseException):
-                await collector
+            for task in (collector, uploader):
+                task.cancel()  # the relay publishes the stop
+                with contextlib.suppress(BaseException):
+                    await task
+            answer.close()
             raise
-        await collector
+
+        async def spooled() -> AsyncIterator[bytes]:
+            try:
+                answer.seek(0)
+                while data := answer.read(streams.CHUNK):
+                    yield data
+            finally:
+                answer.close()
+
         headers = {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
-        return Response(b"".join(collected), 200, headers, hostapi.MEDIA_TYPE)
+        return StreamingResponse(spooled(), 200, headers, hostapi.MEDIA_TYPE)
 
     def endpoint(
         self, handler: Callable[[Request], Awaitable[Response]], name: str

@@ -173,10 +173,11 @@ def test_what_the_sandbox_does_to_git_internals_stays_there(client_env, repo, tm
     config_before = (repo / ".git" / "config").read_text()
     with Sandbox(cwd=repo, session="git-1", keep=False, env=client_env) as sb:
         result = sb.stream(
-            "printf '#!/bin/sh\\ntouch /tmp/hooked\\n' > .git/hooks/pre-push && "
+            "mkdir -p .git/hooks && printf '#!/bin/sh\\ntouch /tmp/hooked\\n' > .git/hooks/pre-push && "
             "chmod +x .git/hooks/pre-push && "
             "git config alias.x '!touch /tmp/pwned' && git config core.fsmonitor 'touch /tmp/pwned' && "
-            "echo /elsewhere > .git/objects/info/alternates && ln -s /etc/passwd escape && "
+            "mkdir -p .git/objects/info && echo /elsewhere > .git/objects/info/alternates && "
+            "ln -s /etc/passwd escape && "
             "ln -s ../../outside up && mkdir sub && echo 'gitdir: /tmp/evil' > sub/.git && "
             "mkdir -p Sub2/.GIT && echo x > Sub2/.GIT/config",
         )

@@ -181,7 +181,10 @@ def test_a_download_yields_only_what_was_asked_once_and_only_plain_kinds():
     )
     download = archive.Download()
     download.write(data)
-    got = list(download.members({"a", "hard", "dev", "link", "dir"}))
+    got = [
+        (i[0], i[1], i[2].read()) if len(i) == 3 else i
+        for i in download.members(dict.fromkeys(["a", "hard", "dev", "link", "dir"]))
+    ]
     download.close()
     applied = {item[0]: item[1] for item in got if len(item) == 3}
     refused = {item[0] for item in got if len(item) == 2}
@@ -192,7 +195,7 @@ def test_a_download_yields_only_what_was_asked_once_and_only_plain_kinds():
 def test_a_broken_download_is_reported_not_raised():
     download = archive.Download()
     download.write(b"this is not a tar" * 100)
-    got = list(download.members({"a"}))
+    got = list(download.members({"a": None}))
     download.close()
     assert got and all(len(item) == 2 for item in got)
 
@@ -264,3 +267,98 @@ def test_an_upload_lists_all_of_the_tree_only_the_named_paths_or_nothing():
     assert named[:5] == ["find", "x", "d/y", "-maxdepth", "0"] and "%p" in named[-1]
     with pytest.raises(errors.InvalidInput):
         streamed.validate(execution.PutFiles(**base, list_paths=["-delete"]))
+
+
+def test_a_sparse_member_or_one_larger_than_its_listing_is_refused():
+    sparse = _member("holes")
+    sparse.type = tarfile.GNUTYPE_SPARSE
+    data = _tar((_member("big"), b"x" * 100), (_member("ok"), b"fine"))
+    download = archive.Download()
+    download.write(data)
+    got = {
+        i[0]: (i[0], i[1], i[2].read()) if len(i) == 3 else i for i in download.members({"big": 10, "ok": 4})
+    }
+    download.close()
+    assert len(got["big"]) == 2 and "larger" in got["big"][1]
+    assert got["ok"][2] == b"fine"
+
+
+def test_the_sparse_bomb_is_refused(tmp_path):
+    """A 10 KB tar that claims a huge sparse file (GNU sparse): refused without reading it."""
+    holes = tmp_path / "holes"
+    with holes.open("wb") as f:
+        f.truncate(256 << 20)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        info = tar.gettarinfo(holes, "holes")
+        info.type = tarfile.GNUTYPE_SPARSE
+        info.sparse = [(0, 0)]
+        info.size = 256 << 20
+        tar.addfile(info)
+    download = archive.Download()
+    download.write(out.getvalue()[:20_000])
+    got = list(download.members({"holes": None}))
+    download.close()
+    assert all(len(item) == 2 for item in got)
+
+
+def test_a_download_beyond_its_cap_stops():
+    download = archive.Download(limit=10)
+    with pytest.raises(archive.TooLarge):
+        download.write(b"x" * 11)
+    download.close()
+
+
+def test_only_history_goes_up_from_any_git_directory():
+    entries = {
+        p: sync.Entry("dir" if p.endswith((".git", "hooks", "modules", "refs")) else "file")
+        for p in [
+            ".git", ".git/config", ".git/HEAD", ".git/hooks", ".git/hooks/pre-push", ".git/info/exclude",
+            ".git/modules", ".git/modules/lib/config", ".git/refs", "src/a.py",
+            "vendor/dep/.git", "vendor/dep/.git/config", "vendor/dep/.git/index", "x/.GIT/config", "bad\nname",
+        ]
+    }  # fmt: skip
+    entries["bad\nname".replace("\\n", "\n")] = entries.pop("bad\nname")
+    sent, unsendable = changes.for_upload(entries)
+    assert set(sent) == {
+        ".git",
+        ".git/HEAD",
+        ".git/info/exclude",
+        ".git/refs",
+        "src/a.py",
+        "vendor/dep/.git",
+        "vendor/dep/.git/index",
+    }
+    assert unsendable == ["bad\nname"]
+    assert changes.git_dirs(entries) == [".git", "vendor/dep/.git"]
+
+
+def test_excluded_directories_never_come_back_in_another_case():
+    after = {".VENV": stat_("d"), ".VENV/lib/zz.pth": stat_(), ".SBX/stack.json": stat_(), "ok": stat_()}
+    plan = changes.pull_back({}, after, excludes=sync.DEFAULT_EXCLUDES)
+    assert plan.upsert == ["ok"]
+
+
+def test_names_that_cannot_travel_are_left_out_and_reported():
+    after = {"x\ny": stat_(), "fine": stat_()}
+    assert changes.pull_back({}, after, excludes=()).upsert == ["fine"]
+    assert changes.not_text(after) == ["x\\ny"]
+
+
+def test_git_objects_are_create_only_and_a_gitfile_stays(tmp_path):
+    root = tmp_path / "code"
+    obj = root / ".git" / "objects" / "ab"
+    obj.mkdir(parents=True)
+    (obj / ("c" * 38)).write_bytes(b"original")
+    (root / "sub").mkdir()
+    (root / "sub" / ".git").write_text("gitdir: ../.git/modules/sub\n")
+    name = ".git/objects/ab/" + "c" * 38
+    report = sync.apply(
+        root,
+        sync.Changes(upsert=[name, "sub/.git"], delete=[".git/objects/ab"]),
+        {name: sync.Entry("file", mode=0o444), "sub/.git": sync.Entry("dir", mode=0o755)},
+        lambda _: b"tampered",
+    )
+    assert (obj / ("c" * 38)).read_bytes() == b"original"
+    assert (root / "sub" / ".git").is_file()
+    assert {p for p, _ in report.refused} == {name, "sub/.git", ".git/objects/ab"}
