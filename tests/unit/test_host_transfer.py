@@ -315,10 +315,10 @@ def test_only_history_goes_up_from_any_git_directory():
         for p in [
             ".git", ".git/config", ".git/HEAD", ".git/hooks", ".git/hooks/pre-push", ".git/info/exclude",
             ".git/modules", ".git/modules/lib/config", ".git/refs", "src/a.py",
-            "vendor/dep/.git", "vendor/dep/.git/config", "vendor/dep/.git/index", "x/.GIT/config", "bad\nname",
+            "vendor/dep/.git", "vendor/dep/.git/config", "vendor/dep/.git/index", "x/.GIT/config",
+            "bad\nname",
         ]
     }  # fmt: skip
-    entries["bad\nname".replace("\\n", "\n")] = entries.pop("bad\nname")
     sent, unsendable = changes.for_upload(entries)
     assert set(sent) == {
         ".git",
