@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import common
 from sbx.client import Sandbox
+from tests.e2e.test_sbx_up import running_stack
 
 
 def make_tree(root: Path, files: int) -> None:
@@ -47,25 +45,6 @@ def percentiles(samples: list[float]) -> str:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
     return f"p50 {statistics.median(ordered) * 1000:7.1f} ms  p99 {p99 * 1000:7.1f} ms"
-
-
-def start_stack(state: Path) -> tuple[subprocess.Popen[str], str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
-         "--nats-port", str(common.free_port())],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    banner = ""
-    assert proc.stdout is not None
-    while "Stop with Ctrl-C" not in banner:
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit("sbx up stopped: " + banner)
-        banner += line
-    url = re.search(r"REST API\s+(http://\S+)/v1/sessions", banner)
-    assert url is not None
-    return proc, url.group(1), (state / "api-key").read_text().strip()
 
 
 def bench_tree(files: int, rounds: int, env: dict[str, str], work: Path) -> None:
@@ -136,22 +115,14 @@ def main() -> None:
         work = Path(tmp)
         state = work / "stack"
         state.mkdir()
-        proc, url, key = start_stack(state)
-        env = {
-            "PATH": os.environ["PATH"], "HOME": str(work), "SBX_URL": url, "SANDBOX_API_KEY": key,
-            "SBX_CLIENT_STATE_DIR": str(work / "client"),
-        }  # fmt: skip
-        try:
+        with running_stack(state) as (_, url):
+            env = {
+                "PATH": os.environ["PATH"], "HOME": str(work), "SBX_URL": url,
+                "SANDBOX_API_KEY": (state / "api-key").read_text().strip(),
+                "SBX_CLIENT_STATE_DIR": str(work / "client"),
+            }  # fmt: skip
             for size in (int(s) for s in args.sizes.split(",")):
                 bench_tree(size, args.rounds, env, work)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(60)
-            import asyncio
-
-            from shared.runtime import backends
-
-            asyncio.run(backends.purge("local", state))
 
 
 if __name__ == "__main__":

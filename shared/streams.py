@@ -226,7 +226,3 @@ class Receiver:
         """Where to publish to ask the sender's side to stop what it is doing."""
         return self.subject + ".stop"
 
-
-async def send_all(sender: Sender, channel: bytes, source: AsyncIterator[bytes]) -> None:
-    async for data in source:
-        await sender.send(channel, data)

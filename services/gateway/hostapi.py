@@ -211,6 +211,20 @@ class HostAPI:
 
         return await self.resolver.with_sandbox(who, call)
 
+    async def _open(
+        self, who: sessions.Identity, build: Callable[..., execution.AnyRequest], expected: str | None = None
+    ) -> tuple[streams.Receiver, str, str, execution.Reply]:
+        """Subscribe a receiver, start the operation; (receiver, run id, sandbox id, reply).
+        The receiver is closed again if the start fails."""
+        run_id = ids.new_id()
+        receiver = await streams.Receiver(self.nc).__aenter__()
+        try:
+            sandbox_id, reply = await self._start(who, receiver, run_id, build, expected)
+        except BaseException:
+            await receiver.__aexit__()
+            raise
+        return receiver, run_id, sandbox_id, reply
+
     async def _relay(
         self, receiver: streams.Receiver, stop: str, feed: Awaitable[None] | None = None
     ) -> AsyncIterator[bytes]:
@@ -245,28 +259,20 @@ class HostAPI:
     async def run(self, request: Request) -> Response:
         who = self._who(request)
         body: hostapi.RunBody = await self._json(request, hostapi.RunBody)  # type: ignore[assignment]
-        run_id = ids.new_id()
-        receiver = await streams.Receiver(self.nc).__aenter__()
-        try:
-            sandbox_id, _ = await self._start(
-                who,
-                receiver,
-                run_id,
-                lambda **fields: execution.Run(
-                    command=body.command,
-                    cwd=body.cwd,
-                    env=body.env,
-                    unset=body.unset,
-                    timeout=body.timeout,
-                    list_root=body.list_root,
-                    prune=body.prune,
-                    **fields,
-                ),
-                body.sandbox_id,
-            )
-        except BaseException:
-            await receiver.__aexit__()
-            raise
+        receiver, run_id, sandbox_id, _ = await self._open(
+            who,
+            lambda **fields: execution.Run(
+                command=body.command,
+                cwd=body.cwd,
+                env=body.env,
+                unset=body.unset,
+                timeout=body.timeout,
+                list_root=body.list_root,
+                prune=body.prune,
+                **fields,
+            ),
+            body.sandbox_id,
+        )
         stop = self.topology.exec_stop(who.session_id, run_id)
         return self._stream(self._relay(receiver, stop), sandbox_id, run_id)
 
@@ -285,15 +291,9 @@ class HostAPI:
         for path in body.paths:
             hostapi.validate_relative(path)
         names = b"".join(path.encode(errors="surrogateescape") + b"\0" for path in body.paths)
-        run_id = ids.new_id()
-        receiver = await streams.Receiver(self.nc).__aenter__()
-        try:
-            sandbox_id, reply = await self._start(
-                who, receiver, run_id, lambda **fields: execution.GetFiles(root=body.root, **fields)
-            )
-        except BaseException:
-            await receiver.__aexit__()
-            raise
+        receiver, run_id, sandbox_id, reply = await self._open(
+            who, lambda **fields: execution.GetFiles(root=body.root, **fields)
+        )
 
         async def feed() -> None:
             assert reply.input is not None
@@ -324,26 +324,18 @@ class HostAPI:
             params = msgspec.json.decode(early.pop(0)[1], type=hostapi.PutParams)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
-        run_id = ids.new_id()
-        receiver = await streams.Receiver(self.nc).__aenter__()
-        try:
-            sandbox_id, reply = await self._start(
-                who,
-                receiver,
-                run_id,
-                lambda **fields: execution.PutFiles(
-                    root=params.root,
-                    delete=params.delete,
-                    prune=params.prune,
-                    listing=params.listing,
-                    list_paths=params.list_paths,
-                    **fields,
-                ),
-                params.sandbox_id,
-            )
-        except BaseException:
-            await receiver.__aexit__()
-            raise
+        receiver, run_id, sandbox_id, reply = await self._open(
+            who,
+            lambda **fields: execution.PutFiles(
+                root=params.root,
+                delete=params.delete,
+                prune=params.prune,
+                listing=params.listing,
+                list_paths=params.list_paths,
+                **fields,
+            ),
+            params.sandbox_id,
+        )
         stop = self.topology.exec_stop(who.session_id, run_id)
         answer = tempfile.SpooledTemporaryFile(max_size=ANSWER_IN_MEMORY)
         size = 0

@@ -13,7 +13,6 @@ import signal
 import subprocess
 import sys
 import threading
-from http.server import ThreadingHTTPServer
 
 import httpx
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from sbx.client import Sandbox, transport
 from shared import hostapi
 from tests import support
-from tests.e2e.test_sbx_up import read_until, remove_sandboxes
+from tests.e2e.test_sbx_up import running_stack
 from tests.proxy import harness
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
@@ -33,23 +32,8 @@ IDENT = ("-c", "user.name=Host", "-c", "user.email=host@example.com")
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
-         "--nats-port", str(support.free_port())],
-        env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        banner = read_until(proc, r"Stop with Ctrl-C")
-        url = re.search(r"REST API\s+(http://\S+)/v1/sessions", banner).group(1)
+    with running_stack(state) as (_, url):
         yield state, url, (state / "api-key").read_text().strip()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        remove_sandboxes(state)
 
 
 @pytest.fixture
@@ -86,15 +70,8 @@ def repo(tmp_path):
 
 @pytest.fixture
 def remote(tmp_path):
-    served = tmp_path / "served"
-    (served / "org").mkdir(parents=True)
-    git("init", "-q", "--bare", str(served / "org" / "remote.git"), cwd=tmp_path)
-    git("config", "http.receivepack", "true", cwd=served / "org" / "remote.git")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.GitSmartHTTP)
-    server.token, server.root, server.seen = TOKEN, served, []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, served / "org" / "remote.git"
-    server.shutdown()
+    with harness.git_remote(tmp_path, TOKEN) as served:
+        yield served
 
 
 def test_a_build_edits_and_commits_and_everything_comes_back(client_env, repo):
@@ -132,9 +109,24 @@ def test_git_push_runs_on_the_host_with_credentials_the_sandbox_never_sees(clien
         )
         assert BASIC not in seen["output"] and "evil" not in seen["output"]
         assert "Host User" in seen["output"]  # the allowlisted identity did go in
-        pushed = sb.stream("git push origin HEAD:refs/heads/main 2>&1", output=lambda *_: None)
-        assert pushed.where == "host" and pushed.exit_code == 0
+    # The CLI, as an agent calls it: the push runs on this host, with the credential in
+    # the host's git config (HOME), and reaches the remote that requires it.
+    pushed = subprocess.run(
+        [sys.executable, "-m", "sbx.cli", "exec", "--session", "push-1", "--",
+         "git push origin HEAD:refs/heads/main"],
+        cwd=repo, env={**client_env, "PYTHONPATH": str(support.ROOT)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert pushed.returncode == 0, pushed.stderr
     assert git("--git-dir", str(bare), "log", "--format=%s", "main", cwd=repo).splitlines()[0] == "to push"
+    # Without the host's credential the remote refuses: the credential is what got it in.
+    refused = subprocess.run(
+        [sys.executable, "-m", "sbx.cli", "exec", "--session", "push-1", "--",
+         "git push origin HEAD:refs/heads/other"],
+        cwd=repo, env={**client_env, "HOME": str(repo.parent), "PYTHONPATH": str(support.ROOT)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 128, refused.stderr  # git: no credential, and no prompt on the host
     assert any("git-receive-pack" in s["path"] for s in server.seen)
 
 
@@ -309,3 +301,14 @@ def test_package_caches_are_shared_within_an_organisation_and_never_across(clien
     )  # fmt: skip
     attached = [line for line in events.stdout.splitlines() if "sandbox.cache_attached" in line]
     assert {re.search(r"org_id=(\S+)", line).group(1) for line in attached} == {"acme", "globex"}
+
+
+def test_the_documented_example_runs(client_env, repo):
+    env = {**client_env, "PYTHONPATH": str(support.ROOT)}
+    done = subprocess.run(
+        [sys.executable, str(support.ROOT / "examples" / "host_client.py"), str(repo)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "back on the host: made in the sandbox" in done.stdout
+    assert "stdout: step 3" in done.stdout and "would run on the host" in done.stdout

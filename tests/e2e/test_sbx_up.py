@@ -3,6 +3,7 @@ supervised services), driven through REST and the other `sbx` subcommands."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -61,33 +63,20 @@ def status(state: Path) -> dict:
     return {"rc": result.returncode, **json.loads(result.stdout)}
 
 
-@pytest.fixture
-def stack(tmp_path):
-    state = tmp_path / "state"
+@contextlib.contextmanager
+def running_stack(state: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A real `sbx up` (its own NATS port, gateway on a free port); (process, gateway URL).
+    Stopped and its sandboxes removed afterwards."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sbx.cli",
-            "up",
-            "--state-dir",
-            str(state),
-            "--port",
-            "0",
-            "--nats-port",
-            str(support.free_port()),
-        ],
-        env=env,
-        cwd=support.ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
+         "--nats-port", str(support.free_port())],
+        env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
     try:
         banner = read_until(proc, r"Stop with Ctrl-C")
         url = re.search(r"REST API\s+(http://\S+)/v1/sessions", banner).group(1)
-        yield proc, state, url
+        yield proc, url
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
@@ -96,6 +85,13 @@ def stack(tmp_path):
             except subprocess.TimeoutExpired:
                 proc.kill()
         remove_sandboxes(state)
+
+
+@pytest.fixture
+def stack(tmp_path):
+    state = tmp_path / "state"
+    with running_stack(state) as (proc, url):
+        yield proc, state, url
 
 
 def test_sbx_up_runs_the_whole_product(stack):

@@ -19,6 +19,7 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -484,3 +485,21 @@ class PackageIndex(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+@contextlib.contextmanager
+def git_remote(base: Path, token: str) -> Iterator[tuple[ThreadingHTTPServer, Path]]:
+    """A bare repository ``org/remote.git`` under ``base`` served over plain HTTP by
+    :class:`GitSmartHTTP` (pushes allowed), answering only with ``token``."""
+    served = base / "served"
+    repo = served / "org" / "remote.git"
+    repo.parent.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True)
+    subprocess.run(["git", "config", "http.receivepack", "true"], cwd=repo, check=True)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), GitSmartHTTP)
+    server.token, server.root, server.seen = token, served, []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server, repo
+    finally:
+        server.shutdown()

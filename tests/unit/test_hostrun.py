@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import threading
-from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -25,15 +23,8 @@ def git(*args: str, cwd) -> str:
 
 @pytest.fixture
 def remote(tmp_path):
-    served = tmp_path / "served"
-    (served / "org").mkdir(parents=True)
-    git("init", "-q", "--bare", str(served / "org" / "remote.git"), cwd=tmp_path)
-    git("config", "http.receivepack", "true", cwd=served / "org" / "remote.git")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.GitSmartHTTP)
-    server.token, server.root, server.seen = TOKEN, served, []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server, served / "org" / "remote.git"
-    server.shutdown()
+    with harness.git_remote(tmp_path, TOKEN) as served:
+        yield served
 
 
 @pytest.fixture
