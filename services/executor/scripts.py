@@ -106,6 +106,7 @@ J={JOBS}/$1
 if [ -f "$J/rc" ]; then echo "exited $(cat "$J/rc")"
 elif [ -f "$J/stopped" ]; then echo stopped
 elif [ -s "$J/pgid" ] && kill -0 "$(cat "$J/pgid")" 2>/dev/null; then echo running
+elif [ -f "$J/rc" ]; then echo "exited $(cat "$J/rc")"  # it ended between the two looks
 else echo lost; fi
 {{ wc -c < "$J/out"; }} 2>/dev/null || echo 0
 tail -c "$2" "$J/out" 2>/dev/null

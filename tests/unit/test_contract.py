@@ -141,6 +141,12 @@ EVENT_FACTORIES: dict[type, Any] = {
         proxy_id="px-3129",
         reason="reassigned",
     ),
+    events.SandboxCacheAttached: lambda: events.SandboxCacheAttached(
+        meta=_meta(service="executor", instance="executor-1a2b3c4d5e6f"),
+        sandbox_id=SBX,
+        session_id=SID,
+        org_id="acme",
+    ),
     events.ProxyStarted: lambda: events.ProxyStarted(
         meta=_meta(service="proxy-scaler", instance="proxy-scaler-1a2b3c4d5e6f", session_id=None),
         proxy_id="px-3129",
@@ -295,6 +301,7 @@ def test_event_tags_are_stable() -> None:
         events.SandboxRefused: "sandbox.refused",
         events.SandboxLost: "sandbox.lost",
         events.SandboxProxyAssigned: "sandbox.proxy_assigned",
+        events.SandboxCacheAttached: "sandbox.cache_attached",
         events.ProxyStarted: "proxy.started",
         events.ProxyDraining: "proxy.draining",
         events.ProxyStopped: "proxy.stopped",
@@ -318,6 +325,7 @@ def test_event_tags_are_stable() -> None:
         "sandbox.refused",
         "sandbox.lost",
         "sandbox.proxy_assigned",
+        "sandbox.cache_attached",
         "proxy.started",
         "proxy.draining",
         "proxy.stopped",

@@ -241,6 +241,9 @@ SANDBOX_EVENTS: dict[str, Any] = {
     ),
     "lost": lambda n: events.SandboxLost(meta=meta(n), sandbox_id=SB, reason="gone from the runtime"),
     "proxy_assigned": lambda n: events.SandboxProxyAssigned(meta=meta(n), sandbox_id=SB, proxy_id="px-1"),
+    "cache_attached": lambda n: events.SandboxCacheAttached(
+        meta=meta(n), sandbox_id=SB, session_id=SID, org_id="acme"
+    ),
 }
 
 #: state before (None: nothing yet) -> event -> status after. Everything absent is impossible.
@@ -255,6 +258,7 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "claimed": "requested",
         "lost": "lost",
         "proxy_assigned": "requested",
+        "cache_attached": "requested",
     },
     "running": {
         "stopped": "stopped",
@@ -263,6 +267,7 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "claimed": "running",
         "lost": "lost",
         "proxy_assigned": "running",
+        "cache_attached": "running",
     },
     "stopped": {
         "started": "running",
@@ -270,6 +275,7 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "failed": "failed",
         "lost": "lost",
         "proxy_assigned": "stopped",
+        "cache_attached": "stopped",
     },
     "failed": {"deleted": "deleted"},
     "deleted": {},
@@ -284,6 +290,7 @@ SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
     "started": {"started_at": T0 + timedelta(seconds=8)},
     "claimed": {"session_id": SID2, "claimed_at": T0 + timedelta(seconds=8)},
     "proxy_assigned": {"proxy_id": "px-1"},
+    "cache_attached": {"cache_org": "acme"},
 }
 
 
