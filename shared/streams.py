@@ -225,4 +225,3 @@ class Receiver:
     def stop_subject(self) -> str:
         """Where to publish to ask the sender's side to stop what it is doing."""
         return self.subject + ".stop"
-

@@ -53,12 +53,16 @@ class TenantCaches:
         if not self.runtime.tenant_caches or sandbox_id in self._done:
             return
         session = await self.sessions.get(session_id)
-        org_id = session.org_id if session is not None else None
+        if session is None:
+            return  # the projection is behind: the next call looks again
+        org_id = session.org_id
         if org_id:
             try:
                 await self.runtime.attach_cache(sandbox_id, ids.token(org_id))
             except errors.NotRunning:
                 return  # not running yet or any more: the call itself will say so
+            except errors.Conflict:
+                raise  # it shows another organisation's cache: this call must not run there
             except errors.SandboxError as exc:
                 # The call still runs, without the shared cache; said once per sandbox.
                 log.warning("executor.cache_not_attached", sandbox_id=sandbox_id, error=exc.message)

@@ -96,8 +96,9 @@ def sandbox_proxy_url(name: str) -> str:
 
 
 async def purge(name: str, state_dir: Path) -> None:
-    """Delete every sandbox and stop every proxy of a state directory (both outlive the
-    services by design; tests and benchmarks clean up with this)."""
+    """Delete every sandbox, detach the package caches' mounts and stop every proxy of a
+    state directory (they outlive the services by design; tests and benchmarks clean up
+    with this)."""
     if name != "local":
         raise errors.ConfigError(f"the {name!r} runtime cannot be purged from here")
     import asyncio
@@ -110,6 +111,7 @@ async def purge(name: str, state_dir: Path) -> None:
     rt = runtime.LocalRuntime(state_dir)
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
+    await asyncio.to_thread(rt.caches.detach_all)  # the caches stay; their mounts go
     await proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN)).stop_all()
 
 

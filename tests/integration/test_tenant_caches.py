@@ -23,6 +23,9 @@ async def runtime(tmp_path):
     yield rt
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
+    for cache in rt.caches.caches.iterdir() if rt.caches.caches.exists() else ():
+        while caches.mounted_on(cache):  # each cache's own nosuid bind: not left on the machine
+            caches._libc.umount2(bytes(cache), caches.MNT_DETACH)
 
 
 async def started(rt: local.LocalRuntime, name: str, *, run_as_root: bool = True) -> str:
@@ -69,8 +72,9 @@ async def test_one_organisation_shares_a_cache_and_no_other_sees_it(runtime, tmp
         await runtime.delete(sandbox)
     cache = tmp_path / "state" / "caches" / ACME
     assert (cache / "pip" / "pkg.whl").read_text() == "wheel\n"
-    assert not any((tmp_path / "state" / "cache-slots").iterdir())
-    assert caches.mounted_on(cache) == 0
+    assert not [p for p in (tmp_path / "state" / "cache-slots").iterdir() if not p.name.startswith(".")]
+    assert caches.mounted_on(cache) == 1  # its own nosuid,nodev bind; no sandbox's slot any more
+    assert not caches.mounted_under(tmp_path / "state" / "cache-slots")
 
 
 async def test_a_sandbox_cannot_escape_its_cache_by_links(runtime, tmp_path):
@@ -93,3 +97,41 @@ async def test_a_restarted_sandbox_keeps_its_slot(runtime):
     await runtime.stop(a1)
     await runtime.start(a1)
     assert await sh(runtime, a1, f"cat {caches.CACHE_DIR}/k") == (0, "kept\n")
+
+
+async def test_a_cache_is_private_to_root_and_never_honours_setuid(runtime, tmp_path):
+    """A root sandbox can write a setuid file into its cache; on the host it sits under
+    directories only root can enter, on mounts that ignore setuid and device files."""
+    a1 = await started(runtime, "acme-1")
+    await runtime.attach_cache(a1, ACME)
+    code, out = await sh(
+        runtime, a1, f"cp /bin/true {caches.CACHE_DIR}/t && chmod 4755 {caches.CACHE_DIR}/t && "
+        f"grep ' {caches.CACHE_DIR} ' /proc/self/mountinfo"
+    )  # fmt: skip
+    assert code == 0 and "nosuid" in out and "nodev" in out
+    state = tmp_path / "state"
+    for directory in (state / "caches", state / "cache-slots", state / "caches" / ACME):
+        assert directory.stat().st_mode & 0o777 == 0o700
+
+
+async def test_deleting_a_sandbox_while_its_cache_is_attached_never_empties_the_cache(runtime, tmp_path):
+    """attach and release take the slot's lock: whichever comes second sees the other's
+    result, and a slot is removed only when nothing is mounted on or below it."""
+    import asyncio
+
+    for round_ in range(5):
+        name = await started(runtime, f"race-{round_}")
+        await sh(runtime, name, "true")
+        (tmp_path / "state" / "caches").mkdir(exist_ok=True, mode=0o700)
+        results = await asyncio.gather(
+            runtime.attach_cache(name, ACME), runtime.delete(name), return_exceptions=True
+        )
+        assert all(r is None or isinstance(r, bool | errors.NotRunning | errors.NotFound) for r in results), (
+            results
+        )
+    keep = await started(runtime, "keeper")
+    await runtime.attach_cache(keep, ACME)
+    await sh(runtime, keep, f"echo precious > {caches.CACHE_DIR}/p")
+    doomed = await started(runtime, "doomed")
+    await asyncio.gather(runtime.attach_cache(doomed, ACME), runtime.delete(doomed), return_exceptions=True)
+    assert (tmp_path / "state" / "caches" / ACME / "p").read_text() == "precious\n"

@@ -24,6 +24,7 @@ import ctypes
 import ctypes.util
 import fcntl
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -41,10 +42,14 @@ ENV = {
     "GOCACHE": f"{CACHE_DIR}/go-build",
 }
 """Where package tools put their caches (each also honours XDG_CACHE_HOME or its own)."""
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_REMOUNT = 0x20
 MS_BIND = 0x1000
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
 MARKER = ".sbx-cache"
+_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p)
@@ -58,75 +63,124 @@ def _mount(source: Path | None, target: Path, flags: int) -> None:
         raise errors.InfrastructureError(f"mount {source} on {target} failed: {os.strerror(code)}")
 
 
-def mounted_on(target: Path) -> int:
-    """How many mounts are stacked on ``target`` (from /proc/self/mountinfo)."""
-    wanted = os.fsencode(target)
-    count = 0
+def _mount_points() -> list[bytes]:
+    """Every mount point of this mount namespace (mountinfo's octal escapes undone)."""
     with open("/proc/self/mountinfo", "rb") as info:
-        for line in info:
-            point = line.split(b" ", 5)[4]
-            if point == wanted or point.replace(b"\\040", b" ") == wanted:
-                count += 1
-    return count
+        return [_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ", 5)[4]) for line in info]
+
+
+def mounted_on(target: Path) -> int:
+    """How many mounts are stacked on ``target`` (an absolute, resolved path)."""
+    wanted = os.fsencode(target)
+    return sum(1 for point in _mount_points() if point == wanted)
+
+
+def mounted_under(target: Path) -> bool:
+    """Whether anything is mounted on ``target`` or below it."""
+    wanted = os.fsencode(target)
+    return any(point == wanted or point.startswith(wanted + b"/") for point in _mount_points())
+
+
+def _private_dir(path: Path) -> None:
+    """A directory only root can enter: nothing a sandbox leaves in a cache (a setuid
+    file) is reachable by other host users, whatever the state dir's own mode is."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(path, 0o700)
 
 
 class Caches:
     def __init__(self, state_dir: Path) -> None:
-        self.slots = state_dir / "cache-slots"
-        self.caches = state_dir / "caches"
+        root = Path(os.path.realpath(state_dir))  # mountinfo shows resolved paths
+        self.slots = root / "cache-slots"
+        self.caches = root / "caches"
 
     def slot(self, token: str) -> Path:
         return self.slots / token
 
+    def _lock(self, token: str) -> int:
+        _private_dir(self.slots)
+        fd = os.open(self.slots / f".{token}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+
     def prepare(self, token: str) -> Path:
-        """The sandbox's slot, a shared mount (idempotent): call before it starts."""
-        slot = self.slot(token)
-        slot.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(slot, 0o700)  # inside, the sandbox's user maps to the owner (host root)
-        if mounted_on(slot) == 0:
-            _mount(slot, slot, MS_BIND)
-        _mount(None, slot, MS_SHARED)
-        return slot
+        """The sandbox's slot, a shared mount without setuid or devices (idempotent):
+        call before it starts."""
+        fd = self._lock(token)
+        try:
+            slot = self.slot(token)
+            slot.mkdir(exist_ok=True, mode=0o700)
+            if mounted_on(slot) == 0:
+                _mount(slot, slot, MS_BIND)
+                _mount(None, slot, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+            _mount(None, slot, MS_SHARED)
+            return slot
+        finally:
+            os.close(fd)
 
     def attach(self, token: str, key: str) -> bool:
         """Show cache ``key`` in the sandbox's slot; False if it already was. A slot that
-        carries another cache refuses (Conflict)."""
+        carries another cache refuses (Conflict); a deleted sandbox's is NotRunning."""
         if not key or not all(c in "0123456789abcdef" for c in key):
             raise errors.InvalidInput("a cache key is a hex token")
-        slot = self.slot(token)
-        if not slot.is_dir() or mounted_on(slot) == 0:
-            raise errors.NotRunning("the sandbox has no cache slot (was it started before caches existed?)")
-        cache = self.caches / key
-        cache.mkdir(parents=True, exist_ok=True)
-        os.chmod(cache, 0o700)
-        lock_path = self.slots / f".{token}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = self._lock(token)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            slot = self.slot(token)
+            if not slot.is_dir() or mounted_on(slot) == 0:
+                raise errors.NotRunning(
+                    "the sandbox has no cache slot (deleted, or started before caches existed)"
+                )
             marker = self.slots / f".{token}.{MARKER}"
             current = marker.read_text().strip() if marker.exists() else ""
             if current == key and mounted_on(slot) >= 2:
                 return False
             if current and current != key:
                 raise errors.Conflict("this sandbox already shows another organisation's cache")
-            _mount(cache, slot, MS_BIND)
+            _private_dir(self.caches)
+            cache = self._cache_mount(key)
+            _mount(cache, slot, MS_BIND)  # a copy of a nosuid,nodev mount: so is this, and what propagates
             marker.write_text(key + "\n")
             return True
         finally:
             os.close(fd)
 
+    def _cache_mount(self, key: str) -> Path:
+        """The cache's directory, bind-mounted onto itself without setuid or devices."""
+        cache = self.caches / key
+        cache.mkdir(exist_ok=True, mode=0o700)
+        if mounted_on(cache) == 0:
+            _mount(cache, cache, MS_BIND)
+            _mount(None, cache, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+        return cache
+
     def release(self, token: str) -> None:
-        """Detach everything mounted on the slot, then remove what is left of it."""
-        slot = self.slot(token)
-        for _ in range(8):
-            if not slot.exists() or mounted_on(slot) == 0:
-                break
-            if _libc.umount2(os.fsencode(slot), MNT_DETACH) != 0:
-                code = ctypes.get_errno()
-                raise errors.InfrastructureError(f"unmounting {slot} failed: {os.strerror(code)}")
-        if slot.exists():
-            if mounted_on(slot):
-                raise errors.InfrastructureError(f"{slot} is still mounted: not removed")
-            shutil.rmtree(slot, ignore_errors=True)  # a sandbox without a tenant: its own cache
-        for leftover in (self.slots / f".{token}.lock", self.slots / f".{token}.{MARKER}"):
-            leftover.unlink(missing_ok=True)
+        """Detach everything mounted on the slot, then remove what is left of it, under the
+        slot's lock: an attach either finished before (and is detached here) or finds no
+        slot after. Nothing is removed while anything is mounted on or below the slot."""
+        fd = self._lock(token)
+        try:
+            slot = self.slot(token)
+            for _ in range(8):
+                if not slot.exists() or mounted_on(slot) == 0:
+                    break
+                if _libc.umount2(os.fsencode(slot), MNT_DETACH) != 0:
+                    code = ctypes.get_errno()
+                    raise errors.InfrastructureError(f"unmounting {slot} failed: {os.strerror(code)}")
+            if slot.exists():
+                if mounted_under(slot):
+                    raise errors.InfrastructureError(f"{slot} still has mounts: not removed")
+                shutil.rmtree(slot, ignore_errors=True)  # a sandbox without a tenant: its own cache
+            (self.slots / f".{token}.{MARKER}").unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+        (self.slots / f".{token}.lock").unlink(missing_ok=True)
+
+    def detach_all(self) -> None:
+        """Undo the caches' own binds (when nothing uses them any more: after every
+        sandbox of this state dir is deleted). Their files stay."""
+        if not self.caches.exists():
+            return
+        for cache in self.caches.iterdir():
+            for _ in range(8):
+                if mounted_on(cache) == 0 or _libc.umount2(os.fsencode(cache), MNT_DETACH) != 0:
+                    break
