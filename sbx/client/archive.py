@@ -137,12 +137,13 @@ class Download:
         self.file.close()
 
     def members(
-        self, wanted: Mapping[str, int | None]
+        self, wanted: Mapping[str, tuple[str, int | None]]
     ) -> Iterator[tuple[str, sync.Entry, BinaryIO] | tuple[str, str]]:
         """(path, entry, content) for each wanted member, or (path, why) for a refused one.
-        ``wanted`` maps each path asked for to the size its listing gave (a file may not
-        be larger). The content is read as it is applied, never held whole in memory.
-        Paths asked for but missing from the tar are not reported here."""
+        ``wanted`` maps each path asked for to its kind in the listing (``f``, ``d``,
+        ``l``) and size: a member must be of that kind, and a file no larger. The content
+        is read as it is applied, never held whole in memory. Paths asked for but missing
+        from the tar are not reported here."""
         self.file.seek(0)
         seen: set[str] = set()
         try:
@@ -158,10 +159,15 @@ class Download:
                         yield (name, "not asked for (or sent twice): ignored")
                         continue
                     seen.add(name)
+                    listed_kind, listed = wanted[name]
+                    kind = (
+                        "f" if member.isreg() else "d" if member.isdir() else "l" if member.issym() else "?"
+                    )
                     if member.issparse():
                         yield (name, "a sparse file: not brought back")
+                    elif kind != listed_kind:
+                        yield (name, f"not the kind its listing said ({kind}, not {listed_kind})")
                     elif member.isreg():
-                        listed = wanted[name]
                         if listed is not None and member.size > listed:
                             yield (name, f"larger ({member.size} bytes) than its listing said ({listed})")
                             continue

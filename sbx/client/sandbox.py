@@ -167,6 +167,24 @@ def code_dir_of(cwd: Path) -> Path:
     return cwd
 
 
+SYSTEM_DIRS = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib64", "/boot", "/proc", "/sys", "/dev")
+
+
+def not_a_code_dir(path: Path, home: Path) -> str | None:
+    """Why ``path`` may not be a code dir (pure): the root, the home directory or above
+    it, a hidden directory of the home (``~/.ssh``, ``~/.config``) or below one, or a
+    system directory."""
+    if path == Path("/") or path == home or path in home.parents:
+        return "the root, or your home directory or above it"
+    if home in path.parents:
+        first = path.relative_to(home).parts[0]
+        if first.startswith("."):
+            return f"inside ~/{first}, where keys and settings live"
+    if any(path == Path(d) or Path(d) in path.parents for d in SYSTEM_DIRS):
+        return "a system directory"
+    return None
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
@@ -196,11 +214,11 @@ class Sandbox:
         if not self.cwd.is_dir():
             raise SyncError(f"{self.cwd} is not a directory")
         self.code_dir = code_dir_of(self.cwd)
-        home = Path(env.get("HOME") or Path.home()).resolve()
-        if self.code_dir == Path("/") or self.code_dir == home or self.code_dir in home.parents:
+        why = not_a_code_dir(self.code_dir, Path(env.get("HOME") or Path.home()).resolve())
+        if why:
             raise SyncError(
-                f"{self.code_dir} is not a code dir: it would send the whole of it (keys, dotfiles) and let "
-                "the sandbox write there; run from a repository or a project directory"
+                f"{self.code_dir} is not a code dir ({why}): it would all be sent to the sandbox, and the "
+                "sandbox could write there; run from a repository or a project directory"
             )
         self.session = session or f"sbx-{secrets.token_hex(8)}"
         if not _SESSION.fullmatch(self.session):
@@ -511,8 +529,10 @@ class Sandbox:
                     return
                 if answer.end.message:
                     result.refused.append(("", f"the sandbox's tar said: {answer.end.message[:500]}"))
-                sizes = {p: (after[p].size if after[p].kind == "f" else None) for p in plan.upsert}
-                for item in download.members(sizes):
+                listed = {
+                    p: (after[p].kind, after[p].size if after[p].kind == "f" else None) for p in plan.upsert
+                }
+                for item in download.members(listed):
                     if len(item) == 2:
                         result.refused.append(item)  # type: ignore[arg-type]
                         continue

@@ -29,6 +29,8 @@ import os
 import re
 import shutil
 import stat
+import subprocess
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -180,7 +182,9 @@ def may_come_back(path: str, entry: Entry | None) -> str | None:
             return f"{parts[git_at]!r} is .git on a case-insensitive or Windows file system"
         inner = "/".join(parts[git_at + 1 :])
         if not inner:
-            if entry is not None and entry.kind != "dir":
+            if entry is None:
+                return ".git itself is never deleted from the host (a gitfile would come back as a directory)"
+            if entry.kind != "dir":
                 return ".git is not a directory (a gitfile or link stays as the host has it)"
             return None
         if entry is not None and entry.kind == "symlink":
@@ -298,7 +302,75 @@ def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes |
             else:
                 shutil.copyfileobj(data, f, 1 << 20)
         os.chmod(temporary, mode)
+    if inner is not None and GIT_OBJECT.fullmatch(inner[1]):
+        try:
+            why = _verified_object(inner[1], temporary, target)
+        finally:
+            temporary.unlink(missing_ok=True)
+        return why
     os.replace(temporary, target)  # replaces a symlink itself, never what it points to
+    return None
+
+
+LOOSE_MAX = 4 << 30
+"""The most a loose object may inflate to (a zlib bomb stops there)."""
+
+
+def _verified_object(inner: str, temporary: Path, target: Path) -> str | None:
+    """Put a git object in place only if its name is its content's hash: a loose object
+    is inflated and hashed; a pack is indexed here by git (which hashes every object in
+    it) and named by its checksum, and the sandbox's index, reverse index, bitmap or
+    mtimes files are never taken. None when it is in place, else why not."""
+    parts = inner.split("/")
+    if parts[1] != "pack":
+        return _verified_loose(parts[1] + parts[2], temporary, target)
+    name = parts[2]
+    stem, _, suffix = name.rpartition(".")
+    if suffix != "pack":
+        return ".git pack indexes stay as the host has it (the host indexes packs itself)"
+    expected = stem.removeprefix("pack-")
+    index = temporary.with_name(temporary.name + ".idx")
+    fmt = "sha1" if len(expected) == 40 else "sha256"
+    done = subprocess.run(
+        ["git", "index-pack", f"--object-format={fmt}", "-o", str(index), str(temporary)],
+        capture_output=True, check=False, timeout=600,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1",
+             "HOME": "/nonexistent"},
+    )  # fmt: skip
+    try:
+        checksum = (
+            done.stdout.decode(errors="replace").split()[-1] if done.returncode == 0 and done.stdout else ""
+        )
+        if checksum != expected:
+            why = (
+                done.stderr.decode(errors="replace").strip()[:200]
+                or f"its checksum is {checksum or 'unknown'}"
+            )
+            return f"a pack that git cannot index under its name ({why})"
+        os.replace(temporary, target)
+        os.replace(index, target.with_suffix(".idx"))
+        return None
+    finally:
+        index.unlink(missing_ok=True)
+
+
+def _verified_loose(name: str, temporary: Path, target: Path) -> str | None:
+    digest = hashlib.sha1() if len(name) == 40 else hashlib.sha256()  # noqa: S324 - git's object names
+    inflate = zlib.decompressobj()
+    size = 0
+    with temporary.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            try:
+                data = inflate.decompress(chunk)
+            except zlib.error:
+                return "a loose object that is not a zlib stream"
+            size += len(data)
+            if size > LOOSE_MAX:
+                return f"a loose object that inflates beyond {LOOSE_MAX} bytes"
+            digest.update(data)
+    if not inflate.eof or digest.hexdigest() != name:
+        return "a loose object whose content does not hash to its name"
+    os.replace(temporary, target)
     return None
 
 

@@ -183,7 +183,15 @@ def test_a_download_yields_only_what_was_asked_once_and_only_plain_kinds():
     download.write(data)
     got = [
         (i[0], i[1], i[2].read()) if len(i) == 3 else i
-        for i in download.members(dict.fromkeys(["a", "hard", "dev", "link", "dir"]))
+        for i in download.members(
+            {
+                "a": ("f", None),
+                "hard": ("f", None),
+                "dev": ("f", None),
+                "link": ("l", None),
+                "dir": ("d", None),
+            }
+        )
     ]
     download.close()
     applied = {item[0]: item[1] for item in got if len(item) == 3}
@@ -195,7 +203,7 @@ def test_a_download_yields_only_what_was_asked_once_and_only_plain_kinds():
 def test_a_broken_download_is_reported_not_raised():
     download = archive.Download()
     download.write(b"this is not a tar" * 100)
-    got = list(download.members({"a": None}))
+    got = list(download.members({"a": ("f", None)}))
     download.close()
     assert got and all(len(item) == 2 for item in got)
 
@@ -276,7 +284,8 @@ def test_a_sparse_member_or_one_larger_than_its_listing_is_refused():
     download = archive.Download()
     download.write(data)
     got = {
-        i[0]: (i[0], i[1], i[2].read()) if len(i) == 3 else i for i in download.members({"big": 10, "ok": 4})
+        i[0]: (i[0], i[1], i[2].read()) if len(i) == 3 else i
+        for i in download.members({"big": ("f", 10), "ok": ("f", 4)})
     }
     download.close()
     assert len(got["big"]) == 2 and "larger" in got["big"][1]
@@ -297,7 +306,7 @@ def test_the_sparse_bomb_is_refused(tmp_path):
         tar.addfile(info)
     download = archive.Download()
     download.write(out.getvalue()[:20_000])
-    got = list(download.members({"holes": None}))
+    got = list(download.members({"holes": ("f", None)}))
     download.close()
     assert all(len(item) == 2 for item in got)
 
@@ -362,3 +371,93 @@ def test_git_objects_are_create_only_and_a_gitfile_stays(tmp_path):
     assert (obj / ("c" * 38)).read_bytes() == b"original"
     assert (root / "sub" / ".git").is_file()
     assert {p for p, _ in report.refused} == {name, "sub/.git", ".git/objects/ab"}
+
+
+def _git(*args, cwd, input=None):
+    import subprocess
+
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, input=input).stdout
+
+
+def test_git_objects_come_back_only_when_their_names_are_their_hashes(tmp_path):
+    """Loose objects are inflated and hashed; packs are indexed by the host's git (which
+    hashes every object) and the sandbox's index files are never taken."""
+    import zlib
+
+    host = tmp_path / "host"
+    host.mkdir()
+    _git("init", "-q", cwd=host)
+    sandbox = tmp_path / "sandbox"
+    sandbox.mkdir()
+    _git("init", "-q", cwd=sandbox)
+    (sandbox / "g").write_text("good\n")
+    oid = _git("hash-object", "-w", "g", cwd=sandbox).decode().strip()
+    loose = (sandbox / ".git" / "objects" / oid[:2] / oid[2:]).read_bytes()
+    forged_name = "ab" * 20
+    entries = {}
+    changes_ = sync.Changes()
+    payload = {}
+
+    def add(path, data):
+        entries[path] = sync.Entry("file", mode=0o444)
+        changes_.upsert.append(path)
+        payload[path] = data
+
+    add(f".git/objects/{oid[:2]}/{oid[2:]}", loose)
+    add(f".git/objects/{forged_name[:2]}/{forged_name[2:]}", loose)  # right content, wrong name
+    add(".git/objects/cd/" + "ef" * 19, zlib.compress(b"blob 999999999\0" + b"x" * 10))  # lies
+    # A real pack of the sandbox's object, plus a sandbox-made index that could lie.
+    pack_hash = (
+        _git("pack-objects", "-q", str(tmp_path / "p"), cwd=sandbox, input=(oid + "\n").encode())
+        .decode()
+        .strip()
+    )
+    pack = (tmp_path / f"p-{pack_hash}.pack").read_bytes()
+    add(f".git/objects/pack/pack-{pack_hash}.pack", pack)
+    add(f".git/objects/pack/pack-{pack_hash}.idx", (tmp_path / f"p-{pack_hash}.idx").read_bytes())
+    add(f".git/objects/pack/pack-{'0' * 40}.pack", pack)  # a pack under another name
+    report = sync.apply(host, changes_, entries, lambda p: payload[p])
+    refused = {p for p, _ in report.refused}
+    assert f".git/objects/{oid[:2]}/{oid[2:]}" in report.written
+    assert f".git/objects/pack/pack-{pack_hash}.pack" in report.written
+    assert refused == {
+        f".git/objects/{forged_name[:2]}/{forged_name[2:]}",
+        ".git/objects/cd/" + "ef" * 19,
+        f".git/objects/pack/pack-{pack_hash}.idx",
+        f".git/objects/pack/pack-{'0' * 40}.pack",
+    }
+    assert (host / ".git" / "objects" / "pack" / f"pack-{pack_hash}.idx").exists()  # made by the host
+    assert _git("cat-file", "-p", oid, cwd=host) == b"good\n"
+    assert not list((host / ".git" / "objects").rglob(".*sbx-*"))  # no temporary left
+
+
+def test_a_member_of_another_kind_than_its_listing_is_refused():
+    """A path listed as a directory or link has no size cap: it may not arrive as a file."""
+    download = archive.Download()
+    download.write(_tar((_member("d"), b"x" * 1000), (_member("l"), b"y")))
+    got = list(download.members({"d": ("d", None), "l": ("l", None)}))
+    download.close()
+    assert [len(item) for item in got] == [2, 2] and "kind" in got[0][1]
+
+
+@pytest.mark.parametrize(
+    ("path", "refused"),
+    [
+        ("/", True), ("/home/ann", True), ("/home", True), ("/home/ann/.config/nvim", True),
+        ("/home/ann/.ssh", True), ("/etc", True), ("/etc/nginx", True), ("/usr/local/src/x", True),
+        ("/home/ann/code/repo", False), ("/var/lib/jenkins/workspace/job", False), ("/tmp/x", False),
+        ("/home/ann/code/.hidden-project", False),
+    ],
+)  # fmt: skip
+def test_what_cannot_be_a_code_dir(path, refused):
+    from sbx.client.sandbox import not_a_code_dir
+
+    assert (not_a_code_dir(Path(path), Path("/home/ann")) is not None) is refused
+
+
+def test_a_git_entry_is_never_deleted_from_the_host(tmp_path):
+    root = tmp_path / "code"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / ".git").write_text("gitdir: ../.git/modules/sub\n")
+    report = sync.apply(root, sync.Changes(delete=["sub/.git"]), {}, lambda _: b"")
+    assert (root / "sub" / ".git").is_file() and [p for p, _ in report.refused] == ["sub/.git"]
