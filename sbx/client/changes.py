@@ -51,10 +51,15 @@ def sandbox_cwd(code_dir: Path, root: str, cwd: Path) -> str:
     return root if relative == "." else posixpath.join(root, relative)
 
 
-def sendable(path: str) -> bool:
-    """Whether a path can travel at all: valid UTF-8, no newline, no NUL."""
+def sendable(path: str, *, checked: bool = False) -> bool:
+    """Whether a path can travel at all: a plain relative path, valid UTF-8, no newline,
+    no NUL. ``checked``: it comes from a host scan, already plain and relative."""
     try:
-        hostapi.validate_relative(path)
+        if checked:
+            if "\n" in path or "\0" in path:
+                return False
+        else:
+            hostapi.validate_relative(path)
         path.encode()
     except (errors.InvalidInput, UnicodeEncodeError):
         return False
@@ -74,7 +79,7 @@ def for_upload(manifest: Mapping[str, sync.Entry]) -> tuple[dict[str, sync.Entry
             name = inner[0].rsplit("/", 1)[-1]
             if name != ".git" or (inner[1] and not sync.GIT_UP.fullmatch(inner[1])):
                 continue
-        if not sendable(path):
+        if not sendable(path, checked=True):
             unsendable.append(path)
             continue
         out[path] = entry

@@ -201,6 +201,8 @@ def may_come_back(path: str, entry: Entry | None) -> str | None:
 def git_inner(path: str) -> tuple[str, str] | None:
     """(the ``.git`` directory's path, the path inside it) for a path in a ``.git``
     directory at any depth (look-alike spellings count), else None."""
+    if "git" not in path.casefold():
+        return None  # every spelling of .git contains it: the common case, cheaply
     parts = PurePosixPath(path).parts
     at = next((i for i, p in enumerate(parts) if is_git_name(p)), None)
     if at is None:
