@@ -153,6 +153,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
                     **common,
                     # Only the gateway needs the key; no other process gets it.
                     SANDBOX_API_KEY=key if is_gateway else None,
+                    SBX_ORG_KEYS=env.get("SBX_ORG_KEYS") if is_gateway else None,
                     SBX_GATEWAY_HOST=options.host if is_gateway else None,
                     SBX_GATEWAY_PORT=str(options.port) if is_gateway else None,
                     SBX_INSTANCE_ID=None,  # each process gets its own

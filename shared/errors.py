@@ -38,6 +38,13 @@ class Unauthorized(SandboxError):
     status = 401
 
 
+class Forbidden(SandboxError):
+    """The key is valid but does not allow this (a key bound to another organisation)."""
+
+    code = "forbidden"
+    status = 403
+
+
 class NotFound(SandboxError):
     code = "not_found"
     status = 404
@@ -132,6 +139,7 @@ BY_CODE: dict[str, type[SandboxError]] = {
         SandboxError,
         InvalidInput,
         Unauthorized,
+        Forbidden,
         NotFound,
         Conflict,
         SandboxChanged,

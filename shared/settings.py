@@ -316,6 +316,10 @@ class GatewaySettings:
     """Listen address (``SBX_GATEWAY_HOST``)."""
     port: int = 8080
     """Listen port (``SBX_GATEWAY_PORT``; 0 picks a free one)."""
+    org_keys: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    """Keys bound to one organisation, ``(org, key)``, from the file named by
+    ``SBX_ORG_KEYS`` (lines ``ORG KEY``; ``#`` starts a comment): a call with such a key
+    acts for that organisation only (``X-Org-Id`` is set from it)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -335,7 +339,42 @@ class GatewaySettings:
             api_key=key,
             host=env.get("SBX_GATEWAY_HOST", cls.host),
             port=_port(env, "SBX_GATEWAY_PORT", cls.port),
+            org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
         )
+
+
+def _org_keys(path: str, master: str) -> tuple[tuple[str, str], ...]:
+    """Parse the ``SBX_ORG_KEYS`` file; any mistake stops the gateway with its line."""
+    if not path:
+        return ()
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise errors.ConfigError(f"SBX_ORG_KEYS: cannot read {path}: {exc.strerror}") from None
+    out: list[tuple[str, str]] = []
+    seen: set[str] = {master}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        where = f"SBX_ORG_KEYS {path}:{number}"
+        if len(parts) != 2:
+            raise errors.ConfigError(f"{where}: expected 'ORG KEY'")
+        org, key = parts
+        try:
+            ids.validate_attribution(org, what="org id")
+        except errors.InvalidInput as exc:
+            raise errors.ConfigError(f"{where}: {exc.message}") from None
+        if len(key) < API_KEY_MIN_LENGTH or not key.isascii() or not key.isprintable():
+            raise errors.ConfigError(
+                f"{where}: a key is at least {API_KEY_MIN_LENGTH} printable ASCII characters"
+            )
+        if key in seen:
+            raise errors.ConfigError(f"{where}: this key is used twice (or is SANDBOX_API_KEY)")
+        seen.add(key)
+        out.append((org, key))
+    return tuple(out)
 
 
 #: Where scripts/setup installs the proxy's own environment.

@@ -60,7 +60,7 @@ def build_app(
     ]
     routes += [Mount("/", app=mcp_app)]  # /mcp; last, so the REST routes win
     inner = Starlette(routes=routes, lifespan=mcp_app.lifespan)
-    return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key), public=PUBLIC_PATHS)
+    return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS)
 
 
 class _Server(uvicorn.Server):

@@ -3,6 +3,13 @@
 ``Authorization: Bearer <key>``; the scheme is case-insensitive (RFC 9110 §11.1),
 exactly one space separates it from the key, and the key is compared in
 constant time (digests of equal length, so not even its length leaks).
+
+Two kinds of key: the operator's (``SANDBOX_API_KEY``), whose calls say which
+organisation they act for in ``X-Org-Id`` (or none), and keys bound to one organisation
+(``SBX_ORG_KEYS``): their calls act for that organisation only. The middleware sets
+``X-Org-Id`` from the key (a different one in the request is refused with 403), so every
+handler, REST, MCP or host API, sees the organisation the key allows, and the scheduler
+keeps it out of other organisations' sessions.
 """
 
 from __future__ import annotations
@@ -18,22 +25,57 @@ def _digest(value: bytes) -> bytes:
     return hashlib.sha256(value).digest()
 
 
+OPERATOR = ""
+"""What :meth:`KeyCheck.identify` returns for the operator's key."""
+
+
 class KeyCheck:
-    def __init__(self, api_key: str) -> None:
+    def __init__(self, api_key: str, org_keys: tuple[tuple[str, str], ...] = ()) -> None:
         self._expected = _digest(api_key.encode())
+        self._orgs = [(_digest(key.encode()), org) for org, key in org_keys]
 
     def accepts(self, header_values: list[bytes]) -> bool:
-        """True iff exactly one well-formed ``Authorization: Bearer`` header carries the key."""
+        """True iff exactly one well-formed ``Authorization: Bearer`` header carries a key."""
+        return self.identify(header_values) is not None
+
+    def identify(self, header_values: list[bytes]) -> str | None:
+        """None: no valid key; :data:`OPERATOR` for the operator's key; else the
+        organisation the key is bound to. Every key is compared, in constant time each."""
         if len(header_values) != 1:
-            return False
+            return None
         try:
             value = header_values[0].decode("ascii")
         except UnicodeDecodeError:
-            return False
+            return None
         scheme, sep, token = value.partition(" ")
         if not sep or scheme.lower() != "bearer" or not token or not token.isprintable() or " " in token:
-            return False
-        return hmac.compare_digest(_digest(token.encode()), self._expected)
+            return None
+        given = _digest(token.encode())
+        found: str | None = OPERATOR if hmac.compare_digest(given, self._expected) else None
+        for digest, org in self._orgs:
+            if hmac.compare_digest(given, digest):
+                found = org
+        return found
+
+
+FORBIDDEN_BODY = json.dumps(
+    {
+        "error": "forbidden",
+        "message": "this key acts for one organisation: X-Org-Id must be absent or that organisation",
+        "status": 403,
+    }
+).encode()
+
+
+async def _deny(send: Send, status: int, body: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 UNAUTHORIZED_BODY = json.dumps(
@@ -61,8 +103,19 @@ class BearerAuth:
             await self.app(scope, receive, send)
             return
         values = [v for k, v in scope["headers"] if k == b"authorization"]
-        if self.check.accepts(values):
+        who = self.check.identify(values)
+        if who == OPERATOR:
             await self.app(scope, receive, send)
+            return
+        if who is not None:
+            claimed = {v for k, v in scope["headers"] if k == b"x-org-id"}
+            if claimed - {who.encode()}:
+                await _deny(send, 403, FORBIDDEN_BODY)
+                return
+            headers = [(k, v) for k, v in scope["headers"] if k != b"x-org-id"] + [
+                (b"x-org-id", who.encode())
+            ]
+            await self.app({**scope, "headers": headers, "sbx.org": who}, receive, send)
             return
         await send(
             {

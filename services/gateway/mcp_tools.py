@@ -189,7 +189,7 @@ def build_mcp(
     executor: bus_client.ExecClient,
     *,
     headers: HeaderSource = request_headers,
-    running_sandbox: Callable[[str], Awaitable[str | None]] | None = None,
+    running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,
     forget: Callable[[str], None] | None = None,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from

@@ -29,12 +29,15 @@ class Placement:
     ) -> None:
         self.sessions, self.sandboxes = sessions, sandboxes
         self.ttl, self.limit = ttl, limit
-        self._known: dict[str, tuple[str, float]] = {}
+        self._known: dict[str, tuple[str, float, str | None]] = {}
 
-    async def running_sandbox(self, session_id: str) -> str | None:
+    async def running_sandbox(self, session_id: str, org_id: str | None = None) -> str | None:
+        """The session's running sandbox, if the caller may use it without asking the
+        scheduler: a caller acting for an organisation only reaches that organisation's
+        sessions (or sessions of none); otherwise the scheduler decides (and refuses)."""
         known = self._known.get(session_id)
         if known is not None and time.monotonic() - known[1] < self.ttl:
-            return known[0]
+            return known[0] if org_id is None or known[2] in (None, org_id) else None
         session = await self.sessions.get(session_id)
         if session is None or session.status != "active" or session.sandbox_id is None:
             self.forget(session_id)
@@ -45,7 +48,9 @@ class Placement:
             return None
         if len(self._known) >= self.limit:
             self._known.clear()
-        self._known[session_id] = (session.sandbox_id, time.monotonic())
+        self._known[session_id] = (session.sandbox_id, time.monotonic(), session.org_id)
+        if org_id is not None and session.org_id not in (None, org_id):
+            return None
         return session.sandbox_id
 
     def forget(self, session_id: str) -> None:

@@ -169,6 +169,11 @@ class SessionsAPI:
             raise errors.InvalidInput(
                 "X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'"
             )
+        bound = request.scope.get("sbx.org")
+        if bound is not None and org_id not in (None, bound):
+            raise errors.Forbidden(
+                "this key acts for one organisation: org_id must be absent or that organisation"
+            )
         actor = commands.Actor(
             via="rest",
             org_id=ids.validate_attribution(org_id or request.headers.get("x-org-id"), what="org id"),
@@ -220,6 +225,13 @@ class SessionsAPI:
         if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_LIMIT_MAX:
             raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
         org_id, user_id = query.get("org_id"), query.get("user_id")
+        bound = request.scope.get("sbx.org")
+        if bound is not None:
+            if org_id not in (None, bound):
+                raise errors.Forbidden(
+                    "this key acts for one organisation: it lists only that organisation's"
+                )
+            org_id = bound
         matched = sorted(
             (
                 s
@@ -239,7 +251,9 @@ class SessionsAPI:
     async def get_session(self, request: Request) -> Response:
         session_id = self._path_session_id(request)
         state = await self.sessions.get(session_id)
-        if state is None or state.status == "deleted":
+        bound = request.scope.get("sbx.org")
+        foreign = bound is not None and state is not None and state.org_id not in (None, bound)
+        if state is None or state.status == "deleted" or foreign:
             raise errors.NotFound(f"session {session_id!r} does not exist")
         return json_response(schemas.Session.of(state))
 

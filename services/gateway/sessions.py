@@ -62,7 +62,7 @@ class Resolver:
     def __init__(
         self,
         commands: bus_client.CommandClient,
-        running_sandbox: Callable[[str], Awaitable[str | None]] | None = None,
+        running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,
         forget: Callable[[str], None] | None = None,
     ) -> None:
         self.commands = commands
@@ -71,7 +71,7 @@ class Resolver:
 
     async def sandbox_for(self, who: Identity, *, fast: bool = True) -> str:
         if fast and self.running_sandbox is not None:
-            known = await self.running_sandbox(who.session_id)
+            known = await self.running_sandbox(who.session_id, who.org_id)
             if known is not None:
                 return known
         state = await self.commands.session(

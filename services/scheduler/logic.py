@@ -28,6 +28,20 @@ def decide(
         return []
     exists = state is not None and state.status != "deleted"
     sid = command.session_id
+    # A caller acting for an organisation never reaches another organisation's session
+    # (a caller without one, the operator, reaches every session; a session without one
+    # belongs to no tenant).
+    org = command.actor.org_id
+    if exists and org is not None and state is not None and state.org_id not in (None, org):
+        match command:
+            case commands.ClearSession():
+                return []
+            case commands.StopSession() | commands.DeleteSession():
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            case commands.CreateSession():
+                pass  # "already exists", below: the id is taken, whoever took it
+            case _:
+                raise errors.Conflict(f"session id {sid!r} is taken by another organisation; choose another")
     precondition = getattr(command, "if_last_seq", None)
     if precondition is not None and (state is None or state.last_seq != precondition):
         return []  # the session moved on since the sender's snapshot: leave it alone

@@ -29,10 +29,15 @@ BASIC = base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
 IDENT = ("-c", "user.name=Host", "-c", "user.email=host@example.com")
 
 
+ORG_KEYS = {"acme": "acme-key-5b1f0123456789", "globex": "globex-key-5b1f012345678"}
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("stack")
-    with running_stack(state) as (_, url):
+    keys = state.parent / "org-keys"
+    keys.write_text("".join(f"{org} {key}\n" for org, key in ORG_KEYS.items()))
+    with running_stack(state, SBX_ORG_KEYS=str(keys)) as (_, url):
         yield state, url, (state / "api-key").read_text().strip()
 
 
@@ -312,3 +317,36 @@ def test_the_documented_example_runs(client_env, repo):
     assert done.returncode == 0, done.stderr
     assert "back on the host: made in the sandbox" in done.stdout
     assert "stdout: step 3" in done.stdout and "would run on the host" in done.stdout
+
+
+def test_a_key_bound_to_an_organisation_never_reaches_anothers_sessions(client_env, repo, stack):
+    """With SBX_ORG_KEYS, a key acts for its organisation only: X-Org-Id cannot be
+    spoofed, another organisation's session cannot be run, read, stopped or listed, and
+    the cache is the key's organisation's."""
+    _, url, operator = stack
+    acme = {**client_env, "SANDBOX_API_KEY": ORG_KEYS["acme"]}
+    globex = {**client_env, "SANDBOX_API_KEY": ORG_KEYS["globex"]}
+    with Sandbox(cwd=repo, session="org-a1", env=acme, keep=True) as sb:
+        assert sb.execute('mkdir -p "$PIP_CACHE_DIR" && echo acme > "$PIP_CACHE_DIR/who"')["exit_code"] == 0
+    with Sandbox(cwd=repo, session="org-a1", env=globex) as sb:
+        with pytest.raises(transport.ApiError) as refused:
+            sb.execute("cat /workspace/repo/f.txt")
+        assert refused.value.status == 409 and "another organisation" in refused.value.message
+        sb.keep = True  # nothing to release: it never got the session
+    spoof = httpx.post(
+        f"{url}/v1/sessions/org-g1/run",
+        json={"command": "true"},
+        headers={"Authorization": f"Bearer {ORG_KEYS['globex']}", "X-Org-Id": "acme"},
+    )
+    assert spoof.status_code == 403
+    as_globex = {"Authorization": f"Bearer {ORG_KEYS['globex']}"}
+    assert httpx.get(f"{url}/v1/sessions/org-a1", headers=as_globex).status_code == 404
+    assert httpx.post(f"{url}/v1/sessions/org-a1/stop", headers=as_globex).status_code == 404
+    assert httpx.delete(f"{url}/v1/sessions/org-a1", headers=as_globex).status_code == 404
+    listed = httpx.get(f"{url}/v1/sessions", headers=as_globex).json()
+    assert "org-a1" not in {s["session_id"] for s in listed["sessions"]}
+    with Sandbox(cwd=repo, session="org-g1", env=globex) as sb:
+        assert sb.execute('cat "$PIP_CACHE_DIR/who" 2>/dev/null || echo none')["output"] == "none\n"
+    # The operator's key reaches every session.
+    as_operator = {"Authorization": f"Bearer {operator}"}
+    assert httpx.delete(f"{url}/v1/sessions/org-a1", headers=as_operator).status_code == 204

@@ -64,10 +64,10 @@ def status(state: Path) -> dict:
 
 
 @contextlib.contextmanager
-def running_stack(state: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """A real `sbx up` (its own NATS port, gateway on a free port); (process, gateway URL).
-    Stopped and its sandboxes removed afterwards."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
+def running_stack(state: Path, **extra: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """A real `sbx up` (its own NATS port, gateway on a free port, ``extra`` settings);
+    (process, gateway URL). Stopped and its sandboxes removed afterwards."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))} | extra
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(support.free_port())],

@@ -172,3 +172,75 @@ async def test_public_match_is_exact(client: httpx.AsyncClient, inner: Recorder)
     _assert_401(await client.get("/healthz/"))
     _assert_401(await client.get("/healthz/../v1/things"))
     assert inner.calls == []
+
+
+# ---- keys bound to an organisation ------------------------------------------------------------
+
+ACME_KEY = "acme-key-0123456789abcdef"
+
+
+class OrgEcho:
+    """The inner app: answers with the X-Org-Id it was given and the bound org."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive)
+        body = {
+            "org": request.headers.get("x-org-id"),
+            "orgs": request.headers.getlist("x-org-id"),
+            "bound": scope.get("sbx.org"),
+        }
+        await JSONResponse(body)(scope, receive, send)
+
+
+@pytest.fixture
+async def org_client():
+    app = BearerAuth(OrgEcho(), KeyCheck(KEY, (("acme", ACME_KEY),)), public=frozenset())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw") as c:
+        yield c
+
+
+def test_identify_tells_the_operator_from_an_organisations_key() -> None:
+    check = KeyCheck(KEY, (("acme", ACME_KEY),))
+    assert check.identify(_h(f"Bearer {KEY}")) == ""
+    assert check.identify(_h(f"Bearer {ACME_KEY}")) == "acme"
+    assert check.identify(_h("Bearer acme-key-0123456789abcdeX")) is None
+
+
+async def test_an_organisations_key_acts_for_that_organisation_only(org_client: httpx.AsyncClient) -> None:
+    acme = {"Authorization": f"Bearer {ACME_KEY}"}
+    assert (await org_client.get("/x", headers=acme)).json() == {
+        "org": "acme",
+        "orgs": ["acme"],
+        "bound": "acme",
+    }
+    same = await org_client.get("/x", headers={**acme, "X-Org-Id": "acme"})
+    assert same.json()["orgs"] == ["acme"]
+    for spoof in ({"X-Org-Id": "globex"}, [("X-Org-Id", "acme"), ("X-Org-Id", "globex")]):
+        refused = await org_client.get(
+            "/x", headers=[*acme.items(), *(spoof.items() if isinstance(spoof, dict) else spoof)]
+        )
+        assert refused.status_code == 403 and refused.json()["error"] == "forbidden"
+    operator = await org_client.get("/x", headers={"Authorization": f"Bearer {KEY}", "X-Org-Id": "globex"})
+    assert operator.json() == {"org": "globex", "orgs": ["globex"], "bound": None}
+
+
+def test_the_org_keys_file_is_checked_line_by_line(tmp_path) -> None:
+    good = tmp_path / "keys"
+    good.write_text(f"# org keys\nacme {ACME_KEY}\n\nglobex globex-key-0123456789abc  # the other\n")
+    env = {"SANDBOX_API_KEY": KEY, "SBX_ORG_KEYS": str(good)}
+    assert settings.GatewaySettings.from_env(env).org_keys == (
+        ("acme", ACME_KEY),
+        ("globex", "globex-key-0123456789abc"),
+    )
+    for text, why in [
+        ("acme short", "at least"),
+        (f"acme {ACME_KEY} extra", "ORG KEY"),
+        (f"acme {ACME_KEY}\nglobex {ACME_KEY}", "twice"),
+        (f"acme {KEY}", "twice"),
+        ("o" * 300 + " " + ACME_KEY, "longer than"),
+    ]:
+        good.write_text(text)
+        with pytest.raises(errors.ConfigError, match=why):
+            settings.GatewaySettings.from_env(env)
+    with pytest.raises(errors.ConfigError, match="cannot read"):
+        settings.GatewaySettings.from_env({**env, "SBX_ORG_KEYS": str(tmp_path / "missing")})

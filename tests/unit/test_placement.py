@@ -75,7 +75,7 @@ class RefusingOnce:
 async def test_a_stale_placement_is_forgotten_and_the_scheduler_answers():
     forgotten: list[str] = []
 
-    async def running_sandbox(session_id: str) -> str | None:
+    async def running_sandbox(session_id: str, org_id: str | None = None) -> str | None:
         return "stale"
 
     executor = RefusingOnce()
@@ -92,3 +92,14 @@ async def test_a_stale_placement_is_forgotten_and_the_scheduler_answers():
     assert not result.is_error and "fine" in result.content[0].text
     assert executor.sandboxes == ["stale", "fresh"]
     assert forgotten == [SESSION] and len(commands.sent) == 1
+
+
+async def test_a_caller_for_another_organisation_never_takes_the_fast_path():
+    """The placement knows the session's organisation: a caller acting for another one is
+    sent to the scheduler (which refuses), even from the remembered answer."""
+    owned = msgspec.structs.replace(_state("sb-1"), org_id="acme")
+    where = placement.Placement(Store({SESSION: owned}), Store({"sb-1": sandbox("sb-1")}))
+    assert await where.running_sandbox(SESSION, "globex") is None
+    assert await where.running_sandbox(SESSION, "acme") == "sb-1"
+    assert await where.running_sandbox(SESSION, "globex") is None  # remembered, still refused
+    assert await where.running_sandbox(SESSION) == "sb-1"  # the operator

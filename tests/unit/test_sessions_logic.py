@@ -338,3 +338,36 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                 assert current.sandbox_id is None
         else:
             assert folded == 0
+
+
+# ---- organisations ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "outcome"),
+    [
+        (stop(), errors.NotFound),
+        (delete(), errors.NotFound),
+        (commands.ClearSession(command_id="c", session_id=SID, actor=ACTOR), []),
+        (commands.EnsureSession(command_id="c", session_id=SID, actor=ACTOR), errors.Conflict),
+        (commands.ProvisionSandbox(command_id="c", session_id=SID, actor=ACTOR), errors.Conflict),
+        (create(), errors.Conflict),
+    ],
+)
+def test_a_caller_for_one_organisation_never_reaches_anothers_session(command: Any, outcome: Any) -> None:
+    other = state("active", org_id="globex")
+    if isinstance(command, commands.StopSession | commands.DeleteSession):
+        command = msgspec.structs.replace(command, actor=ACTOR)
+    if isinstance(outcome, list):
+        assert logic.decide(other, command, meta(4)) == outcome
+    else:
+        with pytest.raises(outcome):
+            logic.decide(other, command, meta(4))
+
+
+def test_the_operator_and_the_sessions_own_organisation_reach_it() -> None:
+    mine = state("stopped", org_id="acme")
+    resumed = logic.decide(mine, commands.EnsureSession(command_id="c", session_id=SID, actor=ACTOR), meta(4))
+    assert [type(e) for e in resumed] == [events.SessionResumed]
+    operator = commands.StopSession(command_id="c", session_id=SID)
+    assert logic.decide(state("active", org_id="globex"), operator, meta(4))
