@@ -83,7 +83,10 @@ class End(msgspec.Struct, frozen=True, kw_only=True):
     duration: float = 0.0
     sandbox_id: str = ""
     message: str = ""
-    """What the sandbox's side said when it did not fully succeed (tar's complaints)."""
+    """What the sandbox's side said when it did not fully succeed (tar's complaints), or
+    a note (processes the command left running kept its output)."""
+    listing_error: str = ""
+    """Why the listing that came with the answer is incomplete ('' when it is whole)."""
 
 
 # ---- frames -------------------------------------------------------------------------------------

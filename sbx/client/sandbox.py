@@ -355,7 +355,11 @@ class Sandbox:
             raise SyncError(
                 f"the sandbox's listing is malformed ({exc.message}): nothing came back"
             ) from None
-        self._pull_back(tree, before if before is not None else tree.sandbox, after, end.message, result)
+        if end.message:
+            write("stderr", f"\n[sbx: {end.message}]\n".encode())
+        self._pull_back(
+            tree, before if before is not None else tree.sandbox, after, end.listing_error, result
+        )
         if self.keep:
             state.save(self._record_path, self.record)
         result.seconds = {"up": synced - started, "run": ran - synced, "back": time.perf_counter() - ran}

@@ -35,6 +35,8 @@ log = structlog.get_logger(__name__)
 QUICK = 120.0
 """Longest an upload, a download or a listing may take in the sandbox."""
 MESSAGE_MAX = 4096
+LINGER = 0.5
+"""After a command ends, how long its output may still come from what it left running."""
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _STREAM = {"stdout": hostapi.STDOUT, "stderr": hostapi.STDERR}
 
@@ -258,20 +260,41 @@ class StreamedOps:
 
     async def _run(self, request: execution.Run, process: api.Exec, sender: streams.Sender) -> hostapi.End:
         beats = asyncio.create_task(self._beat(sender, process))
+        pump = asyncio.create_task(self._pump(process, sender, _STREAM))
+        exited = asyncio.create_task(process.exited())
+        left_running = False
         try:
-            await self._pump(process, sender, _STREAM)
-            result = await process.wait()
+            await asyncio.wait({pump, exited}, return_when=asyncio.FIRST_COMPLETED)
+            if not pump.done():
+                # The command ended; what it left running (a daemon, `cmd &`) may hold its
+                # output open for ever. Its last words get a moment, then it is let go.
+                done, _ = await asyncio.wait({pump}, timeout=LINGER)
+                if not done:
+                    left_running = True
+                    pump.cancel()
+                    process.detach()
+            if not left_running:
+                await pump
+            result = await exited if left_running else await process.wait()
         finally:
             beats.cancel()
-        message = ""
+            pump.cancel()
+            exited.cancel()
+        message = (
+            "processes the command left running still hold its output: it is not shown"
+            if left_running
+            else ""
+        )
+        listing_error = ""
         if request.list_root is not None:
-            message = await self._listing(request, request.list_root, request.prune, sender)
+            listing_error = await self._listing(request, request.list_root, request.prune, sender)
         end = hostapi.End(
             exit_code=None if result.timed_out else result.exit_code,
             timed_out=result.timed_out,
             duration=result.duration,
             sandbox_id=request.sandbox_id,
             message=message,
+            listing_error=listing_error,
         )
         await sender.end(msgspec.json.encode(end))
         return end
@@ -314,12 +337,12 @@ class StreamedOps:
             beats.cancel()
             pump.cancel()
         why = output.text(complaint).strip()[:MESSAGE_MAX]
-        message = ""
+        message = listing_error = ""
         exit_code = result.exit_code
         if result.exit_code == 3 or result.timed_out:
             message = f"extracting failed: {why or 'timed out'}"
         elif result.exit_code != 0 and request.list_paths is None:
-            message = f"the listing of {request.root} is incomplete: {why or result.exit_code}"
+            listing_error = f"the listing of {request.root} is incomplete: {why or result.exit_code}"
             exit_code = 0
         else:
             exit_code = 0  # a path listed by name may be gone (deleted): that is an answer too
@@ -328,6 +351,7 @@ class StreamedOps:
             duration=result.duration,
             sandbox_id=request.sandbox_id,
             message=message,
+            listing_error=listing_error,
         )
         await sender.end(msgspec.json.encode(end))
         return end

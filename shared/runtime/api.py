@@ -87,6 +87,15 @@ class Exec(abc.ABC):
     async def kill(self) -> None:
         """Kill the command and everything it started."""
 
+    async def exited(self) -> ExecResult:
+        """The exit status as soon as the command's own process has ended, even while
+        processes it left behind (a daemon, ``cmd &``) still hold its output open."""
+        return await self.wait()
+
+    def detach(self) -> None:  # noqa: B027 - optional: backends that can, do
+        """Stop reading the command's output: processes it left behind get EPIPE on
+        their next write, and nothing waits for them any more."""
+
     async def send(self, data: bytes) -> None:
         """Write to the command's stdin (only when started with ``keep_stdin_open``).
         Raises Unavailable once the command no longer reads its stdin."""

@@ -350,3 +350,14 @@ def test_a_key_bound_to_an_organisation_never_reaches_anothers_sessions(client_e
     # The operator's key reaches every session.
     as_operator = {"Authorization": f"Bearer {operator}"}
     assert httpx.delete(f"{url}/v1/sessions/org-a1", headers=as_operator).status_code == 204
+
+
+def test_a_command_that_leaves_a_process_running_still_returns(client_env, repo):
+    """`cmd &` (a daemon, a dev server) keeps the command's output open; the run ends when
+    the command does, and says so, instead of waiting for what it left behind."""
+    with Sandbox(cwd=repo, session="bg-1", env=client_env) as sb:
+        out: list[bytes] = []
+        result = sb.stream("sleep 300 & echo started; echo made > bg.txt", output=lambda s, d: out.append(d))
+        assert result.exit_code == 0 and result.written == ["bg.txt"]
+        text = b"".join(out).decode()
+        assert "started" in text and "left running" in text

@@ -35,6 +35,8 @@ from shared.runtime.local import bwrap, caches, cgroups, images, network
 PR_SET_NO_NEW_PRIVS = 38
 START_TIMEOUT = 10.0
 READ_CHUNK = 64 * 1024
+QUEUE_CHUNKS = 256
+"""Output read ahead of its consumer, at most (256 reads of up to 64 KiB)."""
 
 
 def find_bwrap() -> str:
@@ -82,7 +84,9 @@ class LocalExec(api.Exec):
         self.keep_stdin_open = keep_stdin_open
         self.started = time.monotonic()
         self.timed_out = False
-        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
+        # Bounded: a reader that nobody keeps up with stops reading, the pipe fills and
+        # the command waits, instead of its output filling this process's memory.
+        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue(QUEUE_CHUNKS)
         self._readers = [
             asyncio.create_task(self._read("stdout", proc.stdout)),
             asyncio.create_task(self._read("stderr", proc.stderr)),
@@ -141,8 +145,18 @@ class LocalExec(api.Exec):
                 yield item
 
     async def wait(self) -> api.ExecResult:
-        code = await self.proc.wait()
+        await self.proc.wait()
         await asyncio.gather(*self._readers, self._feeder, return_exceptions=True)
+        return await self.exited()  # returncode is set by now: no polling
+
+    async def exited(self) -> api.ExecResult:
+        # Not proc.wait(): asyncio wakes its waiters only once the pipes are closed too,
+        # which processes left behind may never do. The exit itself sets returncode.
+        delay = 0.005
+        while self.proc.returncode is None:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        code = self.proc.returncode
         if self._deadline:
             self._deadline.cancel()
         if code < 0:
@@ -152,6 +166,17 @@ class LocalExec(api.Exec):
             timed_out=self.timed_out,
             duration=time.monotonic() - self.started,
         )
+
+    def detach(self) -> None:
+        for reader in self._readers:
+            reader.cancel()
+        transport = getattr(self.proc, "_transport", None)
+        for fd in (1, 2):
+            pipe = transport.get_pipe_transport(fd) if transport is not None else None
+            if pipe is not None:
+                pipe.close()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
 
     async def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
