@@ -81,7 +81,9 @@ class Exec(abc.ABC):
 
     @abc.abstractmethod
     async def wait(self) -> ExecResult:
-        """Wait for the exit status (after draining ``chunks()``, or without reading)."""
+        """Wait for the exit status (after draining ``chunks()``, or without reading; a
+        backend may read only so far ahead of ``chunks()``, the local one 16 MiB, so a
+        command with more output than that waits for its reader)."""
 
     @abc.abstractmethod
     async def kill(self) -> None:

@@ -132,9 +132,7 @@ class ChannelExec(api.Exec):
         self._kill = kill
         self._code: int | None = None
         self._failure: errors.SandboxError | None = None
-        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue(
-            256
-        )  # bounded: backpressure
+        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
         self._reader = asyncio.create_task(self._read())
         self._feeder = asyncio.create_task(self._feed(stdin))
         self._deadline = asyncio.create_task(self._expire(timeout)) if timeout else None

@@ -84,9 +84,11 @@ class LocalExec(api.Exec):
         self.keep_stdin_open = keep_stdin_open
         self.started = time.monotonic()
         self.timed_out = False
-        # Bounded: a reader that nobody keeps up with stops reading, the pipe fills and
-        # the command waits, instead of its output filling this process's memory.
-        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue(QUEUE_CHUNKS)
+        # Bounded read-ahead: a reader that nobody keeps up with stops reading, the pipe
+        # fills and the command waits, instead of its output filling this process's
+        # memory. The end markers never wait for room.
+        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
+        self._room = asyncio.Semaphore(QUEUE_CHUNKS)
         self._readers = [
             asyncio.create_task(self._read("stdout", proc.stdout)),
             asyncio.create_task(self._read("stderr", proc.stderr)),
@@ -125,9 +127,10 @@ class LocalExec(api.Exec):
         assert reader is not None
         try:
             while chunk := await reader.read(READ_CHUNK):
-                await self._queue.put((stream, chunk))
+                await self._room.acquire()
+                self._queue.put_nowait((stream, chunk))
         finally:
-            await self._queue.put(None)
+            self._queue.put_nowait(None)
 
     async def _expire(self, timeout: float) -> None:
         await asyncio.sleep(timeout)
@@ -142,6 +145,7 @@ class LocalExec(api.Exec):
             if item is None:
                 open_streams -= 1
             else:
+                self._room.release()
                 yield item
 
     async def wait(self) -> api.ExecResult:
@@ -175,8 +179,6 @@ class LocalExec(api.Exec):
             pipe = transport.get_pipe_transport(fd) if transport is not None else None
             if pipe is not None:
                 pipe.close()
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(None)
 
     async def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
