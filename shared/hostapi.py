@@ -22,7 +22,6 @@ from __future__ import annotations
 import posixpath
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import msgspec
 
@@ -160,8 +159,7 @@ def validate_prune(names: list[str]) -> list[str]:
 # ---- listings ------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class Stat:
+class Stat(msgspec.Struct, frozen=True, array_like=True):
     """What a listing says of one path: enough to see that it changed, not its content."""
 
     kind: str  # "f" file, "d" directory, "l" symlink, anything else: another kind

@@ -22,7 +22,7 @@ import msgspec
 from sbx.client import sync
 from shared import hostapi
 
-VERSION = 1
+VERSION = 2  # 2: entries and listings as arrays (msgspec structs)
 
 
 @dataclass

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Literal
 
+import msgspec
+
 GIT_BACK = re.compile(
     r"objects(/[0-9a-f]{2}(/[0-9a-f]{38,62})?|/pack(/pack-[0-9a-f]{40,64}\.(pack|idx|rev|bitmap|mtimes))?)?"
     r"|refs(/[^/]+)*|logs(/[^/]+)*"
@@ -57,8 +59,10 @@ FILE_MODE_MASK = 0o755
 DEFAULT_EXCLUDES = ("node_modules/", ".venv/", "__pycache__/", "*.pyc", ".sbx/")
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(msgspec.Struct, frozen=True, array_like=True):
+    """A msgspec struct, not a dataclass: a kept session's record of 10k of them loads
+    several times faster."""
+
     kind: Literal["file", "dir", "symlink"]
     mode: int = 0
     digest: str = ""
