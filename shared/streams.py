@@ -221,7 +221,3 @@ class Receiver:
     async def _ack(self, msg: Msg) -> None:
         with contextlib.suppress(Exception):
             await msg.respond(b"")
-
-    def stop_subject(self) -> str:
-        """Where to publish to ask the sender's side to stop what it is doing."""
-        return self.subject + ".stop"

@@ -84,7 +84,6 @@ class Result:
     where: str
     """``sandbox`` or ``host``."""
     timed_out: bool = False
-    stopped: bool = False
     sent: int = 0
     """Paths uploaded (changed or deleted on the host) before the command."""
     written: list[str] = field(default_factory=list)
@@ -447,7 +446,7 @@ class Sandbox:
             raise SyncError(f"the upload into {sandbox_root} failed: {answer.end.message}")
         self.record.sandbox_id = answer.sandbox_id or self.record.sandbox_id
         for path, _ in skipped:
-            manifest = {p: e for p, e in manifest.items() if p != path}
+            manifest.pop(path, None)  # not sent: the next round tries it again
         tree.host, tree.extra = manifest, extra_now
         count = len(diff.upsert) + len(diff.delete) + len(extra_send)
         if not listing:

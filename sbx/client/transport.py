@@ -16,7 +16,7 @@ import json
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 import msgspec
@@ -49,7 +49,6 @@ class Answer:
     listing: bytes = b""
     sandbox_id: str = ""
     run_id: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 Output = Callable[[bytes, bytes], None]

@@ -150,9 +150,8 @@ async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
 
 
 def _error_frame(exc: errors.SandboxError) -> bytes:
-    status = exc.status if exc.status >= 400 else 500
-    body = schemas.Problem(error=exc.code, message=exc.message, status=status, retriable=exc.retriable)
-    return hostapi.frame(hostapi.ERROR, msgspec.json.encode(body))
+    """The same body the executor's error frames carry (and the REST problem's fields)."""
+    return hostapi.frame(hostapi.ERROR, msgspec.json.encode(streams.ErrorBody.of(exc)))
 
 
 class HostAPI:
