@@ -59,6 +59,9 @@ class Agent:
         self._session = ClientSession(read, write)
         await self._session.__aenter__()
         await self._session.initialize()
+        # As an agent does before its model can call anything (and the client then knows
+        # the tools' output schemas, so its first call_tool does not list them itself).
+        await self._session.list_tools()
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -122,6 +122,14 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     """Streamed operations that read input: the subject to stream it to."""
 
 
+class Prepare(msgspec.Struct, frozen=True, kw_only=True):
+    """Pool-manager → executor on ``<ns>.exec.prepare``: start the shell server of a pool
+    sandbox that is ready to be claimed, so its first ``shell`` call skips starting one.
+    Only for an unclaimed running pool sandbox; answered with a ``Reply``."""
+
+    sandbox_id: str
+
+
 _request_decoder = msgspec.json.Decoder(AnyRequest)
 _reply_decoder = msgspec.json.Decoder(Reply)
 

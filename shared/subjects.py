@@ -89,6 +89,11 @@ class Topology:
         """Executor requests (shell, jobs, edits); queue group ``executor``."""
         return f"{self.namespace}.exec"
 
+    @property
+    def exec_prepare(self) -> str:
+        """Pool-manager → executor: prepare a pool sandbox (its shell server); queue ``executor``."""
+        return f"{self.namespace}.exec.prepare"
+
     def exec_stop(self, session_id: str, run_id: str) -> str:
         """Where to publish to stop one streamed operation (any gateway can)."""
         return f"{self.namespace}.exec.stop.{ids.token(session_id)}.{run_id}"

@@ -36,6 +36,10 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         async def on_exec_request(msg: NatsMessage) -> bytes:
             return await executor.handle(msg.body)
 
+        @ctx.broker.subscriber(ctx.topology.exec_prepare, queue=QUEUE)
+        async def on_prepare(msg: NatsMessage) -> bytes:
+            return await executor.prepare(msg.body)
+
         return service.Workload(
             tasks=[servers.run_sweeps()],
             on_drain=[executor.streamed.close, servers.close],

@@ -6,6 +6,7 @@ import asyncio
 import re
 import time
 
+import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
@@ -31,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 AUDIT_COMMAND_MAX = 4096
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
+_SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 QUICK = 30.0  # seconds allowed for the executor's own short scripts
 
 
@@ -93,6 +95,34 @@ class Executor:
             await asyncio.gather(
                 self._touch(request.session_id),
                 self._audit(request, reply, time.monotonic() - started),
+            )
+        return codec.encode(reply)
+
+    async def prepare(self, raw: bytes) -> bytes:
+        """Start the shell server of an unclaimed pool sandbox (asked by the pool-manager
+        before it offers the sandbox); refused for any sandbox a session has."""
+        try:
+            try:
+                request = msgspec.json.decode(raw, type=execution.Prepare)
+            except msgspec.DecodeError as exc:
+                raise errors.InvalidInput(f"malformed prepare request: {exc}") from exc
+            if not _SANDBOX_ID.fullmatch(request.sandbox_id):
+                raise errors.InvalidInput("sandbox_id must be 1 to 128 letters, digits, '_', '.', ':', '-'")
+            sandbox = await self.sandboxes.get(request.sandbox_id)
+            if sandbox is None or sandbox.pool is None or sandbox.status != "running":
+                raise errors.NotFound(f"no running pool sandbox {request.sandbox_id!r}")
+            if sandbox.session_id is not None:
+                raise errors.Conflict(f"sandbox {request.sandbox_id!r} is already claimed")
+            if self.shells is None:
+                raise errors.NotBuiltYet("this executor keeps no shell servers")
+            started = await self.shells.prepare(request.sandbox_id)
+            reply = execution.Reply(ok=True, status="running" if started else None)
+        except errors.SandboxError as exc:
+            reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
+        except Exception as exc:
+            log.exception("executor.prepare_crashed")
+            reply = execution.Reply(
+                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
             )
         return codec.encode(reply)
 

@@ -69,6 +69,9 @@ class ShellServer:
         self.lock = asyncio.Lock()
         self.used = time.monotonic()
         self.broken = False
+        self.pinned = False
+        """Started for a pool sandbox before any session has it: kept, however long idle,
+        until its first call."""
         self._buffer = bytearray()
         self._more = asyncio.Event()
         self._eof = False
@@ -152,6 +155,7 @@ class ShellServer:
 
     async def run(self, command: str, capture: output.Capture, timeout: float) -> Result:
         async with self.lock:
+            self.pinned = False
             self.used = started_at = time.monotonic()
             deadline = started_at + timeout
             nonce = ids.new_id().encode()
@@ -306,9 +310,23 @@ class ShellServers:
         await self._evict_beyond_limit()
         return server
 
+    async def prepare(self, sandbox_id: str) -> bool:
+        """Start the helper of a pool sandbox before it is claimed and keep it until its
+        first call (the idle rule does not close it). False where none can run, or when
+        half the helpers this executor may hold are already kept for pool sandboxes (the
+        rest are for the sessions it serves)."""
+        if sum(1 for s in self._servers.values() if s.pinned) >= self.limit // 2:
+            return False
+        server = await self.get(sandbox_id)
+        if server is None:
+            return False
+        server.pinned = True
+        return True
+
     async def _evict_beyond_limit(self) -> None:
         while len(self._servers) > self.limit:
-            oldest = min(self._servers, key=lambda sid: self._servers[sid].used)
+            # Sessions' helpers first, least recently used; pool sandboxes' helpers last.
+            oldest = min(self._servers, key=lambda sid: (self._servers[sid].pinned, self._servers[sid].used))
             await self._drop(oldest)
 
     async def _drop(self, sandbox_id: str) -> None:
@@ -320,7 +338,8 @@ class ShellServers:
         """Close helpers that died or sat idle; forget 'cannot run here' after a while."""
         now = time.monotonic()
         for sandbox_id, server in list(self._servers.items()):
-            if not server.alive or (now - server.used > self.idle_close and not server.lock.locked()):
+            idle = now - server.used > self.idle_close and not server.pinned and not server.lock.locked()
+            if not server.alive or idle:
                 await self._drop(sandbox_id)
         for sandbox_id, since in list(self._unsupported.items()):
             if now - since > self.idle_close:

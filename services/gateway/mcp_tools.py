@@ -44,9 +44,11 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Annotated, Literal
 
 import fastmcp
+import key_value.aio.adapters.pydantic  # noqa: F401  (see build_mcp: imported at start, not on a call)
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.http import StarletteWithLifespan
+from key_value.aio.stores.memory import MemoryStore
 from pydantic import Field
 
 from services.gateway import bus_client, sessions
@@ -198,7 +200,14 @@ def build_mcp(
     running (then no scheduler round trip is needed; if the projection was stale, the
     executor refuses, ``forget`` is told, and the call falls back to the scheduler)."""
     mcp = fastmcp.FastMCP(
-        "agent-sandbox", instructions=INSTRUCTIONS, version=service.VERSION, mask_error_details=True
+        "agent-sandbox",
+        instructions=INSTRUCTIONS,
+        version=service.VERSION,
+        mask_error_details=True,
+        # fastmcp's per-session state (visibility rules, which these tools do not use)
+        # stays in this process. Made here, not on the first tool call: creating it
+        # imports its store and pydantic adapter, ~0.6 s the first agent would wait.
+        session_state_store=MemoryStore(),
     )
 
     def identity() -> Identity:

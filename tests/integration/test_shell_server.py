@@ -198,3 +198,40 @@ async def test_a_stopped_sandbox_retires_its_server(rt, sandbox, servers):
     await rt.start(sandbox)
     _, text = await fast(servers, sandbox, "echo again")
     assert text == "again\n"
+
+
+async def test_a_prepared_server_outlives_the_idle_rule_until_its_first_call(rt, sandbox):
+    """A pool sandbox's helper is started before any session has it and must still be
+    there when the session's first call comes, however long the sandbox waited."""
+    pool = shells.ShellServers(rt, idle_close=0.1)
+    try:
+        assert await pool.prepare(sandbox) is True
+        await asyncio.sleep(0.2)
+        await pool.sweep()
+        assert pool.ready(sandbox) is not None and await helpers(rt, sandbox) == 1
+        _, text = await fast(pool, sandbox, "echo claimed")  # the first call: no longer kept
+        assert text == "claimed\n"
+        await asyncio.sleep(0.2)
+        await pool.sweep()
+        assert len(pool) == 0
+    finally:
+        await pool.close()
+
+
+async def test_at_most_half_the_servers_are_kept_for_pool_sandboxes(rt):
+    """Pool sandboxes' helpers never crowd out the helpers of sessions being served, and
+    a session's helper evicted beyond the limit is the least recently used one, not a
+    kept pool helper."""
+    for name in ("p-1", "p-2", "p-3"):
+        await rt.create(api.SandboxSpec(sandbox_id=name))
+        await rt.start(name)
+    pool = shells.ShellServers(rt, limit=2)
+    try:
+        assert await pool.prepare("p-1") is True
+        assert await pool.prepare("p-2") is False  # 1 of 2 is already kept
+        await fast(pool, "p-3", "true")
+        await fast(pool, "p-2", "true")  # a third helper: the oldest session helper goes
+        assert len(pool) == 2
+        assert pool.ready("p-1") is not None and pool.ready("p-2") is not None
+    finally:
+        await pool.close()

@@ -180,3 +180,48 @@ async def test_a_second_pool_serves_sessions_that_ask_for_its_options(env):
     )
     assert reply.ok, reply.error
     assert reply.session.sandbox_id == warm_ro
+
+
+async def test_pool_sandboxes_are_offered_with_an_executor_shell_server_running(env):
+    """The pool-manager asks an executor to start each pool sandbox's shell server before
+    offering it, so a session's first `shell` needs no process started from the host.
+    The executor refuses to do this for a claimed sandbox, an unknown one, or garbage."""
+    from services.executor import app as executor_app
+    from shared import codec, execution
+    from shared.runtime.local import runtime as local
+
+    start, nc, topology, state = env
+    pool_id = pools.configured(LIFECYCLE)[0].pool_id
+    await start("executor", executor_app.make_setup(RUNTIME))
+    await start("pool-manager", pool_app.make_setup(RUNTIME, LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+    rt = local.LocalRuntime(state)
+
+    async def helpers(sandbox_id):
+        _, out, _ = await rt.run(sandbox_id, ["/bin/sh", "-c", "pgrep -fc 'sbx-shell-serve[r]' || true"])
+        return int(out.strip())
+
+    for sandbox in await idle(nc, topology, pool_id):
+        assert await helpers(sandbox.sandbox_id) == 1, "offered without its shell server"
+
+    async def prepare(body: bytes):
+        return execution.decode_reply((await nc.request(topology.exec_prepare, body, timeout=30)).data)
+
+    reply = await ensure(nc, topology, "first")
+    assert reply.ok, reply.error
+    claimed = reply.session.sandbox_id
+    refused = await prepare(codec.encode(execution.Prepare(sandbox_id=claimed)))
+    assert not refused.ok and refused.error.code == "conflict"
+    unknown = await prepare(codec.encode(execution.Prepare(sandbox_id="sb-nothing")))
+    assert not unknown.ok and unknown.error.code == "not_found"
+    for garbage in (b"{", b'{"sandbox_id": "a b"}', b'{"sandbox_id": 7}'):
+        bad = await prepare(garbage)
+        assert not bad.ok and bad.error.code == "invalid_input", garbage
+
+    shell = execution.Shell(session_id="first", sandbox_id=claimed, command="echo $((6 * 7))")
+    answer = execution.decode_reply(
+        (await nc.request(topology.exec_requests, codec.encode(shell), timeout=30)).data
+    )
+    assert answer.ok and answer.output == "42\n" and answer.exit_code == 0
+    assert await helpers(claimed) == 1, "the call used the prepared server, not a second one"
