@@ -42,7 +42,8 @@ async def transact(
 ) -> Outcome[projections.S]:
     topology = store.store.topology
     subject = topology.aggregate_subject(store.projection.kind, aggregate_id)
-    state = await store.get(aggregate_id)
+    state, revision = await store.get_entry(store.projection.key_of(aggregate_id))
+    revision_known = True  # False once the state is rebuilt from the stream, not read from KV
     for _ in range(MAX_ATTEMPTS):
         new_events = decide(state)
         if not new_events:
@@ -55,11 +56,15 @@ async def transact(
             return Outcome(await store.rebuild(subject), [])
         except errors.ConcurrencyError:
             state = await store.rebuild(subject)
+            revision_known = False
             continue
         if crash_point:
             faults.crash_point(crash_points, crash_point)
         before = state
-        for item in stored:
-            state = await store.apply(item)
+        if not revision_known:
+            for item in stored:
+                state = await store.apply(item)
+        else:
+            state = await store.apply_appended(before, revision, stored)
         return Outcome(state, stored, before)
     raise errors.ConcurrencyError(f"{store.projection.kind} {aggregate_id!r} is changing too fast; retry")

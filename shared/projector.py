@@ -112,6 +112,30 @@ class ProjectionStore(Generic[projections.S]):
                 raise eventstore.translate(exc, f"writing {self.projection.kind} {key}") from exc
             return new
 
+    async def apply_appended(
+        self, before: projections.S | None, revision: int | None, stored: list[eventstore.Stored]
+    ) -> projections.S:
+        """Apply events this writer just appended on top of ``before``, the state it read
+        at KV ``revision``: one write, no second read. If the entry moved meanwhile (a
+        catch-up consumer got there first), the ordinary ``apply`` sorts it out."""
+        last = before.last_seq if before is not None else 0
+        if stored and stored[0].prev_seq == last:
+            state = before
+            for item in stored:
+                state = self.projection.evolve(state, item.event, item.seq)
+            assert state is not None
+            try:
+                await self._write(self.projection.key_of_subject(stored[0].subject), state, revision)
+                return state
+            except nats.js.errors.KeyWrongLastSequenceError:
+                pass
+            except Exception as exc:
+                raise eventstore.translate(exc, f"writing {self.projection.kind}") from exc
+        for item in stored:
+            state = await self.apply(item)
+        assert state is not None
+        return state
+
     async def rebuild(self, aggregate_subject: str) -> projections.S | None:
         """Fold one aggregate from the stream and write it (used after a lost CAS race)."""
         history = await self.store.load(aggregate_subject)

@@ -20,6 +20,8 @@ from shared.runtime import backends
 log = structlog.get_logger(__name__)
 LEASE_KEY = "proxy-scaler"
 INTERVAL = 0.5
+MIN_GAP = 0.1
+"""Rounds start at least this far apart, however many sandbox events come."""
 
 
 def make_setup(
@@ -85,8 +87,12 @@ def make_setup(
                             log.warning("proxy_scaler.round_failed", error=exc.message)
                     else:
                         ctx.details["fleet"] = "standby"
+                    # Events that come while a round runs or just after wait for one more round
+                    # together (a refill starts many sandboxes at once; each round reads
+                    # every sandbox record).
+                    await asyncio.sleep(MIN_GAP)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), INTERVAL)
+                        await asyncio.wait_for(wake.wait(), INTERVAL - MIN_GAP)
                     wake.clear()
             finally:
                 await subscription.unsubscribe()

@@ -134,7 +134,7 @@ class Scaler:
         # Routes first (one transaction for the round), then the events that record them.
         wanted = {sid: records[pid] for sid, pid in plan.assign.items() if pid in records}
         routes = await self._routes()
-        wanted |= await self._stale_routes(records, routes, exclude=set(wanted))
+        wanted |= self._stale_routes(sandboxes, records, routes, exclude=set(wanted))
         routed = await self.fleet.route_many(wanted, routes) if wanted else set()
         if routed:
             self._routes_at = 0.0  # list the map again next round
@@ -172,11 +172,17 @@ class Scaler:
             self._routes_at = time.monotonic()
         return self._route_cache
 
-    async def _stale_routes(self, records: dict, routes: dict[int, int], exclude: set[str]) -> dict:  # type: ignore[type-arg]
+    def _stale_routes(
+        self,
+        sandboxes: list[states.SandboxState],
+        records: dict,  # type: ignore[type-arg]
+        routes: dict[int, int],
+        exclude: set[str],
+    ) -> dict:  # type: ignore[type-arg]
         """Assigned sandboxes whose route is missing or wrong (a resumed sandbox has a new
         address; an nftables reset empties the map): to be routed again this round."""
         stale = {}
-        for sandbox in (await self.sandboxes.all()).values():
+        for sandbox in sandboxes:
             record = records.get(sandbox.proxy_id) if sandbox.status == "running" else None
             if record is None or sandbox.sandbox_id in exclude:
                 continue

@@ -28,6 +28,7 @@ import ipaddress
 import json
 import os
 import shutil
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,7 +223,8 @@ class Network:
 
     async def prune(self) -> int:
         """Remove entries whose interface is gone (their sandbox stopped)."""
-        gone = [i for i in await self.routes() if not _interface_exists(i)]
+        present = _interfaces()
+        gone = [i for i in await self.routes() if i not in present]
         if gone:
             script = "".join(f"delete element inet {NAT_TABLE} proxy_of_link {{ {i} }}\n" for i in gone)
             await self._run(self.nft, "-f", "-", stdin=script)
@@ -275,8 +277,6 @@ def _ifindex(key: str) -> int | None:
         return None
 
 
-def _interface_exists(ifindex: int) -> bool:
-    try:
-        return any(int((p / "ifindex").read_text()) == ifindex for p in Path("/sys/class/net").iterdir())
-    except OSError:
-        return False
+def _interfaces() -> set[int]:
+    """The indexes of this network namespace's interfaces (one netlink dump)."""
+    return {index for index, _ in socket.if_nameindex()}
