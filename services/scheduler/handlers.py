@@ -152,6 +152,38 @@ class SessionCommands:
         assert outcome.state is not None
         return outcome.state
 
+    async def _first_request(self, command: commands.EnsureSession) -> tuple[states.SessionState | None, int]:
+        """A new session's first call (the common case: an agent's first tool call). The
+        sandbox is obtained first, then the session is created with it in one append: one
+        write to the session's stream, not two. A crash in between leaves a claimed
+        sandbox no session points to, which the reaper's sweep deletes (``delete_unowned``)."""
+        image = command.image or "default"
+        sandbox_id = await self._obtain(command, {"image": image})
+        meta = self.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(
+            self.sessions,
+            command.session_id,
+            lambda s: logic.decide_new_with_sandbox(s, command, sandbox_id, image, meta),
+            crash_points=self.ctx.settings.faults,
+            crash_point=CRASH_AFTER_APPEND,
+        )
+        state = outcome.state
+        assert state is not None
+        if state.sandbox_id != sandbox_id:  # another request got there first: theirs stands
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+            state = await (
+                self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state)
+            )
+        if outcome.appended:
+            log.info(
+                "session.transition",
+                session_id=command.session_id,
+                events=[type(s.event).__name__ for s in outcome.appended],
+                seq=outcome.appended[-1].seq,
+                command_id=command.command_id,
+            )
+        return state, len(outcome.appended)
+
     async def _replace(
         self, command: commands.SessionCommand, state: states.SessionState
     ) -> states.SessionState:
@@ -229,6 +261,9 @@ class SessionCommands:
                     await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
+                current = await self.sessions.get(command.session_id)
+                if current is None or current.status == "deleted":
+                    return await self._first_request(command)
                 outcome = await self._decide(command)
                 state = outcome.state
                 assert state is not None

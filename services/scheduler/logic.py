@@ -7,7 +7,7 @@ nothing, which makes redelivery harmless.
 
 from __future__ import annotations
 
-from shared import commands, errors, events, ids, states
+from shared import commands, errors, events, ids, projections, states
 
 
 def validate(command: commands.SessionCommand) -> None:
@@ -113,6 +113,23 @@ def decide_assign(
             meta=meta, session_id=state.session_id, sandbox_id=sandbox_id, image=image
         )
     ]
+
+
+def decide_new_with_sandbox(
+    state: states.SessionState | None,
+    command: commands.EnsureSession,
+    sandbox_id: str,
+    image: str,
+    meta: events.Meta,
+) -> list[events.SessionEvent]:
+    """A session's first request: created (or resumed) and given ``sandbox_id`` in one
+    append. If another request created it and gave it a sandbox meanwhile, only what
+    ``decide`` says (the caller then discards ``sandbox_id``)."""
+    first = decide(state, command, meta)
+    after = state
+    for event in first:
+        after = projections.evolve_session(after, event, (after.last_seq if after else 0) + 1)
+    return [*first, *decide_assign(after, sandbox_id, image, meta)]
 
 
 def decide_swap(

@@ -225,3 +225,35 @@ async def test_pool_sandboxes_are_offered_with_an_executor_shell_server_running(
     )
     assert answer.ok and answer.output == "42\n" and answer.exit_code == 0
     assert await helpers(claimed) == 1, "the call used the prepared server, not a second one"
+
+
+async def test_first_requests_racing_on_one_new_session_give_it_one_sandbox(env):
+    """A new session's first request is created with its sandbox in one append; when
+    several first requests race (two schedulers), one sandbox is assigned, every reply
+    names it, and the sandboxes the losers obtained are deleted, not leaked."""
+    start, nc, topology, _ = env
+    pool_id = pools.configured(LIFECYCLE)[0].pool_id
+    await start("pool-manager", pool_app.make_setup(RUNTIME, LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+
+    replies = await asyncio.gather(*(ensure(nc, topology, "contested") for _ in range(4)))
+    assert all(r.ok for r in replies), [r.error for r in replies]
+    assert len({r.session.sandbox_id for r in replies}) == 1
+    winner = replies[0].session.sandbox_id
+
+    history = [s for s in await support.stream_events(nc, topology, subjects.SESSION)]
+    tags = [s.event.__struct_config__.tag for s in history]
+    assert tags == ["session.created", "session.sandbox_assigned"]
+    assert history[1].prev_seq == history[0].seq, "created and assigned in one append"
+
+    async def only_the_winner_is_held():
+        held = [
+            s.sandbox_id
+            for s in await sandboxes(nc, topology)
+            if s.session_id == "contested" and s.status not in ("deleted", "failed", "lost")
+        ]
+        return held == [winner]
+
+    await support.eventually(only_the_winner_is_held, timeout=30)

@@ -371,3 +371,45 @@ def test_the_operator_and_the_sessions_own_organisation_reach_it() -> None:
     assert [type(e) for e in resumed] == [events.SessionResumed]
     operator = commands.StopSession(command_id="c", session_id=SID)
     assert logic.decide(state("active", org_id="globex"), operator, meta(4))
+
+
+# ---- a new session's first request: created and given its sandbox in one append -----------
+
+
+def ensure(cid: str = "cmd-e") -> commands.EnsureSession:
+    return commands.EnsureSession(command_id=cid, actor=ACTOR, session_id=SID)
+
+
+def test_first_request_creates_and_assigns_in_one_decision() -> None:
+    decided = logic.decide_new_with_sandbox(None, ensure(), "sb-1", "default", meta())
+    assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
+    folded = projections.SESSIONS.fold((n + 1, e) for n, e in enumerate(decided))
+    assert folded is not None and folded.status == "active" and folded.sandbox_id == "sb-1"
+    assert folded.org_id == "acme"
+
+
+def test_first_request_on_a_deleted_session_starts_a_new_incarnation_with_the_sandbox() -> None:
+    decided = logic.decide_new_with_sandbox(state("deleted"), ensure(), "sb-1", "default", meta())
+    assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
+
+
+def test_first_request_that_lost_a_race_assigns_nothing() -> None:
+    """Another request created the session and gave it a sandbox meanwhile: the caller
+    keeps theirs and discards its own."""
+    taken = state("active", sandbox_id="sb-other")
+    assert logic.decide_new_with_sandbox(taken, ensure(), "sb-1", "default", meta()) == []
+    resumed = logic.decide_new_with_sandbox(
+        state("stopped", sandbox_id="sb-other"), ensure(), "sb-1", "default", meta()
+    )
+    assert [type(e) for e in resumed] == [events.SessionResumed]
+
+
+def test_first_request_on_a_session_made_without_a_sandbox_just_assigns() -> None:
+    decided = logic.decide_new_with_sandbox(state("active"), ensure(), "sb-1", "default", meta())
+    assert [type(e) for e in decided] == [events.SessionSandboxAssigned]
+
+
+def test_first_request_never_takes_another_organisations_session() -> None:
+    theirs = state("active", org_id="globex")
+    with pytest.raises(errors.Conflict):
+        logic.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", meta())
