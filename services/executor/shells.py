@@ -320,6 +320,11 @@ class ShellServers:
         server = await self.get(sandbox_id)
         if server is None:
             return False
+        # One call now: the first command in a fresh sandbox creates its lock and state
+        # files and fills caches (~3 ms on a small machine), which the session's first
+        # call then skips. It leaves the state a first call would find: cwd /workspace,
+        # the image's environment.
+        await server.run("true", output.Capture(1024), QUICK)
         server.pinned = True
         return True
 
