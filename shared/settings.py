@@ -440,6 +440,12 @@ class KubernetesSettings:
     scratch_size: str = "10Gi"
     """Most node disk a sandbox may fill outside its workspace: root filesystem changes,
     ``/tmp``, logs (``SBX_K8S_SCRATCH_SIZE``; the pod is evicted beyond it)."""
+    cache_storage_class: str = ""
+    """StorageClass of the per-organisation package caches (``SBX_K8S_CACHE_STORAGE_CLASS``).
+    It must offer ReadWriteMany (NFS, CephFS, EFS, Filestore...): every sandbox of one
+    organisation mounts its cache at once. Empty: no package caches on Kubernetes."""
+    cache_size: str = "20Gi"
+    """Size of each organisation's package cache volume (``SBX_K8S_CACHE_SIZE``)."""
     proxy_service: str = "sbx-system/sbx-proxy"
     """The credential proxies' Service, ``namespace/name`` (``SBX_K8S_PROXY_SERVICE``)."""
     proxy_port: int = 3128
@@ -483,6 +489,9 @@ class KubernetesSettings:
         scratch = env.get("SBX_K8S_SCRATCH_SIZE", cls.scratch_size).strip()
         if not _K8S_QUANTITY.fullmatch(scratch):
             raise errors.ConfigError(f"SBX_K8S_SCRATCH_SIZE={scratch!r} is not a quantity such as 10Gi")
+        cache_size = env.get("SBX_K8S_CACHE_SIZE", cls.cache_size).strip()
+        if not _K8S_QUANTITY.fullmatch(cache_size):
+            raise errors.ConfigError(f"SBX_K8S_CACHE_SIZE={cache_size!r} is not a quantity such as 20Gi")
         seccomp = env.get("SBX_K8S_SECCOMP", cls.seccomp_profile).strip()
         if seccomp != "RuntimeDefault" and not re.fullmatch(r"localhost/[A-Za-z0-9._/-]+\.json", seccomp):
             raise errors.ConfigError(
@@ -496,6 +505,8 @@ class KubernetesSettings:
             storage_class=name("SBX_K8S_STORAGE_CLASS", cls.storage_class, empty=True),
             workspace_size=size,
             scratch_size=scratch,
+            cache_storage_class=name("SBX_K8S_CACHE_STORAGE_CLASS", cls.cache_storage_class, empty=True),
+            cache_size=cache_size,
             proxy_service=proxy,
             seccomp_profile=seccomp,
             start_timeout=_duration(env, "SBX_K8S_START_TIMEOUT", cls.start_timeout, minimum=1),

@@ -37,6 +37,20 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """Most processes and threads alive at once."""
 
 
+CACHE_DIR = "/.sbx/cache"
+"""Where a sandbox sees its organisation's package cache, on every runtime."""
+CACHE_ENV = {
+    "XDG_CACHE_HOME": CACHE_DIR,
+    "PIP_CACHE_DIR": f"{CACHE_DIR}/pip",
+    "UV_CACHE_DIR": f"{CACHE_DIR}/uv",
+    "npm_config_cache": f"{CACHE_DIR}/npm",
+    "YARN_CACHE_FOLDER": f"{CACHE_DIR}/yarn",
+    "GOMODCACHE": f"{CACHE_DIR}/go-mod",
+    "GOCACHE": f"{CACHE_DIR}/go-build",
+}
+"""Where package tools put their caches (each also honours XDG_CACHE_HOME or its own)."""
+
+
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What to create. ``sandbox_id`` is chosen by the caller (idempotent create)."""
 
@@ -49,6 +63,10 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     limits: Limits = Limits()
     labels: dict[str, str] = {}
     """Free-form labels (session, pool) used to find sandboxes again."""
+    cache: str | None = None
+    """The package cache (an organisation's token) the sandbox shows at ``/.sbx/cache``
+    from its start; set only where ``Runtime.tenant_caches``. Runtimes whose sandboxes
+    cannot take one later (Kubernetes: a pod's volumes are fixed) need it here."""
 
 
 class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -26,17 +26,20 @@ What kmock 0.8 lacks and is filled in here (see ../shared/design/environment.md)
   client that hangs up closes the command's stdin and leaves it running, as a real
   kubelet does.
 
-Pod to sandbox: the claim name is the local sandbox id (so the workspace survives the
-pod); ``runAsUser`` 0 is ``run_as_root``; ``readOnlyRootFilesystem`` is the opposite of
-``writable_root``; the container's env and workingDir apply to every exec; any image in
-``images`` runs as the local default image, any other gets ``ErrImagePull``; configMap
-volumes are files written into the sandbox after it starts (so only where the sandbox
-may write them). Pods without a workspace claim (the proxies) are reported running and
-ready, with an address, but run nothing. Deployments are reconciled to ``spec.replicas``
-(pods from the template; the scale subresource reads and patches it). Not emulated:
-scheduling, RuntimeClasses, NetworkPolicy enforcement, admission, rollouts, RBAC
-enforcement (``calls`` records verb and resource of every request so tests can check
-them against deploy/'s Roles).
+Pod to sandbox: the name of the claim mounted at /workspace is the local sandbox id (so
+the workspace survives the pod); another claim, mounted at /.sbx/cache, is the node's
+directory for that claim, shared by every pod that mounts it (the local runtime's package
+cache keyed by the claim's name, so a claim deleted and made again keeps its files here;
+a pod naming a claim that does not exist stays Pending, unschedulable, as on a cluster); ``runAsUser`` 0 is ``run_as_root``;
+``readOnlyRootFilesystem`` is the opposite of ``writable_root``; the container's env and
+workingDir apply to every exec; any image in ``images`` runs as the local default image,
+any other gets ``ErrImagePull``; configMap volumes are files written into the sandbox
+after it starts (so only where the sandbox may write them). Pods without a workspace
+claim (the proxies) are reported running and ready, with an address, but run nothing.
+Deployments are reconciled to ``spec.replicas`` (pods from the template; the scale
+subresource reads and patches it). Not emulated: scheduling, RuntimeClasses,
+NetworkPolicy enforcement, admission, rollouts, RBAC enforcement (``calls`` records verb
+and resource of every request so tests can check them against deploy/'s Roles).
 """
 
 from __future__ import annotations
@@ -57,7 +60,7 @@ import attrs
 import kmock
 from kmock._internal import enums, rendering
 
-from shared import errors
+from shared import errors, ids
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 
@@ -397,11 +400,33 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 )
 
     @staticmethod
-    def _claim_of(pod: dict[str, Any]) -> str | None:
-        for volume in pod["spec"].get("volumes", []):
-            if "persistentVolumeClaim" in volume:
+    def _claim_of(pod: dict[str, Any], path: str = "/workspace") -> str | None:
+        """The claim of the volume mounted at ``path`` (the workspace: the sandbox's id)."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            volume = volumes.get(mount["name"], {})
+            if mount["mountPath"] == path and "persistentVolumeClaim" in volume:
                 return volume["persistentVolumeClaim"]["claimName"]
         return None
+
+    def _shared_claims(self, pod: dict[str, Any]) -> tuple[str | None, str | None]:
+        """(the local cache key standing for a claim mounted at the cache path, or None;
+        why the pod cannot start, or None). Any claim other than the workspace is
+        emulated only there: as the node's directory for that claim, which every pod
+        mounting the same claim shares (a ReadWriteMany volume)."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}
+        key = None
+        for mount in pod["spec"]["containers"][0].get("volumeMounts", []):
+            source = volumes.get(mount["name"], {}).get("persistentVolumeClaim")
+            if source is None or mount["mountPath"] == "/workspace" or mount.get("subPath"):
+                continue
+            if mount["mountPath"] != api.CACHE_DIR:
+                raise errors.NotBuiltYet(f"the emulated kubelet mounts claims only at {api.CACHE_DIR}")
+            _, claim = self._find("persistentvolumeclaims", pod["metadata"]["namespace"], source["claimName"])
+            if claim is None or claim.deleted:
+                return None, f'persistentvolumeclaim "{source["claimName"]}" not found'
+            key = ids.token(source["claimName"])
+        return key, None
 
     async def _run_pod(self, pod: dict[str, Any]) -> None:
         meta, container = pod["metadata"], pod["spec"]["containers"][0]
@@ -431,6 +456,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if claim is None:  # not a sandbox (a proxy pod): reported running, nothing runs
             await self._mark_running(pod)
             return
+        cache, unschedulable = self._shared_claims(pod)
+        if unschedulable is not None:  # as the scheduler does: Pending until the claim exists
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+            await self.write(
+                "pods", meta["namespace"], meta["name"],
+                {"status": {"phase": "Pending", "conditions": [{**condition, "message": unschedulable}]}},
+            )  # fmt: skip
+            return
         security = {**pod["spec"].get("securityContext", {}), **container.get("securityContext", {})}
         limits = container.get("resources", {}).get("limits", {})
         spec = api.SandboxSpec(
@@ -440,6 +473,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             limits=api.Limits(
                 memory_bytes=_bytes(limits.get("memory", "2Gi")), cpus=_cpus(limits.get("cpu", "1"))
             ),
+            cache=cache,
         )
         with contextlib.suppress(errors.Conflict):
             await self._runtime.create(spec)

@@ -9,7 +9,7 @@ import dataclasses
 import kmock
 import pytest
 
-from shared import errors
+from shared import errors, ids
 from shared.runtime import api
 from shared.runtime.kubernetes import names
 from tests import support
@@ -210,4 +210,87 @@ async def test_the_trust_bundle_is_made_on_start_and_again_after_a_start_that_di
     assert (await rt.start(sid)).status == "running"
     _, out, _ = await rt.run(sid, ["sh", "-c", 'cat "$SSL_CERT_FILE"'])
     assert ca in out.decode()
+    await rt.delete(sid)
+
+
+CACHED = dataclasses.replace(SETTINGS, cache_storage_class="shared-nfs", cache_size="5Gi")
+
+
+def cache_claims(cluster) -> dict[str, dict]:
+    return {
+        name: obj.raw
+        for (resource, _, name), obj in cluster.objects.items()
+        if resource.plural == "persistentvolumeclaims" and name.startswith("sbx-cache-") and not obj.deleted
+    }
+
+
+async def cache_file(rt, sandbox_id: str) -> str:
+    _, out, _ = await rt.run(sandbox_id, ["sh", "-c", "cat /.sbx/cache/marker 2>/dev/null || echo none"])
+    return out.decode().strip()
+
+
+async def test_an_organisations_sandboxes_share_its_cache_volume_and_no_other_sees_it(cluster, make_kube):
+    """Per-tenant package caches on Kubernetes: one ReadWriteMany claim per organisation,
+    made with its first sandbox and mounted by every pod of that organisation at
+    /.sbx/cache (package tools pointed there), never by another organisation's pods; it is
+    not a sandbox (not listed, not swept) and outlives the sandboxes. The emulated kubelet
+    shares a claim between the pods that mount it, as a ReadWriteMany volume does."""
+    rt = make_kube(CACHED)
+    acme, globex = ids.token("acme"), ids.token("globex")
+    a1 = await started(rt, cache=acme)
+    a2 = await started(rt, cache=acme)
+    g1 = await started(rt, cache=globex)
+    plain = await started(rt)
+    claims = cache_claims(cluster)
+    assert set(claims) == {names.cache_claim_name(acme), names.cache_claim_name(globex)}
+    claim = claims[names.cache_claim_name(acme)]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["storageClassName"] == "shared-nfs"
+    assert claim["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    assert "ownerReferences" not in claim["metadata"], "the cache belongs to no sandbox"
+    assert sorted(i.sandbox_id for i in await rt.list()) == sorted([a1, a2, g1, plain])
+
+    await rt.run(a1, ["sh", "-c", "echo from-acme > /.sbx/cache/marker"])
+    assert await cache_file(rt, a2) == "from-acme"
+    assert await cache_file(rt, g1) == "none"
+    assert await cache_file(rt, plain) == "none"
+    _, env, _ = await rt.run(a2, ["sh", "-c", 'echo "$PIP_CACHE_DIR $npm_config_cache"'])
+    assert env.decode().split() == ["/.sbx/cache/pip", "/.sbx/cache/npm"]
+
+    assert await rt.attach_cache(a1, acme) is False  # shown since the pod was made
+    with pytest.raises(errors.Conflict):
+        await rt.attach_cache(g1, acme)
+    with pytest.raises(errors.NotBuiltYet, match="mounted when its pod is created"):
+        await rt.attach_cache(plain, acme)
+
+    for sid in (a1, a2, g1, plain):
+        await rt.delete(sid)
+    assert set(cache_claims(cluster)) == {names.cache_claim_name(acme), names.cache_claim_name(globex)}
+
+
+async def test_without_a_cache_storage_class_there_are_no_caches(cluster, make_kube):
+    rt = make_kube()
+    assert rt.tenant_caches is False
+    with pytest.raises(errors.ConfigError, match="SBX_K8S_CACHE_STORAGE_CLASS"):
+        await rt.create(api.SandboxSpec(sandbox_id=new_id(), cache=ids.token("acme")))
+    assert cache_claims(cluster) == {}
+
+
+async def test_a_cache_deleted_by_an_operator_is_made_again_on_the_next_start(cluster, make_kube):
+    """Deleting an organisation's cache claim is how an operator empties it; a stopped
+    sandbox of that organisation then starts with a new one, not as a pod Pending forever
+    on a claim that is gone. (That the new volume is empty is the storage's doing; the
+    emulated kubelet keeps a node directory per claim name.)"""
+    rt = make_kube(CACHED)
+    key = ids.token("acme")
+    sid = await started(rt, cache=key)
+    await rt.run(sid, ["sh", "-c", "echo old > /.sbx/cache/marker"])
+    await rt.stop(sid)
+    core = await rt.core_api()
+    await core.delete_namespaced_persistent_volume_claim(names.cache_claim_name(key), SETTINGS.namespace)
+    await support.eventually(lambda: not cache_claims(cluster), timeout=10)
+    await rt.start(sid)
+    assert names.cache_claim_name(key) in cache_claims(cluster)
+    result, _, _ = await rt.run(sid, ["sh", "-c", "touch /.sbx/cache/again"])
+    assert result.exit_code == 0
     await rt.delete(sid)

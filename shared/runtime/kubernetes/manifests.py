@@ -90,6 +90,26 @@ def workspace_claim(spec: api.SandboxSpec, settings: KubernetesSettings) -> dict
     return claim
 
 
+def cache_claim(key: str, settings: KubernetesSettings) -> dict[str, Any]:
+    """An organisation's package cache: one ReadWriteMany volume that every sandbox of
+    that organisation mounts at ``CACHE_DIR``, and no sandbox of another one ever does.
+    Not owned by any sandbox: it outlives them (an operator deletes it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {
+            "name": names.cache_claim_name(key),
+            "namespace": settings.namespace,
+            "labels": names.cache_labels(key),
+        },
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "resources": {"requests": {"storage": settings.cache_size}},
+            "storageClassName": settings.cache_storage_class,
+        },
+    }
+
+
 def _owner(claim: dict[str, Any]) -> list[dict[str, Any]]:
     meta = claim["metadata"]
     return [{"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": meta["name"], "uid": meta["uid"]}]
@@ -101,6 +121,8 @@ def sandbox_env(spec: api.SandboxSpec, *, proxy_url: str | None) -> list[dict[st
         "HOME": "/root" if spec.run_as_root else "/workspace",
         "GIT_TERMINAL_PROMPT": "0",  # an expired credential makes git fail, never hang
     }
+    if spec.cache:
+        env |= api.CACHE_ENV
     if proxy_url is not None:
         ca = f"{CA_DIR}/proxy-ca.pem"
         env |= {
@@ -179,6 +201,11 @@ def pod(
         {"name": "tmp", "emptyDir": {"sizeLimit": settings.scratch_size}},
         {"name": "trust", "emptyDir": {"medium": "Memory", "sizeLimit": "4Mi"}},
     ]
+    if spec.cache:
+        container["volumeMounts"].append({"name": "cache", "mountPath": api.CACHE_DIR})
+        volumes.append(
+            {"name": "cache", "persistentVolumeClaim": {"claimName": names.cache_claim_name(spec.cache)}}
+        )
     if proxy_url is not None:
         container["volumeMounts"].append({"name": "proxy-ca", "mountPath": CA_DIR, "readOnly": True})
         volumes.append({"name": "proxy-ca", "configMap": {"name": CA_CONFIGMAP, "defaultMode": 0o444}})

@@ -33,6 +33,23 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
+CACHE = "sbx.dev/cache"
+"""Label on an organisation's package cache claim: its key (the organisation's token)."""
+_CACHE_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def cache_claim_name(key: str) -> str:
+    """Name of the package cache claim of ``key`` (an organisation's token, 32 hex)."""
+    if not _CACHE_KEY.fullmatch(key):
+        raise ValueError("a cache key is the 32-hex token of an organisation")
+    return f"sbx-cache-{key}"
+
+
+def cache_labels(key: str) -> dict[str, str]:
+    """Labels of a cache claim: never selected as a sandbox (another component)."""
+    return {MANAGED_BY: PRODUCT, COMPONENT: "cache", CACHE: key}
+
+
 def object_name(sandbox_id: str) -> str:
     """Name of the sandbox's pod and NetworkPolicy."""
     return f"sbx-{ids.token(sandbox_id)}"

@@ -352,6 +352,8 @@ class KubernetesRuntime(api.Runtime):
         if spec.limits.memory_bytes < 16 * 1024**2 or spec.limits.pids < 8 or spec.limits.cpus <= 0:
             raise errors.InvalidInput("limits too small: at least 16 MiB memory, 8 pids and some CPU")
         self._image(spec)
+        if spec.cache:
+            await self._ensure_cache(spec.cache)
         core, _, _ = await self._open()
         for _ in range(2):
             existing = await self.call(
@@ -379,6 +381,56 @@ class KubernetesRuntime(api.Runtime):
                 continue  # someone created it first: compare with theirs
             return self._info(created, None)
         raise errors.Conflict(f"sandbox {spec.sandbox_id!r} is being created and deleted concurrently")
+
+    # ---- per-organisation package caches ------------------------------------------------
+
+    @property
+    def tenant_caches(self) -> bool:  # type: ignore[override]
+        """On when a ReadWriteMany StorageClass is configured (SBX_K8S_CACHE_STORAGE_CLASS)."""
+        return bool(self.settings.cache_storage_class)
+
+    async def _ensure_cache(self, key: str) -> None:
+        """The organisation's cache claim, created on its first sandbox; kept afterwards."""
+        if not self.tenant_caches:
+            raise errors.ConfigError(
+                "per-organisation package caches need SBX_K8S_CACHE_STORAGE_CLASS (a ReadWriteMany class)"
+            )
+        try:
+            body = manifests.cache_claim(key, self.settings)
+        except ValueError as exc:
+            raise errors.InvalidInput(str(exc)) from None
+        core, _, _ = await self._open()
+        existing = await self.call(
+            "reading a package cache claim",
+            core.read_namespaced_persistent_volume_claim(body["metadata"]["name"], self.ns),
+            missing_ok=True,
+        )
+        if existing is not None and existing.metadata.deletion_timestamp is not None:
+            raise errors.Unavailable("this organisation's package cache is being deleted; retry shortly")
+        if existing is None:
+            try:
+                await self.call(
+                    "creating a package cache claim",
+                    core.create_namespaced_persistent_volume_claim(self.ns, body),
+                )
+            except errors.Conflict:
+                pass  # another sandbox of the organisation made it first
+
+    async def attach_cache(self, sandbox_id: str, key: str) -> bool:
+        """A pod's volumes are fixed when it is created, so a sandbox shows the cache it
+        was created with (``SandboxSpec.cache``) and no other: False if that is ``key``;
+        Conflict if it is another organisation's; NotBuiltYet if it was created without
+        one (the call goes on without a cache: claim from a pool of the organisation)."""
+        spec = self._info(await self._require(sandbox_id), None).spec
+        if spec.cache == key:
+            return False
+        if spec.cache:
+            raise errors.Conflict("this sandbox already shows another organisation's cache")
+        raise errors.NotBuiltYet(
+            "on Kubernetes a sandbox's package cache is mounted when its pod is created, and this "
+            "one was made without one (a shared pool's); an organisation's pool (SBX_POOLS \"org\") "
+            "or a cold start gives one"
+        )
 
     def _image(self, spec: api.SandboxSpec) -> str:
         image = self.settings.image(spec.image)
@@ -422,6 +474,8 @@ class KubernetesRuntime(api.Runtime):
         await self._ensure_policy(sandbox_id, policy, claim.metadata.uid)
         since = pod.metadata.resource_version if pod is not None else None
         if pod is None:
+            if info.spec.cache:  # an operator may have deleted the cache since: an empty one, not a stuck pod
+                await self._ensure_cache(info.spec.cache)
             proxy = await self.proxy_url() if self.egress == "proxy" else None
             body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
             try:

@@ -29,19 +29,10 @@ import shutil
 from pathlib import Path
 
 from shared import errors
+from shared.runtime import api
 
-CACHE_DIR = "/.sbx/cache"
-"""Where a sandbox sees its cache."""
-ENV = {
-    "XDG_CACHE_HOME": CACHE_DIR,
-    "PIP_CACHE_DIR": f"{CACHE_DIR}/pip",
-    "UV_CACHE_DIR": f"{CACHE_DIR}/uv",
-    "npm_config_cache": f"{CACHE_DIR}/npm",
-    "YARN_CACHE_FOLDER": f"{CACHE_DIR}/yarn",
-    "GOMODCACHE": f"{CACHE_DIR}/go-mod",
-    "GOCACHE": f"{CACHE_DIR}/go-build",
-}
-"""Where package tools put their caches (each also honours XDG_CACHE_HOME or its own)."""
+CACHE_DIR = api.CACHE_DIR
+ENV = api.CACHE_ENV
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_REMOUNT = 0x20

@@ -391,6 +391,8 @@ class LocalRuntime(api.Runtime):
         self.cgroups.create(name, spec.limits)
         plan = self._plan(spec, d)
         await asyncio.to_thread(self.caches.prepare, d.name)
+        if spec.cache:  # an organisation's pool sandbox: its cache from the start
+            await asyncio.to_thread(self.caches.attach, d.name, spec.cache)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (d / "upper" / sub / str(index)).mkdir(parents=True, exist_ok=True)
