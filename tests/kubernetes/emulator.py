@@ -28,18 +28,19 @@ What kmock 0.8 lacks and is filled in here (see ../shared/design/environment.md)
 
 Pod to sandbox: the name of the claim mounted at /workspace is the local sandbox id (so
 the workspace survives the pod); another claim, mounted at /.sbx/cache, is the node's
-directory for that claim, shared by every pod that mounts it (the local runtime's package
-cache keyed by the claim's name, so a claim deleted and made again keeps its files here;
-a pod naming a claim that does not exist stays Pending, unschedulable, as on a cluster);
-``runAsUser`` 0 is ``run_as_root``; ``readOnlyRootFilesystem`` is the opposite of ``writable_root``; the container's env and
-workingDir apply to every exec; any image in ``images`` runs as the local default image,
-any other gets ``ErrImagePull``; configMap volumes are files written into the sandbox
-after it starts (so only where the sandbox may write them). Pods without a workspace
-claim (the proxies) are reported running and ready, with an address, but run nothing.
-Deployments are reconciled to ``spec.replicas`` (pods from the template; the scale
-subresource reads and patches it). Not emulated: scheduling, RuntimeClasses,
-NetworkPolicy enforcement, admission, rollouts, RBAC enforcement (``calls`` records verb
-and resource of every request so tests can check them against deploy/'s Roles).
+directory for that claim, shared by every pod that mounts it (the local runtime's
+package cache keyed by the claim's name, so a claim deleted and made again keeps its
+files here; a pod naming a claim that does not exist stays Pending, unschedulable, as on
+a cluster); ``runAsUser`` 0 is ``run_as_root``; ``readOnlyRootFilesystem`` is the
+opposite of ``writable_root``; the container's env and workingDir apply to every exec;
+any image in ``images`` runs as the local default image, any other gets
+``ErrImagePull``; configMap volumes are files written into the sandbox after it starts
+(so only where the sandbox may write them). Pods without a workspace claim (the proxies)
+are reported running and ready, with an address, but run nothing. Deployments are
+reconciled to ``spec.replicas`` (pods from the template; the scale subresource reads and
+patches it). Not emulated: scheduling, RuntimeClasses, NetworkPolicy enforcement,
+admission, rollouts, RBAC enforcement (``calls`` records verb and resource of every
+request so tests can check them against deploy/'s Roles).
 """
 
 from __future__ import annotations
