@@ -124,6 +124,10 @@ class SandboxRequested(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.req
     backend: str = "local"
     pool: str | None = None
     """The warm pool this sandbox is made for (then ``session_id`` is None until claimed)."""
+    cache_org: str | None = None
+    """The organisation whose package cache it shows from its start (an organisation's
+    pool or session, where the runtime has caches); else shown on a session's first call
+    (``sandbox.cache_attached``) where the runtime can, or never."""
 
 
 class SandboxClaimed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.claimed"):

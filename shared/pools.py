@@ -19,11 +19,17 @@ class PoolSpec:
     run_as_root: bool = True
     writable_root: bool = True
     min_idle: int = 2
+    org: str | None = None
+    """The organisation this pool is for: it serves only that organisation's sessions, and
+    its sandboxes show that organisation's package cache from the start."""
 
     @property
     def pool_id(self) -> str:
         """``name@hash``: what sandboxes of this pool carry in ``pool``."""
-        shape = json.dumps([self.image, self.run_as_root, self.writable_root]).encode()
+        fields: list[object] = [self.image, self.run_as_root, self.writable_root]
+        if self.org is not None:  # (no org: the same ids as before pools had one)
+            fields.append(self.org)
+        shape = json.dumps(fields).encode()
         return f"{self.name}@{hashlib.blake2b(shape, digest_size=4).hexdigest()}"
 
     def serves(self, options: Mapping[str, object]) -> bool:
@@ -43,12 +49,26 @@ def configured(lifecycle: settings.LifecycleSettings) -> list[PoolSpec]:
         if lifecycle.pool_min_idle
         else []
     )
-    for name, image, run_as_root, writable_root, min_idle in lifecycle.extra_pools:
+    for name, image, run_as_root, writable_root, min_idle, org in lifecycle.extra_pools:
         if min_idle:
-            specs.append(PoolSpec(name, image, run_as_root, writable_root, min_idle))
+            specs.append(PoolSpec(name, image, run_as_root, writable_root, min_idle, org))
     return specs
 
 
-def serving(specs: list[PoolSpec], options: Mapping[str, object]) -> PoolSpec | None:
-    """The first pool whose sandboxes fit these options."""
-    return next((spec for spec in specs if spec.serves(options)), None)
+def serving(
+    specs: list[PoolSpec],
+    options: Mapping[str, object],
+    org: str | None = None,
+    *,
+    caches_at_create: bool = False,
+) -> PoolSpec | None:
+    """The pool a session of ``org`` (None: no organisation) claims from: its
+    organisation's pool that fits the options, else the first shared pool that fits;
+    none for an organisation's session where caches are chosen at creation
+    (``LifecycleSettings.caches_at_create``), which then starts cold with its cache. A
+    pool of an organisation never serves anyone else."""
+    if org is not None:
+        own = next((s for s in specs if s.org == org and s.serves(options)), None)
+        if own is not None or caches_at_create:
+            return own
+    return next((s for s in specs if s.org is None and s.serves(options)), None)

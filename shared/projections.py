@@ -96,6 +96,7 @@ def evolve_sandbox(
                 use_kata=event.use_kata,
                 backend=event.backend,
                 pool=event.pool,
+                cache_org=event.cache_org,
                 created_at=event.meta.time,
                 updated_at=event.meta.time,
                 last_seq=seq,

@@ -23,6 +23,9 @@ class Provision(PoolRequest, frozen=True, kw_only=True, tag="provision"):
     use_kata: bool = False
     pool: str | None = None
     """Set when the pool-manager fills a warm pool (no session yet)."""
+    org_id: str | None = None
+    """The organisation of the session (or of the pool) the sandbox is for: where the
+    runtime has package caches, the sandbox shows that organisation's from its start."""
 
 
 class Start(PoolRequest, frozen=True, kw_only=True, tag="start"):

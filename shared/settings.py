@@ -210,10 +210,16 @@ class LifecycleSettings:
     """Ready, unclaimed sandboxes kept for the default pool (``SBX_POOL_MIN_IDLE``; 0 = no pool)."""
     pool_image: str = "default"
     """Image of the default pool's sandboxes (``SBX_POOL_IMAGE``); changing it rolls the pool over."""
-    extra_pools: tuple[tuple[str, str, bool, bool, int], ...] = ()
+    extra_pools: tuple[tuple[str, str, bool, bool, int, str | None], ...] = ()
     """More pools (``SBX_POOLS``, JSON: ``[{"name": "py", "image": "py312", "min_idle": 2,
-    "run_as_root": true, "writable_root": true}]``) as (name, image, run_as_root,
-    writable_root, min_idle)."""
+    "run_as_root": true, "writable_root": true, "org": "acme"}]``) as (name, image,
+    run_as_root, writable_root, min_idle, org). A pool with ``org`` serves only that
+    organisation's sessions, and its sandboxes show its package cache from the start."""
+    caches_at_create: bool = False
+    """Whether a sandbox's package cache must be chosen when it is created (Kubernetes with
+    ``SBX_K8S_CACHE_STORAGE_CLASS``: a pod's volumes are fixed). Then a session of an
+    organisation never takes a shared pool's sandbox: its organisation's pool, else a
+    cold start with its cache. Read from ``SBX_RUNTIME`` and that setting."""
     max_running: int = 100
     """Most sandboxes running at once, idle pool included (``SBX_MAX_RUNNING``)."""
     max_stopped: int = 100
@@ -247,6 +253,8 @@ class LifecycleSettings:
             idle_timeout=_duration(env, "SBX_IDLE_TIMEOUT", cls.idle_timeout, minimum=1),
             stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
             reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
+            caches_at_create=env.get("SBX_RUNTIME", "local").strip() == "kubernetes"
+            and bool(env.get("SBX_K8S_CACHE_STORAGE_CLASS", "").strip()),
         )
         if made.pool_min_idle + sum(p[4] for p in made.extra_pools) > made.max_running:
             raise errors.ConfigError(
@@ -255,7 +263,7 @@ class LifecycleSettings:
         return made
 
 
-def _pools(raw: str) -> tuple[tuple[str, str, bool, bool, int], ...]:
+def _pools(raw: str) -> tuple[tuple[str, str, bool, bool, int, str | None], ...]:
     if not raw.strip():
         return ()
     try:
@@ -270,11 +278,16 @@ def _pools(raw: str) -> tuple[tuple[str, str, bool, bool, int], ...]:
             min_idle = int(item.get("min_idle", 1))
             if min_idle < 0:
                 raise ValueError("min_idle must be at least 0")
+            org = item.get("org")
+            if org is not None and (not isinstance(org, str) or not org.strip()):
+                raise ValueError(f"pool {name!r}: org must be an organisation id")
+            if org is not None:
+                org = ids.validate_attribution(org, what=f"pool {name!r} org")
             out.append(
                 (name, _image(str(item.get("image", "default"))), bool(item.get("run_as_root", True)),
-                 bool(item.get("writable_root", True)), min_idle)
+                 bool(item.get("writable_root", True)), min_idle, org)
             )  # fmt: skip
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, errors.InvalidInput) as exc:
         raise errors.ConfigError(f"SBX_POOLS is not a valid pool list: {exc}") from None
     if len({p[0] for p in out}) != len(out):
         raise errors.ConfigError("SBX_POOLS has two pools with the same name")

@@ -23,6 +23,7 @@ from shared import (
     errors,
     events,
     faults,
+    ids,
     leases,
     metrics,
     projector,
@@ -90,6 +91,7 @@ class PoolHandlers:
                 raise errors.InvalidInput(f"malformed pool request: {exc}") from exc
             match request:
                 case provisioning.Provision():
+                    ids.validate_attribution(request.org_id, what="org_id")
                     state = await self.provision(request)
                 case provisioning.Start():
                     state = await self.start(request)
@@ -158,6 +160,10 @@ class PoolHandlers:
             "or clear sessions you no longer need"
         )
 
+    def _cache_org(self, request: provisioning.Provision) -> str | None:
+        """The organisation whose cache the new sandbox shows from its start, if any."""
+        return request.org_id if self.runtime.tenant_caches else None
+
     async def _record_requested(self, request: provisioning.Provision) -> None:
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             if state is not None:
@@ -173,6 +179,7 @@ class PoolHandlers:
                     use_kata=request.use_kata,
                     backend=self.runtime.name,
                     pool=request.pool,
+                    cache_org=self._cache_org(request),
                 )
             ]
 
@@ -196,6 +203,7 @@ class PoolHandlers:
             isolation="strong" if request.use_kata else "standard",
             limits=self.limits,
             labels={"session": request.session_id or "", "pool": request.pool or ""},
+            cache=ids.token(org) if (org := self._cache_org(request)) else None,
         )
         try:
             await self.runtime.create(spec)

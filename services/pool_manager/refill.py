@@ -96,6 +96,7 @@ async def refill_once(
                 run_as_root=spec.run_as_root,
                 writable_root=spec.writable_root,
                 pool=pool_id,
+                org_id=spec.org,
             )
             jobs.append(_paced(pace, _make(ctx, pool, request)))
     for sandbox_id in plan.remove:

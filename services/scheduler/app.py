@@ -23,7 +23,12 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
         for spec in warm:
             await warmpool.ensure_consumer(ctx.js, ctx.topology, spec.pool_id)
         commands = handlers.SessionCommands(
-            ctx, sessions, sandboxes, pool_client.PoolClient(ctx.nc, ctx.topology), warm
+            ctx,
+            sessions,
+            sandboxes,
+            pool_client.PoolClient(ctx.nc, ctx.topology),
+            warm,
+            caches_at_create=lifecycle.caches_at_create if lifecycle else False,
         )
 
         @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)

@@ -38,12 +38,15 @@ class SessionCommands:
         sandboxes: projector.ProjectionStore[states.SandboxState],
         pool: pool_client.PoolClient,
         warm: list[pools.PoolSpec] | None = None,
+        *,
+        caches_at_create: bool = False,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
         self.sandboxes = sandboxes
         self.pool = pool
         self.warm = warm or []
+        self.caches_at_create = caches_at_create
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
@@ -93,9 +96,12 @@ class SessionCommands:
             "actor": command.actor,
         }
 
-    async def _claim(self, command: commands.SessionCommand, options: dict[str, object]) -> str | None:
-        """A warm sandbox for this session, if the pool has one that fits (CAS on the sandbox)."""
-        pool = pools.serving(self.warm, options)
+    async def _claim(
+        self, command: commands.SessionCommand, options: dict[str, object], org: str | None
+    ) -> str | None:
+        """A warm sandbox for this session, if a pool it may use has one that fits (CAS on
+        the sandbox)."""
+        pool = pools.serving(self.warm, options, org, caches_at_create=self.caches_at_create)
         if pool is None:
             return None
         meta = self.ctx.meta(command=command, session_id=command.session_id)
@@ -117,18 +123,24 @@ class SessionCommands:
                 return sandbox_id
         return None
 
-    async def _obtain(self, command: commands.SessionCommand, options: dict[str, object]) -> str:
-        """A running sandbox for this session: claimed from a pool, else cold-started.
-        Raises (with nothing assigned) if the options are refused or a limit is reached."""
+    async def _obtain(
+        self, command: commands.SessionCommand, options: dict[str, object], org: str | None
+    ) -> str:
+        """A running sandbox for this session (of organisation ``org``): claimed from a
+        pool, else cold-started. Raises (with nothing assigned) if the options are refused
+        or a limit is reached."""
         started = time.perf_counter()
-        sandbox_id = await self._claim(command, options)
+        sandbox_id = await self._claim(command, options, org)
         kind = "warm" if sandbox_id else "cold"
         if sandbox_id is None:
             sandbox_id = "sb-" + ids.new_id()[:20]
             await self.pool.send(
                 provisioning.Provision(
-                    session_id=command.session_id, **options, **self._pool_fields(command, sandbox_id)
-                )  # type: ignore[arg-type]
+                    session_id=command.session_id,
+                    org_id=org,
+                    **options,  # type: ignore[arg-type]
+                    **self._pool_fields(command, sandbox_id),  # type: ignore[arg-type]
+                )
             )
         metrics.claims.labels(kind).inc()
         metrics.claim_seconds.labels(kind).observe(time.perf_counter() - started)
@@ -140,7 +152,7 @@ class SessionCommands:
         """Obtain a sandbox and assign it; if another request assigned one first, discard
         ours and use theirs."""
         options = logic.sandbox_options(command, state)
-        sandbox_id = await self._obtain(command, options)
+        sandbox_id = await self._obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -158,7 +170,7 @@ class SessionCommands:
         write to the session's stream, not two. A crash in between leaves a claimed
         sandbox no session points to, which the reaper's sweep deletes (``delete_unowned``)."""
         image = command.image or "default"
-        sandbox_id = await self._obtain(command, {"image": image})
+        sandbox_id = await self._obtain(command, {"image": image}, command.actor.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -193,7 +205,7 @@ class SessionCommands:
         old = state.sandbox_id
         assert old is not None
         options = logic.sandbox_options(command, state)
-        new = await self._obtain(command, options)
+        new = await self._obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,

@@ -135,3 +135,17 @@ async def test_deleting_a_sandbox_while_its_cache_is_attached_never_empties_the_
     doomed = await started(runtime, "doomed")
     await asyncio.gather(runtime.attach_cache(doomed, ACME), runtime.delete(doomed), return_exceptions=True)
     assert (tmp_path / "state" / "caches" / ACME / "p").read_text() == "precious\n"
+
+
+async def test_a_sandbox_made_for_an_organisation_shows_its_cache_from_the_start(runtime):
+    """An organisation's pool sandbox (``SandboxSpec.cache``): the cache is there before
+    any session has it, and it can never be given another organisation's."""
+    a1 = await started(runtime, "acme-1")
+    assert await runtime.attach_cache(a1, ACME) is True
+    assert (await sh(runtime, a1, f"echo warm > {caches.CACHE_DIR}/marker"))[0] == 0
+    await runtime.create(api.SandboxSpec(sandbox_id="acme-pool-1", cache=ACME))
+    await runtime.start("acme-pool-1")
+    assert await sh(runtime, "acme-pool-1", f"cat {caches.CACHE_DIR}/marker") == (0, "warm\n")
+    assert await runtime.attach_cache("acme-pool-1", ACME) is False
+    with pytest.raises(errors.Conflict):
+        await runtime.attach_cache("acme-pool-1", GLOBEX)

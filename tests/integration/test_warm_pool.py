@@ -165,7 +165,7 @@ async def _count(coro, n):
 
 async def test_a_second_pool_serves_sessions_that_ask_for_its_options(env):
     start, nc, topology, _ = env
-    lifecycle = replace(LIFECYCLE, pool_min_idle=1, extra_pools=(("ro", "default", True, False, 1),))
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, extra_pools=(("ro", "default", True, False, 1, None),))
     specs = pools.configured(lifecycle)
     ro = next(p for p in specs if p.name == "ro")
     await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
@@ -257,3 +257,39 @@ async def test_first_requests_racing_on_one_new_session_give_it_one_sandbox(env)
         return held == [winner]
 
     await support.eventually(only_the_winner_is_held, timeout=30)
+
+
+async def test_an_organisations_pool_serves_only_its_sessions_with_its_cache_from_the_start(env):
+    """SBX_POOLS with "org": its sandboxes show the organisation's package cache before
+    they are claimed (recorded on sandbox.requested), its sessions claim from it, and no
+    other session ever does (another organisation's, or one without)."""
+    from shared.runtime.local import runtime as local
+
+    start, nc, topology, state = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, extra_pools=(("acme", "default", True, True, 1, "acme"),))
+    shared_pool, acme_pool = (p.pool_id for p in pools.configured(lifecycle))
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    await support.eventually(lambda: _count(idle(nc, topology, acme_pool), 1), timeout=30)
+    await support.eventually(lambda: _count(idle(nc, topology, shared_pool), 1), timeout=30)
+    [waiting] = await idle(nc, topology, acme_pool)
+    assert waiting.cache_org == "acme"
+    rt = local.LocalRuntime(state)
+    result, _, _ = await rt.run(waiting.sandbox_id, ["sh", "-c", "echo from-pool > /.sbx/cache/seen"])
+    assert result.exit_code == 0
+
+    async def ensure_as(session, org):
+        actor = commands.Actor(via="mcp", org_id=org)
+        command = commands.EnsureSession(command_id=ids.new_id(), session_id=session, actor=actor)
+        reply = await support.send(nc, topology, command, timeout=60)
+        assert reply.ok, reply.error
+        return next(s for s in await sandboxes(nc, topology) if s.sandbox_id == reply.session.sandbox_id)
+
+    other = await ensure_as("globex-1", "globex")
+    assert other.pool == shared_pool and other.sandbox_id != waiting.sandbox_id
+    plain = await ensure_as("plain-1", None)
+    assert plain.pool != acme_pool
+    mine = await ensure_as("acme-1", "acme")
+    assert mine.sandbox_id == waiting.sandbox_id and mine.cache_org == "acme"
+    _, out, _ = await rt.run(other.sandbox_id, ["sh", "-c", "cat /.sbx/cache/seen 2>/dev/null || echo none"])
+    assert out == b"none\n"

@@ -364,6 +364,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             if resource.plural == "persistentvolumeclaims" and not obj.deleted:
                 with contextlib.suppress(Exception):
                     await self._runtime.delete(obj.raw["metadata"]["name"])
+        for info in await self._runtime.list():  # (pods whose claim went before them)
+            with contextlib.suppress(Exception):
+                await self._runtime.delete(info.sandbox_id)
+        await asyncio.to_thread(self._runtime.caches.detach_all)  # the node's cache mounts
 
     # ---- the kubelet and the controllers -------------------------------------------------
 

@@ -418,3 +418,32 @@ def test_lifecycle_rejects_superscript_digits() -> None:
 def test_lifecycle_bad_pool_image_stops_start_up(image: str) -> None:
     with pytest.raises((errors.ConfigError, errors.InvalidInput)):  # ConfigError once the bug above is fixed
         settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image})
+
+
+def test_pools_may_belong_to_an_organisation() -> None:
+    pools = '[{"name": "acme", "org": "acme", "min_idle": 3}, {"name": "ro", "writable_root": false}]'
+    lifecycle = settings.LifecycleSettings.from_env({"SBX_POOLS": pools})
+    assert lifecycle.extra_pools == (
+        ("acme", "default", True, True, 3, "acme"),
+        ("ro", "default", True, False, 1, None),
+    )
+    for bad in (
+        '[{"name": "x", "org": ""}]',
+        '[{"name": "x", "org": "a\\u0007"}]',
+        '[{"name": "x", "org": 7}]',
+    ):
+        with pytest.raises(errors.ConfigError, match="SBX_POOLS"):
+            settings.LifecycleSettings.from_env({"SBX_POOLS": bad})
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, False),
+        ({"SBX_K8S_CACHE_STORAGE_CLASS": "nfs"}, False),  # the local runtime attaches caches later
+        ({"SBX_RUNTIME": "kubernetes"}, False),  # no caches on this cluster
+        ({"SBX_RUNTIME": "kubernetes", "SBX_K8S_CACHE_STORAGE_CLASS": "nfs"}, True),
+    ],
+)
+def test_caches_are_chosen_at_creation_only_on_kubernetes_with_a_cache_class(env, expected) -> None:
+    assert settings.LifecycleSettings.from_env(env).caches_at_create is expected

@@ -156,6 +156,37 @@ def test_caller_labels_become_valid_label_values_and_selectors_match_them():
         assert labels[key] == value
 
 
+def test_a_sandbox_of_an_organisation_mounts_its_cache_claim_and_points_tools_at_it():
+    key = "0" * 31 + "a"
+    pod = pod_of(api.SandboxSpec(sandbox_id="s-3", cache=key))
+    container = pod["spec"]["containers"][0]
+    assert {"name": "cache", "mountPath": "/.sbx/cache"} in container["volumeMounts"]
+    assert {"name": "cache", "persistentVolumeClaim": {"claimName": f"sbx-cache-{key}"}} in pod["spec"][
+        "volumes"
+    ]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["PIP_CACHE_DIR"] == "/.sbx/cache/pip" and env["XDG_CACHE_HOME"] == "/.sbx/cache"
+    plain = pod_of(ROOT)
+    assert all("cache" not in v["name"] for v in plain["spec"]["volumes"])
+    assert "PIP_CACHE_DIR" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+
+
+def test_a_cache_claim_is_read_write_many_of_the_cache_class_and_not_a_sandbox():
+    cached = KubernetesSettings(cache_storage_class="nfs", cache_size="7Gi")
+    key = "f" * 32
+    made = manifests.cache_claim(key, cached)
+    assert made["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "7Gi"}},
+        "storageClassName": "nfs",
+    }
+    assert made["metadata"]["labels"][names.COMPONENT] == "cache"
+    assert f"{names.COMPONENT}=sandbox" in names.selector()  # what list() and the sweep select
+    for bad in ("", "acme", "F" * 32, "f" * 33, "../x"):
+        with pytest.raises(ValueError):
+            manifests.cache_claim(bad, cached)
+
+
 def test_settings_parse_and_refuse_clearly():
     parsed = KubernetesSettings.from_env(
         {"SBX_K8S_IMAGES": "default=reg.example/sb:2,python=python:3.12", "SBX_K8S_RUNTIME_CLASS": ""}
@@ -168,6 +199,8 @@ def test_settings_parse_and_refuse_clearly():
         {"SBX_K8S_PROXY_SERVICE": "just-a-name"},
         {"SBX_K8S_WORKSPACE_SIZE": "ten gigs"},
         {"SBX_K8S_SECCOMP": "unconfined"},
+        {"SBX_K8S_CACHE_SIZE": "lots"},
+        {"SBX_K8S_CACHE_STORAGE_CLASS": "Not A Class"},
     ):
         with pytest.raises(errors.ConfigError):
             KubernetesSettings.from_env(bad)

@@ -102,6 +102,38 @@ def test_pool_with_options_serves_exactly_those() -> None:
     )
 
 
+SHARED = pools.PoolSpec(min_idle=2)
+ACME = pools.PoolSpec(name="acme", min_idle=1, org="acme")
+
+
+def test_an_organisations_pool_serves_it_first_and_nobody_else() -> None:
+    specs = [SHARED, ACME]
+    assert pools.serving(specs, {}, "acme") == ACME
+    assert pools.serving(specs, {}, "globex") == SHARED  # sandboxes take a cache on first call
+    assert pools.serving(specs, {}, None) == SHARED
+    assert pools.serving([ACME], {}, None) is None
+    assert pools.serving([ACME], {}, "globex") is None
+
+
+def test_where_caches_are_chosen_at_creation_an_organisation_never_takes_a_shared_sandbox() -> None:
+    """(Kubernetes with caches: a shared pool's pod can never show the organisation's
+    cache, so the session starts cold with it unless its organisation has a pool.)"""
+    specs = [SHARED, ACME]
+    assert pools.serving(specs, {}, "acme", caches_at_create=True) == ACME
+    assert pools.serving(specs, {}, "globex", caches_at_create=True) is None
+    assert pools.serving(specs, {}, None, caches_at_create=True) == SHARED
+    assert pools.serving(specs, {"writable_root": False}, "acme", caches_at_create=True) is None
+
+
+def test_a_pools_organisation_is_part_of_its_id_and_no_organisation_keeps_old_ids() -> None:
+    assert ACME.pool_id != dataclasses.replace(ACME, org="globex").pool_id
+    assert ACME.pool_id != dataclasses.replace(ACME, org=None).pool_id
+    assert (
+        SHARED.pool_id
+        == "default@" + __import__("hashlib").blake2b(b'["default", true, true]', digest_size=4).hexdigest()
+    )
+
+
 def test_configured_default_pool() -> None:
     lifecycle = settings.LifecycleSettings(pool_min_idle=4, pool_image="python:3.12")
     assert pools.configured(lifecycle) == [pools.PoolSpec(name="default", image="python:3.12", min_idle=4)]
