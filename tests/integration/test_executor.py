@@ -83,7 +83,8 @@ async def test_first_use_creates_the_sandbox_and_records_it(stack):
         for s in history
         if not s.event.__struct_config__.tag.startswith("instance")
     ]
-    assert types == ["session.created", "sandbox.requested", "sandbox.started", "session.sandbox_assigned"]
+    # The sandbox first; then the session is created with it, in one append.
+    assert types == ["sandbox.requested", "sandbox.started", "session.created", "session.sandbox_assigned"]
 
 
 async def test_the_shell_keeps_cwd_and_exports_between_calls(stack):

@@ -56,6 +56,7 @@ async def env(nats_server, namespace, tmp_path):
     rt = local.LocalRuntime(state)
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
+    rt.caches.detach_all()  # organisations' pools mount caches
 
 
 async def ensure(nc, topology, session):
