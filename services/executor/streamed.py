@@ -165,8 +165,22 @@ class StreamedOps:
             with contextlib.suppress(Exception):
                 await process.kill()  # the work then ends as usual, with the killed exit status
 
-        # Subscribed before the reply leaves, so no input frame and no stop is missed.
+        # Subscribed before the reply leaves, so no input frame and no stop is missed. The
+        # reply leaves on the service's other connection (faststream's), so the server must
+        # have these subscriptions before it: the flush waits for its answer. (Without it, a
+        # caller could send its first input frame before the subscription existed there:
+        # the frame was lost and the upload given up 30 s later, under load.)
         stop = await self.nc.subscribe(request.stop, cb=on_stop, max_msgs=1)
+        try:
+            await self.nc.flush(timeout=10)
+        except Exception as exc:
+            for sub in (stop, inputs):
+                if sub is not None:
+                    with contextlib.suppress(Exception):
+                        await sub.unsubscribe()
+            with contextlib.suppress(Exception):
+                await process.kill()
+            raise errors.Unavailable(f"NATS did not confirm the operation's subscriptions: {exc}") from None
         task = asyncio.create_task(self._guard(request, process, work, stop, inputs, stopped))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
