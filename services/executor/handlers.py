@@ -80,13 +80,8 @@ class Executor:
                 reply = await self.dispatch(request)
             finally:
                 await busy
-        except errors.SandboxError as exc:
-            reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:
-            log.exception("executor.request_crashed")
-            reply = execution.Reply(
-                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
-            )
+            reply = _error_reply(exc, "executor.request_crashed")
         if request is not None:
             tool = type(request).__struct_config__.tag
             metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
@@ -117,13 +112,8 @@ class Executor:
                 raise errors.NotBuiltYet("this executor keeps no shell servers")
             started = await self.shells.prepare(request.sandbox_id)
             reply = execution.Reply(ok=True, status="running" if started else None)
-        except errors.SandboxError as exc:
-            reply = execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
         except Exception as exc:
-            log.exception("executor.prepare_crashed")
-            reply = execution.Reply(
-                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
-            )
+            reply = _error_reply(exc, "executor.prepare_crashed")
         return codec.encode(reply)
 
     @staticmethod
@@ -414,3 +404,14 @@ class Executor:
             )
         except errors.SandboxError as exc:
             log.warning("executor.audit_failed", error=exc.message)
+
+
+def _error_reply(exc: Exception, crashed: str) -> execution.Reply:
+    """A failed request's reply: the product's error as it is, anything else as internal
+    (logged as ``crashed``, with its traceback; never its message, which may say too much)."""
+    if isinstance(exc, errors.SandboxError):
+        return execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
+    log.exception(crashed)
+    return execution.Reply(
+        ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
+    )

@@ -78,14 +78,7 @@ class SessionCommands:
             crash_points=self.ctx.settings.faults,
             crash_point=CRASH_AFTER_APPEND,
         )
-        if outcome.appended:
-            log.info(
-                "session.transition",
-                session_id=command.session_id,
-                events=[type(s.event).__name__ for s in outcome.appended],
-                seq=outcome.appended[-1].seq,
-                command_id=command.command_id,
-            )
+        _log_transition(command, outcome)
         return outcome
 
     def _pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> dict[str, object]:
@@ -186,14 +179,7 @@ class SessionCommands:
             state = await (
                 self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state)
             )
-        if outcome.appended:
-            log.info(
-                "session.transition",
-                session_id=command.session_id,
-                events=[type(s.event).__name__ for s in outcome.appended],
-                seq=outcome.appended[-1].seq,
-                command_id=command.command_id,
-            )
+        _log_transition(command, outcome)
         return state, len(outcome.appended)
 
     async def _replace(
@@ -292,3 +278,16 @@ class SessionCommands:
                 if state.sandbox_id:
                     return await self._replace(command, state), len(outcome.appended)
                 return await self._provision(command, state), len(outcome.appended)
+
+
+def _log_transition(
+    command: commands.SessionCommand, outcome: aggregates.Outcome[states.SessionState]
+) -> None:
+    if outcome.appended:
+        log.info(
+            "session.transition",
+            session_id=command.session_id,
+            events=[type(s.event).__name__ for s in outcome.appended],
+            seq=outcome.appended[-1].seq,
+            command_id=command.command_id,
+        )
