@@ -11,7 +11,7 @@ import kmock
 import pytest
 import yaml
 
-from shared import errors
+from shared import errors, ids
 from shared.runtime import api
 from tests.contract.runtime_contract import new_id
 from tests.kubernetes.conftest import SETTINGS, needs_root
@@ -49,13 +49,14 @@ def check(calls: list[tuple[str, str, str | None]], *names: str) -> None:
 
 
 async def test_the_lifecycle_role_allows_exactly_what_the_pool_manager_does(cluster, make_kube):
-    rt = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    rt = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes", cache_storage_class="nfs"))
     cluster.objects[kmock.resource("", "v1", "services"), "sbx-system", "sbx-proxy"] = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "sbx-proxy", "namespace": "sbx-system"},
         "spec": {"clusterIP": "10.96.0.20", "ports": [{"port": 3128}]},
     }  # fmt: skip
-    spec = api.SandboxSpec(sandbox_id=new_id(), labels={"pool": "default"})
+    # (an organisation's pool sandbox: its package cache claim is made with it)
+    spec = api.SandboxSpec(sandbox_id=new_id(), labels={"pool": "default"}, cache=ids.token("acme"))
     await rt.create(spec)
     await rt.start(spec.sandbox_id)
     await rt.run(spec.sandbox_id, ["sh", "-c", "sleep 30"], timeout=0.3)  # the warm-up probe, with a kill
@@ -79,7 +80,9 @@ async def test_the_exec_role_allows_exactly_what_the_executor_does(cluster, make
     await owner.create(spec)
     await owner.start(spec.sandbox_id)
     before = len(cluster.calls)
-    executor = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    executor = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes", cache_storage_class="nfs"))
+    with pytest.raises(errors.NotBuiltYet):  # a session's first call asks for its cache
+        await executor.attach_cache(spec.sandbox_id, ids.token("acme"))
     await executor.run(spec.sandbox_id, ["echo", "hi"])
     await executor.run(spec.sandbox_id, ["sleep", "30"], timeout=0.3)
     executing = cluster.calls[before:]
