@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import OrderedDict
 
 import msgspec
 import structlog
@@ -34,6 +35,7 @@ AUDIT_COMMAND_MAX = 4096
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 QUICK = 30.0  # seconds allowed for the executor's own short scripts
+OWNERS_REMEMBERED = 10_000
 
 
 class Executor:
@@ -55,6 +57,7 @@ class Executor:
         self.activity_kv = activity_kv
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
         self.tenant_caches = tenant_caches
+        self._owners: OrderedDict[str, str] = OrderedDict()
 
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
@@ -138,10 +141,18 @@ class Executor:
             log.warning("executor.activity_failed", error=exc.message)
 
     async def _check_owner(self, request: execution.AnyRequest) -> None:
-        """Defence in depth: the sandbox must belong to the session named in the request."""
+        """Defence in depth: the sandbox must belong to the session named in the request.
+        A sandbox's session never changes once set (it is never given to another), so an
+        owner seen once is remembered; a sandbox deleted since is then refused by the
+        runtime (not found) instead, which callers treat alike."""
+        if self._owners.get(request.sandbox_id) == request.session_id:
+            return
         sandbox = await self.sandboxes.get(request.sandbox_id)
         if sandbox is None or sandbox.session_id != request.session_id or sandbox.status == "deleted":
             raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
+        self._owners[request.sandbox_id] = request.session_id
+        while len(self._owners) > OWNERS_REMEMBERED:
+            self._owners.popitem(last=False)
 
     async def dispatch(self, request: execution.AnyRequest) -> execution.Reply:
         match request:

@@ -269,6 +269,12 @@ async def test_stop_keeps_the_workspace_and_delete_removes_the_sandbox(stack, tm
     )
     assert deleted.ok
     assert await rt.get(sandbox) is None
+    # The executor remembers the sandbox's owner; the deleted sandbox is refused all the same.
+    late = execution.Shell(session_id="life", sandbox_id=sandbox, command="echo too late")
+    refused = execution.decode_reply(
+        (await stack.nc.request(stack.topology.exec_requests, codec.encode(late), timeout=30)).data
+    )
+    assert not refused.ok and refused.error.code == "not_found", refused
     tags = [
         s.event.__struct_config__.tag
         for s in await support.stream_events(stack.nc, stack.topology, subjects.SANDBOX)
