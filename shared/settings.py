@@ -253,7 +253,7 @@ class LifecycleSettings:
             idle_timeout=_duration(env, "SBX_IDLE_TIMEOUT", cls.idle_timeout, minimum=1),
             stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
             reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
-            caches_at_create=env.get("SBX_RUNTIME", "local").strip() == "kubernetes"
+            caches_at_create=env.get("SBX_RUNTIME", "local").strip().lower() == "kubernetes"
             and bool(env.get("SBX_K8S_CACHE_STORAGE_CLASS", "").strip()),
         )
         if made.pool_min_idle + sum(p[4] for p in made.extra_pools) > made.max_running:

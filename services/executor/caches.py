@@ -6,6 +6,7 @@ crash between the mount and the event is repaired by the next call.
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 
 import structlog
@@ -52,10 +53,14 @@ class TenantCaches:
         session_id, sandbox_id = request.session_id, request.sandbox_id
         if not self.runtime.tenant_caches or sandbox_id in self._done:
             return
-        session = await self.sessions.get(session_id)
+        session, sandbox = await asyncio.gather(self.sessions.get(session_id), self.sandboxes.get(sandbox_id))
         if session is None:
             return  # the projection is behind: the next call looks again
         org_id = session.org_id
+        if sandbox is not None and sandbox.cache_org not in (None, org_id):
+            # Made for (or showing) another organisation's cache, or one for a session of
+            # none: never this session's to use, whatever put it here.
+            raise errors.Conflict("this sandbox shows another organisation's package cache")
         if org_id:
             try:
                 await self.runtime.attach_cache(sandbox_id, ids.token(org_id))

@@ -36,6 +36,9 @@ IDLE_CLOSE = 60.0
 """A helper not used for this long is closed (the sandbox keeps no extra process)."""
 MAX_SERVERS = 256
 """Most helpers one executor holds; the least recently used is closed beyond that."""
+PINNED_FOR = 1800.0
+"""A pool sandbox's helper is kept this long at most without a call (then the idle rule
+applies): with several executors, the session's calls may all go to another one."""
 KILL_GRACE = 10.0
 """How long to wait for a killed command's answer before retiring the helper."""
 QUICK = 30.0
@@ -257,6 +260,7 @@ class ShellServers:
         self._starting: dict[str, asyncio.Lock] = {}
         self._unsupported: dict[str, float] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._preparing = 0
 
     def __len__(self) -> int:
         return sum(1 for s in self._servers.values() if s.alive)
@@ -315,9 +319,13 @@ class ShellServers:
         first call (the idle rule does not close it). False where none can run, or when
         half the helpers this executor may hold are already kept for pool sandboxes (the
         rest are for the sessions it serves)."""
-        if sum(1 for s in self._servers.values() if s.pinned) >= self.limit // 2:
+        if sum(1 for s in self._servers.values() if s.pinned) + self._preparing >= self.limit // 2:
             return False
-        server = await self.get(sandbox_id)
+        self._preparing += 1
+        try:
+            server = await self.get(sandbox_id)
+        finally:
+            self._preparing -= 1
         if server is None:
             return False
         # One call now: the first command in a fresh sandbox creates its lock and state
@@ -326,6 +334,7 @@ class ShellServers:
         # the image's environment.
         await server.run("true", output.Capture(1024), QUICK)
         server.pinned = True
+        server.used = time.monotonic()
         return True
 
     async def _evict_beyond_limit(self) -> None:
@@ -343,6 +352,8 @@ class ShellServers:
         """Close helpers that died or sat idle; forget 'cannot run here' after a while."""
         now = time.monotonic()
         for sandbox_id, server in list(self._servers.items()):
+            if server.pinned and now - server.used > PINNED_FOR:
+                server.pinned = False  # its first call went to another executor, or never came
             idle = now - server.used > self.idle_close and not server.pinned and not server.lock.locked()
             if not server.alive or idle:
                 await self._drop(sandbox_id)

@@ -3,6 +3,7 @@ pool-manager for the session's sandbox; reply with the session's state."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import structlog
@@ -107,7 +108,9 @@ class SessionCommands:
                 outcome = await aggregates.transact(
                     self.sandboxes,
                     sandbox_id,
-                    lambda s, sid=sandbox_id: logic.decide_claim(s, sid, command.session_id, meta),
+                    lambda s, sid=sandbox_id: logic.decide_claim(
+                        s, sid, command.session_id, meta, pool_id=pool.pool_id, org=org
+                    ),
                 )
             finally:
                 await warmpool.done(self.ctx.nc, offer)
@@ -162,16 +165,21 @@ class SessionCommands:
         sandbox is obtained first, then the session is created with it in one append: one
         write to the session's stream, not two. A crash in between leaves a claimed
         sandbox no session points to, which the reaper's sweep deletes (``delete_unowned``)."""
-        image = command.image or "default"
-        sandbox_id = await self._obtain(command, {"image": image}, command.actor.org_id)
+        image, org = command.image or "default", command.actor.org_id
+        sandbox_id = await self._obtain(command, {"image": image}, org)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
-        outcome = await aggregates.transact(
-            self.sessions,
-            command.session_id,
-            lambda s: logic.decide_new_with_sandbox(s, command, sandbox_id, image, meta),
-            crash_points=self.ctx.settings.faults,
-            crash_point=CRASH_AFTER_APPEND,
-        )
+        try:
+            outcome = await aggregates.transact(
+                self.sessions,
+                command.session_id,
+                lambda s: logic.decide_new_with_sandbox(s, command, sandbox_id, image, org, meta),
+                crash_points=self.ctx.settings.faults,
+                crash_point=CRASH_AFTER_APPEND,
+            )
+        except BaseException:  # refused (another organisation took the id) or failed: ours goes
+            with contextlib.suppress(Exception):
+                await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+            raise
         state = outcome.state
         assert state is not None
         if state.sandbox_id != sandbox_id:  # another request got there first: theirs stands

@@ -88,14 +88,24 @@ def decide(
 
 
 def decide_claim(
-    sandbox: states.SandboxState | None, sandbox_id: str, session_id: str, meta: events.Meta
+    sandbox: states.SandboxState | None,
+    sandbox_id: str,
+    session_id: str,
+    meta: events.Meta,
+    *,
+    pool_id: str | None = None,
+    org: str | None = None,
 ) -> list[events.SandboxEvent]:
-    """Take a warm sandbox iff it is still running and unclaimed: the CAS makes one claim win."""
+    """Take a warm sandbox iff it is still running and unclaimed, of the pool it was
+    offered for, and shows no other organisation's cache (than ``org``, the session's):
+    the CAS makes one claim win."""
     if (
         sandbox is None
         or sandbox.status != "running"
         or sandbox.session_id is not None
         or sandbox.pool is None
+        or (pool_id is not None and sandbox.pool != pool_id)
+        or sandbox.cache_org not in (None, org)
     ):
         return []
     return [events.SandboxClaimed(meta=meta, sandbox_id=sandbox_id, session_id=session_id)]
@@ -120,15 +130,20 @@ def decide_new_with_sandbox(
     command: commands.EnsureSession,
     sandbox_id: str,
     image: str,
+    org: str | None,
     meta: events.Meta,
 ) -> list[events.SessionEvent]:
-    """A session's first request: created (or resumed) and given ``sandbox_id`` in one
-    append. If another request created it and gave it a sandbox meanwhile, only what
-    ``decide`` says (the caller then discards ``sandbox_id``)."""
+    """A session's first request: created (or resumed) and given ``sandbox_id``, obtained
+    for organisation ``org``, in one append. If another request created it meanwhile and
+    gave it a sandbox, or made it for another organisation (or none: then the sandbox,
+    which may show ``org``'s cache, is not for it), only what ``decide`` says; the caller
+    then discards ``sandbox_id`` and serves the session as it is."""
     first = decide(state, command, meta)
     after = state
     for event in first:
         after = projections.evolve_session(after, event, (after.last_seq if after else 0) + 1)
+    if after is None or after.org_id != org:
+        return first
     return [*first, *decide_assign(after, sandbox_id, image, meta)]
 
 

@@ -12,7 +12,7 @@ import pytest
 from services.executor import app as executor_app
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared import codec, commands, execution, ids, settings, subjects
+from shared import codec, commands, execution, ids, provisioning, settings, subjects
 from tests import support
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
@@ -43,6 +43,7 @@ async def stack(nats_server, namespace, tmp_path):
     rt = local.LocalRuntime(state)
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
+    rt.caches.detach_all()
 
 
 class Client:
@@ -309,3 +310,25 @@ async def test_a_sandbox_that_stopped_behind_our_back_is_started_again(stack, tm
     again = await stack.ensure("revive")  # what the gateway does after such a refusal
     assert again.session.sandbox_id == sandbox
     assert (await stack.sh("revive", "cat /workspace/f")).output == "kept\n"
+
+
+async def test_a_sandbox_showing_an_organisations_cache_never_runs_a_call_of_a_session_of_none(stack):
+    """Defence in depth: however a sandbox made for acme (its cache mounted from the
+    start) came to be named for a session without an organisation (here: a provision
+    request sent straight to the pool-manager), the executor refuses that session's calls
+    in it, so the cache never reaches a session any key may use."""
+    sandbox_id = "sb-" + ids.new_id()[:20]
+    provision = provisioning.Provision(
+        command_id=ids.new_id(), sandbox_id=sandbox_id, session_id="mixed", org_id="acme"
+    )
+    raw = await stack.nc.request(stack.topology.pool_requests, codec.encode(provision), timeout=60)
+    assert provisioning.decode_reply(raw.data).ok
+    created = await support.send(
+        stack.nc, stack.topology, commands.CreateSession(command_id=ids.new_id(), session_id="mixed")
+    )
+    assert created.ok and created.session.org_id is None
+    call = execution.Shell(session_id="mixed", sandbox_id=sandbox_id, command="ls -A /.sbx/cache")
+    reply = execution.decode_reply(
+        (await stack.nc.request(stack.topology.exec_requests, codec.encode(call), timeout=30)).data
+    )
+    assert not reply.ok and reply.error.code == "conflict" and "another organisation" in reply.error.message

@@ -235,3 +235,18 @@ async def test_at_most_half_the_servers_are_kept_for_pool_sandboxes(rt):
         assert pool.ready("p-1") is not None and pool.ready("p-2") is not None
     finally:
         await pool.close()
+
+
+async def test_a_prepared_server_whose_first_call_never_comes_is_closed_in_the_end(rt, sandbox, monkeypatch):
+    """(With several executors, the session's calls may all go to another one.)"""
+    monkeypatch.setattr(shells, "PINNED_FOR", 0.2)
+    pool = shells.ShellServers(rt, idle_close=0.1)
+    try:
+        assert await pool.prepare(sandbox) is True
+        await pool.sweep()
+        assert len(pool) == 1
+        await asyncio.sleep(0.3)
+        await pool.sweep()
+        assert len(pool) == 0
+    finally:
+        await pool.close()

@@ -294,3 +294,22 @@ async def test_a_cache_deleted_by_an_operator_is_made_again_on_the_next_start(cl
     result, _, _ = await rt.run(sid, ["sh", "-c", "touch /.sbx/cache/again"])
     assert result.exit_code == 0
     await rt.delete(sid)
+
+
+async def test_turning_caches_off_leaves_stopped_sandboxes_able_to_start(cluster, make_kube):
+    """A sandbox made with a cache still starts once caches are turned off (its claim is
+    still there); if the claim is gone too, the start says NotFound, so the scheduler
+    gives the session a new sandbox instead of failing every call."""
+    key = ids.token("acme")
+    sid = await started(make_kube(CACHED), cache=key)
+    off = make_kube()
+    await off.stop(sid)
+    await off.start(sid)
+    assert (await off.get(sid)).status == "running"
+    await off.stop(sid)
+    core = await off.core_api()
+    await core.delete_namespaced_persistent_volume_claim(names.cache_claim_name(key), SETTINGS.namespace)
+    await support.eventually(lambda: not cache_claims(cluster), timeout=10)
+    with pytest.raises(errors.NotFound, match="SBX_K8S_CACHE_STORAGE_CLASS"):
+        await off.start(sid)
+    await off.delete(sid)

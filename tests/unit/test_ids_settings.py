@@ -443,6 +443,7 @@ def test_pools_may_belong_to_an_organisation() -> None:
         ({"SBX_K8S_CACHE_STORAGE_CLASS": "nfs"}, False),  # the local runtime attaches caches later
         ({"SBX_RUNTIME": "kubernetes"}, False),  # no caches on this cluster
         ({"SBX_RUNTIME": "kubernetes", "SBX_K8S_CACHE_STORAGE_CLASS": "nfs"}, True),
+        ({"SBX_RUNTIME": " Kubernetes ", "SBX_K8S_CACHE_STORAGE_CLASS": "nfs"}, True),
     ],
 )
 def test_caches_are_chosen_at_creation_only_on_kubernetes_with_a_cache_class(env, expected) -> None:

@@ -691,6 +691,20 @@ def test_claim_otherwise_decides_nothing(current: states.SandboxState | None) ->
     assert logic.decide_claim(current, SB, SID2, meta()) == []
 
 
+def test_a_claim_takes_only_a_sandbox_of_the_pool_it_was_offered_for_and_never_another_organisations() -> (
+    None
+):
+    """(An offer on the wrong subject, published by anyone on NATS, must not hand over
+    another pool's sandbox, nor one that shows another organisation's cache.)"""
+    plain = sandbox("running", session_id=None, pool=POOL)
+    assert logic.decide_claim(plain, SB, SID2, meta(), pool_id=POOL)
+    assert logic.decide_claim(plain, SB, SID2, meta(), pool_id="other@00000000") == []
+    acme = msgspec.structs.replace(plain, cache_org="acme")
+    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="acme")
+    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="globex") == []
+    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org=None) == []
+
+
 def test_decided_claim_folds_and_a_second_claim_loses() -> None:
     current = sandbox("running", session_id=None, pool=POOL)
     [claim] = logic.decide_claim(current, SB, SID2, meta(1, "a"))

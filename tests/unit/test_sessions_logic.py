@@ -381,7 +381,7 @@ def ensure(cid: str = "cmd-e") -> commands.EnsureSession:
 
 
 def test_first_request_creates_and_assigns_in_one_decision() -> None:
-    decided = logic.decide_new_with_sandbox(None, ensure(), "sb-1", "default", meta())
+    decided = logic.decide_new_with_sandbox(None, ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
     folded = projections.SESSIONS.fold((n + 1, e) for n, e in enumerate(decided))
     assert folded is not None and folded.status == "active" and folded.sandbox_id == "sb-1"
@@ -389,7 +389,7 @@ def test_first_request_creates_and_assigns_in_one_decision() -> None:
 
 
 def test_first_request_on_a_deleted_session_starts_a_new_incarnation_with_the_sandbox() -> None:
-    decided = logic.decide_new_with_sandbox(state("deleted"), ensure(), "sb-1", "default", meta())
+    decided = logic.decide_new_with_sandbox(state("deleted"), ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
 
 
@@ -397,19 +397,30 @@ def test_first_request_that_lost_a_race_assigns_nothing() -> None:
     """Another request created the session and gave it a sandbox meanwhile: the caller
     keeps theirs and discards its own."""
     taken = state("active", sandbox_id="sb-other")
-    assert logic.decide_new_with_sandbox(taken, ensure(), "sb-1", "default", meta()) == []
+    assert logic.decide_new_with_sandbox(taken, ensure(), "sb-1", "default", "acme", meta()) == []
     resumed = logic.decide_new_with_sandbox(
-        state("stopped", sandbox_id="sb-other"), ensure(), "sb-1", "default", meta()
+        state("stopped", sandbox_id="sb-other"), ensure(), "sb-1", "default", "acme", meta()
     )
     assert [type(e) for e in resumed] == [events.SessionResumed]
 
 
 def test_first_request_on_a_session_made_without_a_sandbox_just_assigns() -> None:
-    decided = logic.decide_new_with_sandbox(state("active"), ensure(), "sb-1", "default", meta())
+    mine = state("active", org_id="acme")
+    decided = logic.decide_new_with_sandbox(mine, ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionSandboxAssigned]
+
+
+def test_a_sandbox_obtained_for_an_organisation_never_goes_to_a_session_of_none() -> None:
+    """Another request made the session first, for no organisation: the sandbox obtained
+    for acme (which may show acme's cache) is not given to it; the caller discards it
+    and serves the session as it is (another organisation's session is refused below)."""
+    made = state("active", org_id=None)
+    assert logic.decide_new_with_sandbox(made, ensure(), "sb-1", "default", "acme", meta()) == []
+    for_none = logic.decide_new_with_sandbox(state("active"), ensure(), "sb-1", "default", None, meta())
+    assert [type(e) for e in for_none] == [events.SessionSandboxAssigned]
 
 
 def test_first_request_never_takes_another_organisations_session() -> None:
     theirs = state("active", org_id="globex")
     with pytest.raises(errors.Conflict):
-        logic.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", meta())
+        logic.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", "acme", meta())

@@ -353,7 +353,7 @@ class KubernetesRuntime(api.Runtime):
             raise errors.InvalidInput("limits too small: at least 16 MiB memory, 8 pids and some CPU")
         self._image(spec)
         if spec.cache:
-            await self._ensure_cache(spec.cache)
+            await self._ensure_cache(spec.cache, creating=True)
         core, _, _ = await self._open()
         for _ in range(2):
             existing = await self.call(
@@ -389,32 +389,38 @@ class KubernetesRuntime(api.Runtime):
         """On when a ReadWriteMany StorageClass is configured (SBX_K8S_CACHE_STORAGE_CLASS)."""
         return bool(self.settings.cache_storage_class)
 
-    async def _ensure_cache(self, key: str) -> None:
-        """The organisation's cache claim, created on its first sandbox; kept afterwards."""
-        if not self.tenant_caches:
-            raise errors.ConfigError(
-                "per-organisation package caches need SBX_K8S_CACHE_STORAGE_CLASS (a ReadWriteMany class)"
-            )
+    async def _ensure_cache(self, key: str, *, creating: bool) -> None:
+        """The organisation's cache claim, made with its first sandbox (and again if an
+        operator deleted it); kept afterwards. An existing one is used even with caches
+        turned off since, so stopped sandboxes still start."""
         try:
-            body = manifests.cache_claim(key, self.settings)
+            name = names.cache_claim_name(key)
         except ValueError as exc:
             raise errors.InvalidInput(str(exc)) from None
         core, _, _ = await self._open()
         existing = await self.call(
             "reading a package cache claim",
-            core.read_namespaced_persistent_volume_claim(body["metadata"]["name"], self.ns),
+            core.read_namespaced_persistent_volume_claim(name, self.ns),
             missing_ok=True,
         )
         if existing is not None and existing.metadata.deletion_timestamp is not None:
             raise errors.Unavailable("this organisation's package cache is being deleted; retry shortly")
-        if existing is None:
-            try:
-                await self.call(
-                    "creating a package cache claim",
-                    core.create_namespaced_persistent_volume_claim(self.ns, body),
-                )
-            except errors.Conflict:
-                pass  # another sandbox of the organisation made it first
+        if existing is not None:
+            return
+        if not self.tenant_caches:
+            why = "per-organisation package caches need SBX_K8S_CACHE_STORAGE_CLASS (a ReadWriteMany class)"
+            if creating:
+                raise errors.ConfigError(why)
+            raise errors.NotFound(f"this sandbox's package cache is gone and cannot be made again: {why}")
+        try:
+            await self.call(
+                "creating a package cache claim",
+                core.create_namespaced_persistent_volume_claim(
+                    self.ns, manifests.cache_claim(key, self.settings)
+                ),
+            )
+        except errors.Conflict:
+            pass  # another sandbox of the organisation made it first
 
     async def attach_cache(self, sandbox_id: str, key: str) -> bool:
         """A pod's volumes are fixed when it is created, so a sandbox shows the cache it
@@ -475,7 +481,7 @@ class KubernetesRuntime(api.Runtime):
         since = pod.metadata.resource_version if pod is not None else None
         if pod is None:
             if info.spec.cache:  # an operator may have deleted the cache since: an empty one, not a stuck pod
-                await self._ensure_cache(info.spec.cache)
+                await self._ensure_cache(info.spec.cache, creating=False)
             proxy = await self.proxy_url() if self.egress == "proxy" else None
             body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
             try:
