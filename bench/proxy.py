@@ -6,7 +6,11 @@
 * per request with a new connection each time (TLS handshake included), same three;
 * bulk download throughput, tunnelled vs direct (target: tunnelled within 10 %), and
   injected for reference: the median of three alternating rounds, with the proxy's CPU
-  time per GiB (client, upstream and proxy share the machine's cores).
+  time per GiB (client, upstream and proxy share the machine's cores);
+* the same bulk download through a **bare hop**: a relay that does nothing but accept a
+  CONNECT and move the bytes with blocking ``splice(2)`` in two threads of its own
+  process (no checks, no event loop). It is the floor of any relay on this machine: what
+  one more TCP hop on loopback costs when client, upstream and relay share the cores.
 
 Real mitmdump (`sbx-proxy`), real TLS. Needs root (the proxy runs with a private
 /etc/hosts). Figures only; nothing is asserted.
@@ -17,12 +21,15 @@ Real mitmdump (`sbx-proxy`), real TLS. Needs root (the proxy runs with a private
 from __future__ import annotations
 
 import argparse
+import fcntl
+import multiprocessing
 import os
 import socket
 import ssl
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -70,10 +77,59 @@ class Bench(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class BareHop:
+    """A CONNECT relay with nothing but the kernel's work in it (see the module docstring),
+    in a process of its own, towards ``port`` on loopback whatever the CONNECT names."""
+
+    def __init__(self, port: int) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.host, self.port = self.listener.getsockname()
+        self.proc = multiprocessing.get_context("fork").Process(
+            target=_serve_bare_hop, args=(self.listener, port), daemon=True
+        )
+        self.proc.start()
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.listener.close()
+
+
+def _serve_bare_hop(listener: socket.socket, port: int) -> None:
+    while True:
+        client, _ = listener.accept()
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += client.recv(4096)
+        upstream = socket.create_connection(("127.0.0.1", port))
+        for sock in (client, upstream):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        for src, dst in ((client, upstream), (upstream, client)):
+            threading.Thread(target=_splice_all, args=(src, dst), daemon=True).start()
+
+
+def _splice_all(src: socket.socket, dst: socket.socket) -> None:
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 1 << 20)
+    try:
+        while n := os.splice(src.fileno(), w, 1 << 20, flags=os.SPLICE_F_MOVE):
+            while n:
+                n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
+        dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        os.close(r)
+        os.close(w)
+
+
 class Client:
     """HTTP/1.1 over TLS, direct or through the proxy's CONNECT, kept alive."""
 
-    def __init__(self, target: tuple[str, int], name: str, trust: list[Path], proxy: harness.Proxy | None):
+    def __init__(
+        self, target: tuple[str, int], name: str, trust: list[Path], proxy: harness.Proxy | BareHop | None
+    ):
         sock = socket.create_connection((proxy.host, proxy.port) if proxy else target, timeout=60)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if proxy:
@@ -132,6 +188,7 @@ token_env = "SBX_BENCH_TOKEN"
         )
         trust = [pki.ca_cert, proxy.ca_cert]
         target = ("127.0.0.1", port)
+        hop = BareHop(port)
         ways = {
             "direct": lambda: Client(target, "github.com", trust, None),
             "tunnelled (no rule)": lambda: Client(target, "other.example", trust, proxy),
@@ -178,8 +235,21 @@ token_env = "SBX_BENCH_TOKEN"
                     rates[label].append(bulk_mib / (time.perf_counter() - t0))
                     cpu[label].append((cpu_seconds(proxy.proc.pid) - c0) / (bulk_mib / 1024))
                     client.close()
+            # The floor: a bare hop, alternating with direct again (its own pairs).
+            pairs: dict[str, list[float]] = {"direct": [], "bare hop": []}
+            for _ in range(ROUNDS):
+                for label, way in (("direct", None), ("bare hop", hop)):
+                    client = Client(target, "github.com", trust, way)
+                    t0 = time.perf_counter()
+                    assert client.get(f"/bulk/{bulk_mib}") == 200
+                    pairs[label].append(bulk_mib / (time.perf_counter() - t0))
+                    client.close()
             throughput = {label: statistics.median(r) for label, r in rates.items()}
+            throughput["bare hop (floor)"] = statistics.median(pairs["bare hop"])
+            rates["bare hop (floor)"] = pairs["bare hop"]
+            floor = statistics.median(pairs["bare hop"]) / statistics.median(pairs["direct"])
         finally:
+            hop.close()
             proxy.close()
             upstream.close()
 
@@ -193,12 +263,18 @@ token_env = "SBX_BENCH_TOKEN"
     print()
     for label, mib_s in throughput.items():
         spread = f"{min(rates[label]):.0f}-{max(rates[label]):.0f}"
-        proxy_cpu = f"proxy CPU {statistics.median(cpu[label]):5.2f} s/GiB" if label != "direct" else ""
+        proxy_cpu = (
+            f"proxy CPU {statistics.median(cpu[label]):5.2f} s/GiB"
+            if label in cpu and label != "direct"
+            else ""
+        )
         print(
             f"bulk {bulk_mib} MiB, {label:20} {mib_s:8.1f} MiB/s (median of {ROUNDS}: {spread})  {proxy_cpu}"
         )
     ratio = throughput["tunnelled (no rule)"] / throughput["direct"]
     print(f"\ntunnelled / direct throughput: {ratio:.2f} (target >= 0.90)")
+    print(f"bare hop / direct throughput:  {floor:.2f} (what one more hop costs on this machine)")
+    print(f"tunnelled / bare hop:          {ratio / floor:.2f} (the proxy's own share of the gap)")
 
 
 if __name__ == "__main__":
