@@ -4,6 +4,9 @@ MCP client over streamable HTTP, real sandboxes.
 Prints, all in the same run:
 
 * new session id → first `shell` result (cold start: no warm pool yet), p50/p99;
+* the same with a warm pool, claimed when the agent connects (SBX_CLAIM_ON_CONNECT, the
+  default; also timed from connecting) and, on a stack of its own, on the first tool call
+  (``off``), with the ratio;
 * `shell` round trip of `true` in a live session vs a no-op MCP tool call (a tool call the
   gateway refuses before doing any work) and vs an MCP `ping`, same server, same client,
   interleaved: p50/p99 and the ratios (target: shell at most 2x the no-op tool call);
@@ -91,9 +94,9 @@ async def timed(samples: list[float], coro) -> None:
     samples.append(time.perf_counter() - start)
 
 
-def start_stack(state: Path, pool: int) -> tuple[subprocess.Popen[str], str]:
+def start_stack(state: Path, pool: int, **extra: str) -> tuple[subprocess.Popen[str], str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500")
+    env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500", **extra)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],
@@ -123,13 +126,20 @@ asyncio.run(backends.purge("local", Path(sys.argv[1])))
 """
 
 
-async def new_sessions(url: str, key: str, prefix: str, n: int, rate: float) -> tuple[list[float], float]:
-    """n new session ids at ``rate`` per second, each timed to its first shell result."""
+async def new_sessions(
+    url: str, key: str, prefix: str, n: int, rate: float, whole: list[float] | None = None
+) -> tuple[list[float], float]:
+    """n new session ids at ``rate`` per second, each timed to its first shell result
+    (from the tool call; ``whole`` gets the time from connecting: initialize, tools/list
+    and the call, which is what a claim started on connect overlaps with)."""
     samples: list[float] = []
 
     async def one(i: int) -> None:
+        t0 = time.perf_counter()
         async with Agent(url, key, f"{prefix}-{i}") as agent:
             await timed(samples, agent.shell("true"))
+            if whole is not None:
+                whole.append(time.perf_counter() - t0)
 
     start = time.perf_counter()
     tasks = []
@@ -172,14 +182,29 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
             )
         finally:
             stop_stack(proc, state)
+        state = Path(tmp) / "lazy"
+        proc, base = start_stack(state, pool=pool, SBX_CLAIM_ON_CONNECT="off")
+        try:
+            key = (state / "api-key").read_text().strip()
+            await wait_for_pool(state, pool)
+            results[f"warm, claim on first call (off) @{rate:g}/s"] = await new_sessions(
+                f"{base}/mcp", key, "lazy", min(cold, pool), rate
+            )
+        finally:
+            stop_stack(proc, state)
         state = Path(tmp) / "state"
         proc, base = start_stack(state, pool=pool)
         try:
             key = (state / "api-key").read_text().strip()
             url = f"{base}/mcp"
             await wait_for_pool(state, pool)
+            whole: list[float] = []
             results[f"warm: new session -> first shell @{rate:g}/s"] = await new_sessions(
-                url, key, "warm", min(cold, pool), rate
+                url, key, "warm", min(cold, pool), rate, whole
+            )
+            results["... from connecting (initialize, tools/list, call)"] = (
+                whole,
+                results[f"warm: new session -> first shell @{rate:g}/s"][1],
             )
 
             async with Agent(url, key, "warm") as agent:
@@ -279,6 +304,12 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
             )
             print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")
             print(f"concurrent agents: {errors} errors")
+            lazy_p = common.percentiles(results[f"warm, claim on first call (off) @{rate:g}/s"][0])
+            on_p = common.percentiles(results[f"warm: new session -> first shell @{rate:g}/s"][0])
+            print(
+                f"first shell, claim on connect / on first call: p50 {on_p['p50'] / lazy_p['p50']:.2f}x  "
+                f"p99 {on_p['p99'] / lazy_p['p99']:.2f}x"
+            )
             cold_p = common.percentiles(results["cold: new session -> first shell"][0])
             warm_p = common.percentiles(next(v for k, v in results.items() if k.startswith("warm:"))[0])
             print(

@@ -333,6 +333,10 @@ class GatewaySettings:
     """Keys bound to one organisation, ``(org, key)``, from the file named by
     ``SBX_ORG_KEYS`` (lines ``ORG KEY``; ``#`` starts a comment): a call with such a key
     acts for that organisation only (``X-Org-Id`` is set from it)."""
+    claim_on_connect: bool = True
+    """An MCP ``initialize`` with an ``X-Session-Id`` starts getting that session's sandbox
+    at once, so the agent's first tool call finds it ready (``SBX_CLAIM_ON_CONNECT``,
+    ``on``/``off``). Off: the first tool call gets it."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -353,6 +357,7 @@ class GatewaySettings:
             host=env.get("SBX_GATEWAY_HOST", cls.host),
             port=_port(env, "SBX_GATEWAY_PORT", cls.port),
             org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
+            claim_on_connect=_choice(env, "SBX_CLAIM_ON_CONNECT", "on", ("on", "off")) == "on",
         )
 
 

@@ -79,12 +79,13 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
 
         where = placement.Placement(session_states, sandboxes)
+        resolver = sessions.Resolver(client, where.running_sandbox, where.forget)
         mcp_app = mcp_tools.mcp_http_app(
-            mcp_tools.build_mcp(client, executor, running_sandbox=where.running_sandbox, forget=where.forget)
+            mcp_tools.build_mcp(
+                client, executor, resolver=resolver, claim_on_connect=gateway.claim_on_connect
+            )
         )
-        host = hostapi.HostAPI(
-            ctx.nc, ctx.topology, sessions.Resolver(client, where.running_sandbox, where.forget), executor
-        )
+        host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
         app = build_app(gateway, ctx, rest.SessionsAPI(client, session_states), mcp_app, host)
         server = _Server(
             uvicorn.Config(
@@ -123,7 +124,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             server.should_exit = True
             await served.wait()
 
-        return service.Workload(tasks=[serve(), announce()], on_drain=[stop_listening])
+        return service.Workload(tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close])
 
     return setup
 

@@ -48,7 +48,9 @@ import key_value.aio.adapters.pydantic  # noqa: F401  (see build_mcp: imported a
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_http_headers
 from fastmcp.server.http import StarletteWithLifespan
+from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
 from key_value.aio.stores.memory import MemoryStore
+from mcp import types as mt
 from pydantic import Field
 
 from services.gateway import bus_client, sessions
@@ -186,6 +188,29 @@ def format_job(job_id: str, reply: execution.Reply, *, waited: float | None = No
 # ---- the server ----------------------------------------------------------------------------------
 
 
+class ClaimOnConnect(Middleware):
+    """When an agent connects (``initialize`` with its ``X-Session-Id``), start getting its
+    session's sandbox: claiming one takes the scheduler tens of milliseconds, which the
+    agent's first tool call then does not wait for (it waits for this instead of asking
+    again). A connection with bad identity headers starts nothing: its first call says why."""
+
+    def __init__(self, resolver: sessions.Resolver, identity: Callable[[], Identity]) -> None:
+        self.resolver, self.identity = resolver, identity
+
+    async def on_initialize(
+        self,
+        context: MiddlewareContext[mt.InitializeRequest],
+        call_next: CallNext[mt.InitializeRequest, mt.InitializeResult | None],
+    ) -> mt.InitializeResult | None:
+        result = await call_next(context)
+        try:
+            who = self.identity()
+        except errors.SandboxError:
+            return result
+        self.resolver.prefetch(who)
+        return result
+
+
 def build_mcp(
     commands: bus_client.CommandClient,
     executor: bus_client.ExecClient,
@@ -193,12 +218,16 @@ def build_mcp(
     headers: HeaderSource = request_headers,
     running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,
     forget: Callable[[str], None] | None = None,
+    resolver: sessions.Resolver | None = None,
+    claim_on_connect: bool = False,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
     optional fast path: the session's sandbox id if the projections say it is active and
     running (then no scheduler round trip is needed; if the projection was stale, the
-    executor refuses, ``forget`` is told, and the call falls back to the scheduler)."""
+    executor refuses, ``forget`` is told, and the call falls back to the scheduler).
+    ``claim_on_connect``: an ``initialize`` starts getting the session's sandbox (see
+    ``ClaimOnConnect``)."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox",
         instructions=INSTRUCTIONS,
@@ -213,7 +242,9 @@ def build_mcp(
     def identity() -> Identity:
         return identity_from_headers(headers())
 
-    resolver = sessions.Resolver(commands, running_sandbox, forget)
+    resolver = resolver or sessions.Resolver(commands, running_sandbox, forget)
+    if claim_on_connect:
+        mcp.add_middleware(ClaimOnConnect(resolver, identity))
 
     async def run(
         who: Identity, build: Callable[..., execution.AnyRequest], budget: float

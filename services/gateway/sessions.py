@@ -9,6 +9,8 @@ state on every call and refuses, and then the call is retried once through the s
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +22,8 @@ from shared.commands import Actor, EnsureSession
 
 T = TypeVar("T")
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+PREFETCH_MAX = 1024
+"""Sessions whose sandbox is being got ahead of their first call, at most, per gateway."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +72,38 @@ class Resolver:
         self.commands = commands
         self.running_sandbox = running_sandbox
         self.forget = forget
+        self._early: dict[tuple[str, str | None], asyncio.Task[str]] = {}
+
+    def prefetch(self, who: Identity) -> None:
+        """Start getting the session's sandbox now (an agent connected: its first tool
+        call comes soon); that call then waits for this instead of asking again. At most
+        ``PREFETCH_MAX`` at once; failures are the first call's to report (it asks again)."""
+        key = (who.session_id, who.org_id)
+        if key in self._early or len(self._early) >= PREFETCH_MAX:
+            return
+        task = asyncio.get_running_loop().create_task(self._sandbox_for(who))
+        self._early[key] = task
+
+        def done(t: asyncio.Task[str]) -> None:
+            self._early.pop(key, None)
+            if not t.cancelled():
+                t.exception()  # (retrieved: the first call reports its own)
+
+        task.add_done_callback(done)
+
+    async def close(self) -> None:
+        for task in list(self._early.values()):
+            task.cancel()
+        await asyncio.gather(*self._early.values(), return_exceptions=True)
 
     async def sandbox_for(self, who: Identity, *, fast: bool = True) -> str:
+        early = self._early.get((who.session_id, who.org_id)) if fast else None
+        if early is not None:
+            with contextlib.suppress(errors.SandboxError):
+                return await asyncio.shield(early)
+        return await self._sandbox_for(who, fast=fast)
+
+    async def _sandbox_for(self, who: Identity, *, fast: bool = True) -> str:
         if fast and self.running_sandbox is not None:
             known = await self.running_sandbox(who.session_id, who.org_id)
             if known is not None:

@@ -169,3 +169,43 @@ async def test_a_killed_proxy_is_restarted_and_sandboxes_get_out_again(stack):  
             break
         await asyncio.sleep(0.2)
     assert text.startswith("502"), f"the proxy did not come back: {text}"
+
+
+async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack):  # noqa: F811
+    """Claim on connect (SBX_CLAIM_ON_CONNECT, on by default): an agent's `initialize`
+    starts getting its session's sandbox, so it is there before any tool call; the first
+    call then uses that one (no second claim or provisioning for the session)."""
+    import asyncio
+    import re
+    import subprocess
+    import sys
+
+    from tests import support
+
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    headers = {"Authorization": f"Bearer {key}", "X-Session-Id": "early-1"}
+
+    def events() -> str:
+        listed = subprocess.run(
+            [sys.executable, "-m", "sbx.cli", "events", "--state-dir", str(state)],
+            capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+        ).stdout  # fmt: skip
+        return "\n".join(line for line in listed.splitlines() if "session_id=early-1 " in line)
+
+    async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+        async with streamable_http_client(f"{url}/mcp", http_client=http) as (read, write):
+            async with ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                for _ in range(200):  # no tool call yet
+                    if "session.sandbox_assigned" in (before := events()):
+                        break
+                    await asyncio.sleep(0.1)
+                assert "session.sandbox_assigned" in before, before
+                result = await mcp.call_tool("shell", {"command": "echo hi"})
+                assert not result.is_error and "hi" in result.content[0].text
+    after = events()
+    assert after.count("session.sandbox_assigned") == 1, after
+    assert len(re.findall(r"sandbox\.(?:claimed|requested) ", after)) == 1, after  # one sandbox got
+    [assigned] = re.findall(r"sandbox_assigned .*sandbox_id=(\S+)", after)
+    assert re.search(rf"exec\.completed .*sandbox_id={assigned} ", after), after

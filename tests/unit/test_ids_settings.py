@@ -448,3 +448,11 @@ def test_pools_may_belong_to_an_organisation() -> None:
 )
 def test_caches_are_chosen_at_creation_only_on_kubernetes_with_a_cache_class(env, expected) -> None:
     assert settings.LifecycleSettings.from_env(env).caches_at_create is expected
+
+
+@pytest.mark.parametrize(("raw", "expected"), [(None, True), ("on", True), (" OFF ", False), ("off", False)])
+def test_claim_on_connect_is_on_unless_turned_off(raw, expected) -> None:
+    env = {"SANDBOX_API_KEY": KEY} | ({"SBX_CLAIM_ON_CONNECT": raw} if raw is not None else {})
+    assert settings.GatewaySettings.from_env(env).claim_on_connect is expected
+    with pytest.raises(errors.ConfigError, match="SBX_CLAIM_ON_CONNECT"):
+        settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CLAIM_ON_CONNECT": "maybe"})
