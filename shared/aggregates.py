@@ -39,10 +39,15 @@ async def transact(
     *,
     crash_points: frozenset[str] = frozenset(),
     crash_point: str = "",
+    read: tuple[projections.S | None, int | None] | None = None,
 ) -> Outcome[projections.S]:
     topology = store.store.topology
     subject = topology.aggregate_subject(store.projection.kind, aggregate_id)
-    state, revision = await store.get_entry(store.projection.key_of(aggregate_id))
+    # ``read``: the entry (state, KV revision) as the caller just read it; a stale one only
+    # costs a failed append and a rebuild, as any concurrent writer does.
+    state, revision = (
+        read if read is not None else await store.get_entry(store.projection.key_of(aggregate_id))
+    )
     revision_known = True  # False once the state is rebuilt from the stream, not read from KV
     for _ in range(MAX_ATTEMPTS):
         new_events = decide(state)

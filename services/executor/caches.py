@@ -48,12 +48,18 @@ class TenantCaches:
         self.sandboxes = sandboxes
         self._done: OrderedDict[str, None] = OrderedDict()
 
-    async def ensure(self, request: execution.Request) -> None:
-        """Make the sandbox show its session's organisation's cache (once per sandbox)."""
+    async def ensure(self, request: execution.Request, sandbox: states.SandboxState | None = None) -> None:
+        """Make the sandbox show its session's organisation's cache (once per sandbox).
+        ``sandbox``: its record, if the caller just read it."""
         session_id, sandbox_id = request.session_id, request.sandbox_id
         if not self.runtime.tenant_caches or sandbox_id in self._done:
             return
-        session, sandbox = await asyncio.gather(self.sessions.get(session_id), self.sandboxes.get(sandbox_id))
+        if sandbox is None:
+            session, sandbox = await asyncio.gather(
+                self.sessions.get(session_id), self.sandboxes.get(sandbox_id)
+            )
+        else:
+            session = await self.sessions.get(session_id)
         if session is None:
             return  # the projection is behind: the next call looks again
         org_id = session.org_id

@@ -70,9 +70,9 @@ class Executor:
                 raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
             ids.validate_session_id(request.session_id)
             valid = True
-            await self._check_owner(request)
+            sandbox = await self._check_owner(request)
             if self.tenant_caches is not None:
-                await self.tenant_caches.ensure(request)
+                await self.tenant_caches.ensure(request, sandbox)
             # Busy for as long as the call may run (so the reaper never counts it idle),
             # recorded while the call starts; the end-of-call touch comes after it.
             busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
@@ -140,19 +140,21 @@ class Executor:
         except errors.SandboxError as exc:
             log.warning("executor.activity_failed", error=exc.message)
 
-    async def _check_owner(self, request: execution.AnyRequest) -> None:
+    async def _check_owner(self, request: execution.AnyRequest) -> states.SandboxState | None:
         """Defence in depth: the sandbox must belong to the session named in the request.
         A sandbox's session never changes once set (it is never given to another), so an
         owner seen once is remembered; a sandbox deleted since is then refused by the
-        runtime (not found) instead, which callers treat alike."""
+        runtime (not found) instead, which callers treat alike. Returns the record when it
+        read one (None when the owner was remembered)."""
         if self._owners.get(request.sandbox_id) == request.session_id:
-            return
+            return None
         sandbox = await self.sandboxes.get(request.sandbox_id)
         if sandbox is None or sandbox.session_id != request.session_id or sandbox.status == "deleted":
             raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
         self._owners[request.sandbox_id] = request.session_id
         while len(self._owners) > OWNERS_REMEMBERED:
             self._owners.popitem(last=False)
+        return sandbox
 
     async def dispatch(self, request: execution.AnyRequest) -> execution.Reply:
         match request:

@@ -70,7 +70,11 @@ class SessionCommands:
 
     # ---- steps -------------------------------------------------------------------
 
-    async def _decide(self, command: commands.SessionCommand) -> aggregates.Outcome[states.SessionState]:
+    async def _decide(
+        self,
+        command: commands.SessionCommand,
+        read: tuple[states.SessionState | None, int | None] | None = None,
+    ) -> aggregates.Outcome[states.SessionState]:
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -78,6 +82,7 @@ class SessionCommands:
             lambda state: logic.decide(state, command, meta),
             crash_points=self.ctx.settings.faults,
             crash_point=CRASH_AFTER_APPEND,
+            read=read,
         )
         _log_transition(command, outcome)
         return outcome
@@ -160,7 +165,9 @@ class SessionCommands:
         assert outcome.state is not None
         return outcome.state
 
-    async def _first_request(self, command: commands.EnsureSession) -> tuple[states.SessionState | None, int]:
+    async def _first_request(
+        self, command: commands.EnsureSession, read: tuple[states.SessionState | None, int | None]
+    ) -> tuple[states.SessionState | None, int]:
         """A new session's first call (the common case: an agent's first tool call). The
         sandbox is obtained first, then the session is created with it in one append: one
         write to the session's stream, not two. A crash in between leaves a claimed
@@ -175,6 +182,7 @@ class SessionCommands:
                 lambda s: logic.decide_new_with_sandbox(s, command, sandbox_id, image, org, meta),
                 crash_points=self.ctx.settings.faults,
                 crash_point=CRASH_AFTER_APPEND,
+                read=read,
             )
         except BaseException:  # refused (another organisation took the id) or failed: ours goes
             with contextlib.suppress(Exception):
@@ -267,10 +275,11 @@ class SessionCommands:
                     await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
-                current = await self.sessions.get(command.session_id)
+                read = await self.sessions.get_entry(self.sessions.projection.key_of(command.session_id))
+                current = read[0]
                 if current is None or current.status == "deleted":
-                    return await self._first_request(command)
-                outcome = await self._decide(command)
+                    return await self._first_request(command, read)
+                outcome = await self._decide(command, read)
                 state = outcome.state
                 assert state is not None
                 state = await (
