@@ -16,6 +16,7 @@ lost to a crash between append and KV write is caught up, never left stale.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Generic
 
 import msgspec
@@ -26,7 +27,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import aio, bus, codec, errors, eventstore, projections
+from shared import aio, bus, codec, errors, eventstore, kvmirror, projections
 
 log = structlog.get_logger(__name__)
 
@@ -51,6 +52,7 @@ class ProjectionStore(Generic[projections.S]):
         self.kv_bucket = store.topology.bucket(projection.kind)
         self.projection = projection
         self.store = store
+        self._mirror: kvmirror.Mirror[projections.S] | None = None
 
     @classmethod
     async def open(
@@ -143,8 +145,38 @@ class ProjectionStore(Generic[projections.S]):
             return None
         return await self.apply(history[-1])
 
+    async def follow(self, keep: Callable[[projections.S], bool] | None = None) -> None:
+        """Keep the bucket in memory from now on, so ``all()`` costs one stream-info request
+        instead of a snapshot (services that list a kind often call this once). With
+        ``keep``, ``all()`` lists only the entries it accepts (e.g. not deleted ones)."""
+        if self._mirror is not None:
+            return
+        state_type = self.projection.state_type
+        mirror = kvmirror.Mirror(
+            self.store_js, self.kv_bucket, lambda raw: codec.decode_state(raw, state_type), keep
+        )
+        try:
+            await mirror.start()
+        except Exception as exc:
+            raise eventstore.translate(exc, f"following {self.projection.kind}s") from exc
+        self._mirror = mirror
+
+    async def unfollow(self) -> None:
+        if self._mirror is not None:
+            mirror, self._mirror = self._mirror, None
+            await mirror.stop()
+
     async def all(self) -> dict[str, projections.S]:
-        """Every entry of the bucket, decoded, keyed by projection key."""
+        """Every entry of the bucket, decoded, keyed by projection key, as of the end of
+        the call (from the followed copy when ``follow()`` was called: only the entries
+        its ``keep`` accepts)."""
+        if self._mirror is not None:
+            try:
+                return await self._mirror.current()
+            except errors.SandboxError:
+                raise
+            except Exception as exc:
+                raise eventstore.translate(exc, f"listing {self.projection.kind}s") from exc
         try:
             raw = await bus.snapshot(self.store_js, self.kv_bucket)
         except Exception as exc:

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 
 from faststream.nats import NatsMessage
 
-from services.pool_manager import handlers, refill
+from services.pool_manager import handlers, logic, refill
 from shared import pools as pool_specs
 from shared import projections, projector, service, settings
 from shared.runtime import api, backends
@@ -27,6 +27,9 @@ def make_setup(
             egress=runtime_settings.egress,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        # Listed by every refill round and before every provision, which count requested
+        # and running sandboxes only (records of deleted ones stay in KV for good).
+        await sandboxes.follow(keep=lambda s: s.status in logic.LIVE)
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids
         )
@@ -48,7 +51,7 @@ def make_setup(
         pools = pool_specs.configured(lifecycle)
         if pools:
             tasks.append(refill.run(ctx, pool, pools, lifecycle.max_running))
-        return service.Workload(tasks=tasks, on_stop=[runtime.close])
+        return service.Workload(tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow])
 
     return setup
 

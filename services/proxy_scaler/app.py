@@ -42,6 +42,10 @@ def make_setup(
         await fleet.ensure_ca()
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
+        # Every round lists both; it plans with requested and running sandboxes only
+        # (records of deleted ones stay in KV for good).
+        await sandboxes.follow(keep=lambda s: s.status in ("requested", "running"))
+        await proxies.follow(keep=lambda p: p.status != "stopped")
         # A fleet whose sandboxes each reach one proxy (local) is routed per sandbox; one
         # behind a load-balanced address (Kubernetes) is only sized.
         kind = handlers.Scaler if fleet.pinned else handlers.ReplicaScaler
@@ -98,7 +102,10 @@ def make_setup(
                 await subscription.unsubscribe()
                 await lease.release()
 
-        return service.Workload(tasks=[projector.catch_up(ctx.js, proxies), loop()], on_stop=[runtime.close])
+        return service.Workload(
+            tasks=[projector.catch_up(ctx.js, proxies), loop()],
+            on_stop=[runtime.close, sandboxes.unfollow, proxies.unfollow],
+        )
 
     return setup
 

@@ -54,6 +54,10 @@ class Scaler:
         self.per_proxy, self.drain_grace, self.backend = per_proxy, drain_grace, backend
         self.keep_warm = keep_warm
         self._route_cache: dict[int, int] = {}
+        self._verified: dict[str, tuple[int, int]] = {}
+        """Sandboxes whose route matched the listed map: id -> (record's last_seq, port).
+        Checking a route reads the sandbox's files, so a round checks only sandboxes
+        that changed since, and all of them whenever the map is listed again."""
         self._start_failed_at = -START_RETRY
         self._routes_at = 0.0
         self.last_active: datetime | None = None
@@ -136,8 +140,6 @@ class Scaler:
         routes = await self._routes()
         wanted |= self._stale_routes(sandboxes, records, routes, exclude=set(wanted))
         routed = await self.fleet.route_many(wanted, routes) if wanted else set()
-        if routed:
-            self._routes_at = 0.0  # list the map again next round
         for sandbox_id, proxy_id in plan.assign.items():
             if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
@@ -164,12 +166,14 @@ class Scaler:
 
     async def _routes(self) -> dict[int, int]:
         """The routing map, listed at most every ROUTES_EVERY seconds (listing spawns nft;
-        rounds run on every sandbox event)."""
+        rounds run on every sandbox event) and kept up to date with what this scaler routes
+        in between."""
         if time.monotonic() - self._routes_at >= ROUTES_EVERY:
             await self.fleet.ensure_network()  # an nftables reset is repaired here
-            await self.fleet.prune_routes()  # entries of sandboxes that stopped
             self._route_cache = await self.fleet.routes()
+            await self.fleet.prune_routes(self._route_cache)  # entries of sandboxes that stopped
             self._routes_at = time.monotonic()
+            self._verified.clear()
         return self._route_cache
 
     def _stale_routes(
@@ -182,12 +186,18 @@ class Scaler:
         """Assigned sandboxes whose route is missing or wrong (a resumed sandbox has a new
         address; an nftables reset empties the map): to be routed again this round."""
         stale = {}
+        verified = {}
         for sandbox in sandboxes:
             record = records.get(sandbox.proxy_id) if sandbox.status == "running" else None
             if record is None or sandbox.sandbox_id in exclude:
                 continue
-            if self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
-                stale[sandbox.sandbox_id] = record
+            seen = (sandbox.last_seq, record.port)
+            if self._verified.get(sandbox.sandbox_id) != seen:
+                if self.fleet.routed_port(sandbox.sandbox_id, routes) != record.port:
+                    stale[sandbox.sandbox_id] = record
+                    continue
+            verified[sandbox.sandbox_id] = seen
+        self._verified = verified  # sandboxes gone or stopped drop out
         return stale
 
 

@@ -167,3 +167,108 @@ async def test_verify_reports_a_tampered_projection(bus):
     rebuilt = await replay.rebuild(js, topology)
     assert len(rebuilt.differences) == 2
     assert not (await replay.verify(js, topology)).differences
+
+
+async def test_a_followed_projection_lists_what_a_snapshot_lists_even_while_others_write(bus, nats_server):
+    """``follow()`` answers ``all()`` from memory, as fresh as a snapshot: every write that
+    finished before the call is in the answer, whoever wrote it (here another connection),
+    deleted keys are gone, and a value that does not decode is an error, not skipped."""
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    followed = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    for n in range(5):
+        [stored] = await store.append(
+            topology.aggregate_subject(subjects.SESSION, f"f{n}"), [created(f"f{n}")], expected_last_seq=0
+        )
+        await followed.apply(stored)
+    await followed.follow()
+    other_nc, _ = await support.connect(nats_server.url, topology.namespace)
+    try:
+        writer = await projector.ProjectionStore.open(
+            other_nc.jetstream(), projections.SESSIONS, eventstore.EventStore(other_nc.jetstream(), topology)
+        )
+        for n in range(5, 40):  # each write is seen by the very next listing
+            state = msgspec.structs.replace(await followed.get("f0"), session_id=f"f{n}")
+            await writer.kv.put(writer.projection.key_of(f"f{n}"), codec.encode(state))
+            listed = await followed.all()
+            assert len(listed) == n + 1 and listed[writer.projection.key_of(f"f{n}")].session_id == f"f{n}"
+        await writer.kv.delete(writer.projection.key_of("f3"))
+        await writer.kv.purge(writer.projection.key_of("f4"))
+        listed = await followed.all()
+        assert listed == await _snapshot_of(followed)
+        assert len(listed) == 38 and writer.projection.key_of("f3") not in listed
+        await writer.kv.put(writer.projection.key_of("f7"), b"{not json")
+        with pytest.raises(errors.CorruptEvent, match="does not decode"):
+            await followed.all()
+        await writer.kv.put(writer.projection.key_of("f7"), codec.encode(await followed.get("f0")))
+        assert len(await followed.all()) == 38
+    finally:
+        await other_nc.close()
+        await followed.unfollow()
+
+
+async def test_a_followed_projection_that_fell_behind_answers_from_a_snapshot(bus, monkeypatch):
+    """If the mirror cannot reach the stream's tail in time (its consumer is being
+    recreated after a reconnect, say), ``all()`` takes a snapshot rather than answer
+    stale."""
+    from shared import kvmirror
+
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    followed = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    [stored] = await store.append(
+        topology.aggregate_subject(subjects.SESSION, "b0"), [created("b0")], expected_last_seq=0
+    )
+    await followed.apply(stored)
+    await followed.follow()
+    try:
+        assert len(await followed.all()) == 1
+        mirror = followed._mirror
+        monkeypatch.setattr(kvmirror, "CATCH_UP", 0.2)
+        await mirror._sub.unsubscribe()  # deaf from now on: it can only fall behind
+        state = await followed.get("b0")
+        await followed.kv.put(followed.projection.key_of("b1"), codec.encode(state))
+        listed = await followed.all()
+        assert set(listed) == {followed.projection.key_of("b0"), followed.projection.key_of("b1")}
+        assert mirror.fallbacks == 1
+    finally:
+        mirror._sub = None
+        await followed.unfollow()
+
+
+async def _snapshot_of(store: projector.ProjectionStore) -> dict:
+    from shared import bus as shared_bus
+
+    raw = await shared_bus.snapshot(store.store_js, store.kv_bucket)
+    return {k: codec.decode_state(v, store.projection.state_type) for k, v in raw.items()}
+
+
+async def test_a_followed_projection_can_keep_only_the_entries_its_owner_looks_at(bus):
+    """Deleted records stay in KV for good; a service that follows with ``keep`` lists only
+    what it accepts, and an entry that stops (or starts) being accepted leaves (or joins)."""
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    seqs = {}
+    for sid in ("k1", "k2"):
+        [stored] = await store.append(
+            topology.aggregate_subject(subjects.SESSION, sid), [created(sid)], expected_last_seq=0
+        )
+        seqs[sid] = (await sessions.apply(stored)).last_seq
+    await sessions.follow(keep=lambda s: s.status != "deleted")
+    try:
+        assert {s.session_id for s in (await sessions.all()).values()} == {"k1", "k2"}
+        subject = topology.aggregate_subject(subjects.SESSION, "k2")
+        [gone] = await store.append(
+            subject, [events.SessionDeleted(meta=meta(), session_id="k2")], expected_last_seq=seqs["k2"]
+        )
+        await sessions.apply(gone)
+        assert {s.session_id for s in (await sessions.all()).values()} == {"k1"}
+        [back] = await store.append(subject, [created("k2")], expected_last_seq=gone.seq)
+        await sessions.apply(back)
+        assert {s.session_id for s in (await sessions.all()).values()} == {"k1", "k2"}
+    finally:
+        await sessions.unfollow()

@@ -177,15 +177,22 @@ class Network:
 
     async def route_many(self, wanted: dict[int, int], current: dict[int, int] | None = None) -> None:
         """Route sandbox links (host-side interface index → proxy port) in one nftables
-        transaction. ``current``: the map as the caller last saw it (listed again if stale)."""
+        transaction. ``current``: the map as the caller last saw it (listed again if stale);
+        it is updated with what was routed, so the caller need not list it again."""
         if not wanted:
             return
         out = ""
         for attempt in range(2):
             if current is None or attempt:
-                current = await self.routes()
+                listed = await self.routes()
+                if current is None:
+                    current = listed
+                else:
+                    current.clear()
+                    current.update(listed)
             code, out = await self._apply_routes(wanted, current)
             if code == 0:
+                current.update(wanted)
                 return
         raise errors.InfrastructureError(f"cannot route sandboxes to their proxies: {out[-300:]}")
 
@@ -221,13 +228,18 @@ class Network:
                     found[ifindex] = int(port)
         return found
 
-    async def prune(self) -> int:
-        """Remove entries whose interface is gone (their sandbox stopped)."""
+    async def prune(self, routes: dict[int, int] | None = None) -> int:
+        """Remove entries whose interface is gone (their sandbox stopped). ``routes``: the
+        map just listed, if the caller has it; the removed entries leave it too."""
         present = _interfaces()
-        gone = [i for i in await self.routes() if i not in present]
+        if routes is None:
+            routes = await self.routes()
+        gone = [i for i in routes if i not in present]
         if gone:
             script = "".join(f"delete element inet {NAT_TABLE} proxy_of_link {{ {i} }}\n" for i in gone)
             await self._run(self.nft, "-f", "-", stdin=script)
+            for i in gone:
+                del routes[i]
         return len(gone)
 
     async def attach(self, token: str, pid: int) -> Slot:

@@ -175,7 +175,8 @@ class LocalProxies:
     async def route_many(self, wanted: dict[str, Record], current: dict[int, int] | None = None) -> set[str]:
         """Route several sandboxes at once (one nftables transaction); the ids routed
         (a sandbox without a proxy link, e.g. stopped meanwhile, is left out).
-        ``current``: the routing map as last listed, if the caller has it."""
+        ``current``: the routing map as last listed, if the caller has it (updated with
+        what was routed)."""
         links = {sid: self.runtime.egress_link(sid) for sid in wanted}
         routable = {sid: link for sid, link in links.items() if link is not None}
         await self.runtime.network.route_many(
@@ -190,5 +191,5 @@ class LocalProxies:
     async def routes(self) -> dict[int, int]:
         return await self.runtime.network.routes()
 
-    async def prune_routes(self) -> int:
-        return await self.runtime.network.prune()
+    async def prune_routes(self, routes: dict[int, int] | None = None) -> int:
+        return await self.runtime.network.prune(routes)
