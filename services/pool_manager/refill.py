@@ -43,7 +43,7 @@ async def run(
     delay = INTERVAL
     try:
         while True:
-            if await lease.hold():
+            if await lease.hold(fresh_for=leases.FRESH_SECONDS):
                 ctx.details["pool"] = "filling"
                 try:
                     failures = await leases.while_held(

@@ -80,7 +80,7 @@ def make_setup(
         async def loop() -> None:
             try:
                 while True:
-                    if await lease.hold():
+                    if await lease.hold(fresh_for=leases.FRESH_SECONDS):
                         try:
                             report = await leases.while_held(lease, scaler.round(service.now()))
                             if report is not None:

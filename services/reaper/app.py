@@ -41,7 +41,7 @@ def make_setup(
             passes = 0
             try:
                 while True:
-                    if await lease.hold():
+                    if await lease.hold(fresh_for=leases.FRESH_SECONDS):
                         try:
                             report = await leases.while_held(lease, reaper.pass_once())
                             if report is None:  # another instance took over mid-pass

@@ -44,3 +44,22 @@ async def test_work_is_cancelled_when_the_lease_is_lost(bus):
     assert await leases.while_held(a, slow(), renew_every=0.1) is None
     await thief
     assert not finished.is_set()
+
+
+async def test_a_fresh_lease_is_not_written_again_when_asked_with_fresh_for(bus):
+    """Loops ask before every round; within ``fresh_for`` of the last renewal the answer
+    needs no write, after it the lease is renewed (a write, a new revision)."""
+    nc, topology = bus
+    kv = await nc.jetstream().key_value(topology.leases_bucket)
+    a = leases.Lease(kv, "job3", "a")
+    assert await a.hold(fresh_for=5.0)  # not held yet: taken (written)
+    taken = a.revision
+    assert (await kv.get("job3")).revision == taken
+    assert await a.hold(fresh_for=5.0) and a.revision == taken
+    assert (await kv.get("job3")).revision == taken
+    await asyncio.sleep(0.2)
+    assert await a.hold(fresh_for=0.1) and a.revision > taken
+    assert (await kv.get("job3")).revision == a.revision
+    renewed = a.revision
+    assert await a.hold() and a.revision > renewed  # by default it always renews
+    assert (await kv.get("job3")).revision == a.revision
