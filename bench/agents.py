@@ -11,11 +11,15 @@ Prints, all in the same run:
   gateway refuses before doing any work) and vs an MCP `ping`, same server, same client,
   interleaved: p50/p99 and the ratios (target: shell at most 2x the no-op tool call);
 * the same `true` through NATS directly (executor request) vs bare `bwrap` exec of `true`;
-* N concurrent agents each running a few commands: p50/p99 and errors.
+* N concurrent agents each running a few commands: p50/p99 and errors;
+* warm new session -> first shell at several offered claim rates (``--rates``, each for
+  ``--seconds``, from a full pool): p50/p99, the rate the load generator achieved, and
+  the CPU each process of the stack spent per new session (the claim and the pool refill
+  it causes; sandboxes' own processes not counted), next to the load generator's own.
 
 Figures only; nothing is asserted.
 
-    .venv/bin/python bench/agents.py [--cold 20] [--warm 200] [--agents 20]
+    .venv/bin/python bench/agents.py [--cold 20] [--warm 200] [--agents 20] [--rates 10,25,50,100]
 """
 
 from __future__ import annotations
@@ -127,15 +131,25 @@ asyncio.run(backends.purge("local", Path(sys.argv[1])))
 
 
 async def new_sessions(
-    url: str, key: str, prefix: str, n: int, rate: float, whole: list[float] | None = None
+    url: str,
+    key: str,
+    prefix: str,
+    n: int,
+    rate: float,
+    whole: list[float] | None = None,
+    starts: list[float] | None = None,
 ) -> tuple[list[float], float]:
     """n new session ids at ``rate`` per second, each timed to its first shell result
     (from the tool call; ``whole`` gets the time from connecting: initialize, tools/list
-    and the call, which is what a claim started on connect overlaps with)."""
+    and the call, which is what a claim started on connect overlaps with). Session i is
+    due at i/rate from the start; ``starts`` gets when each one really connected (a
+    saturated machine falls behind the schedule)."""
     samples: list[float] = []
 
     async def one(i: int) -> None:
         t0 = time.perf_counter()
+        if starts is not None:
+            starts.append(t0)
         async with Agent(url, key, f"{prefix}-{i}") as agent:
             await timed(samples, agent.shell("true"))
             if whole is not None:
@@ -144,10 +158,74 @@ async def new_sessions(
     start = time.perf_counter()
     tasks = []
     for i in range(n):
+        await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
         tasks.append(asyncio.create_task(one(i)))
-        await asyncio.sleep(1 / rate)
     await asyncio.gather(*tasks)
     return samples, time.perf_counter() - start
+
+
+async def delete_sessions(base: str, key: str, names: list[str]) -> None:
+    """Give the claimed sandboxes back (between measurements, so the pool refills)."""
+    limit = asyncio.Semaphore(16)
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
+
+        async def one(name: str) -> None:
+            async with limit:
+                (await http.delete(f"{base}/v1/sessions/{name}")).raise_for_status()
+
+        await asyncio.gather(*(one(n) for n in names))
+
+
+IDLE_WINDOW = 3.0
+"""Seconds the idle stack is measured before each burst."""
+
+
+async def rate_sweep(
+    proc: subprocess.Popen[str],
+    base: str,
+    key: str,
+    state: Path,
+    pool: int,
+    rates: list[float],
+    seconds: float,
+) -> list[str]:
+    """Warm first shells at each offered rate, each burst from a full pool. The CPU of the
+    stack's processes is read before the burst and after the pool has refilled, less what
+    the idle stack uses in as long (measured just before)."""
+    lines = []
+    for rate in rates:
+        n = max(10, round(rate * seconds))
+        await wait_for_pool(state, pool)
+        await asyncio.sleep(1.0)
+        quiet = common.process_tree_cpu(proc.pid)
+        await asyncio.sleep(IDLE_WINDOW)
+        before, me, t0 = common.process_tree_cpu(proc.pid), time.process_time(), time.monotonic()
+        idle = {name: cpu / IDLE_WINDOW for name, cpu in common.cpu_delta(quiet, before).items()}
+        if not lines:
+            lines.append(
+                f"stack idle, {pool} pool sandboxes: {sum(idle.values()) * 1000:.0f} ms CPU per second ("
+                + ", ".join(
+                    f"{k} {v * 1000:.0f}" for k, v in sorted(idle.items(), key=lambda i: -i[1]) if v >= 0.0005
+                )
+                + ")"
+            )
+        starts: list[float] = []
+        samples, elapsed = await new_sessions(f"{base}/mcp", key, f"r{rate:g}", n, rate, starts=starts)
+        client = time.process_time() - me
+        await wait_for_pool(state, pool)
+        window = time.monotonic() - t0
+        used = common.cpu_delta(before, common.process_tree_cpu(proc.pid))
+        used = {name: cpu - idle.get(name, 0.0) * window for name, cpu in used.items()}
+        achieved = (n - 1) / (max(starts) - min(starts)) if n > 1 else float("nan")
+        lines.append(common.row(f"offered {rate:g}/s (started {achieved:.0f}/s)", samples, elapsed))
+        per = sorted(((cpu / n * 1000, name) for name, cpu in used.items()), reverse=True)
+        lines.append(
+            f"    CPU per new session beyond idle: stack {sum(c for c, _ in per):.0f} ms ("
+            + ", ".join(f"{name} {ms:.0f}" for ms, name in per if ms >= 0.5)
+            + f"), load generator {client / n * 1000:.0f} ms"
+        )
+        await delete_sessions(base, key, [f"r{rate:g}-{i}" for i in range(n)])
+    return lines
 
 
 async def wait_for_pool(state: Path, size: int) -> None:
@@ -170,7 +248,9 @@ async def wait_for_pool(state: Path, size: int) -> None:
         await nc.close()
 
 
-async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> None:
+async def main(
+    cold: int, warm: int, agents: int, pool: int, rate: float, rates: list[float], seconds: float
+) -> None:
     results: dict[str, tuple[list[float], float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         state = Path(tmp) / "cold"
@@ -189,6 +269,15 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
             await wait_for_pool(state, pool)
             results[f"warm, claim on first call (off) @{rate:g}/s"] = await new_sessions(
                 f"{base}/mcp", key, "lazy", min(cold, pool), rate
+            )
+        finally:
+            stop_stack(proc, state)
+        state = Path(tmp) / "sweep"
+        big = max(10, *(round(r * seconds) for r in rates))
+        proc, base = start_stack(state, pool=big)
+        try:
+            sweep = await rate_sweep(
+                proc, base, (state / "api-key").read_text().strip(), state, big, rates, seconds
             )
         finally:
             stop_stack(proc, state)
@@ -304,6 +393,10 @@ async def main(cold: int, warm: int, agents: int, pool: int, rate: float) -> Non
             )
             print(f"NATS shell / bare bwrap ratio: p50 {nats_p['p50'] / bare_p['p50']:.2f}x")
             print(f"concurrent agents: {errors} errors")
+            print(
+                f"\nwarm new session -> first shell by offered claim rate ({seconds:g} s each, pool {big}):"
+            )
+            print("\n".join(sweep))
             lazy_p = common.percentiles(results[f"warm, claim on first call (off) @{rate:g}/s"][0])
             on_p = common.percentiles(results[f"warm: new session -> first shell @{rate:g}/s"][0])
             print(
@@ -327,5 +420,8 @@ if __name__ == "__main__":
     parser.add_argument("--agents", type=int, default=20)
     parser.add_argument("--pool", type=int, default=20, help="warm pool size (SBX_POOL_MIN_IDLE)")
     parser.add_argument("--rate", type=float, default=10.0, help="new sessions per second")
+    parser.add_argument("--rates", default="10,25,50,100", help="offered claim rates of the sweep")
+    parser.add_argument("--seconds", type=float, default=2.0, help="how long each rate is offered")
     args = parser.parse_args()
-    asyncio.run(main(args.cold, args.warm, args.agents, args.pool, args.rate))
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    asyncio.run(main(args.cold, args.warm, args.agents, args.pool, args.rate, rates, args.seconds))

@@ -1,6 +1,7 @@
 """Keeping the warm pool full: one instance at a time (a lease in KV), any instance can take over.
 
-Every ``INTERVAL`` the lease holder reads the sandboxes projection, asks the pure
+As soon as a sandbox is claimed or goes away (its event), and at least every
+``INTERVAL``, the lease holder reads the sandboxes projection, asks the pure
 ``logic.plan`` what to do, provisions what is missing (each new sandbox is recorded,
 started, then offered on the pool's work queue), removes idle sandboxes of pools whose
 spec changed, and re-offers every idle sandbox (de-duplicated by id, so an offer lost to
@@ -11,19 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared import codec, errors, execution, ids, leases, metrics, provisioning, service, warmpool
+from shared import codec, errors, execution, ids, leases, metrics, provisioning, service, subjects, warmpool
 
 log = structlog.get_logger(__name__)
 
-INTERVAL = 0.5
+INTERVAL = 2.0
+"""Rounds without any sandbox event (a pool whose spec changed, an offer to make good)."""
+MIN_GAP = 0.1
+"""Rounds start at least this far apart, however many claims come (a burst waits for one)."""
 MAX_BACKOFF = 30.0
-REOFFER_EVERY = 20
+REOFFER_EVERY = 10.0
+"""Seconds between rounds that offer every idle sandbox again."""
+WAKE_ON = (
+    b'"sandbox.claimed"',
+    b'"sandbox.deleted"',
+    b'"sandbox.failed"',
+    b'"sandbox.lost"',
+    b'"sandbox.stopped"',
+)
+"""Events that leave a pool short (the round after them refills it)."""
 LEASE_KEY = "pool-refill"
 CREATE_AT_ONCE = 2
 """Pool sandboxes created at the same time. Refilling is CPU-bound (namespaces, mounts,
@@ -39,15 +54,25 @@ async def run(
     max_running: int,
 ) -> None:
     lease = leases.Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
-    rounds = 0
+    wake = asyncio.Event()
+
+    async def on_sandbox_event(msg) -> None:  # type: ignore[no-untyped-def]
+        if any(kind in msg.data for kind in WAKE_ON):
+            wake.set()
+
+    subscription = await ctx.nc.subscribe(ctx.topology.events_of_kind(subjects.SANDBOX), cb=on_sandbox_event)
+    reoffered = -REOFFER_EVERY
     delay = INTERVAL
     try:
         while True:
             if await lease.hold(fresh_for=leases.FRESH_SECONDS):
                 ctx.details["pool"] = "filling"
+                reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
+                if reoffer:
+                    reoffered = time.monotonic()
                 try:
                     failures = await leases.while_held(
-                        lease, refill_once(ctx, pool, pools, max_running, reoffer=rounds % REOFFER_EVERY == 0)
+                        lease, refill_once(ctx, pool, pools, max_running, reoffer=reoffer)
                     )
                     failures = 0 if failures is None else failures
                     # Failing provisions back off (up to 30 s) instead of flooding the stream.
@@ -59,11 +84,17 @@ async def run(
                     await asyncio.Event().wait()
                 except errors.SandboxError as exc:
                     log.warning("pool.refill_failed", error=exc.message)
-                rounds += 1
             else:
                 ctx.details["pool"] = "standby"
-            await asyncio.sleep(delay)
+            await asyncio.sleep(MIN_GAP)
+            if delay > INTERVAL:  # backing off after failures: events do not cut it short
+                await asyncio.sleep(delay - MIN_GAP)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), delay - MIN_GAP)
+            wake.clear()
     finally:
+        await subscription.unsubscribe()
         await lease.release()
 
 

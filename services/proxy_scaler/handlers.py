@@ -57,7 +57,8 @@ class Scaler:
         self._verified: dict[str, tuple[int, int]] = {}
         """Sandboxes whose route matched the listed map: id -> (record's last_seq, port).
         Checking a route reads the sandbox's files, so a round checks only sandboxes
-        that changed since, and all of them whenever the map is listed again."""
+        that changed since, and all of them when the listed map is not what this scaler
+        last knew (an nftables reset, entries pruned)."""
         self._start_failed_at = -START_RETRY
         self._routes_at = 0.0
         self.last_active: datetime | None = None
@@ -170,10 +171,12 @@ class Scaler:
         in between."""
         if time.monotonic() - self._routes_at >= ROUTES_EVERY:
             await self.fleet.ensure_network()  # an nftables reset is repaired here
-            self._route_cache = await self.fleet.routes()
-            await self.fleet.prune_routes(self._route_cache)  # entries of sandboxes that stopped
+            listed = await self.fleet.routes()
+            await self.fleet.prune_routes(listed)  # entries of sandboxes that stopped
+            if listed != self._route_cache:  # changed behind our back: check every route again
+                self._verified.clear()
+            self._route_cache = listed
             self._routes_at = time.monotonic()
-            self._verified.clear()
         return self._route_cache
 
     def _stale_routes(
