@@ -376,8 +376,8 @@ async def main(
             results[f"{agents} concurrent agents x 5 shells"] = (many, time.perf_counter() - start)
 
             print(f"\nMCP benchmark (local runtime, sbx up, {os.cpu_count()} cores)\n")
-            for label, (samples, seconds) in results.items():
-                print(common.row(label, samples, seconds))
+            for label, (samples, took) in results.items():
+                print(common.row(label, samples, took))
             shell_p = common.percentiles(results["MCP shell `true` (live session)"][0])
             ping_p = common.percentiles(results["MCP ping (no-op round trip)"][0])
             nats_p = common.percentiles(direct)

@@ -74,6 +74,8 @@ def _cpu_of(pid: int) -> tuple[str, float] | None:
     args = [a.decode(errors="replace") for a in cmdline if a]
     if "-m" in args[:-1]:
         name = args[args.index("-m") + 1].removeprefix("services.")
+    elif args and Path(args[0]).name.startswith("python") and len(args) > 1:
+        name = Path(args[1]).name  # a script: the proxy's sbx-proxy, say
     else:
         name = Path(args[0]).name if args else "?"
     return name, ticks / CLOCK_TICKS
