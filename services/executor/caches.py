@@ -48,18 +48,30 @@ class TenantCaches:
         self.sandboxes = sandboxes
         self._done: OrderedDict[str, None] = OrderedDict()
 
-    async def ensure(self, request: execution.Request, sandbox: states.SandboxState | None = None) -> None:
+    def pending(self, sandbox_id: str) -> bool:
+        """Whether the next call on this sandbox has the check to make (and reads the
+        session's record for it)."""
+        return self.runtime.tenant_caches and sandbox_id not in self._done
+
+    async def ensure(
+        self,
+        request: execution.Request,
+        sandbox: states.SandboxState | None = None,
+        session: states.SessionState | None = None,
+    ) -> None:
         """Make the sandbox show its session's organisation's cache (once per sandbox).
-        ``sandbox``: its record, if the caller just read it."""
+        ``sandbox``, ``session``: their records, if the caller just read them."""
         session_id, sandbox_id = request.session_id, request.sandbox_id
-        if not self.runtime.tenant_caches or sandbox_id in self._done:
+        if not self.pending(sandbox_id):
             return
-        if sandbox is None:
+        if sandbox is None and session is None:
             session, sandbox = await asyncio.gather(
                 self.sessions.get(session_id), self.sandboxes.get(sandbox_id)
             )
-        else:
+        elif session is None:
             session = await self.sessions.get(session_id)
+        elif sandbox is None:
+            sandbox = await self.sandboxes.get(sandbox_id)
         if session is None:
             return  # the projection is behind: the next call looks again
         org_id = session.org_id

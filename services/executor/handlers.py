@@ -70,9 +70,9 @@ class Executor:
                 raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
             ids.validate_session_id(request.session_id)
             valid = True
-            sandbox = await self._check_owner(request)
+            sandbox, session = await self._lookups(request)
             if self.tenant_caches is not None:
-                await self.tenant_caches.ensure(request, sandbox)
+                await self.tenant_caches.ensure(request, sandbox, session)
             # Busy for as long as the call may run (so the reaper never counts it idle),
             # recorded while the call starts; the end-of-call touch comes after it.
             busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
@@ -139,6 +139,19 @@ class Executor:
             await activity.touch(self.activity_kv, session_id, busy_for=busy_for)
         except errors.SandboxError as exc:
             log.warning("executor.activity_failed", error=exc.message)
+
+    async def _lookups(
+        self, request: execution.AnyRequest
+    ) -> tuple[states.SandboxState | None, states.SessionState | None]:
+        """The owner check and, when the cache check will need it, the session's record:
+        read at once (a session's first call on a sandbox makes both reads)."""
+        caches = self.tenant_caches
+        if caches is None or not caches.pending(request.sandbox_id):
+            return await self._check_owner(request), None
+        sandbox, session = await asyncio.gather(
+            self._check_owner(request), caches.sessions.get(request.session_id)
+        )
+        return sandbox, session
 
     async def _check_owner(self, request: execution.AnyRequest) -> states.SandboxState | None:
         """Defence in depth: the sandbox must belong to the session named in the request.

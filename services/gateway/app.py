@@ -79,7 +79,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
 
         where = placement.Placement(session_states, sandboxes)
-        resolver = sessions.Resolver(client, where.running_sandbox, where.forget)
+        resolver = sessions.Resolver(client, where.running_sandbox, where.forget, where.remember)
         mcp_app = mcp_tools.mcp_http_app(
             mcp_tools.build_mcp(
                 client, executor, resolver=resolver, claim_on_connect=gateway.claim_on_connect

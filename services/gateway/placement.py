@@ -46,12 +46,17 @@ class Placement:
         if sandbox is None or sandbox.status != "running":
             self.forget(session_id)
             return None
-        if len(self._known) >= self.limit:
-            self._known.clear()
-        self._known[session_id] = (session.sandbox_id, time.monotonic(), session.org_id)
+        self.remember(session_id, session.sandbox_id, session.org_id)
         if org_id is not None and session.org_id not in (None, org_id):
             return None
         return session.sandbox_id
+
+    def remember(self, session_id: str, sandbox_id: str, org_id: str | None) -> None:
+        """What the scheduler just answered (a session's first request: its next call,
+        usually the agent's first tool call right after connecting, needs no lookup)."""
+        if len(self._known) >= self.limit:
+            self._known.clear()
+        self._known[session_id] = (sandbox_id, time.monotonic(), org_id)
 
     def forget(self, session_id: str) -> None:
         self._known.pop(session_id, None)

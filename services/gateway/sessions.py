@@ -68,10 +68,12 @@ class Resolver:
         commands: bus_client.CommandClient,
         running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,
         forget: Callable[[str], None] | None = None,
+        remember: Callable[[str, str, str | None], None] | None = None,
     ) -> None:
         self.commands = commands
         self.running_sandbox = running_sandbox
         self.forget = forget
+        self.remember = remember
         self._early: dict[tuple[str, str | None], asyncio.Task[str]] = {}
 
     def prefetch(self, who: Identity) -> None:
@@ -118,6 +120,8 @@ class Resolver:
         )
         if state is None or state.sandbox_id is None:
             raise errors.Unavailable("the scheduler did not assign a sandbox to this session; retry shortly")
+        if self.remember is not None:
+            self.remember(state.session_id, state.sandbox_id, state.org_id)
         return state.sandbox_id
 
     async def with_sandbox(self, who: Identity, call: Callable[[str], Awaitable[T]]) -> T:

@@ -103,3 +103,27 @@ async def test_a_caller_for_another_organisation_never_takes_the_fast_path():
     assert await where.running_sandbox(SESSION, "acme") == "sb-1"
     assert await where.running_sandbox(SESSION, "globex") is None  # remembered, still refused
     assert await where.running_sandbox(SESSION) == "sb-1"  # the operator
+
+
+async def test_the_schedulers_answer_is_remembered_so_the_first_tool_call_reads_nothing():
+    """A session's first request goes to the scheduler (a new session has no placement);
+    the answer is remembered, so the call right after it (an agent's first tool call after
+    connecting) reads no projection, and the organisation rule still holds for it."""
+    from services.gateway import sessions as gateway_sessions
+
+    owned = msgspec.structs.replace(_state("sb-9"), org_id="acme")
+    session_store, sandbox_store = Store({}), Store({})
+    where = placement.Placement(session_store, sandbox_store)
+    scheduler = FakeCommands(owned)
+    resolver = gateway_sessions.Resolver(
+        scheduler,  # type: ignore[arg-type]
+        where.running_sandbox,
+        where.forget,
+        where.remember,
+    )
+    who = gateway_sessions.Identity(session_id=SESSION, correlation_id="c1", org_id="acme")
+    assert await resolver.sandbox_for(who) == "sb-9"
+    reads = session_store.reads
+    assert await resolver.sandbox_for(who) == "sb-9"
+    assert session_store.reads == reads and sandbox_store.reads == 0 and len(scheduler.sent) == 1
+    assert await where.running_sandbox(SESSION, "globex") is None
