@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from services.reaper import handlers, logic
+from services.reaper import handlers
 from shared import errors, leases, projections, projector, service, settings
 from shared.runtime import backends
 
@@ -28,11 +28,8 @@ def make_setup(
         )
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        # Every pass lists both. Deleted sessions and dead sandbox records stay in KV for
-        # good; a pass needs neither (a dead record and no record are alike to the sweep).
-        await sessions.follow(keep=lambda s: s.status != "deleted")
-        await sandboxes.follow(keep=lambda s: s.status in logic.LIVE)
         reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace)
+        await reaper.follow()
         lease = leases.Lease(
             await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
         )
@@ -59,7 +56,7 @@ def make_setup(
                 await lease.release()
 
         return service.Workload(
-            tasks=[loop()], on_stop=[runtime.close, sessions.unfollow, sandboxes.unfollow]
+            tasks=[loop()], on_stop=[runtime.close, reaper.unfollow]
         )
 
     return setup

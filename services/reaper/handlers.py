@@ -61,6 +61,17 @@ class Reaper:
         self.grace = grace
         self._activity_kv: KeyValue | None = None
 
+    async def follow(self) -> None:
+        """Keep what every pass lists in memory (``ProjectionStore.follow``). Deleted
+        sessions and dead sandbox records stay in KV for good; a pass needs neither (to
+        the sweep a dead record and no record are alike)."""
+        await self.sessions.follow(keep=lambda s: s.status != "deleted")
+        await self.sandboxes.follow(keep=lambda s: s.status in logic.LIVE)
+
+    async def unfollow(self) -> None:
+        await self.sessions.unfollow()
+        await self.sandboxes.unfollow()
+
     async def last_activity(self, session_id: str, now: datetime) -> datetime | None:
         """When the session last called a tool (``now`` while a call may still be running)."""
         if self._activity_kv is None:
