@@ -8,6 +8,12 @@ HTTP, anything it does not parse) goes unchanged to mitmproxy on its loopback po
 
 Why: mitmproxy relays a tunnel through its layers in 64 KiB reads; for a bulk download
 that costs most of a core and well over half the throughput (bench/proxy.py).
+
+Each direction of a relayed connection is a blocking ``splice(2)`` loop in a thread of its
+own (two threads per connection, up to ``THREADED_MAX`` connections): the kernel wakes
+the thread when bytes arrive, with no event-loop round per chunk (an event-loop relay
+re-arms its reader for every chunk, which cost most of the proxy's CPU per GiB). Beyond
+that many connections at once, the event loop relays the rest.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Callable
 
 from sbx_proxy import config
@@ -28,6 +35,8 @@ HEAD_LIMIT = 16 * 1024
 HEAD_TIMEOUT = 30.0
 CONNECT_TIMEOUT = 30.0
 PIPE_SIZE = 1 << 20
+THREADED_MAX = 256
+"""Connections relayed by threads at once (two each); more are relayed by the event loop."""
 FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _CONNECT = re.compile(
     rb"CONNECT ([A-Za-z0-9._-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\]):([0-9]{1,5}) HTTP/1\.[01]\r\n"
@@ -74,6 +83,8 @@ class Front:
         self.config = current_config
         self.inner = inner
         self.tasks: set[asyncio.Task[None]] = set()
+        self.threaded = 0
+        """Connections relayed by threads now."""
         self.listener: socket.socket | None = None
         self._accepting: asyncio.Task[None] | None = None
 
@@ -122,7 +133,14 @@ class Front:
                 await loop.sock_connect(upstream, self.inner)
                 await loop.sock_sendall(upstream, head)
             if upstream is not None:
-                await relay(client, upstream)
+                if self.threaded < THREADED_MAX:
+                    self.threaded += 1
+                    try:
+                        await relay_in_threads(client, upstream)
+                    finally:
+                        self.threaded -= 1
+                else:
+                    await relay(client, upstream)
         except (TimeoutError, OSError):
             pass
         finally:
@@ -190,6 +208,61 @@ async def relay(a: socket.socket, b: socket.socket) -> None:
     finally:
         one.cancel()
         two.cancel()
+
+
+async def relay_in_threads(a: socket.socket, b: socket.socket) -> None:
+    """What :func:`relay` does, each direction a blocking splice loop in a thread of its
+    own. Cancelled, or when one direction fails, both sockets are shut down, which ends
+    both threads; returns once both have."""
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    left = [2]
+
+    def stop_both() -> None:
+        for sock in (a, b):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def one_ended() -> None:
+        left[0] -= 1
+        if left[0] == 0 and not finished.done():
+            finished.set_result(None)
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            _blocking_pump(src, dst)
+        except OSError:
+            stop_both()
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(one_ended)
+
+    for sock in (a, b):
+        sock.setblocking(True)
+    for src, dst in ((a, b), (b, a)):
+        threading.Thread(target=pump, args=(src, dst), name="sbx-relay", daemon=True).start()
+    try:
+        await asyncio.shield(finished)
+    except asyncio.CancelledError:
+        stop_both()
+        await asyncio.shield(finished)  # the threads end at once: their sockets are shut
+        raise
+
+
+def _blocking_pump(src: socket.socket, dst: socket.socket) -> None:
+    """src → dst through a pipe with blocking splice(2), then the EOF as a half-close."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    try:
+        while n := os.splice(src.fileno(), w, PIPE_SIZE, flags=os.SPLICE_F_MOVE):
+            while n:
+                n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 async def _wait(sock: socket.socket, *, readable: bool) -> None:

@@ -179,3 +179,88 @@ def test_a_connect_head_cut_short_never_opens_a_tunnel(proxy, echo):
     assert not answer.startswith(b"HTTP/1.1 200"), answer
     assert len(echo.peers) == before
     assert "Traceback" not in proxy.output()
+
+
+class Relayed:
+    """client ↔ [one of the front's relays, in this process] ↔ the echo server."""
+
+    def __init__(self, relay, echo: EchoUntilEof) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        listener = socket.create_server(("127.0.0.1", 0))
+        self.client = socket.create_connection(listener.getsockname())
+        inside, _ = listener.accept()
+        listener.close()
+        upstream = socket.create_connection(("127.0.0.1", echo.port))
+        for sock in (inside, upstream):
+            sock.setblocking(False)
+        self.task = self.loop.create_task(relay(inside, upstream))
+        self.sockets = (inside, upstream)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_until_complete(self.task)
+        except BaseException:  # cancelled on purpose
+            pass
+        finally:
+            for sock in self.sockets:
+                sock.close()
+
+    def cancel(self) -> None:
+        self.loop.call_soon_threadsafe(self.task.cancel)
+
+
+@pytest.mark.parametrize("relay", [front.relay_in_threads, front.relay], ids=["threads", "event loop"])
+def test_both_relays_carry_a_large_stream_intact_and_pass_the_half_close_on(relay):
+    """The relays themselves, without the proxy around them: 24 MiB both ways through
+    real sockets, byte for byte, and the client's half-close reaches the far end (whose
+    close then ends the relay)."""
+    echo = EchoUntilEof()
+    relayed = Relayed(relay, echo)
+    try:
+        payload = os.urandom(24 << 20)
+        received = hashlib.sha256()
+        count = 0
+
+        def read_all() -> None:
+            nonlocal count
+            while data := relayed.client.recv(1 << 20):
+                received.update(data)
+                count += len(data)
+
+        reader = threading.Thread(target=read_all)
+        reader.start()
+        relayed.client.sendall(payload)
+        relayed.client.shutdown(socket.SHUT_WR)
+        reader.join(60)
+        assert not reader.is_alive(), "the end of the stream never arrived"
+        assert count == len(payload) and received.hexdigest() == hashlib.sha256(payload).hexdigest()
+        relayed.thread.join(10)
+        assert not relayed.thread.is_alive(), "the relay did not end after both ends closed"
+    finally:
+        relayed.client.close()
+        echo.close()
+
+
+@pytest.mark.parametrize("relay", [front.relay_in_threads, front.relay], ids=["threads", "event loop"])
+def test_a_cancelled_relay_ends_at_once_and_closes_nothing_under_a_running_thread(relay):
+    """Cancelling a relay (the proxy shutting down) ends it while both directions are idle
+    and blocked: the client sees its connection end, and the relay returns only once its
+    threads are done (so the sockets are never closed under them)."""
+    echo = EchoUntilEof()
+    relayed = Relayed(relay, echo)
+    try:
+        relayed.client.sendall(b"ping")
+        assert relayed.client.recv(4) == b"ping"
+        relayed.cancel()
+        relayed.thread.join(10)
+        assert not relayed.thread.is_alive(), "the cancelled relay did not end"
+        relayed.client.settimeout(10)
+        assert relayed.client.recv(1) == b"", "the client's connection did not end"
+        assert not [t for t in threading.enumerate() if t.name == "sbx-relay"], "relay threads left"
+    finally:
+        relayed.client.close()
+        echo.close()
