@@ -12,8 +12,16 @@ for good, and a long-running service should not hold, copy and scan them every r
 ``current()`` is as fresh as a snapshot: it asks the stream for its last sequence and
 waits until the mirror has seen it, so every write that finished before the call is in
 the answer (read-your-writes for the caller and for anyone it heard from). If the mirror
-cannot catch up in time (a consumer being recreated after a reconnect), it falls back to
-a snapshot rather than answer stale.
+cannot catch up in time (a consumer being recreated after a reconnect), it answers from a
+snapshot rather than stale, and keeps doing so without waiting until it has caught up.
+
+``on_change(old, new)`` is called for every kept entry that changes, appears or leaves
+(``None`` for absent), once the write is in the bucket: a service can react to a
+projection changing without racing the write (an event is published before its
+projection is written).
+
+It assumes what projection buckets do: a key's message leaves the bucket only for a newer
+write or a delete/purge marker of that key (no TTL, no purge of the whole stream).
 """
 
 from __future__ import annotations
@@ -35,9 +43,10 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 
-CATCH_UP = 2.0
+CATCH_UP = 0.5
 """How long ``current()`` waits for the mirror to reach the stream's tail before it takes a
-snapshot instead."""
+snapshot instead (catching up takes milliseconds; longer means a consumer being
+recreated)."""
 
 
 class Mirror(Generic[T]):
@@ -49,8 +58,11 @@ class Mirror(Generic[T]):
         bucket: str,
         decode: Callable[[bytes], T],
         keep: Callable[[T], bool] | None = None,
+        on_change: Callable[[T | None, T | None], None] | None = None,
     ) -> None:
         self.js, self.bucket, self.decode, self.keep = js, bucket, decode, keep
+        self.on_change = on_change
+        self._behind = False
         self.stream = f"KV_{bucket}"
         self._prefix = f"$KV.{bucket}."
         self._values: dict[str, T] = {}
@@ -83,35 +95,42 @@ class Mirror(Generic[T]):
     async def _on_msg(self, msg: Msg) -> None:
         key = msg.subject[len(self._prefix) :]
         self._bad.pop(key, None)
-        if (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE"):
-            self._values.pop(key, None)
-        else:
+        old = self._values.pop(key, None)
+        new = None
+        if (msg.headers or {}).get("KV-Operation") not in ("DEL", "PURGE"):
             try:
                 value = self.decode(msg.data)
             except msgspec.DecodeError as exc:
-                self._values.pop(key, None)
                 self._bad[key] = str(exc)
             else:
                 if self.keep is None or self.keep(value):
-                    self._values[key] = value
-                else:
-                    self._values.pop(key, None)
+                    self._values[key] = new = value
         self._seen = max(self._seen, msg.metadata.sequence.stream)
         self._moved.set()
+        if self.on_change is not None and (old is not None or new is not None):
+            try:
+                self.on_change(old, new)
+            except Exception:
+                log.exception("kvmirror.on_change_failed", bucket=self.bucket)
 
     async def current(self) -> dict[str, T]:
         """Every (kept) key as of the end of the call (a copy: callers may keep it)."""
         if self._sub is None:
             raise RuntimeError(f"the mirror of {self.bucket} is not started")
-        tail = (await self.js.stream_info(self.stream)).state.last_seq
+        state = (await self.js.stream_info(self.stream)).state
+        if not state.messages:  # purged or empty: nothing to wait for (as a snapshot says)
+            return {}
+        tail = state.last_seq
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + CATCH_UP
+        deadline = loop.time() + (0.0 if self._behind else CATCH_UP)
         while self._seen < tail:
             self._moved.clear()
             try:
                 await asyncio.wait_for(self._moved.wait(), max(0.0, deadline - loop.time()))
             except TimeoutError:
+                self._behind = True  # until it catches up, answer from snapshots at once
                 return self._from_snapshot(await bus.snapshot(self.js, self.bucket), tail)
+        self._behind = False
         if self._bad:
             key, problem = next(iter(self._bad.items()))
             raise errors.CorruptEvent(f"{self.bucket} entry {key} does not decode: {problem}")

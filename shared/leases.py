@@ -41,12 +41,13 @@ class Lease:
         before every round, up to ten times a second, need not write every time)."""
         if self.revision is not None and time.monotonic() - self._renewed < fresh_for:
             return True
+        asked = time.monotonic()  # the key lives TTL from its write, which is after this
         try:
             if self.revision is None:
                 self.revision = await self.kv.create(self.key, self.holder.encode())
             else:
                 self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
-            self._renewed = time.monotonic()
+            self._renewed = asked
             return True
         except nats.js.errors.KeyWrongLastSequenceError:
             self.revision = None

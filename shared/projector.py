@@ -145,15 +145,20 @@ class ProjectionStore(Generic[projections.S]):
             return None
         return await self.apply(history[-1])
 
-    async def follow(self, keep: Callable[[projections.S], bool] | None = None) -> None:
+    async def follow(
+        self,
+        keep: Callable[[projections.S], bool] | None = None,
+        on_change: Callable[[projections.S | None, projections.S | None], None] | None = None,
+    ) -> None:
         """Keep the bucket in memory from now on, so ``all()`` costs one stream-info request
         instead of a snapshot (services that list a kind often call this once). With
-        ``keep``, ``all()`` lists only the entries it accepts (e.g. not deleted ones)."""
+        ``keep``, ``all()`` lists only the entries it accepts (e.g. not deleted ones);
+        ``on_change(old, new)`` hears of every kept entry that changes (``kvmirror``)."""
         if self._mirror is not None:
             return
         state_type = self.projection.state_type
         mirror = kvmirror.Mirror(
-            self.store_js, self.kv_bucket, lambda raw: codec.decode_state(raw, state_type), keep
+            self.store_js, self.kv_bucket, lambda raw: codec.decode_state(raw, state_type), keep, on_change
         )
         try:
             await mirror.start()

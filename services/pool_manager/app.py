@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
 from faststream.nats import NatsMessage
 
 from services.pool_manager import handlers, logic, refill
 from shared import pools as pool_specs
-from shared import projections, projector, service, settings
+from shared import projections, projector, service, settings, states
 from shared.runtime import api, backends
 
 QUEUE = "pool-manager"
@@ -27,9 +28,16 @@ def make_setup(
             egress=runtime_settings.egress,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        # Listed by every refill round and before every provision, which count requested
-        # and running sandboxes only (records of deleted ones stay in KV for good).
-        await sandboxes.follow(keep=lambda s: s.status in logic.LIVE)
+        # Listed by every refill round (which also reports how many are in each state)
+        # and before every provision; records of deleted sandboxes stay in KV for good.
+        # A change that leaves a pool short wakes the refill, once it is in the bucket.
+        short = asyncio.Event()
+
+        def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
+            if logic.leaves_room(old, new):
+                short.set()
+
+        await sandboxes.follow(keep=lambda s: s.status != "deleted", on_change=on_change)
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids
         )
@@ -50,7 +58,7 @@ def make_setup(
         tasks = [projector.catch_up(ctx.js, sandboxes)]
         pools = pool_specs.configured(lifecycle)
         if pools:
-            tasks.append(refill.run(ctx, pool, pools, lifecycle.max_running))
+            tasks.append(refill.run(ctx, pool, pools, lifecycle.max_running, short))
         return service.Workload(tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow])
 
     return setup

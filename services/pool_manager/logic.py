@@ -32,6 +32,16 @@ def idle(sandbox: states.SandboxState) -> bool:
     return sandbox.pool is not None and sandbox.session_id is None and sandbox.status in LIVE
 
 
+def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None) -> bool:
+    """Whether a sandbox's change may leave a pool short: an idle one claimed or gone, or
+    a live one gone (room under ``max_running``). Pure; ``None`` is absent."""
+    if old is None or old.status not in LIVE:
+        return False
+    if new is None or new.status not in LIVE:
+        return True
+    return idle(old) and not idle(new)
+
+
 def plan(sandboxes: Iterable[states.SandboxState], pools: Iterable[PoolSpec], max_running: int) -> Plan:
     """Refill every pool up to ``min_idle`` without taking the total past ``max_running``."""
     pools = list(pools)

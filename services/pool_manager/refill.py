@@ -1,6 +1,7 @@
 """Keeping the warm pool full: one instance at a time (a lease in KV), any instance can take over.
 
-As soon as a sandbox is claimed or goes away (its event), and at least every
+As soon as a sandbox is claimed or goes away (``wake``, set by the pool-manager's
+followed copy of the sandboxes once the change is in the bucket), and at least every
 ``INTERVAL``, the lease holder reads the sandboxes projection, asks the pure
 ``logic.plan`` what to do, provisions what is missing (each new sandbox is recorded,
 started, then offered on the pool's work queue), removes idle sandboxes of pools whose
@@ -20,7 +21,7 @@ from typing import Any
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared import codec, errors, execution, ids, leases, metrics, provisioning, service, subjects, warmpool
+from shared import codec, errors, execution, ids, leases, metrics, provisioning, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -34,14 +35,6 @@ first shell at 10 claims/s on 2 cores, bench probe of 40 sessions, two runs each
 MAX_BACKOFF = 30.0
 REOFFER_EVERY = 10.0
 """Seconds between rounds that offer every idle sandbox again."""
-WAKE_ON = (
-    b'"sandbox.claimed"',
-    b'"sandbox.deleted"',
-    b'"sandbox.failed"',
-    b'"sandbox.lost"',
-    b'"sandbox.stopped"',
-)
-"""Events that leave a pool short (the round after them refills it)."""
 LEASE_KEY = "pool-refill"
 CREATE_AT_ONCE = 2
 """Pool sandboxes created at the same time. Refilling is CPU-bound (namespaces, mounts,
@@ -55,15 +48,12 @@ async def run(
     pool: handlers.PoolHandlers,
     pools: list[logic.PoolSpec],
     max_running: int,
+    wake: asyncio.Event | None = None,
 ) -> None:
+    """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
+    be short (a round then starts at most MIN_GAP after the last)."""
     lease = leases.Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
-    wake = asyncio.Event()
-
-    async def on_sandbox_event(msg) -> None:  # type: ignore[no-untyped-def]
-        if any(kind in msg.data for kind in WAKE_ON):
-            wake.set()
-
-    subscription = await ctx.nc.subscribe(ctx.topology.events_of_kind(subjects.SANDBOX), cb=on_sandbox_event)
+    wake = wake or asyncio.Event()
     reoffered = -REOFFER_EVERY
     delay = INTERVAL
     try:
@@ -97,7 +87,6 @@ async def run(
                     await asyncio.wait_for(wake.wait(), delay - MIN_GAP)
             wake.clear()
     finally:
-        await subscription.unsubscribe()
         await lease.release()
 
 

@@ -137,16 +137,38 @@ class Scaler:
             )
             report.stopped += 1
         # Routes first (one transaction for the round), then the events that record them.
-        wanted = {sid: records[pid] for sid, pid in plan.assign.items() if pid in records}
-        routes = await self._routes()
-        wanted |= self._stale_routes(sandboxes, records, routes, exclude=set(wanted))
-        routed = await self.fleet.route_many(wanted, routes) if wanted else set()
+        routed = await self._route(sandboxes, records, plan.assign)
         for sandbox_id, proxy_id in plan.assign.items():
             if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
         report.rerouted = len(routed - set(plan.assign))
         report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
         return report
+
+    async def _route(
+        self,
+        sandboxes: list[states.SandboxState],
+        records: dict,  # type: ignore[type-arg]
+        assign: dict[str, str],
+    ) -> set[str]:
+        """Route the new assignments and every assigned sandbox whose route is missing or
+        wrong, in one nftables transaction; the ids routed. A failure, or a map that was
+        not what this scaler knew, makes the next round list it again and check every
+        route (an nftables reset must not leave sandboxes believed routed)."""
+        wanted = {sid: records[pid] for sid, pid in assign.items() if pid in records}
+        routes = await self._routes()
+        wanted |= self._stale_routes(sandboxes, records, routes, exclude=set(wanted))
+        if not wanted:
+            return set()
+        try:
+            routed, relisted = await self.fleet.route_many(wanted, routes)
+        except errors.SandboxError:
+            self._routes_at = 0.0
+            self._verified.clear()
+            raise
+        if relisted:
+            self._verified.clear()
+        return routed
 
     async def _record_assignment(self, sandbox_id: str, proxy_id: str) -> bool:
         def decide(state: states.SandboxState | None) -> list[events.Event]:

@@ -55,9 +55,7 @@ def make_setup(
             finally:
                 await lease.release()
 
-        return service.Workload(
-            tasks=[loop()], on_stop=[runtime.close, reaper.unfollow]
-        )
+        return service.Workload(tasks=[loop()], on_stop=[runtime.close, reaper.unfollow])
 
     return setup
 

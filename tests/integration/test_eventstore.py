@@ -233,6 +233,10 @@ async def test_a_followed_projection_that_fell_behind_answers_from_a_snapshot(bu
         listed = await followed.all()
         assert set(listed) == {followed.projection.key_of("b0"), followed.projection.key_of("b1")}
         assert mirror.fallbacks == 1
+        monkeypatch.setattr(kvmirror, "CATCH_UP", 60.0)  # behind: the next answer does not wait
+        started = asyncio.get_running_loop().time()
+        assert len(await followed.all()) == 2 and mirror.fallbacks == 2
+        assert asyncio.get_running_loop().time() - started < 30
     finally:
         mirror._sub = None
         await followed.unfollow()
@@ -258,9 +262,15 @@ async def test_a_followed_projection_can_keep_only_the_entries_its_owner_looks_a
             topology.aggregate_subject(subjects.SESSION, sid), [created(sid)], expected_last_seq=0
         )
         seqs[sid] = (await sessions.apply(stored)).last_seq
-    await sessions.follow(keep=lambda s: s.status != "deleted")
+    changes: list[tuple[str | None, str | None]] = []
+
+    def on_change(old, new) -> None:
+        changes.append((old and old.status, new and new.status))
+
+    await sessions.follow(keep=lambda s: s.status != "deleted", on_change=on_change)
     try:
         assert {s.session_id for s in (await sessions.all()).values()} == {"k1", "k2"}
+        assert changes == [(None, "active"), (None, "active")]  # what it found on starting
         subject = topology.aggregate_subject(subjects.SESSION, "k2")
         [gone] = await store.append(
             subject, [events.SessionDeleted(meta=meta(), session_id="k2")], expected_last_seq=seqs["k2"]
@@ -270,5 +280,7 @@ async def test_a_followed_projection_can_keep_only_the_entries_its_owner_looks_a
         [back] = await store.append(subject, [created("k2")], expected_last_seq=gone.seq)
         await sessions.apply(back)
         assert {s.session_id for s in (await sessions.all()).values()} == {"k1", "k2"}
+        # Heard once each write was in the bucket: k2 left (deleted: not kept), came back.
+        assert changes[2:] == [("active", None), (None, "active")]
     finally:
         await sessions.unfollow()

@@ -170,6 +170,39 @@ async def test_the_fleet_follows_the_sandboxes(fleet):
     }
 
 
+async def test_routes_lost_to_an_nftables_reset_come_back_for_every_sandbox(fleet):
+    """Someone deletes the host's NAT table (an nftables reload, `nft flush ruleset`) while
+    a new sandbox is being assigned: the scaler's round that routes it fails or finds the
+    map gone. Every sandbox, the ones routed long before included, is routed again and
+    reaches its proxy; nothing is left believing an old route."""
+    import subprocess
+
+    first = [await ensure(fleet, f"r{n}") for n in (1, 2)]
+    for sandbox in first:
+        assert await probe(fleet, sandbox) == "502"
+    await asyncio.sleep(2.5)  # routes listed again since: the first two are verified
+    subprocess.run(["nft", "delete", "table", "inet", network.NAT_TABLE], check=True)
+    late = await ensure(fleet, "r3")  # its round runs against the missing map
+    everyone = [*first, late]
+
+    async def all_routed() -> bool:
+        routes = await fleet["rt"].network.routes()
+        records = {r.proxy_id: r.port for r in fleet["local"].records()}
+        for sandbox in everyone:
+            state = await fleet["sandboxes"].get(sandbox)
+            if state.proxy_id is None or routes.get(fleet["rt"].egress_link(sandbox)) != records.get(
+                state.proxy_id
+            ):
+                return False
+        return True
+
+    await eventually(all_routed)
+    for sandbox in everyone:
+        assert await probe(fleet, sandbox) == "502", "reaches its proxy again"
+    for session in ("r1", "r2", "r3"):
+        await delete(fleet, session)
+
+
 async def _count(coro, n: int) -> bool:
     return len(await coro) == n
 

@@ -360,3 +360,22 @@ def test_plan_never_removes_claimed_sandboxes(world: Any) -> None:
     assert not claimed & set(plan.remove)
     # Removals free no room in the same round, so even a rollover never plans past the limit.
     assert plan.running + sum(plan.create.values()) <= max(max_running, plan.running)
+
+
+def test_a_change_leaves_room_when_an_idle_sandbox_is_claimed_or_a_live_one_goes() -> None:
+    """What wakes the refill (services.pool_manager.logic.leaves_room): an idle pool
+    sandbox claimed or gone, or any live sandbox gone (room under max_running); not a
+    new sandbox, not a claimed one changing, not a dead one changing."""
+    import msgspec
+
+    idle_one = sbx("running", pool="p1")
+    claimed = msgspec.structs.replace(idle_one, session_id="s1")
+    stopped = msgspec.structs.replace(claimed, status="stopped")
+    assert logic.leaves_room(idle_one, claimed)
+    assert logic.leaves_room(idle_one, None)
+    assert logic.leaves_room(claimed, stopped)
+    assert logic.leaves_room(claimed, None)
+    assert not logic.leaves_room(None, idle_one)
+    assert not logic.leaves_room(idle_one, idle_one)
+    assert not logic.leaves_room(claimed, claimed)
+    assert not logic.leaves_room(stopped, None)

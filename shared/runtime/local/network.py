@@ -158,8 +158,8 @@ class Network:
         """The nftables table and the proxy address on ``lo`` (idempotent)."""
         async with self._lock:
             if self._host_ready:  # still there? (an nftables restart or `nft flush ruleset` removes it)
-                code, _ = await self._run(self.nft, "list", "table", "inet", TABLE)
-                if code == 0:
+                code, out = await self._run(self.nft, "list", "tables", "inet")
+                if code == 0 and {f"table inet {TABLE}", f"table inet {NAT_TABLE}"} <= set(out.splitlines()):
                     return
                 self._host_ready = False
             why = self.unavailable()
@@ -175,12 +175,14 @@ class Network:
                 raise errors.InfrastructureError(f"cannot add the proxy address to lo: {out[-500:]}")
             self._host_ready = True
 
-    async def route_many(self, wanted: dict[int, int], current: dict[int, int] | None = None) -> None:
+    async def route_many(self, wanted: dict[int, int], current: dict[int, int] | None = None) -> bool:
         """Route sandbox links (host-side interface index → proxy port) in one nftables
         transaction. ``current``: the map as the caller last saw it (listed again if stale);
-        it is updated with what was routed, so the caller need not list it again."""
+        it is updated with what was routed, so the caller need not list it again. True
+        when the map had to be listed again (the caller's copy was wrong: the caller should
+        check what it believed about other entries)."""
         if not wanted:
-            return
+            return False
         out = ""
         for attempt in range(2):
             if current is None or attempt:
@@ -193,7 +195,7 @@ class Network:
             code, out = await self._apply_routes(wanted, current)
             if code == 0:
                 current.update(wanted)
-                return
+                return attempt > 0
         raise errors.InfrastructureError(f"cannot route sandboxes to their proxies: {out[-300:]}")
 
     async def _apply_routes(self, wanted: dict[int, int], current: dict[int, int]) -> tuple[int, str]:

@@ -172,17 +172,19 @@ class LocalProxies:
         """Re-install the host's firewall and routing table if something removed them."""
         await self.runtime.network.ensure_host()
 
-    async def route_many(self, wanted: dict[str, Record], current: dict[int, int] | None = None) -> set[str]:
-        """Route several sandboxes at once (one nftables transaction); the ids routed
-        (a sandbox without a proxy link, e.g. stopped meanwhile, is left out).
-        ``current``: the routing map as last listed, if the caller has it (updated with
-        what was routed)."""
+    async def route_many(
+        self, wanted: dict[str, Record], current: dict[int, int] | None = None
+    ) -> tuple[set[str], bool]:
+        """Route several sandboxes at once (one nftables transaction): the ids routed (a
+        sandbox without a proxy link, e.g. stopped meanwhile, is left out), and whether
+        the map had to be listed again. ``current``: the routing map as last listed, if
+        the caller has it (updated with what was routed, or replaced by a new listing)."""
         links = {sid: self.runtime.egress_link(sid) for sid in wanted}
         routable = {sid: link for sid, link in links.items() if link is not None}
-        await self.runtime.network.route_many(
+        relisted = await self.runtime.network.route_many(
             {link: wanted[sid].port for sid, link in routable.items()}, current
         )
-        return set(routable)
+        return set(routable), relisted
 
     def routed_port(self, sandbox_id: str, routes: dict[int, int]) -> int | None:
         link = self.runtime.egress_link(sandbox_id)
