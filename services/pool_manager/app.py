@@ -28,16 +28,6 @@ def make_setup(
             egress=runtime_settings.egress,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        # Listed by every refill round (which also reports how many are in each state)
-        # and before every provision; records of deleted sandboxes stay in KV for good.
-        # A change that leaves a pool short wakes the refill, once it is in the bucket.
-        short = asyncio.Event()
-
-        def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
-            if logic.leaves_room(old, new):
-                short.set()
-
-        await sandboxes.follow(keep=lambda s: s.status != "deleted", on_change=on_change)
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids
         )
@@ -50,6 +40,18 @@ def make_setup(
             leases_kv=await ctx.js.key_value(ctx.topology.leases_bucket),
         )
         ctx.details["runtime"] = runtime.name
+        # Listed by every refill round (which also reports how many are in each state)
+        # and before every provision; records of deleted sandboxes stay in KV for good.
+        # Heard once a change is in the bucket: one that leaves a pool short wakes the
+        # refill; any wakes a start waiting for its sandbox's proxy.
+        short = asyncio.Event()
+
+        def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
+            if logic.leaves_room(old, new):
+                short.set()
+            pool.noticed((new or old).sandbox_id)  # type: ignore[union-attr]
+
+        await sandboxes.follow(keep=lambda s: s.status != "deleted", on_change=on_change)
 
         @ctx.broker.subscriber(ctx.topology.pool_requests, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_pool_request(msg: NatsMessage) -> bytes:

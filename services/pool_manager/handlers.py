@@ -38,6 +38,9 @@ log = structlog.get_logger(__name__)
 ADMISSION_KEY = "pool-admission"
 PROXY_WAIT = 20.0
 """How long a new sandbox waits for its proxy assignment (proxy egress) before it is used anyway."""
+PROXY_RECHECK = 0.25
+"""A start waiting for its proxy reads the record at least this often (it is told of each
+change by the followed copy; this is the fallback)."""
 ADMISSION_WAIT = 15.0
 """How long a provision waits for another instance's admission to finish."""
 
@@ -59,6 +62,7 @@ class PoolHandlers:
         self.max_running = max_running
         self.leases_kv = leases_kv
         self._admission = asyncio.Lock()
+        self._awaiting: dict[str, asyncio.Event] = {}
 
     @contextlib.asynccontextmanager
     async def _admitting(self) -> AsyncIterator[None]:
@@ -233,13 +237,26 @@ class PoolHandlers:
         if self.runtime.egress != "proxy" or not self.runtime.pinned_proxies:
             return state
         deadline = time.monotonic() + PROXY_WAIT
-        while time.monotonic() < deadline:
-            current = await self.sandboxes.get(state.sandbox_id)
-            if current is None or current.proxy_id is not None or current.status != "running":
-                return current or state
-            await asyncio.sleep(0.05)
+        changed = self._awaiting.setdefault(state.sandbox_id, asyncio.Event())
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                changed.clear()  # before reading: a change after the read is not missed
+                current = await self.sandboxes.get(state.sandbox_id)
+                if current is None or current.proxy_id is not None or current.status != "running":
+                    return current or state
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, PROXY_RECHECK))
+        finally:
+            self._awaiting.pop(state.sandbox_id, None)
         log.warning("sandbox.no_proxy_yet", sandbox_id=state.sandbox_id, waited=PROXY_WAIT)
         return state
+
+    def noticed(self, sandbox_id: str) -> None:
+        """The sandbox's record changed (heard from the followed copy, once it is in the
+        bucket): a start waiting for its proxy looks again."""
+        changed = self._awaiting.get(sandbox_id)
+        if changed is not None:
+            changed.set()
 
     async def _quietly_delete(self, sandbox_id: str) -> None:
         try:

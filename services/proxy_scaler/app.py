@@ -13,8 +13,8 @@ from collections.abc import Mapping
 
 import structlog
 
-from services.proxy_scaler import handlers
-from shared import errors, leases, projections, projector, service, settings, subjects
+from services.proxy_scaler import handlers, logic
+from shared import errors, leases, projections, projector, service, settings, states
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -42,10 +42,6 @@ def make_setup(
         await fleet.ensure_ca()
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
-        # Every round lists both; it plans with requested and running sandboxes only
-        # (records of deleted ones stay in KV for good).
-        await sandboxes.follow(keep=lambda s: s.status in ("requested", "running"))
-        await proxies.follow(keep=lambda p: p.status != "stopped")
         # A fleet whose sandboxes each reach one proxy (local) is routed per sandbox; one
         # behind a load-balanced address (Kubernetes) is only sized.
         kind = handlers.Scaler if fleet.pinned else handlers.ReplicaScaler
@@ -63,19 +59,22 @@ def make_setup(
             await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
         )
 
-        # A round runs as soon as any sandbox event appears (a new sandbox waits for its
-        # proxy), and at least every INTERVAL (processes that died, drain deadlines).
+        # A round runs as soon as a sandbox waits for it (logic.wants_round: it started
+        # and needs a route, or it was requested while no proxy serves), heard from the
+        # followed copy once the change is in the bucket, so the round sees it; and at
+        # least every INTERVAL (processes that died, drain deadlines).
         wake = asyncio.Event()
 
-        async def on_sandbox_event(msg) -> None:  # type: ignore[no-untyped-def]
-            # Only what a sandbox waits for: a start (needs a route) or a request (may need
-            # the first proxy). Everything else waits for the periodic round.
-            if b'"sandbox.started"' in msg.data or b'"sandbox.requested"' in msg.data:
+        def on_sandbox_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
+            if logic.wants_round(old, new, serving=scaler.serving):
                 wake.set()
 
-        subscription = await ctx.nc.subscribe(
-            ctx.topology.events_of_kind(subjects.SANDBOX), cb=on_sandbox_event
+        # Every round lists both; it plans with requested and running sandboxes only
+        # (records of deleted ones stay in KV for good).
+        await sandboxes.follow(
+            keep=lambda s: s.status in ("requested", "running"), on_change=on_sandbox_change
         )
+        await proxies.follow(keep=lambda p: p.status != "stopped")
 
         async def loop() -> None:
             try:
@@ -99,7 +98,6 @@ def make_setup(
                         await asyncio.wait_for(wake.wait(), INTERVAL - MIN_GAP)
                     wake.clear()
             finally:
-                await subscription.unsubscribe()
                 await lease.release()
 
         return service.Workload(

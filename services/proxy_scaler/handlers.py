@@ -61,6 +61,8 @@ class Scaler:
         last knew (an nftables reset, entries pruned)."""
         self._start_failed_at = -START_RETRY
         self._routes_at = 0.0
+        self.serving = 0
+        """Proxies serving at the end of the last round."""
         self.last_active: datetime | None = None
         """When a sandbox was last wanted (the scaler's start counts): one proxy stays up
         for ``keep_warm`` after it, then the fleet goes to zero."""
@@ -142,7 +144,7 @@ class Scaler:
             if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
         report.rerouted = len(routed - set(plan.assign))
-        report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
+        report.serving = self.serving = sum(1 for r in records.values() if self.fleet.alive(r))
         return report
 
     async def _route(
@@ -260,5 +262,5 @@ class ReplicaScaler(Scaler):
             if await self._proxy_event(proxy_id, stopped):
                 report.died += reason == "died"
                 report.stopped += reason != "died"
-        report.serving = len(serving)
+        report.serving = self.serving = len(serving)
         return report

@@ -101,6 +101,17 @@ class ReplicaPlan:
     than wanted) or ``died`` (the platform replaces it)."""
 
 
+def wants_round(old: states.SandboxState | None, new: states.SandboxState | None, *, serving: int) -> bool:
+    """Whether a sandbox's change needs a round now rather than the next periodic one:
+    it started running (it needs a route, and its start waits for it), or it was
+    requested while no proxy serves (the first proxy starts while the sandbox does)."""
+    if new is None:
+        return False
+    if new.status == "running":
+        return old is None or old.status != "running"
+    return new.status == "requested" and old is None and serving == 0
+
+
 def replica_plan(
     sandboxes: Iterable[states.SandboxState],
     proxies: Iterable[states.ProxyState],

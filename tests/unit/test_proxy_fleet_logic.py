@@ -179,3 +179,19 @@ def test_serving_pods_are_recorded_once_and_gone_ones_stopped_with_the_right_rea
     assert plan.stopped == {"px-b": "died"} and plan.replicas == 2
     # Stopped records are history, never stopped again.
     assert logic.replica_plan([], [proxy("px-z", "stopped")], {}, per_proxy=1).stopped == {}
+
+
+def test_a_round_is_wanted_at_once_only_for_what_a_sandbox_waits_for():
+    """logic.wants_round: a sandbox that starts running waits for its route; one
+    requested while no proxy serves waits for the first proxy. Anything else (a proxy
+    assigned, a sandbox leaving, a request while proxies serve) waits for the periodic
+    round."""
+    requested, started = sandbox(1, "requested"), sandbox(1)
+    assigned = sandbox(1, proxy="px-1")
+    assert logic.wants_round(requested, started, serving=1)
+    assert logic.wants_round(None, started, serving=1)  # resumed (stopped ones are not followed)
+    assert logic.wants_round(None, requested, serving=0)
+    assert not logic.wants_round(None, requested, serving=1)
+    assert not logic.wants_round(started, assigned, serving=1)
+    assert not logic.wants_round(started, None, serving=1)
+    assert not logic.wants_round(requested, requested, serving=0)
