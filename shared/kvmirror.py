@@ -47,6 +47,9 @@ CATCH_UP = 0.5
 """How long ``current()`` waits for the mirror to reach the stream's tail before it takes a
 snapshot instead (catching up takes milliseconds; longer means a consumer being
 recreated)."""
+BEHIND_WAIT = 0.02
+"""The same once it has fallen behind: a delivery in flight still makes it (and ends the
+fallback); a consumer being recreated does not hold every caller up."""
 
 
 class Mirror(Generic[T]):
@@ -122,7 +125,7 @@ class Mirror(Generic[T]):
             return {}
         tail = state.last_seq
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + (0.0 if self._behind else CATCH_UP)
+        deadline = loop.time() + (BEHIND_WAIT if self._behind else CATCH_UP)
         while self._seen < tail:
             self._moved.clear()
             try:

@@ -40,8 +40,9 @@ def make_setup(
             leases_kv=await ctx.js.key_value(ctx.topology.leases_bucket),
         )
         ctx.details["runtime"] = runtime.name
-        # Listed by every refill round (which also reports how many are in each state)
-        # and before every provision; records of deleted sandboxes stay in KV for good.
+        # Listed by every refill round (which also reports how many are requested,
+        # running and stopped) and before every provision. Records of deleted, failed,
+        # lost and refused sandboxes stay in KV for good: not followed.
         # Heard once a change is in the bucket: one that leaves a pool short wakes the
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
@@ -51,7 +52,7 @@ def make_setup(
                 short.set()
             pool.noticed((new or old).sandbox_id)  # type: ignore[union-attr]
 
-        await sandboxes.follow(keep=lambda s: s.status != "deleted", on_change=on_change)
+        await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
 
         @ctx.broker.subscriber(ctx.topology.pool_requests, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_pool_request(msg: NatsMessage) -> bytes:

@@ -62,7 +62,7 @@ class PoolHandlers:
         self.max_running = max_running
         self.leases_kv = leases_kv
         self._admission = asyncio.Lock()
-        self._awaiting: dict[str, asyncio.Event] = {}
+        self._awaiting: dict[str, set[asyncio.Event]] = {}
 
     @contextlib.asynccontextmanager
     async def _admitting(self) -> AsyncIterator[None]:
@@ -237,7 +237,8 @@ class PoolHandlers:
         if self.runtime.egress != "proxy" or not self.runtime.pinned_proxies:
             return state
         deadline = time.monotonic() + PROXY_WAIT
-        changed = self._awaiting.setdefault(state.sandbox_id, asyncio.Event())
+        changed = asyncio.Event()
+        self._awaiting.setdefault(state.sandbox_id, set()).add(changed)
         try:
             while (left := deadline - time.monotonic()) > 0:
                 changed.clear()  # before reading: a change after the read is not missed
@@ -247,15 +248,17 @@ class PoolHandlers:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), min(left, PROXY_RECHECK))
         finally:
-            self._awaiting.pop(state.sandbox_id, None)
+            waiting = self._awaiting.get(state.sandbox_id, set())
+            waiting.discard(changed)
+            if not waiting:
+                self._awaiting.pop(state.sandbox_id, None)
         log.warning("sandbox.no_proxy_yet", sandbox_id=state.sandbox_id, waited=PROXY_WAIT)
         return state
 
     def noticed(self, sandbox_id: str) -> None:
         """The sandbox's record changed (heard from the followed copy, once it is in the
         bucket): a start waiting for its proxy looks again."""
-        changed = self._awaiting.get(sandbox_id)
-        if changed is not None:
+        for changed in self._awaiting.get(sandbox_id, ()):
             changed.set()
 
     async def _quietly_delete(self, sandbox_id: str) -> None:
@@ -276,10 +279,12 @@ class PoolHandlers:
                     raise errors.LimitExceeded(
                         f"{running} sandboxes are running, the limit is {self.max_running}: retry later"
                     )
-                return await self._start(request, state)
-        return await self._start(request, state)
+                started = await self._start(request, state)
+            return await self._await_proxy(started)  # outside: other admissions need not wait
+        return await self._await_proxy(await self._start(request, state))
 
     async def _start(self, request: provisioning.Start, state: states.SandboxState) -> states.SandboxState:
+        """Start the sandbox and record it (its proxy is awaited by the caller)."""
         info = await self.runtime.get(request.sandbox_id)
         if info is None:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} is gone from the runtime")
@@ -290,7 +295,7 @@ class PoolHandlers:
         await self.runtime.start(request.sandbox_id)
         started = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
         assert started is not None
-        return await self._await_proxy(started)
+        return started
 
     async def stop(self, request: provisioning.Stop) -> states.SandboxState:
         state = await self.sandboxes.get(request.sandbox_id)

@@ -103,7 +103,7 @@ async def refill_once(
     sandboxes = list((await pool.sandboxes.all()).values())
     plan = logic.plan(sandboxes, pools, max_running)
     by_state = collections.Counter(s.status for s in sandboxes)
-    for state in ("requested", "running", "stopped", "failed", "lost"):
+    for state in ("requested", "running", "stopped"):
         metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))
     metrics.pool_sandboxes.labels("idle").set(sum(plan.idle.values()))
     by_id = {p.pool_id: p for p in pools}
@@ -134,6 +134,9 @@ async def refill_once(
         if isinstance(failure, errors.ConfigError):
             raise failure
         log.warning("pool.refill_step_failed", error=repr(failure))
+    # Losing max_running to sessions' own sandboxes is no reason to back off: the next
+    # sandbox that goes away wakes the refill.
+    failures = [f for f in failures if not isinstance(f, errors.LimitExceeded)]
     for pool_id, count in plan.idle.items():
         ctx.details[f"idle:{by_id[pool_id].name}"] = str(count + plan.create.get(pool_id, 0))
     return len(failures)

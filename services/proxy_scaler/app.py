@@ -60,13 +60,15 @@ def make_setup(
         )
 
         # A round runs as soon as a sandbox waits for it (logic.wants_round: it started
-        # and needs a route, or it was requested while no proxy serves), heard from the
+        # and needs a route, or it was requested with no room left), heard from the
         # followed copy once the change is in the bucket, so the round sees it; and at
         # least every INTERVAL (processes that died, drain deadlines).
         wake = asyncio.Event()
 
         def on_sandbox_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
-            if logic.wants_round(old, new, serving=scaler.serving):
+            if logic.is_new_request(old, new):
+                scaler.room -= 1
+            if logic.wants_round(old, new, room=scaler.room, routed=fleet.pinned):
                 wake.set()
 
         # Every round lists both; it plans with requested and running sandboxes only
@@ -82,6 +84,8 @@ def make_setup(
                     if await lease.hold(fresh_for=leases.FRESH_SECONDS):
                         try:
                             report = await leases.while_held(lease, scaler.round(service.now()))
+                            if report is not None and report.started:
+                                wake.set()  # the sandboxes that waited for it are assigned next round
                             if report is not None:
                                 ctx.details["fleet"] = f"{report.serving} proxies"
                                 if report.notes:

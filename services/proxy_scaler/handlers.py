@@ -61,8 +61,9 @@ class Scaler:
         last knew (an nftables reset, entries pruned)."""
         self._start_failed_at = -START_RETRY
         self._routes_at = 0.0
-        self.serving = 0
-        """Proxies serving at the end of the last round."""
+        self.room = 0
+        """Sandboxes the serving proxies could still take after the last round, less the
+        requests heard since (``app``'s wake-up rule counts them down)."""
         self.last_active: datetime | None = None
         """When a sandbox was last wanted (the scaler's start counts): one proxy stays up
         for ``keep_warm`` after it, then the fleet goes to zero."""
@@ -144,7 +145,8 @@ class Scaler:
             if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
                 report.assigned += 1
         report.rerouted = len(routed - set(plan.assign))
-        report.serving = self.serving = sum(1 for r in records.values() if self.fleet.alive(r))
+        report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
+        self.room = plan.room
         return report
 
     async def _route(
@@ -262,5 +264,7 @@ class ReplicaScaler(Scaler):
             if await self._proxy_event(proxy_id, stopped):
                 report.died += reason == "died"
                 report.stopped += reason != "died"
-        report.serving = self.serving = len(serving)
+        report.serving = len(serving)
+        active = sum(1 for s in sandboxes if s.status in ("requested", "running"))
+        self.room = len(serving) * self.per_proxy - active
         return report

@@ -27,6 +27,9 @@ class Plan:
     """Draining proxies whose grace period is over."""
     assign: dict[str, str] = field(default_factory=dict)
     """sandbox_id → proxy_id, for sandboxes without a serving proxy."""
+    room: int = 0
+    """Sandboxes the serving proxies can still take once this plan is applied, less the
+    requested ones (negative: requests wait for a proxy to start)."""
 
 
 def wanted(active_sandboxes: int, per_proxy: int) -> int:
@@ -85,7 +88,9 @@ def plan(
         and p.proxy_id in alive
         and (now - p.updated_at).total_seconds() >= drain_grace
     )
-    return Plan(died=died, start=start, drain=drain, stop=stop, assign=assign)
+    requested = sum(1 for s in active if s.status == "requested")
+    room = sum(max(0, per_proxy - n) for n in serving.values()) - requested
+    return Plan(died=died, start=start, drain=drain, stop=stop, assign=assign, room=room)
 
 
 @dataclass(frozen=True)
@@ -101,15 +106,22 @@ class ReplicaPlan:
     than wanted) or ``died`` (the platform replaces it)."""
 
 
-def wants_round(old: states.SandboxState | None, new: states.SandboxState | None, *, serving: int) -> bool:
+def is_new_request(old: states.SandboxState | None, new: states.SandboxState | None) -> bool:
+    return old is None and new is not None and new.status == "requested"
+
+
+def wants_round(
+    old: states.SandboxState | None, new: states.SandboxState | None, *, room: int, routed: bool
+) -> bool:
     """Whether a sandbox's change needs a round now rather than the next periodic one:
-    it started running (it needs a route, and its start waits for it), or it was
-    requested while no proxy serves (the first proxy starts while the sandbox does)."""
+    it started running where sandboxes are routed (it needs its route, and its start
+    waits for it), or it was requested and the serving proxies have no room left for it
+    (``room``, counting this request: a proxy starts while the sandbox does)."""
     if new is None:
         return False
     if new.status == "running":
-        return old is None or old.status != "running"
-    return new.status == "requested" and old is None and serving == 0
+        return routed and (old is None or old.status != "running")
+    return is_new_request(old, new) and room < 0
 
 
 def replica_plan(

@@ -182,16 +182,31 @@ def test_serving_pods_are_recorded_once_and_gone_ones_stopped_with_the_right_rea
 
 
 def test_a_round_is_wanted_at_once_only_for_what_a_sandbox_waits_for():
-    """logic.wants_round: a sandbox that starts running waits for its route; one
-    requested while no proxy serves waits for the first proxy. Anything else (a proxy
-    assigned, a sandbox leaving, a request while proxies serve) waits for the periodic
-    round."""
+    """logic.wants_round: a sandbox that starts running where sandboxes are routed waits
+    for its route; one requested when the serving proxies have no room left waits for a
+    proxy to start. Anything else (a proxy assigned, a sandbox leaving, a request with
+    room) waits for the periodic round."""
     requested, started = sandbox(1, "requested"), sandbox(1)
     assigned = sandbox(1, proxy="px-1")
-    assert logic.wants_round(requested, started, serving=1)
-    assert logic.wants_round(None, started, serving=1)  # resumed (stopped ones are not followed)
-    assert logic.wants_round(None, requested, serving=0)
-    assert not logic.wants_round(None, requested, serving=1)
-    assert not logic.wants_round(started, assigned, serving=1)
-    assert not logic.wants_round(started, None, serving=1)
-    assert not logic.wants_round(requested, requested, serving=0)
+    assert logic.wants_round(requested, started, room=5, routed=True)
+    assert logic.wants_round(None, started, room=5, routed=True)  # resumed (stopped ones are not followed)
+    assert not logic.wants_round(requested, started, room=5, routed=False)  # Kubernetes: nothing to route
+    assert logic.wants_round(None, requested, room=-1, routed=True)
+    assert not logic.wants_round(None, requested, room=0, routed=True)
+    assert not logic.wants_round(started, assigned, room=-3, routed=True)
+    assert not logic.wants_round(started, None, room=-3, routed=True)
+    assert not logic.wants_round(requested, requested, room=-3, routed=True)
+
+
+def test_the_plan_says_how_much_room_is_left_for_requests():
+    """Plan.room: what the serving (not draining) proxies can still take after the plan's
+    assignments, less the sandboxes still being requested; the scaler counts requests
+    down from it and wakes when one finds none."""
+    px = [proxy("px-1")]
+    assert run([], px, per=2).room == 0  # no sandbox: keep_one is off, the proxy is drained
+    two = [sandbox(1, proxy="px-1"), sandbox(2, "requested")]
+    assert run(two, px, per=3).room == 1
+    assert run(two, px, per=2).room == 0  # the request takes px-1's last place
+    three = [*two, sandbox(3, "requested")]
+    assert run(three, px, per=2).room == -1  # one waits for the proxy this plan starts
+    assert run([sandbox(1)], px, per=2).room == 1  # the unassigned one is assigned first
