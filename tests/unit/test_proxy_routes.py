@@ -81,19 +81,28 @@ def scaler(fleet: FakeFleet) -> handlers.Scaler:
     )
 
 
-async def test_a_reset_during_a_routing_round_leaves_no_sandbox_believed_routed(monkeypatch):
-    records = {"px-1": Record("px-1", 3130)}
+RECORDS = {"px-1": Record("px-1", 3130)}
+
+
+@pytest.fixture
+async def verified(monkeypatch):
+    """A scaler that routed a and b, then verified both against a fresh listing; the
+    clock is the test's to move."""
     fleet = FakeFleet({"sb-a": 1, "sb-b": 2, "sb-c": 3})
     scale = scaler(fleet)
     clock = [1000.0]
     monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
     a, b = running("sb-a"), running("sb-b")
-
-    # a and b get routed, then are verified against a fresh listing.
-    assert await scale._route([a, b], records, {"sb-a": "px-1", "sb-b": "px-1"}) == {"sb-a", "sb-b"}
+    assert await scale._route([a, b], RECORDS, {"sb-a": "px-1", "sb-b": "px-1"}) == {"sb-a", "sb-b"}
     clock[0] += handlers.ROUTES_EVERY
-    assert await scale._route([a, b], records, {}) == set()
+    assert await scale._route([a, b], RECORDS, {}) == set()
     assert fleet.routed_calls == [{"sb-a", "sb-b"}], "verified: nothing routed again"
+    return fleet, scale, clock, a, b
+
+
+async def test_a_reset_during_a_routing_round_leaves_no_sandbox_believed_routed(verified):
+    fleet, scale, clock, a, b = verified
+    records = RECORDS
 
     # The table is wiped just after that listing; c's assignment is routed within the
     # same ROUTES_EVERY, so against the remembered map: it fails.
@@ -109,19 +118,12 @@ async def test_a_reset_during_a_routing_round_leaves_no_sandbox_believed_routed(
     assert fleet.map == {1: 3130, 2: 3130, 3: 3130}
 
 
-async def test_a_map_found_different_on_a_retry_makes_every_route_checked_again(monkeypatch):
+async def test_a_map_found_different_on_a_retry_makes_every_route_checked_again(verified):
     """route_many's first try fails on a stale copy of the map, the retry lists it and
     succeeds: the scaler's other beliefs came from the stale copy, so the next round
     checks every route (here b's entry vanished with the reset that staled the copy)."""
-    records = {"px-1": Record("px-1", 3130)}
-    fleet = FakeFleet({"sb-a": 1, "sb-b": 2, "sb-c": 3})
-    scale = scaler(fleet)
-    clock = [1000.0]
-    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
-    a, b = running("sb-a"), running("sb-b")
-    await scale._route([a, b], records, {"sb-a": "px-1", "sb-b": "px-1"})
-    clock[0] += handlers.ROUTES_EVERY
-    await scale._route([a, b], records, {})  # both verified
+    fleet, scale, clock, a, b = verified
+    records = RECORDS
 
     original = fleet.route_many
 
