@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic
 
-import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
@@ -156,10 +155,7 @@ class ProjectionStore(Generic[projections.S]):
         ``on_change(old, new)`` hears of every kept entry that changes (``kvmirror``)."""
         if self._mirror is not None:
             return
-        state_type = self.projection.state_type
-        mirror = kvmirror.Mirror(
-            self.store_js, self.kv_bucket, lambda raw: codec.decode_state(raw, state_type), keep, on_change
-        )
+        mirror = kvmirror.Mirror(self.store_js, self.kv_bucket, self._decode, keep, on_change)
         try:
             await mirror.start()
         except Exception as exc:
@@ -186,13 +182,10 @@ class ProjectionStore(Generic[projections.S]):
             raw = await bus.snapshot(self.store_js, self.kv_bucket)
         except Exception as exc:
             raise eventstore.translate(exc, f"listing {self.projection.kind}s") from exc
-        out: dict[str, projections.S] = {}
-        for key, value in raw.items():
-            try:
-                out[key] = codec.decode_state(value, self.projection.state_type)
-            except msgspec.DecodeError as exc:
-                raise errors.CorruptEvent(f"{self.kv_bucket} entry {key} does not decode: {exc}") from exc
-        return out
+        return kvmirror.decode_all(raw, self._decode, self.kv_bucket)
+
+    def _decode(self, raw: bytes) -> projections.S:
+        return codec.decode_state(raw, self.projection.state_type)
 
 
 async def catch_up(js: JetStreamContext, target: ProjectionStore[projections.S], *, batch: int = 256) -> None:

@@ -26,7 +26,7 @@ from shared import codec, errors, execution, ids, leases, metrics, provisioning,
 log = structlog.get_logger(__name__)
 
 INTERVAL = 2.0
-"""Rounds without any sandbox event (a pool whose spec changed, an offer to make good)."""
+"""Rounds without any wake-up (a pool whose spec changed, an offer to make good)."""
 MIN_GAP = 0.5
 """Rounds start at least this far apart, however many claims come: a round batches the
 claims of a burst, and stays out of the way of the claiming agents' first calls (warm

@@ -193,7 +193,7 @@ class Scaler:
 
     async def _routes(self) -> dict[int, int]:
         """The routing map, listed at most every ROUTES_EVERY seconds (listing spawns nft;
-        rounds run on every sandbox event) and kept up to date with what this scaler routes
+        rounds can come several a second) and kept up to date with what this scaler routes
         in between."""
         if time.monotonic() - self._routes_at >= ROUTES_EVERY:
             await self.fleet.ensure_network()  # an nftables reset is repaired here
@@ -265,6 +265,5 @@ class ReplicaScaler(Scaler):
                 report.died += reason == "died"
                 report.stopped += reason != "died"
         report.serving = len(serving)
-        active = sum(1 for s in sandboxes if s.status in ("requested", "running"))
-        self.room = len(serving) * self.per_proxy - active
+        self.room = plan.room
         return report

@@ -104,6 +104,8 @@ class ReplicaPlan:
     stopped: dict[str, str] = field(default_factory=dict)
     """Recorded proxies no longer serving: proxy_id → ``drained`` (the fleet was larger
     than wanted) or ``died`` (the platform replaces it)."""
+    room: int = 0
+    """Sandboxes the serving proxies can still take (as ``Plan.room``)."""
 
 
 def is_new_request(old: states.SandboxState | None, new: states.SandboxState | None) -> bool:
@@ -140,4 +142,5 @@ def replica_plan(
         replicas=want,
         started={pid: endpoint for pid, endpoint in sorted(serving.items()) if pid not in recorded},
         stopped={pid: reason for pid in sorted(recorded - set(serving))},
+        room=len(serving) * per_proxy - active,
     )

@@ -210,3 +210,12 @@ def test_the_plan_says_how_much_room_is_left_for_requests():
     three = [*two, sandbox(3, "requested")]
     assert run(three, px, per=2).room == -1  # one waits for the proxy this plan starts
     assert run([sandbox(1)], px, per=2).room == 1  # the unassigned one is assigned first
+
+
+def test_a_replica_plan_says_how_much_room_the_serving_proxies_have():
+    """ReplicaPlan.room: serving proxies times per_proxy, less requested and running
+    sandboxes (negative: requests wait for the Deployment to grow)."""
+    active = [sandbox(1), sandbox(2, "requested"), sandbox(3, "requested")]
+    assert logic.replica_plan(active, [], {"px-1": "10.0.0.1:3128"}, per_proxy=2).room == -1
+    assert logic.replica_plan(active, [], {"px-1": "a", "px-2": "b"}, per_proxy=2).room == 1
+    assert logic.replica_plan([], [], {}, per_proxy=2).room == 0
