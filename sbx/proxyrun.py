@@ -5,6 +5,7 @@ proxy-scaler service (a fleet sized to the sandboxes), not by ``sbx up``.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -28,13 +29,14 @@ def egress_choice(env: dict[str, str]) -> tuple[str, str | None]:
     return "proxy", None
 
 
-def check_config(env: dict[str, str]) -> None:
-    """Stop start-up on a bad SBX_PROXY_CONFIG, with the proxy's own message."""
+def check_config(env: dict[str, str]) -> tuple[str, ...]:
+    """Stop start-up on a bad SBX_PROXY_CONFIG, with the proxy's own message; the
+    environment variables its secrets come from (only the proxies get them)."""
     proxy = settings.ProxySettings.from_env(env)
     if not proxy.config:
-        return
+        return ()
     result = subprocess.run(
-        [proxy.binary, "--check", "--config", proxy.config],
+        [proxy.binary, "--check", "--env-names", "--config", proxy.config],
         capture_output=True,
         text=True,
         timeout=60,
@@ -44,6 +46,7 @@ def check_config(env: dict[str, str]) -> None:
         raise errors.ConfigError(
             (result.stderr or result.stdout).strip() or f"SBX_PROXY_CONFIG={proxy.config} is invalid"
         )
+    return tuple(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 async def wait_for_first_proxy(state: Path, timeout: float = 60.0) -> None:

@@ -125,6 +125,8 @@ class Supervisor:
 
 
 def child_env(base: dict[str, str], **overrides: str | None) -> dict[str, str]:
+    """``base`` (already narrowed by ``shared.processenv``) with ``overrides`` set, or
+    removed where ``None``."""
     env = {**base, "PYTHONUNBUFFERED": "1"}
     for key, value in overrides.items():
         if value is None:

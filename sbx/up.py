@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbx import natsd, proxyrun, stack, supervisor
-from shared import bus, errors, health, settings, subjects
+from shared import bus, errors, health, processenv, settings, subjects
 from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0
@@ -92,8 +92,9 @@ async def run(options: Options, env: dict[str, str]) -> int:
     egress, no_egress_because = proxyrun.egress_choice(env)
     env = {**env, "SBX_SANDBOX_EGRESS": egress}
     runtime_settings = settings.RuntimeSettings.from_env(env)
+    proxy_env: tuple[str, ...] = ()
     if egress == "proxy":
-        proxyrun.check_config(env)
+        proxy_env = proxyrun.check_config(env)
         # Before any sandbox starts: they all trust it.
         await backends.ensure_proxy_ca(
             runtime_settings.backend, state, settings.ProxySettings.from_env(env).binary
@@ -122,7 +123,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
             supervisor.Child(
                 "nats-server",
                 natsd.command_with_config(config),
-                supervisor.child_env(env),
+                supervisor.child_env(processenv.system(env)),
                 output=open(nats_log, "ab"),
             )
         )
@@ -144,16 +145,20 @@ async def run(options: Options, env: dict[str, str]) -> int:
     gateway: supervisor.Child | None = None
     for module in stack.SERVICES:
         is_gateway = module == "gateway"
+        # Each service gets its settings and nothing else of this shell's environment:
+        # the keys go to the gateway only, the proxy's credential variables only to the
+        # proxy-scaler (which hands them to the proxies it starts).
+        own_env = processenv.service(
+            env, keys=is_gateway, extra=proxy_env if module == "proxy_scaler" else (), withhold=proxy_env
+        )
         child = await sup.start(
             supervisor.Child(
                 stack.service_name(module),
                 supervisor.python_module(f"services.{module}"),
                 supervisor.child_env(
-                    env,
+                    own_env,
                     **common,
-                    # Only the gateway needs the key; no other process gets it.
                     SANDBOX_API_KEY=key if is_gateway else None,
-                    SBX_ORG_KEYS=env.get("SBX_ORG_KEYS") if is_gateway else None,
                     SBX_GATEWAY_HOST=options.host if is_gateway else None,
                     SBX_GATEWAY_PORT=str(options.port) if is_gateway else None,
                     SBX_INSTANCE_ID=None,  # each process gets its own

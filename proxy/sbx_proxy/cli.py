@@ -12,6 +12,7 @@ start-up with a message naming the field.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -54,6 +55,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--confdir", help="where the proxy's CA lives (created if missing)")
     parser.add_argument("--check", action="store_true", help="only check the config, then exit")
     parser.add_argument(
+        "--env-names",
+        action="store_true",
+        help="with --check: print the environment variables the config's secrets come from (JSON)",
+    )
+    parser.add_argument(
         "--init-ca", action="store_true", help="only create the CA in --confdir (if missing), then exit"
     )
     parser.add_argument(
@@ -61,10 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     try:
-        config.load(args.config or None)
+        loaded = config.load(args.config or None)
     except config.ConfigError as exc:
         sys.exit(f"sbx-proxy: {exc}")
     if args.check:
+        if args.env_names:
+            print(json.dumps(list(loaded.env_names)))
         return
     if not args.confdir:
         parser.error("--confdir is required")

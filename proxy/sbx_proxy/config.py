@@ -64,6 +64,9 @@ class Config:
     rules: tuple[Rule, ...] = ()
     allow_private: bool = False
     allow: tuple[destinations.Network, ...] = ()
+    env_names: tuple[str, ...] = ()
+    """The environment variables the secrets come from (``*_env`` fields): what the
+    process that starts a proxy must hand it, and nothing else."""
 
     @property
     def configured(self) -> frozenset[tuple[str, int]]:
@@ -232,7 +235,8 @@ def parse(data: dict[str, Any], env: dict[str, str] | None = None) -> Config:
         raise ConfigError("rules: must be an array of tables ([[rules]])")
     seen: set[tuple[str, int]] = set()
     rules = tuple(_rule(i, r, env, seen) for i, r in enumerate(rules_raw))
-    return Config(rules=rules, allow_private=allow_private, allow=tuple(allow))
+    names = sorted({v for table in rules_raw for k, v in table.items() if k.endswith("_env")})
+    return Config(rules=rules, allow_private=allow_private, allow=tuple(allow), env_names=tuple(names))
 
 
 def load(path: str | Path | None, env: dict[str, str] | None = None) -> Config:

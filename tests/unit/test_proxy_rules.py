@@ -120,6 +120,7 @@ def test_config_loads_and_names_the_field_at_fault(tmp_path):
     assert loaded.rule_for("gitlab.example", 443) is None
     assert loaded.rule_for("gitlab.example", 8443).token == "gl-secret"
     assert "abc123secret" not in repr(loaded)
+    assert loaded.env_names == ("GL",)  # what the process starting a proxy hands it: only this
     bad = [
         ({"rules": [{"kind": "nope", "hosts": ["a.b"]}]}, "rules[0].kind"),
         ({"rules": [{"kind": "bearer", "hosts": ["A.b"], "token": "x"}]}, "rules[0].hosts"),

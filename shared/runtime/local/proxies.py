@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors
+from shared import errors, processenv
 from shared.runtime.local import network
 from shared.runtime.local.runtime import LocalRuntime, _starttime
 
@@ -48,7 +48,7 @@ async def ensure_ca(confdir: Path, binary: str) -> None:
         raise errors.ConfigError(f"{binary} is missing: run scripts/setup (it installs proxy/.venv)")
     proc = await asyncio.create_subprocess_exec(
         binary, "--init-ca", "--confdir", str(confdir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=processenv.system(os.environ),
     )  # fmt: skip
     out, _ = await proc.communicate()
     if proc.returncode != 0:
@@ -67,6 +67,24 @@ class LocalProxies:
         self.dir = state_dir / "proxies"
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.confdir = state_dir / "proxy" / "ca"
+        self._env: dict[str, str] | None = None
+
+    async def _proxy_env(self) -> dict[str, str]:
+        """A proxy's whole environment: the system variables and the ones its config takes
+        secrets from (``sbx-proxy --check --env-names``), from this process's."""
+        if self._env is None:
+            names: list[str] = []
+            if self.config:
+                proc = await asyncio.create_subprocess_exec(
+                    self.binary, "--check", "--env-names", "--config", self.config,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                out, err = await proc.communicate()
+                if proc.returncode != 0:
+                    raise errors.ConfigError(err.decode(errors="replace").strip()[-800:])
+                names = json.loads(out.decode().strip().splitlines()[-1])
+            self._env = processenv.system(os.environ) | {n: os.environ[n] for n in names if n in os.environ}
+        return self._env
 
     # ---- records -----------------------------------------------------------------
 
@@ -105,6 +123,7 @@ class LocalProxies:
             raise errors.ConfigError(f"{self.binary} is missing: run scripts/setup (it installs proxy/.venv)")
         await self.runtime.network.ensure_host()  # the proxy address must exist before binding it
         port = self._free_port()
+        env = await self._proxy_env()
         log = os.open(self.dir / f"{port}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -113,7 +132,7 @@ class LocalProxies:
                 "--listen-port", str(port),
                 "--confdir", str(self.confdir),
                 "--config", self.config,
-                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True,  # its own session: it outlives the scaler
             )  # fmt: skip
         finally:

@@ -397,39 +397,50 @@ class LocalRuntime(api.Runtime):
             for sub in ("upper", "work"):
                 (d / "upper" / sub / str(index)).mkdir(parents=True, exist_ok=True)
         argv = bwrap.argv(plan, bwrap.hold_main())
-        info_path, log_path = d / "info.json", d / "bwrap.log"
+        info_path = d / "info.json"
         info_path.unlink(missing_ok=True)
         (d / "state.json").unlink(missing_ok=True)
         info_fd = os.open(info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # bwrap's output goes to a pipe read only if the start fails: every process of the
+        # sandbox inherits it, and a file there would be a host file the sandbox could fill.
+        log_read, log_write = os.pipe()
         cg = self.cgroups
 
         def child() -> None:  # between fork and exec: join the cgroup, put the info file at fd 3
             cg.join(name, os.getpid())
             os.dup2(info_fd, 3)
+            os.close(info_fd)  # only fd 3 (bwrap closes it once written): nothing to reopen inside
 
         try:
             launcher = subprocess.Popen(
                 [self.setsid, "--fork", *argv],
+                env={},  # bwrap is the sandbox's pid 1: its environment is readable inside
                 stdin=subprocess.DEVNULL,
-                stdout=log_fd,
-                stderr=log_fd,
+                stdout=log_write,
+                stderr=log_write,
                 preexec_fn=child,
                 pass_fds=(3, info_fd),  # fd 3 is re-pointed at the info file in child()
                 close_fds=True,
             )
+            os.close(log_write)
+            log_write = -1
             await asyncio.to_thread(launcher.wait, START_TIMEOUT)
+            pid = await self._wait_until_held(info_path)
+            starttime = _starttime(pid) if pid else None
+            if pid is None or starttime is None:
+                self.cgroups.kill_all(name)
+                os.set_blocking(log_read, False)
+                log = ""
+                with contextlib.suppress(OSError):
+                    log = os.read(log_read, 65536).decode(errors="replace")[-2000:]
+                raise errors.InfrastructureError(
+                    f"sandbox {sandbox_id!r} did not start: {log.strip() or 'no output'}"
+                )
         finally:
             os.close(info_fd)
-            os.close(log_fd)
-        pid = await self._wait_until_held(info_path)
-        starttime = _starttime(pid) if pid else None
-        if pid is None or starttime is None:
-            self.cgroups.kill_all(name)
-            log = log_path.read_text(errors="replace")[-2000:]
-            raise errors.InfrastructureError(
-                f"sandbox {sandbox_id!r} did not start: {log.strip() or 'no output'}"
-            )
+            os.close(log_read)
+            if log_write >= 0:
+                os.close(log_write)
         if self.egress == "proxy":
             try:
                 slot = await self.network.attach(ids.token(sandbox_id), pid)
