@@ -39,3 +39,14 @@ def test_the_keys_only_when_asked_and_credentials_only_by_name():
     scaler = processenv.service(SHELL, extra=["SBX_GH_TOKEN", "GITHUB_TOKEN"], withhold=["SBX_GH_TOKEN"])
     assert scaler["SBX_GH_TOKEN"] == "proxy-credential" and scaler["GITHUB_TOKEN"] == "ghp"
     assert "SANDBOX_API_KEY" not in scaler and "AWS_SECRET_ACCESS_KEY" not in scaler
+
+
+def test_a_sandboxs_open_files_stay_far_below_the_hosts_file_table():
+    from shared.runtime.local import bwrap
+
+    for pids in (8, 512, 4096, 1_000_000):
+        for file_max in (100_000, 2_466_126, 2**63 - 1):
+            limit = bwrap.nofile(pids, file_max)
+            assert bwrap.NOFILE_MIN <= limit <= bwrap.NOFILE_MAX
+            if limit > bwrap.NOFILE_MIN:
+                assert limit * pids <= file_max // 8

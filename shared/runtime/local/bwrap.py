@@ -19,6 +19,23 @@ HOLD = "/.sbx-hold"
 shell builtin, so any image with /bin/sh can be held open."""
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TMP_BYTES = 1024**3
+ROOT_CAPS = {
+    "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
+    "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_NET_BIND_SERVICE": 10,
+    "CAP_SYS_CHROOT": 18, "CAP_SETFCAP": 31,
+}  # fmt: skip
+"""What root inside keeps (of its own user namespace): what package managers and build
+tools use. Not CAP_SYS_ADMIN, CAP_NET_ADMIN (nf_tables, tc), CAP_NET_RAW (AF_PACKET),
+CAP_SYS_PTRACE or the rest: Docker's default set, less raw sockets, mknod and audit."""
+SECCOMP_FD = 4
+"""The fd bwrap reads the seccomp program from (see seccomp.py)."""
+NOFILE_MIN, NOFILE_MAX = 1024, 65536
+
+
+def nofile(pids: int, file_max: int) -> int:
+    """RLIMIT_NOFILE for one sandbox's processes: its ``pids`` processes together may hold
+    at most an eighth of the host's file table (``fs.file-max``), within [1024, 65536]."""
+    return max(NOFILE_MIN, min(NOFILE_MAX, file_max // (8 * max(pids, 1))))
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,8 @@ class Plan:
     cache: Path | None = None
     """The sandbox's cache slot, shown at ``cache_dir`` (see ``caches``)."""
     cache_dir: str = "/.sbx/cache"
+    seccomp: bool = True
+    """Load the seccomp program bwrap is given at ``SECCOMP_FD``."""
 
 
 def home(run_as_root: bool) -> str:
@@ -110,8 +129,12 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         "--chdir",
         WORKSPACE,
     ]
-    if not plan.run_as_root:
-        args += ["--cap-drop", "ALL"]
+    args += ["--cap-drop", "ALL"]
+    if plan.run_as_root:
+        for cap in ROOT_CAPS:
+            args += ["--cap-add", cap]
+    if plan.seccomp:
+        args += ["--seccomp", str(SECCOMP_FD)]
     env = {"PATH": PATH, "HOME": home(plan.run_as_root), "TERM": "dumb", "LANG": "C.UTF-8", **plan.env}
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]

@@ -7,17 +7,17 @@ and start time of the sandbox's init while it runs), ``workspace/`` (``/workspac
 
 The sandbox is started detached (``setsid --fork``): it is not a child of the
 service that created it and survives that service; any process holding the same
-state directory finds it again. Commands run inside with ``nsenter`` into the
-sandbox's namespaces, after joining its cgroup and setting no-new-privileges.
+state directory finds it again. Commands run inside by entering the sandbox's cgroup
+and namespaces with its capabilities, limits and seccomp filter (``enter.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -30,9 +30,8 @@ import msgspec
 
 from shared import errors, ids
 from shared.runtime import api
-from shared.runtime.local import bwrap, caches, cgroups, images, network
+from shared.runtime.local import bwrap, caches, cgroups, enter, images, network, seccomp
 
-PR_SET_NO_NEW_PRIVS = 38
 START_TIMEOUT = 10.0
 READ_CHUNK = 64 * 1024
 QUEUE_CHUNKS = 256
@@ -59,12 +58,6 @@ def _starttime(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _no_new_privs() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 class _Running(msgspec.Struct):
@@ -216,7 +209,10 @@ class LocalRuntime(api.Runtime):
         self.images = images.ImageStore(state_dir / "images")
         self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
-        self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
+        try:
+            self._file_max = int(Path("/proc/sys/fs/file-max").read_text())
+        except (OSError, ValueError):
+            self._file_max = 1 << 20
         self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
         self._cgroups = cgroup_driver
         self._cgroups_error: errors.ConfigError | None = None
@@ -225,6 +221,9 @@ class LocalRuntime(api.Runtime):
                 self._cgroups = cgroups.Cgroups.detect()
             except errors.ConfigError as exc:  # reported on use, so the service still runs and says why
                 self._cgroups_error = exc
+
+    def _nofile(self, spec: api.SandboxSpec) -> int:
+        return bwrap.nofile(spec.limits.pids, self._file_max)
 
     @property
     def cgroups(self) -> cgroups.Cgroups:
@@ -404,12 +403,18 @@ class LocalRuntime(api.Runtime):
         # bwrap's output goes to a pipe read only if the start fails: every process of the
         # sandbox inherits it, and a file there would be a host file the sandbox could fill.
         log_read, log_write = os.pipe()
-        cg = self.cgroups
+        filter_fd = os.memfd_create("sbx-seccomp")
+        os.write(filter_fd, seccomp.compile_bpf())
+        os.lseek(filter_fd, 0, os.SEEK_SET)
+        cg, limit = self.cgroups, self._nofile(spec)
 
-        def child() -> None:  # between fork and exec: join the cgroup, put the info file at fd 3
+        def child() -> None:  # between fork and exec: cgroup, fds 3 (info) and 4 (filter), limits
             cg.join(name, os.getpid())
             os.dup2(info_fd, 3)
             os.close(info_fd)  # only fd 3 (bwrap closes it once written): nothing to reopen inside
+            os.dup2(filter_fd, bwrap.SECCOMP_FD)
+            os.close(filter_fd)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
         try:
             launcher = subprocess.Popen(
@@ -419,7 +424,7 @@ class LocalRuntime(api.Runtime):
                 stdout=log_write,
                 stderr=log_write,
                 preexec_fn=child,
-                pass_fds=(3, info_fd),  # fd 3 is re-pointed at the info file in child()
+                pass_fds=(3, bwrap.SECCOMP_FD, info_fd, filter_fd),  # re-pointed in child()
                 close_fds=True,
             )
             os.close(log_write)
@@ -438,6 +443,7 @@ class LocalRuntime(api.Runtime):
                 )
         finally:
             os.close(info_fd)
+            os.close(filter_fd)
             os.close(log_read)
             if log_write >= 0:
                 os.close(log_write)
@@ -538,17 +544,7 @@ class LocalRuntime(api.Runtime):
         running = self._running(d)
         if running is None:
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
-        uid = "0" if info.spec.run_as_root else str(bwrap.SANDBOX_UID)
-        command = [
-            self.nsenter,
-            f"--target={running.pid}",
-            "--user", "--mount", "--uts", "--ipc", "--net", "--pid", "--cgroup",
-            "--root", "--wd",  # the init's root and cwd (/workspace); nsenter resolves --wd=DIR on the host
-            f"--setuid={uid}", f"--setgid={uid}",
-            "--",
-            *(["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd] if cwd else []),
-            *argv,
-        ]  # fmt: skip
+        uid = 0 if info.spec.run_as_root else bwrap.SANDBOX_UID
         full_env = {
             "PATH": bwrap.PATH,
             "HOME": bwrap.home(info.spec.run_as_root),
@@ -558,18 +554,20 @@ class LocalRuntime(api.Runtime):
             **(env or {}),
         }
         name, cg = self._cgroup(sandbox_id), self.cgroups
-
-        def child() -> None:
-            cg.join(name, os.getpid())
-            _no_new_privs()
-
+        entry = enter.Entry(
+            pid=running.pid,
+            uid=uid,
+            keep_caps=frozenset(bwrap.ROOT_CAPS.values()) if info.spec.run_as_root else frozenset(),
+            nofile=self._nofile(info.spec),
+            bpf=seccomp.compile_bpf(),
+        )
         proc = await asyncio.create_subprocess_exec(
-            *command,
+            *enter.argv(argv, cwd),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=full_env,
             start_new_session=True,
-            preexec_fn=child,
+            preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
         )
         return LocalExec(proc, timeout, stdin, keep_stdin_open)

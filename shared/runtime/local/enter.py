@@ -1,0 +1,126 @@
+"""Entering a running sandbox from the host: what runs between fork and exec of
+``runtime.exec``, in place of ``nsenter``.
+
+The child joins the sandbox's cgroup and its namespaces (the user namespace last),
+takes the init's root and working directory, drops every
+capability a coding sandbox does not need from its bounding set (which setns into a
+user namespace resets to full), becomes the sandbox user, lowers its file limit, sets
+no-new-privileges and loads the sandbox's seccomp filter, all after the entry so that
+the filter can refuse ``setns`` and ``chroot`` to what runs inside. It then forks once
+more, because joining a pid namespace only places one's children in it: the first
+child stays outside, invisible to the sandbox, and mirrors the second's exit status;
+both are in one process group, so killing the group kills both.
+
+Only ctypes calls to libc and ``os`` calls without locks run here (the parent may have
+threads); everything that needs memory is prepared before the fork by ``prepare``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+import signal
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+NAMESPACES = ("mnt", "uts", "ipc", "net", "pid", "cgroup", "user")
+"""The user namespace last: host root may join the others, which bwrap's outer user
+namespace owns; joining the inner one first would leave no capability over them."""
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAPBSET_DROP = 24
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SYS_CLOSE_RANGE = 436  # x86_64 and aarch64 alike
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class Entry:
+    pid: int
+    """The sandbox init's host pid."""
+    uid: int
+    keep_caps: frozenset[int]
+    """Capabilities left in the bounding set (root sandboxes; a non-root user has none)."""
+    nofile: int
+    bpf: bytes
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 40
+
+
+def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
+    """The ``preexec_fn`` that enters ``entry``'s sandbox; ``before`` runs first (on the
+    host: joining the cgroup)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buffer = ctypes.create_string_buffer(entry.bpf, len(entry.bpf))
+    fprog = _SockFprog(len(entry.bpf) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+    paths = [f"/proc/{entry.pid}/ns/{ns}".encode() for ns in NAMESPACES]
+    root, cwd = f"/proc/{entry.pid}/root".encode(), f"/proc/{entry.pid}/cwd".encode()
+    drop = [cap for cap in range(_last_cap() + 1) if cap not in entry.keep_caps]
+    uid = entry.uid
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+
+    def child() -> None:
+        _keep = (buffer, fprog)  # alive until the filter is loaded
+        before()
+        fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        cwd_fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        for fd, ns in zip(fds, NAMESPACES, strict=True):
+            check(libc.setns(fd, 0), f"setns({ns})")
+        os.fchdir(root_fd)
+        os.chroot(".")
+        os.fchdir(cwd_fd)
+        for cap in drop:
+            check(libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "prctl(PR_CAPBSET_DROP)")
+        with contextlib.suppress(PermissionError):  # refused where bwrap wrote "deny" to setgroups
+            os.setgroups([uid])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (entry.nofile, entry.nofile))
+        check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
+        check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+        pid = libc.fork()
+        if pid < 0:
+            check(-1, "fork")
+        if pid > 0:
+            _mirror(libc, pid)
+
+    return child
+
+
+def _mirror(libc: ctypes.CDLL, pid: int) -> None:
+    """The first child: wait for the one inside and end as it did (never returns). It
+    holds no file: the pipes and the exec-error pipe are the second child's alone."""
+    if libc.syscall(SYS_CLOSE_RANGE, 0, 0xFFFFFFFF, 0) != 0:
+        os.closerange(0, 65536)
+    status = ctypes.c_int(0)
+    while libc.waitpid(pid, ctypes.byref(status), 0) < 0:
+        if ctypes.get_errno() != 4:  # EINTR
+            libc._exit(127)
+    code = status.value
+    if os.WIFSIGNALED(code):
+        sig = os.WTERMSIG(code)
+        libc.signal(sig, signal.SIG_DFL)
+        libc.kill(os.getpid(), sig)
+        libc._exit(128 + sig)
+    libc._exit(os.WEXITSTATUS(code))
+
+
+def argv(command: Sequence[str], cwd: str | None) -> list[str]:
+    """The command as exec'd inside: through ``sh`` to change to ``cwd`` first, if given."""
+    return [*(["/bin/sh", "-c", 'cd -- "$0" && exec "$@"', cwd] if cwd else []), *command]
