@@ -201,22 +201,23 @@ class SessionCommands:
     async def _replace(
         self, command: commands.SessionCommand, state: states.SessionState
     ) -> states.SessionState:
-        """``create_sandbox`` on a session that has one: the new sandbox is obtained first,
-        so a refused option or a full pool leaves the old sandbox and workspace intact;
-        then release-and-assign is one append, and only then is the old one deleted."""
-        old = state.sandbox_id
-        assert old is not None
+        """``create_sandbox``: the new sandbox is obtained first, so a refused option or a
+        full pool leaves the old sandbox and workspace intact; then release-and-assign is
+        one append (whatever sandbox the session has by then: one claimed at connect is
+        replaced, never adopted), and only then is the released one deleted."""
         options = logic.sandbox_options(command, state)
         new = await self._obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda s: logic.decide_swap(s, old, new, str(options["image"]), meta),
+            lambda s: logic.decide_install(s, new, str(options["image"]), meta),
         )
-        gone = old if outcome.appended else new  # lost a race: keep what the session has now
-        await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
         assert outcome.state is not None
+        appended = [stored.event for stored in outcome.appended]
+        gone = logic.released(appended) if outcome.state.sandbox_id == new else [new]  # type: ignore[arg-type]
+        for sandbox_id in gone:
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
         return outcome.state
 
     async def _release(
@@ -292,9 +293,7 @@ class SessionCommands:
                 outcome = await self._decide(command)
                 state = outcome.state
                 assert state is not None
-                if state.sandbox_id:
-                    return await self._replace(command, state), len(outcome.appended)
-                return await self._provision(command, state), len(outcome.appended)
+                return await self._replace(command, state), len(outcome.appended)
 
 
 def _log_transition(

@@ -159,6 +159,26 @@ def decide_swap(
     ]
 
 
+def decide_install(
+    state: states.SessionState | None, new: str, image: str, meta: events.Meta
+) -> list[events.SessionEvent]:
+    """``create_sandbox``'s sandbox ``new`` becomes the session's, whatever it has now: a
+    sandbox assigned meanwhile (claimed at connect, or by a concurrent first call) is
+    released in the same append, never adopted in place of what was asked for."""
+    if state is None or state.status != "active":
+        return []
+    if state.sandbox_id == new:
+        return []
+    if state.sandbox_id is None:
+        return decide_assign(state, new, image, meta)
+    return decide_swap(state, state.sandbox_id, new, image, meta)
+
+
+def released(appended: list[events.SessionEvent]) -> list[str]:
+    """The sandboxes an append released (to delete once it is written)."""
+    return [e.sandbox_id for e in appended if isinstance(e, events.SessionSandboxReleased)]
+
+
 def decide_release(
     state: states.SessionState | None, sandbox_id: str, meta: events.Meta
 ) -> list[events.SessionEvent]:

@@ -209,3 +209,16 @@ async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack)
     assert len(re.findall(r"sandbox\.(?:claimed|requested) ", after)) == 1, after  # one sandbox got
     [assigned] = re.findall(r"sandbox_assigned .*sandbox_id=(\S+)", after)
     assert re.search(rf"exec\.completed .*sandbox_id={assigned} ", after), after
+
+
+async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_connect(stack):  # noqa: F811
+    """Connecting claims a warm (root) sandbox for the session; a create_sandbox racing that
+    claim as the first call must still return what it asked for, every time."""
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    for attempt in range(6):
+        agent = Agent(url, key, f"race-{attempt}")
+        ok, text = await agent.call("create_sandbox", run_as_root=False)
+        assert ok, text
+        ok, text = await agent.call("shell", command="id -u; grep CapEff /proc/self/status")
+        assert ok and text.split()[:3] == ["1000", "CapEff:", "0000000000000000"], (attempt, text)

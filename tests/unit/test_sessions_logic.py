@@ -424,3 +424,18 @@ def test_first_request_never_takes_another_organisations_session() -> None:
     theirs = state("active", org_id="globex")
     with pytest.raises(errors.Conflict):
         logic.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", "acme", meta())
+
+
+def test_create_sandbox_replaces_whatever_sandbox_the_session_got_meanwhile() -> None:
+    """A first-call create_sandbox races the sandbox claimed at connect: its own sandbox
+    wins (the claimed one is released in the same append), never the other way round."""
+    m = meta()
+    claimed = state("active", sandbox_id="sb-claimed")
+    install = logic.decide_install(claimed, "sb-asked", "default", m)
+    assert [type(e).__name__ for e in install] == ["SessionSandboxReleased", "SessionSandboxAssigned"]
+    assert logic.released(install) == ["sb-claimed"] and install[1].sandbox_id == "sb-asked"
+    empty = logic.decide_install(state("active"), "sb-asked", "default", m)
+    assert [type(e).__name__ for e in empty] == ["SessionSandboxAssigned"] and logic.released(empty) == []
+    assert logic.decide_install(state("active", sandbox_id="sb-asked"), "sb-asked", "default", m) == []
+    assert logic.decide_install(state("stopped", sandbox_id="sb-x"), "sb-asked", "default", m) == []
+    assert logic.decide_install(None, "sb-asked", "default", m) == []
