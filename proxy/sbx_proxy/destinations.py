@@ -21,6 +21,24 @@ _EMBEDS_V4 = (
     ipaddress.ip_network("::ffff:0:0:0/96"),
 )  # compatible, translated
 _SITE_LOCAL = ipaddress.ip_network("fec0::/10")
+_NOT_GLOBAL = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24",
+        "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4",
+        "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "3fff::/20", "5f00::/16",
+    )
+)  # fmt: skip
+"""IANA's special-purpose ranges that are not globally reachable, checked besides
+``is_global`` (which older Pythons get wrong for some, e.g. 192.0.0.8 on 3.11)."""
+_GLOBAL_EXCEPTIONS = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "192.0.0.9/32", "192.0.0.10/32", "2001:1::1/128", "2001:1::2/128", "2001:1::3/128",
+        "2001:3::/32", "2001:4:112::/48", "2001:20::/28", "2001:30::/28",
+    )
+)  # fmt: skip
+"""Inside those ranges, the assignments IANA lists as globally reachable."""
 METADATA = (
     ipaddress.ip_network("169.254.0.0/16"),  # AWS, GCP, Azure IMDS, ECS task metadata, time sync
     ipaddress.ip_network("fd00:ec2::/32"),  # AWS IMDS and DNS over IPv6
@@ -41,6 +59,12 @@ def _embedded(ip: Address) -> list[Address]:
         if any(ip in net for net in (*_NAT64, *_EMBEDS_V4)):
             found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
     return found
+
+
+def _is_global(ip: Address) -> bool:
+    if any(ip.version == n.version and ip in n for n in _GLOBAL_EXCEPTIONS):
+        return True
+    return ip.is_global and not any(ip.version == n.version and ip in n for n in _NOT_GLOBAL)
 
 
 def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ()) -> str | None:
@@ -64,7 +88,7 @@ def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ())
             return f"{candidate} is a site-local address"
         if candidate.is_unspecified or candidate.is_multicast:
             return f"{candidate} is not a unicast address"
-        if not allow_private and not candidate.is_global:
+        if not allow_private and not _is_global(candidate):
             kind = (
                 "loopback"
                 if candidate.is_loopback

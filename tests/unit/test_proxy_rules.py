@@ -81,13 +81,18 @@ def test_split_authority(value, expected):
         "fd00:ec2::254", "fc00::1", "::ffff:127.0.0.1", "::ffff:10.0.0.1", "2002:7f00:1::1",
         "64:ff9b::a00:1", "ff02::1", "::7f00:1", "::ffff:0:7f00:1", "64:ff9b:1::a00:1", "fec0::1",
         "168.63.129.16", "100.100.100.200", "169.254.170.2", "fd00:ec2::253",
+        # IANA special-purpose, not globally reachable (Python 3.11 calls some of them global)
+        "192.0.0.8", "192.0.0.1", "192.0.0.170", "192.0.2.1", "198.18.0.1", "240.0.0.1",
+        "64:ff9b:1::1", "2001:db8::1", "2001:2::1", "100::1", "3fff::1", "5f00::1",
     ],
 )  # fmt: skip
 def test_private_loopback_link_local_and_metadata_are_refused(address):
     assert destinations.refusal(address, allow_private=False) is not None
 
 
-@pytest.mark.parametrize("address", ["140.82.112.3", "8.8.8.8", "2606:4700::1111"])
+@pytest.mark.parametrize(
+    "address", ["140.82.112.3", "8.8.8.8", "2606:4700::1111", "192.0.0.9", "192.0.0.10", "2001:4:112::1"]
+)
 def test_public_addresses_pass(address):
     assert destinations.refusal(address, allow_private=False) is None
 
