@@ -38,6 +38,11 @@ refusals = Counter("sbx_refusals_total", "Sandboxes refused by a limit.", ["limi
 reaps = Counter(
     "sbx_reaps_total", "Sessions stopped or purged by the reaper, by reason.", ["reason"], registry=REGISTRY
 )
+audit_failures = Counter(
+    "sbx_audit_failures_total",
+    "Executor calls whose audit record could not be written (reported to the caller as errors).",
+    registry=REGISTRY,
+)
 reconcile_findings = Counter(
     "sbx_reconcile_findings_total",
     "What the self-healing sweep fixed, by action.",

@@ -90,10 +90,12 @@ class Executor:
             metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
         if request is not None and valid:
             # The call ends the busy period (activity) and is audited: both at once.
-            await asyncio.gather(
+            _, problem = await asyncio.gather(
                 self._touch(request.session_id),
                 self._audit(request, reply, time.monotonic() - started),
             )
+            if problem is not None:
+                reply = _unaudited(reply, problem)
         return codec.encode(reply)
 
     async def prepare(self, raw: bytes) -> bytes:
@@ -378,9 +380,12 @@ class Executor:
 
     # ---- audit -----------------------------------------------------------------------
 
-    async def _audit(self, request: execution.AnyRequest, reply: execution.Reply, seconds: float) -> None:
+    async def _audit(
+        self, request: execution.AnyRequest, reply: execution.Reply, seconds: float
+    ) -> str | None:
+        """Record what the call did; why it could not be recorded, if it could not."""
         if isinstance(request, execution.ShellPoll | execution.ShellWait):
-            return  # reads, not actions: the job's start and stop are audited
+            return None  # reads, not actions: the job's start and stop are audited
         match request:
             case execution.Shell() | execution.ShellAsync():
                 what = request.command
@@ -429,7 +434,24 @@ class Executor:
                 self.ctx.topology.aggregate_subject(subjects.EXEC, request.session_id), event
             )
         except errors.SandboxError as exc:
+            metrics.audit_failures.inc()
             log.warning("executor.audit_failed", error=exc.message)
+            return exc.message
+        return None
+
+
+def _unaudited(reply: execution.Reply, problem: str) -> execution.Reply:
+    """Audit fails closed: a call whose record could not be written is reported as an
+    error (saying what ran, so the caller does not run it again blindly)."""
+    did = f"it ran (exit code {reply.exit_code})" if reply.ok and reply.exit_code is not None else "it ran"
+    return execution.Reply(
+        ok=False,
+        error=commands.ErrorInfo(
+            "infrastructure",
+            f"{did}, but its audit record could not be written ({problem[:200]}); "
+            "its result is withheld until the event store accepts records again",
+        ),
+    )
 
 
 def _error_reply(exc: Exception, crashed: str) -> execution.Reply:

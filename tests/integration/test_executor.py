@@ -332,3 +332,34 @@ async def test_a_sandbox_showing_an_organisations_cache_never_runs_a_call_of_a_s
         (await stack.nc.request(stack.topology.exec_requests, codec.encode(call), timeout=30)).data
     )
     assert not reply.ok and reply.error.code == "conflict" and "another organisation" in reply.error.message
+
+
+async def test_audit_fails_closed_when_the_event_store_refuses_records(stack):
+    """A full event stream (max messages reached, new ones discarded: what a full disk
+    looks like to JetStream) refuses the audit record of a command: the call is reported
+    as an error saying the command ran, never as a success nobody can audit."""
+    await stack.sh("audit", "true")
+    js = stack.nc.jetstream()
+    name = stack.topology.events_stream
+    info = await js.stream_info(name)
+    config = info.config
+    full = msgspec_replace(config, max_msgs=info.state.messages, discard="new")
+    await js.update_stream(full)
+    try:
+        reply = await stack.run("audit", execution.Shell, command="echo ran > /workspace/proof")
+        assert not reply.ok and "audit record could not be written" in reply.error.message, reply
+        assert "it ran (exit code 0)" in reply.error.message
+    finally:
+        await js.update_stream(config)
+    proof = await stack.sh("audit", "cat /workspace/proof")
+    assert "ran" in proof.output
+
+
+def msgspec_replace(config, **changes):
+    from dataclasses import replace
+
+    from nats.js.api import DiscardPolicy
+
+    if "discard" in changes:
+        changes["discard"] = DiscardPolicy(changes["discard"])
+    return replace(config, **changes)
