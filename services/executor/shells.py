@@ -1,6 +1,6 @@
 """Persistent shell servers: the fast path of the ``shell`` tool.
 
-Starting a command from the host costs a fork of the executor, ``nsenter`` into seven
+Starting a command from the host costs a fork of the executor, an entry into seven
 namespaces and two shells (~5-8 ms). Instead, an executor keeps one long-lived
 helper per sandbox it serves (``scripts.SHELL_SERVER``, started through the runtime's
 ordinary exec with stdin kept open) and each ``shell`` call is a fork inside the
