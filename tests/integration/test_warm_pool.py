@@ -98,6 +98,7 @@ async def test_max_running_refuses_clearly_and_records_it(env):
     first = await ensure(nc, topology, "one")  # claims the warm one; the pool refills to 2 running
     assert first.ok
     await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 1), timeout=30)
     full = await ensure(nc, topology, "two")  # claims the refill: now 2 running, limit reached
     assert full.ok
     refused = await ensure(nc, topology, "three")
@@ -162,6 +163,13 @@ async def test_a_spec_change_rolls_the_pool_over_without_touching_claimed_sandbo
 
 async def _count(coro, n):
     return len(await coro) == n
+
+
+async def _offered(nc, topology, pool_id, n):
+    """``n`` offers wait in the pool's queue: a running pool sandbox is offered a moment
+    after its record says so, and a claim before that starts a sandbox cold."""
+    info = await nc.jetstream().consumer_info(topology.pool_stream, topology.claims_consumer(pool_id))
+    return info.num_pending == n
 
 
 async def test_a_second_pool_serves_sessions_that_ask_for_its_options(env):
