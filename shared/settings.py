@@ -178,6 +178,15 @@ class RuntimeSettings:
     """Process limit per sandbox (``SBX_SANDBOX_PIDS``)."""
     output_limit: int = 256 * 1024
     """Most bytes of command output returned by one tool call (``SBX_OUTPUT_LIMIT``)."""
+    disk_bytes: int = 10 * 1024**3
+    """Disk space per sandbox: workspace, copy-on-write root and ``/.sbx`` together
+    (``SBX_SANDBOX_DISK``; ``off``: none of its own). Local runtime: a filesystem of
+    that size for each sandbox; filling it gives ENOSPC inside and nothing else."""
+    disk_inodes: int = 500_000
+    """Files and directories per sandbox (``SBX_SANDBOX_INODES``)."""
+    disk_reserve: int = 2 * 1024**3
+    """Free space the state filesystem keeps for the event store: no sandbox starts
+    while less is free (``SBX_DISK_RESERVE``)."""
     egress: str = "none"
     """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
     reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
@@ -199,6 +208,11 @@ class RuntimeSettings:
             cpus=cpus,
             pids=pids,
             output_limit=_size(env, "SBX_OUTPUT_LIMIT", cls.output_limit, minimum=1024),
+            disk_bytes=0
+            if env.get("SBX_SANDBOX_DISK", "").strip().lower() in ("off", "0")
+            else _size(env, "SBX_SANDBOX_DISK", cls.disk_bytes, minimum=64 * 1024**2),
+            disk_inodes=_count(env, "SBX_SANDBOX_INODES", cls.disk_inodes, 1024, 100_000_000),
+            disk_reserve=_size(env, "SBX_DISK_RESERVE", cls.disk_reserve, minimum=0),
         )
 
 
@@ -302,6 +316,13 @@ def _image(value: str) -> str:
 
 
 _SIZE = re.compile(r"(\d+)([kmg]?)i?b?")
+
+
+def _count(env: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = env.get(name, str(default)).strip()
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise errors.ConfigError(f"{name}={raw!r} must be a whole number from {low} to {high}")
+    return int(raw)
 
 
 def _size(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:

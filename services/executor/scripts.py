@@ -14,6 +14,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from shared.runtime import api
+
 STATE = "/.sbx/shell"
 JOBS = "/.sbx/jobs"
 
@@ -48,26 +50,29 @@ exec </dev/null 2>&1
 {_RUN}"""
 
 SERVER_HELLO = b"sbx-shell-server 1\n"
+OUTPUT_DIR = api.OUTPUT_DIR
 
 #: The persistent shell server (bash only; exit 3 means "not here, use SHELL").
 #: Reads requests ``<nonce>\n<command>\0`` from stdin; runs each as a background job
 #: (its own process group, so a timeout kills exactly that call), with stdin from
-#: /dev/null and output to a file of its own in the sandbox's /tmp (its tmpfs, counted
-#: against the sandbox's memory, never the host's disk), so processes the command leaves
-#: behind neither hold this channel nor write into a later call's output. Answers
+#: /dev/null and output to a file of its own in ``OUTPUT_DIR`` where the runtime gives
+#: one (local: a small tmpfs of its own, so a full /tmp or disk does not swallow the
+#: output, and output beyond its size is cut there), else in /tmp; so processes the
+#: command leaves behind neither hold this channel nor write into a later call's output. Answers
 #: ``<nonce> started <pgid>\n``, then the output, then ``<nonce> exited <status>\n``.
 SHELL_SERVER = f"""
 [ -n "$BASH_VERSION" ] && command -v cat >/dev/null 2>&1 && [ -d /tmp ] && [ -w /tmp ] || exit 3
 exec 2>/dev/null
 set -m
 [ -d {STATE} ] || mkdir -p {STATE} || exit 3
+__sbx_dir=/tmp; [ -d {OUTPUT_DIR} ] && [ -w {OUTPUT_DIR} ] && __sbx_dir={OUTPUT_DIR}
 __sbx_n=0
 printf 'sbx-shell-server 1\\n'
 while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   __sbx_n=$((__sbx_n + 1))
   # This server's empty output files (silent calls): cleared now and then, one exec per 200 calls.
-  [ $((__sbx_n % 200)) -eq 0 ] && rm -f /tmp/.sbx-out-$$-*
-  __sbx_out=/tmp/.sbx-out-$$-$__sbx_nonce
+  [ $((__sbx_n % 200)) -eq 0 ] && rm -f "$__sbx_dir"/.sbx-out-$$-*
+  __sbx_out=$__sbx_dir/.sbx-out-$$-$__sbx_nonce
   (
     {_LOCK}
     {_RUN}  ) </dev/null >"$__sbx_out" 2>&1 &
@@ -77,7 +82,7 @@ while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   if [ -s "$__sbx_out" ]; then cat -- "$__sbx_out"; rm -f -- "$__sbx_out"; fi
   printf '%s exited %d\\n' "$__sbx_nonce" "$__sbx_rc"
 done
-rm -f /tmp/.sbx-out-$$-*
+rm -f "$__sbx_dir"/.sbx-out-$$-*
 """
 
 #: Kills one shell server job's process group ($1 is the pgid the server reported).

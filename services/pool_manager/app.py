@@ -26,10 +26,15 @@ def make_setup(
             runtime_settings.backend,
             ctx.settings.state_dir,
             egress=runtime_settings.egress,
+            disk_reserve=runtime_settings.disk_reserve,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         limits = api.Limits(
-            memory_bytes=runtime_settings.memory_bytes, cpus=runtime_settings.cpus, pids=runtime_settings.pids
+            memory_bytes=runtime_settings.memory_bytes,
+            cpus=runtime_settings.cpus,
+            pids=runtime_settings.pids,
+            disk_bytes=runtime_settings.disk_bytes,
+            disk_inodes=runtime_settings.disk_inodes if runtime_settings.disk_bytes else 0,
         )
         pool = handlers.PoolHandlers(
             ctx,

@@ -35,7 +35,17 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """CPU time as a number of cores (0.5 = half a core)."""
     pids: int = 512
     """Most processes and threads alive at once."""
+    disk_bytes: int = 0
+    """Most bytes the sandbox may write to disk (workspace, copy-on-write root, ``/.sbx``);
+    0: no limit of its own (local runtime: no filesystem of its own)."""
+    disk_inodes: int = 0
+    """Most files and directories it may hold on disk (with ``disk_bytes``)."""
 
+
+OUTPUT_DIR = "/.sbx-out"
+"""Where a runtime that can gives each sandbox a small scratch space of its own for the
+executor's captured command output (local: a tmpfs of ``OUTPUT_BYTES``)."""
+OUTPUT_BYTES = 64 * 1024**2
 
 CACHE_DIR = "/.sbx/cache"
 """Where a sandbox sees its organisation's package cache, on every runtime."""

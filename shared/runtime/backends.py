@@ -13,10 +13,16 @@ NAMES = ("local", "kubernetes")
 
 
 def open_runtime(
-    name: str, state_dir: Path, *, egress: str = "none", env: Mapping[str, str] | None = None
+    name: str,
+    state_dir: Path,
+    *,
+    egress: str = "none",
+    env: Mapping[str, str] | None = None,
+    disk_reserve: int | None = None,
 ) -> api.Runtime:
     """The named backend. ``env`` holds the backend's own settings (Kubernetes: the
-    ``SBX_K8S_*`` variables); the services pass their environment."""
+    ``SBX_K8S_*`` variables); the services pass their environment. ``disk_reserve``:
+    free space the local state filesystem keeps (no sandbox starts below it)."""
     if name == "kubernetes":
         from shared.runtime.kubernetes import runtime as kube
         from shared.settings import KubernetesSettings
@@ -27,7 +33,7 @@ def open_runtime(
     if name == "local":
         from shared.runtime.local import runtime
 
-        opened = runtime.LocalRuntime(state_dir, egress=egress)
+        opened = runtime.LocalRuntime(state_dir, egress=egress, disk_reserve=disk_reserve)
         if opened.egress_problem:
             import structlog
 

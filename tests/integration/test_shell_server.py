@@ -91,15 +91,15 @@ async def test_background_processes_neither_hold_the_call_nor_leak_into_later_on
 
 
 async def test_output_goes_to_the_sandbox_not_the_host_disk(rt, sandbox, servers, tmp_path):
-    """Command output is staged in the sandbox's own /tmp (its tmpfs), never under the
-    host's state directory, and nothing is left there after the call."""
+    """Command output is staged in the sandbox's own output tmpfs (/.sbx-out), never
+    under the host's state directory nor in /tmp, and nothing is left there after the call."""
     _, text = await fast(servers, sandbox, "head -c 300000 /dev/zero | tr '\\0' x; echo")
     assert "output truncated" in text
     control = tmp_path / "state" / "sandboxes"
     big = [p for p in control.rglob("*") if p.is_file() and p.stat().st_size > 100_000]
     assert big == []
-    _, text = await fast(servers, sandbox, "ls -a /tmp | grep -c sbx-out || true")
-    assert text == "1\n", "only this very call's own file"
+    _, text = await fast(servers, sandbox, "ls -a /.sbx-out | grep -c sbx-out; ls -a /tmp | grep -c sbx-out")
+    assert text == "1\n0\n", "only this very call's own file, and none in /tmp"
 
 
 async def test_a_busy_server_leaves_the_call_to_the_one_off_path(rt, sandbox, servers):

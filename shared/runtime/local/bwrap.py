@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.runtime import api
+
 SANDBOX_UID = 1000
 SANDBOX_USER = "sandbox"
 WORKSPACE = "/workspace"
@@ -19,6 +21,7 @@ HOLD = "/.sbx-hold"
 shell builtin, so any image with /bin/sh can be held open."""
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TMP_BYTES = 1024**3
+OUTPUT_DIR, OUTPUT_BYTES = api.OUTPUT_DIR, api.OUTPUT_BYTES
 ROOT_CAPS = {
     "CAP_CHOWN": 0, "CAP_DAC_OVERRIDE": 1, "CAP_FOWNER": 3, "CAP_FSETID": 4, "CAP_KILL": 5,
     "CAP_SETGID": 6, "CAP_SETUID": 7, "CAP_SETPCAP": 8, "CAP_NET_BIND_SERVICE": 10,
@@ -30,6 +33,12 @@ CAP_SYS_PTRACE or the rest: Docker's default set, less raw sockets, mknod and au
 SECCOMP_FD = 4
 """The fd bwrap reads the seccomp program from (see seccomp.py)."""
 NOFILE_MIN, NOFILE_MAX = 1024, 65536
+
+
+def tmp_bytes(memory_bytes: int) -> int:
+    """``/tmp``'s size: at most half the memory limit (its pages are memory), so filling
+    it gives ENOSPC, never an out-of-memory kill; 1 GiB at most."""
+    return min(TMP_BYTES, memory_bytes // 2)
 
 
 def nofile(pids: int, file_max: int) -> int:
@@ -68,6 +77,11 @@ class Plan:
     cache: Path | None = None
     """The sandbox's cache slot, shown at ``cache_dir`` (see ``caches``)."""
     cache_dir: str = "/.sbx/cache"
+    writable: tuple[tuple[Path, str], ...] = ()
+    """Host directories shown writable at the given inside paths (``/root``, ``/var``...
+    of an image whose root is not a layer: on the sandbox's disk, not in memory)."""
+    tmp_bytes: int = TMP_BYTES
+    """The size of ``/tmp`` (a tmpfs, whose pages count against the memory limit)."""
     seccomp: bool = True
     """Load the seccomp program bwrap is given at ``SECCOMP_FD``."""
 
@@ -106,15 +120,23 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         args += ["--symlink", target, link]
     for directory in plan.dirs:
         args += ["--dir", directory]
+    for source, dest in plan.writable:
+        args += ["--bind", str(source), dest]
     args += [
         "--proc",
         "/proc",
         "--dev",
         "/dev",
         "--size",
-        str(TMP_BYTES),
+        str(plan.tmp_bytes),
         "--tmpfs",
         "/tmp",
+        "--size",
+        str(OUTPUT_BYTES),
+        "--perms",
+        "1777",
+        "--tmpfs",
+        OUTPUT_DIR,
         "--bind",
         str(plan.workspace),
         WORKSPACE,

@@ -30,7 +30,7 @@ import msgspec
 
 from shared import errors, ids
 from shared.runtime import api
-from shared.runtime.local import bwrap, caches, cgroups, enter, images, network, seccomp
+from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp
 
 START_TIMEOUT = 10.0
 READ_CHUNK = 64 * 1024
@@ -179,6 +179,8 @@ class LocalExec(api.Exec):
 
 
 CA_DIR = "/etc/sbx"
+TOP_DIRS = ("/root", "/home", "/var", "/opt", "/srv")
+"""Top-level directories a writable sandbox of an image without a root layer keeps on disk."""
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
@@ -194,6 +196,7 @@ class LocalRuntime(api.Runtime):
         cgroup_driver: cgroups.Cgroups | None = None,
         egress: str = "none",
         proxy_ca: Path | None = None,
+        disk_reserve: int | None = None,
     ) -> None:
         """``egress``: ``none`` (only loopback) or ``proxy`` (the proxy address and nothing
         else; see network.py). Where proxy egress cannot work here, sandboxes get no
@@ -207,6 +210,7 @@ class LocalRuntime(api.Runtime):
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.images = images.ImageStore(state_dir / "images")
+        self.disk = disk.Disk() if disk_reserve is None else disk.Disk(reserve_bytes=disk_reserve)
         self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
         try:
@@ -296,6 +300,12 @@ class LocalRuntime(api.Runtime):
             )
         if spec.limits.memory_bytes < 16 * 1024**2 or spec.limits.pids < 8 or spec.limits.cpus <= 0:
             raise errors.InvalidInput("limits too small: at least 16 MiB memory, 8 pids and some CPU")
+        if spec.limits.disk_bytes and (
+            spec.limits.disk_bytes < 64 * 1024**2 or spec.limits.disk_inodes < 1024
+        ):
+            raise errors.InvalidInput("disk limits too small: at least 64 MiB and 1024 inodes")
+        if spec.limits.disk_bytes and (problem := self.disk.unavailable()):
+            raise errors.ConfigError(f"sandboxes with a disk limit cannot be made here: {problem}")
         self.images.resolve(spec.image)  # unknown image: clear error before anything is written
         d = self._dir(spec.sandbox_id)
         existing = self._read_spec(d)
@@ -306,9 +316,16 @@ class LocalRuntime(api.Runtime):
             assert info is not None
             return info
         tmp = self.root / f".{d.name}.{os.getpid()}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
+        await asyncio.to_thread(self._discard, tmp)
+        tmp.mkdir(mode=0o700)
+        rw = tmp
+        if spec.limits.disk_bytes:  # a filesystem of its own: filling it concerns nothing else
+            limits = spec.limits
+            rw = await asyncio.to_thread(
+                disk.Disk.make, tmp, size=limits.disk_bytes, inodes=limits.disk_inodes
+            )
         for sub in ("workspace", "control", "upper/upper", "upper/work"):
-            (tmp / sub).mkdir(parents=True)
+            (rw / sub).mkdir(parents=True)
         os.mkfifo(tmp / "hold", 0o600)
         created_at = datetime.now(UTC)
         record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
@@ -316,7 +333,7 @@ class LocalRuntime(api.Runtime):
         try:
             tmp.rename(d)
         except OSError:  # another process created it first
-            shutil.rmtree(tmp, ignore_errors=True)
+            await asyncio.to_thread(self._discard, tmp)
             return await self.create(spec)
         return api.SandboxInfo(spec=spec, status="created", created_at=created_at, backend=self.name)
 
@@ -361,16 +378,43 @@ class LocalRuntime(api.Runtime):
             files.append((bundle, str(HOST_CA_BUNDLE)))
         return tuple(files)
 
+    @staticmethod
+    def _discard(directory: Path) -> None:
+        """Remove a sandbox directory, its own filesystem detached first (never emptied)."""
+        disk.Disk.unmount(directory)
+        shutil.rmtree(directory, ignore_errors=True)
+
+    @staticmethod
+    def _writable_dirs(image: images.Image, rw: Path, writable_root: bool) -> tuple[tuple[Path, str], ...]:
+        """An image without a root layer (``default``) has only some directories from
+        layers; its top-level ``TOP_DIRS`` come from the sandbox's disk when its root is
+        writable, so what is written there persists and counts against its disk limit
+        (bwrap's own root is a tmpfs in memory)."""
+        if not writable_root or any(layer.dest == "/" for layer in image.layers):
+            return ()
+        taken = {layer.dest for layer in image.layers} | {link for _, link in image.symlinks}
+        out = []
+        for top in TOP_DIRS:
+            if top in taken:
+                continue
+            source = rw / "dirs" / top.strip("/")
+            out.append((source, top))
+        return tuple(out)
+
     def _plan(self, spec: api.SandboxSpec, d: Path) -> bwrap.Plan:
         image = self.images.resolve(spec.image)
+        rw = disk.Disk.root(d)
+        writable = self._writable_dirs(image, rw, spec.writable_root)
+        inside = {dest for _, dest in writable}
         return bwrap.Plan(
             bwrap=self.bwrap,
             layers=image.layers,
             symlinks=image.symlinks,
-            dirs=image.dirs,
-            upper=d / "upper",
-            workspace=d / "workspace",
-            control=d / "control",
+            dirs=tuple(x for x in image.dirs if not any(x == t or x.startswith(t + "/") for t in inside)),
+            writable=writable,
+            upper=rw / "upper",
+            workspace=rw / "workspace",
+            control=rw / "control",
             hold=d / "hold",
             run_as_root=spec.run_as_root,
             writable_root=spec.writable_root,
@@ -378,6 +422,7 @@ class LocalRuntime(api.Runtime):
             files=self._ca_files(spec),
             cache=self.caches.slot(d.name),
             cache_dir=caches.CACHE_DIR,
+            tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
         )
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
@@ -386,6 +431,9 @@ class LocalRuntime(api.Runtime):
             return info
         d = self._dir(sandbox_id)
         spec = info.spec
+        if problem := self.disk.space_problem(self.state_dir):
+            raise errors.LimitExceeded(f"sandbox {sandbox_id!r} not started: {problem}")
+        await asyncio.to_thread(disk.Disk.mount, d)  # after a host restart
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
         plan = self._plan(spec, d)
@@ -394,7 +442,16 @@ class LocalRuntime(api.Runtime):
             await asyncio.to_thread(self.caches.attach, d.name, spec.cache)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
-                (d / "upper" / sub / str(index)).mkdir(parents=True, exist_ok=True)
+                (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
+        image = self.images.resolve(spec.image)
+        for source, dest in plan.writable:  # with the image's directories below them
+            source.mkdir(parents=True, exist_ok=True)
+            for directory in image.dirs:
+                if directory.startswith(dest + "/"):
+                    (source / directory[len(dest) + 1 :]).mkdir(parents=True, exist_ok=True)
+            if dest == "/var":
+                (source / "tmp").mkdir(exist_ok=True)
+                (source / "tmp").chmod(0o1777)
         argv = bwrap.argv(plan, bwrap.hold_main())
         info_path = d / "info.json"
         info_path.unlink(missing_ok=True)
@@ -520,7 +577,7 @@ class LocalRuntime(api.Runtime):
         graveyard = self.root / f".deleting.{d.name}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             d.rename(graveyard)
-        await asyncio.to_thread(shutil.rmtree, graveyard, True)
+        await asyncio.to_thread(self._discard, graveyard)
 
     # ---- exec ------------------------------------------------------------------
 
