@@ -35,6 +35,9 @@ AUDIT_COMMAND_MAX = 4096
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 QUICK = 30.0  # seconds allowed for the executor's own short scripts
+HELPER_SLACK = 64 * 1024
+"""Room beyond the data a helper script returns (its status lines): past it, the helper
+(whose tools are the sandbox's own, which it may have replaced) is killed."""
 OWNERS_REMEMBERED = 10_000
 
 
@@ -275,7 +278,10 @@ class Executor:
 
     async def poll(self, sandbox_id: str, job: str) -> execution.Reply:
         _, out, _ = await self.runtime.run(
-            sandbox_id, scripts.argv(scripts.JOB_POLL, job, str(self.limit)), timeout=QUICK
+            sandbox_id,
+            scripts.argv(scripts.JOB_POLL, job, str(self.limit)),
+            timeout=QUICK,
+            max_bytes=self.limit + HELPER_SLACK,  # the helper runs the sandbox's own tail
         )
         report = scripts.parse_poll(out)
         if report.status == "nojob":
@@ -305,7 +311,10 @@ class Executor:
 
     async def _read(self, sandbox_id: str, path: str) -> tuple[str, bytes]:
         _, out, _ = await self.runtime.run(
-            sandbox_id, scripts.argv(scripts.READ, path, str(edits.MAX_FILE_BYTES + 1)), timeout=QUICK
+            sandbox_id,
+            scripts.argv(scripts.READ, path, str(edits.MAX_FILE_BYTES + 1)),
+            timeout=QUICK,
+            max_bytes=edits.MAX_FILE_BYTES + HELPER_SLACK,
         )
         kind, _, body = out.partition(b"\n")
         return kind.decode(errors="replace"), body

@@ -25,6 +25,8 @@ SandboxStatus = Literal["created", "running", "stopped"]
 Stream = Literal["stdout", "stderr"]
 
 GiB = 1024**3
+RUN_MAX_BYTES = 64 * 1024**2
+"""Most output ``Runtime.run`` collects from one command (then it is killed)."""
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
@@ -205,13 +207,24 @@ class Runtime(abc.ABC):
         self,
         sandbox_id: str,
         argv: Sequence[str],
+        *,
+        max_bytes: int = RUN_MAX_BYTES,
         **kwargs: object,
     ) -> tuple[ExecResult, bytes, bytes]:
-        """Convenience: run to completion and collect stdout and stderr."""
+        """Convenience: run to completion and collect stdout and stderr. What comes from
+        inside a sandbox is untrusted: past ``max_bytes`` of output in all, the command
+        is killed and LimitExceeded raised, so no caller ever holds more."""
         running = await self.exec(sandbox_id, argv, **kwargs)  # type: ignore[arg-type]
         out: list[bytes] = []
         err: list[bytes] = []
+        total = 0
         async for stream, data in running.chunks():
+            total += len(data)
+            if total > max_bytes:
+                await running.kill()
+                raise errors.LimitExceeded(
+                    f"a helper command in the sandbox wrote more than {max_bytes} bytes; it was killed"
+                )
             (out if stream == "stdout" else err).append(data)
         return await running.wait(), b"".join(out), b"".join(err)
 

@@ -363,3 +363,19 @@ def msgspec_replace(config, **changes):
     if "discard" in changes:
         changes["discard"] = DiscardPolicy(changes["discard"])
     return replace(config, **changes)
+
+
+async def test_a_helper_flooding_the_executor_is_cut_off_at_its_cap(stack):
+    """The executor's helper scripts run the sandbox's own tools, which root inside can
+    replace: a fake ``tail`` printing 120 MB to one shell_poll is killed at the cap (the
+    executor never holds it) and the call says so; the executor goes on serving."""
+    job_reply = await stack.run("flood", execution.ShellAsync, command="echo hello")
+    assert job_reply.ok, job_reply.error
+    fake = "printf '#!/bin/sh\\nhead -c 120000000 /dev/zero\\n' > /usr/local/bin/tail"
+    await stack.sh("flood", f"{fake} && chmod +x /usr/local/bin/tail")
+    reply = await stack.run("flood", execution.ShellPoll, job_id=job_reply.job_id)
+    assert not reply.ok and "wrote more than" in reply.error.message, reply
+    assert reply.error.code == "limit_exceeded"
+    await stack.sh("flood", "rm /usr/local/bin/tail")
+    reply = await stack.run("flood", execution.ShellPoll, job_id=job_reply.job_id)
+    assert reply.ok and "hello" in reply.output, reply
