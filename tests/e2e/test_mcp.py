@@ -222,3 +222,22 @@ async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_conn
         assert ok, text
         ok, text = await agent.call("shell", command="id -u; grep CapEff /proc/self/status")
         assert ok and text.split()[:3] == ["1000", "CapEff:", "0000000000000000"], (attempt, text)
+
+
+async def test_every_create_sandbox_option_holds_inside_the_sandbox_it_returns(stack):  # noqa: F811
+    """Each option, verified from inside (under `sbx up`, so with the proxy's CA mounted)."""
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    agent = Agent(url, key, "options")
+    ok, text = await agent.call("create_sandbox", run_as_root=False, writable_root=False)
+    assert ok, text
+    ok, text = await agent.call(
+        "shell",
+        command="id -u; touch /usr/x 2>&1; touch /workspace/ok && echo workspace-ok; "
+        "grep -c 'BEGIN CERTIFICATE' /etc/sbx/proxy-ca.pem",
+    )
+    lines = text.splitlines()
+    assert ok and lines[0] == "1000" and "Read-only file system" in lines[1], text
+    assert "workspace-ok" in lines and lines[3] == "1", text
+    ok, text = await agent.call("create_sandbox", use_kata=True)
+    assert not ok and "not available" in text, text
