@@ -228,7 +228,8 @@ class ProxyStopped(ProxyEvent, frozen=True, kw_only=True, tag="proxy.stopped"):
 
 class CommandExecuted(Event, frozen=True, kw_only=True, tag="exec.completed"):
     """One tool call that ran something in a sandbox: what, by whom, how it ended.
-    Outputs are not recorded."""
+    Outputs are not recorded. While the event store has lately refused a record, a call
+    is recorded once more before it runs (outcome ``started``)."""
 
     kind: ClassVar[str] = subjects.EXEC
     session_id: str

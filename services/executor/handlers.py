@@ -61,11 +61,15 @@ class Executor:
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
         self.tenant_caches = tenant_caches
         self._owners: OrderedDict[str, str] = OrderedDict()
+        self._audit_problem: str | None = None
+        """Why the last audit record could not be written, until one can be again: while
+        set, a call is run only once a record of its start is written (fails closed)."""
 
     async def handle(self, raw: bytes) -> bytes:
         started = time.monotonic()
         request: execution.AnyRequest | None = None
         valid = False
+        unrecordable = False  # refused before running: nothing to record, nothing that could be
         try:
             try:
                 request = execution.decode_request(raw)
@@ -78,6 +82,14 @@ class Executor:
                 await self.tenant_caches.ensure(request, sandbox, session)
             # Busy for as long as the call may run (so the reaper never counts it idle),
             # recorded while the call starts; the end-of-call touch comes after it.
+            if self._audit_problem is not None and _acts(request):
+                problem = await self._audit(request, execution.Reply(ok=True), 0.0, outcome="started")
+                if problem is not None:
+                    unrecordable = True
+                    raise errors.InfrastructureError(
+                        f"not run: the event store refuses audit records ({problem[:200]}); "
+                        "no command runs unrecorded, retry once it accepts them again"
+                    )
             busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
             try:
                 if isinstance(request, execution.Streamed):
@@ -91,7 +103,7 @@ class Executor:
         if request is not None:
             tool = type(request).__struct_config__.tag
             metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
-        if request is not None and valid:
+        if request is not None and valid and not unrecordable:
             # The call ends the busy period (activity) and is audited: both at once.
             _, problem = await asyncio.gather(
                 self._touch(request.session_id),
@@ -390,10 +402,16 @@ class Executor:
     # ---- audit -----------------------------------------------------------------------
 
     async def _audit(
-        self, request: execution.AnyRequest, reply: execution.Reply, seconds: float
+        self,
+        request: execution.AnyRequest,
+        reply: execution.Reply,
+        seconds: float,
+        *,
+        outcome: str | None = None,
     ) -> str | None:
-        """Record what the call did; why it could not be recorded, if it could not."""
-        if isinstance(request, execution.ShellPoll | execution.ShellWait):
+        """Record what the call did (or, with ``outcome="started"``, that it is about to
+        run); why it could not be recorded, if it could not."""
+        if not _acts(request):
             return None  # reads, not actions: the job's start and stop are audited
         match request:
             case execution.Shell() | execution.ShellAsync():
@@ -412,7 +430,7 @@ class Executor:
                 what = f"get from {request.root}"
             case _:
                 what = ""
-        outcome = (
+        outcome = outcome or (
             "error"
             if not reply.ok
             else "timeout"
@@ -445,8 +463,15 @@ class Executor:
         except errors.SandboxError as exc:
             metrics.audit_failures.inc()
             log.warning("executor.audit_failed", error=exc.message)
+            self._audit_problem = exc.message
             return exc.message
+        self._audit_problem = None
         return None
+
+
+def _acts(request: execution.AnyRequest) -> bool:
+    """Whether the request does something in the sandbox (audited), not only reads a job."""
+    return not isinstance(request, execution.ShellPoll | execution.ShellWait)
 
 
 def _unaudited(reply: execution.Reply, problem: str) -> execution.Reply:

@@ -337,7 +337,8 @@ async def test_a_sandbox_showing_an_organisations_cache_never_runs_a_call_of_a_s
 async def test_audit_fails_closed_when_the_event_store_refuses_records(stack):
     """A full event stream (max messages reached, new ones discarded: what a full disk
     looks like to JetStream) refuses the audit record of a command: the call is reported
-    as an error saying the command ran, never as a success nobody can audit."""
+    as an error saying the command ran, never as a success nobody can audit; from then
+    on, no command runs until a record of its start can be written."""
     await stack.sh("audit", "true")
     js = stack.nc.jetstream()
     name = stack.topology.events_stream
@@ -349,10 +350,15 @@ async def test_audit_fails_closed_when_the_event_store_refuses_records(stack):
         reply = await stack.run("audit", execution.Shell, command="echo ran > /workspace/proof")
         assert not reply.ok and "audit record could not be written" in reply.error.message, reply
         assert "it ran (exit code 0)" in reply.error.message
+        reply = await stack.run("audit", execution.Shell, command="echo ran > /workspace/unrecorded")
+        assert not reply.ok and "not run" in reply.error.message, reply
     finally:
         await js.update_stream(config)
-    proof = await stack.sh("audit", "cat /workspace/proof")
-    assert "ran" in proof.output
+    proof = await stack.sh("audit", "cat /workspace/proof; ls /workspace")
+    assert "ran" in proof.output and "unrecorded" not in proof.output
+    events = await support.stream_events(stack.nc, stack.topology, subjects.EXEC)
+    outcomes = [s.event.outcome for s in events if s.event.session_id == "audit"]
+    assert outcomes[-2:] == ["started", "ok"], outcomes  # the first call after: its start, then its end
 
 
 def msgspec_replace(config, **changes):
