@@ -187,3 +187,29 @@ def test_the_filter_denies_what_the_checklist_names():
     assert not set(seccomp.MUST_DENY) & seccomp.ALLOWED
     program = seccomp.compile_bpf()
     assert len(program) % 8 == 0 and len(program) > 8 * 100
+
+
+async def test_per_user_kernel_counters_of_host_root_are_out_of_reach(rt):
+    """inotify instances (like every counter the kernel keeps per user namespace owner)
+    taken in one sandbox count against that sandbox's own host uid: host root and another
+    sandbox can still make theirs."""
+    import ctypes
+
+    first, second = await sandbox(rt), await sandbox(rt)
+    hold = (
+        "import ctypes, time\nl = ctypes.CDLL(None)\n"
+        "print(sum(l.inotify_init() >= 0 for _ in range(300)), flush=True)\ntime.sleep(30)"
+    )
+    holder = await rt.exec(first, ["python3", "-c", hold])
+    async for _, data in holder.chunks():
+        assert int(data) >= 128  # the host's max_user_instances, all of it
+        break
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = libc.inotify_init()
+    assert fd >= 0, "host root can no longer make an inotify instance"
+    os.close(fd)
+    code, out, _ = await sh(
+        rt, second, "python3 -c 'import ctypes; print(ctypes.CDLL(None).inotify_init() >= 0)'"
+    )
+    assert out.strip() == "True"
+    await holder.kill()

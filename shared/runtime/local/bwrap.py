@@ -30,6 +30,8 @@ ROOT_CAPS = {
 """What root inside keeps (of its own user namespace): what package managers and build
 tools use. Not CAP_SYS_ADMIN, CAP_NET_ADMIN (nf_tables, tc), CAP_NET_RAW (AF_PACKET),
 CAP_SYS_PTRACE or the rest: Docker's default set, less raw sockets, mknod and audit."""
+USERNS_FD = 5
+"""The fd of the sandbox's user namespace, when the runtime made one (userns.py)."""
 SECCOMP_FD = 4
 """The fd bwrap reads the seccomp program from (see seccomp.py)."""
 NOFILE_MIN, NOFILE_MAX = 1024, 65536
@@ -82,6 +84,9 @@ class Plan:
     of an image whose root is not a layer: on the sandbox's disk, not in memory)."""
     tmp_bytes: int = TMP_BYTES
     """The size of ``/tmp`` (a tmpfs, whose pages count against the memory limit)."""
+    userns: bool = False
+    """Join the user namespace bwrap is given at ``USERNS_FD`` (see userns.py) instead of
+    making one: the other namespaces are made in it."""
     seccomp: bool = True
     """Load the seccomp program bwrap is given at ``SECCOMP_FD``."""
 
@@ -93,11 +98,14 @@ def home(run_as_root: bool) -> str:
 def argv(plan: Plan, main: list[str]) -> list[str]:
     """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
     uid = 0 if plan.run_as_root else SANDBOX_UID
+    if plan.userns:  # nested user namespaces: refused by the seccomp filter
+        namespaces = ["--userns", str(USERNS_FD), "--unshare-pid", "--unshare-net", "--unshare-ipc"]
+        namespaces += ["--unshare-uts", "--unshare-cgroup"]
+    else:
+        namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
     args = [
         plan.bwrap,
-        "--unshare-all",  # pid, net, ipc, uts, cgroup, user: no network at all, only lo
-        "--unshare-user",
-        "--disable-userns",  # no nested user namespaces: less kernel surface
+        *namespaces,  # pid, net, ipc, uts, cgroup, user: no network at all, only lo
         "--uid",
         str(uid),
         "--gid",

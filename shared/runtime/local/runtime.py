@@ -30,7 +30,7 @@ import msgspec
 
 from shared import errors, ids
 from shared.runtime import api
-from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp
+from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp, userns
 
 START_TIMEOUT = 10.0
 READ_CHUNK = 64 * 1024
@@ -423,6 +423,7 @@ class LocalRuntime(api.Runtime):
             cache=self.caches.slot(d.name),
             cache_dir=caches.CACHE_DIR,
             tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
+            userns=True,
         )
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
@@ -464,6 +465,8 @@ class LocalRuntime(api.Runtime):
         os.write(filter_fd, seccomp.compile_bpf())
         os.lseek(filter_fd, 0, os.SEEK_SET)
         cg, limit = self.cgroups, self._nofile(spec)
+        inside = 0 if spec.run_as_root else bwrap.SANDBOX_UID
+        userns_fd = await asyncio.to_thread(userns.create, userns.owner_uid(d), inside)
 
         def child() -> None:  # between fork and exec: cgroup, fds 3 (info) and 4 (filter), limits
             cg.join(name, os.getpid())
@@ -471,6 +474,7 @@ class LocalRuntime(api.Runtime):
             os.close(info_fd)  # only fd 3 (bwrap closes it once written): nothing to reopen inside
             os.dup2(filter_fd, bwrap.SECCOMP_FD)
             os.close(filter_fd)
+            os.dup2(userns_fd, bwrap.USERNS_FD)
             resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
 
         try:
@@ -481,7 +485,7 @@ class LocalRuntime(api.Runtime):
                 stdout=log_write,
                 stderr=log_write,
                 preexec_fn=child,
-                pass_fds=(3, bwrap.SECCOMP_FD, info_fd, filter_fd),  # re-pointed in child()
+                pass_fds=(3, bwrap.SECCOMP_FD, bwrap.USERNS_FD, info_fd, filter_fd, userns_fd),  # see child()
                 close_fds=True,
             )
             os.close(log_write)
@@ -501,6 +505,7 @@ class LocalRuntime(api.Runtime):
         finally:
             os.close(info_fd)
             os.close(filter_fd)
+            os.close(userns_fd)
             os.close(log_read)
             if log_write >= 0:
                 os.close(log_write)
