@@ -22,7 +22,7 @@ from tests.e2e.test_mcp import Agent
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 MiB = 1024**2
-FILLS = "/workspace/fill /usr/local/fill /var/fill /root/fill /tmp/fill"
+FILLS = "/workspace/fill /usr/local/fill /var/fill /root/fill /tmp/fill /.sbx/cache/fill"
 
 
 EXTRA = {
@@ -67,6 +67,7 @@ async def test_a_sandbox_filling_its_disk_stops_at_its_own_limit(small_stack):
             "var": "dd if=/dev/zero of=/var/fill bs=1M count=400",
             "home": "dd if=/dev/zero of=/root/fill bs=1M count=400",
             "tmp": "dd if=/dev/zero of=/tmp/fill bs=1M count=400",
+            "own package cache": "dd if=/dev/zero of=/.sbx/cache/fill bs=1M count=400",
         }
         for where, command in attacks.items():
             ok, text = await filler.call(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -213,3 +214,24 @@ async def test_per_user_kernel_counters_of_host_root_are_out_of_reach(rt):
     )
     assert out.strip() == "True"
     await holder.kill()
+
+
+@pytest.mark.parametrize("root", [True, False], ids=["root", "uid1000"])
+async def test_host_kernel_settings_cannot_be_written_from_inside(rt, root):
+    """Sandbox processes are host uid 0 on files, so root-owned /proc entries would be
+    writable: core_pattern runs any program as host root (found by an attacker review),
+    any sysctl retunes the host. They are read-only (or masked) inside."""
+    before = Path("/proc/sys/kernel/core_pattern").read_text()
+    sid = await sandbox(rt, run_as_root=root)
+    targets = ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/swappiness", "/proc/sys/kernel/pid_max"]
+    script = "; ".join(f"(printf '|/workspace/x' > {t}) 2>&1 | head -1" for t in targets)
+    try:
+        code, out, _ = await sh(rt, sid, script)
+        assert out.count("Read-only file system") == len(targets), out
+    finally:
+        after = Path("/proc/sys/kernel/core_pattern").read_text()
+        if after != before:  # the attack worked: undo it before failing
+            Path("/proc/sys/kernel/core_pattern").write_text(before)
+    assert after == before
+    code, out, _ = await sh(rt, sid, "cat /proc/sys/vm/swappiness /proc/sys/kernel/pid_max")
+    assert code == 0 and len(out.split()) == 2  # still readable: tools look at them

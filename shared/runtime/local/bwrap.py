@@ -30,6 +30,10 @@ ROOT_CAPS = {
 """What root inside keeps (of its own user namespace): what package managers and build
 tools use. Not CAP_SYS_ADMIN, CAP_NET_ADMIN (nf_tables, tc), CAP_NET_RAW (AF_PACKET),
 CAP_SYS_PTRACE or the rest: Docker's default set, less raw sockets, mknod and audit."""
+PROC_READ_ONLY = ("/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs")
+"""Shown read-only (the host's: bind sources are outside the sandbox; only reads remain)."""
+PROC_MASKED = ("/proc/kcore", "/proc/keys", "/proc/timer_list", "/proc/sched_debug", "/proc/latency_stats")
+"""Shown as /dev/null (Docker masks the same): kernel memory and host-wide details."""
 USERNS_FD = 5
 """The fd of the sandbox's user namespace, when the runtime made one (userns.py)."""
 SECCOMP_FD = 4
@@ -84,6 +88,10 @@ class Plan:
     of an image whose root is not a layer: on the sandbox's disk, not in memory)."""
     tmp_bytes: int = TMP_BYTES
     """The size of ``/tmp`` (a tmpfs, whose pages count against the memory limit)."""
+    proc_read_only: tuple[str, ...] = PROC_READ_ONLY
+    proc_masked: tuple[str, ...] = PROC_MASKED
+    """Of ``PROC_READ_ONLY`` and ``PROC_MASKED``, those this kernel has (bwrap cannot
+    cover a path that does not exist)."""
     userns: bool = False
     """Join the user namespace bwrap is given at ``USERNS_FD`` (see userns.py) instead of
     making one: the other namespaces are made in it."""
@@ -133,6 +141,11 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
     args += [
         "--proc",
         "/proc",
+        # Sandbox processes are host uid 0 on files: /proc entries owned by root would be
+        # writable (core_pattern runs a program as host root; sysrq-trigger crashes the
+        # host). bwrap covers some only where it can write them itself; these always.
+        *(arg for path in plan.proc_read_only for arg in ("--ro-bind", path, path)),
+        *(arg for path in plan.proc_masked for arg in ("--ro-bind", "/dev/null", path)),
         "--dev",
         "/dev",
         "--size",

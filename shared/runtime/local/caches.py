@@ -94,15 +94,17 @@ class Caches:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
-    def prepare(self, token: str) -> Path:
+    def prepare(self, token: str, own: Path | None = None) -> Path:
         """The sandbox's slot, a shared mount without setuid or devices (idempotent):
-        call before it starts."""
+        call before it starts. ``own``: where the sandbox's cache of its own lives until
+        an organisation's is attached (a directory on its own disk, so that it counts
+        against the sandbox's limit); else the slot directory itself."""
         fd = self._lock(token)
         try:
             slot = self.slot(token)
             slot.mkdir(exist_ok=True, mode=0o700)
             if mounted_on(slot) == 0:
-                _mount(slot, slot, MS_BIND)
+                _mount(own or slot, slot, MS_BIND)
                 _mount(None, slot, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
             _mount(None, slot, MS_SHARED)
             return slot

@@ -423,6 +423,8 @@ class LocalRuntime(api.Runtime):
             cache=self.caches.slot(d.name),
             cache_dir=caches.CACHE_DIR,
             tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
+            proc_read_only=tuple(p for p in bwrap.PROC_READ_ONLY if os.path.exists(p)),
+            proc_masked=tuple(p for p in bwrap.PROC_MASKED if os.path.exists(p)),
             userns=True,
         )
 
@@ -438,7 +440,10 @@ class LocalRuntime(api.Runtime):
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
         plan = self._plan(spec, d)
-        await asyncio.to_thread(self.caches.prepare, d.name)
+        own_cache = disk.Disk.root(d) / "cache" if disk.Disk.root(d) != d else None
+        if own_cache is not None:
+            own_cache.mkdir(exist_ok=True, mode=0o700)
+        await asyncio.to_thread(self.caches.prepare, d.name, own_cache)
         if spec.cache:  # an organisation's pool sandbox: its cache from the start
             await asyncio.to_thread(self.caches.attach, d.name, spec.cache)
         for index in range(len(plan.layers)):
