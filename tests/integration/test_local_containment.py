@@ -5,6 +5,7 @@ toolchains run under the same filter."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from pathlib import Path
@@ -235,3 +236,15 @@ async def test_host_kernel_settings_cannot_be_written_from_inside(rt, root):
     assert after == before
     code, out, _ = await sh(rt, sid, "cat /proc/sys/vm/swappiness /proc/sys/kernel/pid_max")
     assert code == 0 and len(out.split()) == 2  # still readable: tools look at them
+
+
+async def test_many_sandboxes_with_disks_of_their_own_start_at_once(rt):
+    """A pool refill creates sandboxes concurrently: the first ones all make the shared
+    disk template at once (a race once corrupted it and every later sandbox failed)."""
+    limits = api.Limits(disk_bytes=128 * 1024**2, disk_inodes=4096)
+    specs = [api.SandboxSpec(sandbox_id="par-" + uuid.uuid4().hex[:10], limits=limits) for _ in range(8)]
+    await asyncio.gather(*(rt.create(spec) for spec in specs))
+    await asyncio.gather(*(rt.start(spec.sandbox_id) for spec in specs))
+    for spec in specs:
+        code, out, _ = await sh(rt, spec.sandbox_id, "df -k /workspace | tail -1")
+        assert code == 0 and "/dev/loop" in out, out

@@ -25,6 +25,7 @@ import os
 import shutil
 import struct
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,9 +117,12 @@ def _template(root: Path, size: int, inodes: int) -> Path:
     if template.exists():
         return template
     root.mkdir(mode=0o700, exist_ok=True)
-    tmp = root / f".{template.name}.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.truncate(size)
+    # A name of its own for each maker (threads of one process too): concurrent first
+    # creates each format their own and the last rename wins, never a shared half-made file.
+    fd, name = tempfile.mkstemp(prefix=f".{template.name}.", dir=root)
+    tmp = Path(name)
+    os.ftruncate(fd, size)
+    os.close(fd)
     _run(
         "mkfs.ext4", "-q", "-F", "-m", "0", "-N", str(inodes),
         "-O", "^has_journal,^resize_inode", "-E", "nodiscard,lazy_itable_init=1,root_owner=0:0",

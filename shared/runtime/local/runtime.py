@@ -318,18 +318,22 @@ class LocalRuntime(api.Runtime):
         tmp = self.root / f".{d.name}.{os.getpid()}.tmp"
         await asyncio.to_thread(self._discard, tmp)
         tmp.mkdir(mode=0o700)
-        rw = tmp
-        if spec.limits.disk_bytes:  # a filesystem of its own: filling it concerns nothing else
-            limits = spec.limits
-            rw = await asyncio.to_thread(
-                disk.Disk.make, tmp, size=limits.disk_bytes, inodes=limits.disk_inodes
-            )
-        for sub in ("workspace", "control", "upper/upper", "upper/work"):
-            (rw / sub).mkdir(parents=True)
-        os.mkfifo(tmp / "hold", 0o600)
-        created_at = datetime.now(UTC)
-        record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
-        (tmp / "spec.json").write_text(json.dumps(record))
+        try:
+            rw = tmp
+            if spec.limits.disk_bytes:  # a filesystem of its own: filling it concerns nothing else
+                limits = spec.limits
+                rw = await asyncio.to_thread(
+                    disk.Disk.make, tmp, size=limits.disk_bytes, inodes=limits.disk_inodes
+                )
+            for sub in ("workspace", "control", "upper/upper", "upper/work"):
+                (rw / sub).mkdir(parents=True)
+            os.mkfifo(tmp / "hold", 0o600)
+            created_at = datetime.now(UTC)
+            record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
+            (tmp / "spec.json").write_text(json.dumps(record))
+        except BaseException:  # nothing half-made stays, its filesystem least of all
+            await asyncio.to_thread(self._discard, tmp)
+            raise
         try:
             tmp.rename(d)
         except OSError:  # another process created it first
