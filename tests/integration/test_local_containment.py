@@ -14,8 +14,9 @@ import pytest
 
 from shared.runtime import api
 from shared.runtime.local import bwrap, seccomp
-from shared.runtime.local import runtime as local
+from tests.integration import test_local_isolation as isolation
 
+rt, sandbox, sh = isolation.rt, isolation.sandbox, isolation.sh  # the runtime fixture and helpers
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
     pytest.mark.slow,
@@ -86,26 +87,6 @@ print("unshare(FILES)", "ok" if libc.syscall(272, 0x400) >= 0 else "refused")
 """
 
 
-@pytest.fixture
-async def rt(tmp_path):
-    runtime = local.LocalRuntime(tmp_path / "state")
-    yield runtime
-    for info in await runtime.list():
-        await runtime.delete(info.sandbox_id)
-
-
-async def sandbox(rt, **kw) -> str:
-    spec = api.SandboxSpec(sandbox_id="sec-" + uuid.uuid4().hex[:10], **kw)
-    await rt.create(spec)
-    await rt.start(spec.sandbox_id)
-    return spec.sandbox_id
-
-
-async def sh(rt, sid, script, **kw):
-    result, out, err = await rt.run(sid, ["sh", "-c", script], timeout=120, **kw)
-    return result.exit_code, out.decode(errors="replace"), err.decode(errors="replace")
-
-
 @pytest.mark.parametrize("root", [True, False], ids=["root", "uid1000"])
 async def test_every_dangerous_system_call_is_refused(rt, root):
     sid = await sandbox(rt, run_as_root=root)
@@ -168,7 +149,7 @@ mkdir pkg && cd pkg && npm init -y >/dev/null && npm pack -s >/dev/null && ls *.
 apt-get --version | head -1 | cut -d' ' -f1
 """
     _with_wheel(rt, sid, tmp_path)
-    code, out, err = await sh(rt, sid, script)
+    code, out, err = await sh(rt, sid, script, timeout=300)
     assert code == 0, out + err
     lines = out.split("\n")
     for expected in ("compiled", "pip", "pip installed", "3 pool", "1", "cloned", "node function", "apt"):

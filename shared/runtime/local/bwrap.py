@@ -92,11 +92,6 @@ class Plan:
     proc_masked: tuple[str, ...] = PROC_MASKED
     """Of ``PROC_READ_ONLY`` and ``PROC_MASKED``, those this kernel has (bwrap cannot
     cover a path that does not exist)."""
-    userns: bool = False
-    """Join the user namespace bwrap is given at ``USERNS_FD`` (see userns.py) instead of
-    making one: the other namespaces are made in it."""
-    seccomp: bool = True
-    """Load the seccomp program bwrap is given at ``SECCOMP_FD``."""
 
 
 def home(run_as_root: bool) -> str:
@@ -106,14 +101,18 @@ def home(run_as_root: bool) -> str:
 def argv(plan: Plan, main: list[str]) -> list[str]:
     """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
     uid = 0 if plan.run_as_root else SANDBOX_UID
-    if plan.userns:  # nested user namespaces: refused by the seccomp filter
-        namespaces = ["--userns", str(USERNS_FD), "--unshare-pid", "--unshare-net", "--unshare-ipc"]
-        namespaces += ["--unshare-uts", "--unshare-cgroup"]
-    else:
-        namespaces = ["--unshare-all", "--unshare-user", "--disable-userns"]
     args = [
         plan.bwrap,
-        *namespaces,  # pid, net, ipc, uts, cgroup, user: no network at all, only lo
+        # The runtime's user namespace (userns.py), given at USERNS_FD; bwrap makes the
+        # others in it: pid, net (no network at all, only lo), ipc, uts, cgroup. Nested
+        # user namespaces are refused by the seccomp filter (given at SECCOMP_FD).
+        "--userns",
+        str(USERNS_FD),
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup",
         "--uid",
         str(uid),
         "--gid",
@@ -176,8 +175,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
     if plan.run_as_root:
         for cap in ROOT_CAPS:
             args += ["--cap-add", cap]
-    if plan.seccomp:
-        args += ["--seccomp", str(SECCOMP_FD)]
+    args += ["--seccomp", str(SECCOMP_FD)]
     env = {"PATH": PATH, "HOME": home(plan.run_as_root), "TERM": "dumb", "LANG": "C.UTF-8", **plan.env}
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]

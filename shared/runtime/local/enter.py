@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import resource
 import signal
@@ -50,6 +51,10 @@ class Entry:
     bpf: bytes
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@functools.cache
 def _last_cap() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as f:
@@ -61,7 +66,7 @@ def _last_cap() -> int:
 def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     """The ``preexec_fn`` that enters ``entry``'s sandbox; ``before`` runs first (on the
     host: joining the cgroup)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
     buffer = ctypes.create_string_buffer(entry.bpf, len(entry.bpf))
     fprog = _SockFprog(len(entry.bpf) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     paths = [f"/proc/{entry.pid}/ns/{ns}".encode() for ns in NAMESPACES]

@@ -213,6 +213,9 @@ class LocalRuntime(api.Runtime):
         self.disk = disk.Disk() if disk_reserve is None else disk.Disk(reserve_bytes=disk_reserve)
         self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
+        # What this kernel has of the /proc entries bwrap covers (it cannot cover the rest).
+        self._proc_read_only = tuple(p for p in bwrap.PROC_READ_ONLY if os.path.exists(p))
+        self._proc_masked = tuple(p for p in bwrap.PROC_MASKED if os.path.exists(p))
         try:
             self._file_max = int(Path("/proc/sys/fs/file-max").read_text())
         except (OSError, ValueError):
@@ -427,9 +430,8 @@ class LocalRuntime(api.Runtime):
             cache=self.caches.slot(d.name),
             cache_dir=caches.CACHE_DIR,
             tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
-            proc_read_only=tuple(p for p in bwrap.PROC_READ_ONLY if os.path.exists(p)),
-            proc_masked=tuple(p for p in bwrap.PROC_MASKED if os.path.exists(p)),
-            userns=True,
+            proc_read_only=self._proc_read_only,
+            proc_masked=self._proc_masked,
         )
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
@@ -444,7 +446,8 @@ class LocalRuntime(api.Runtime):
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
         plan = self._plan(spec, d)
-        own_cache = disk.Disk.root(d) / "cache" if disk.Disk.root(d) != d else None
+        rw = disk.Disk.root(d)
+        own_cache = rw / "cache" if rw != d else None
         if own_cache is not None:
             own_cache.mkdir(exist_ok=True, mode=0o700)
         await asyncio.to_thread(self.caches.prepare, d.name, own_cache)
@@ -453,10 +456,10 @@ class LocalRuntime(api.Runtime):
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
-        image = self.images.resolve(spec.image)
+        image_dirs = self.images.resolve(spec.image).dirs if plan.writable else ()
         for source, dest in plan.writable:  # with the image's directories below them
             source.mkdir(parents=True, exist_ok=True)
-            for directory in image.dirs:
+            for directory in image_dirs:
                 if directory.startswith(dest + "/"):
                     (source / directory[len(dest) + 1 :]).mkdir(parents=True, exist_ok=True)
             if dest == "/var":

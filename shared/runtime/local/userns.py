@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -28,6 +29,11 @@ CLONE_NEWUSER = 0x10000000
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+@functools.cache
+def _sleep() -> str:
+    return shutil.which("sleep") or "/bin/sleep"
+
+
 def owner_uid(directory: Path) -> int:
     """The host uid that owns the namespace of the sandbox whose directory this is."""
     return OWNER_BASE + directory.stat().st_ino % OWNER_SPAN
@@ -36,7 +42,7 @@ def owner_uid(directory: Path) -> int:
 def create(owner: int, inside: int) -> int:
     """A new user namespace owned by ``owner`` in which ``inside`` is host root (uid and
     gid; setgroups denied): an fd to it, for bwrap's ``--userns``."""
-    sleep = shutil.which("sleep") or "/bin/sleep"
+    sleep = _sleep()
 
     def child() -> None:  # between fork and exec: become the owner, then make the namespace
         os.setgroups([])
