@@ -43,8 +43,9 @@ from mcp.client.streamable_http import streamable_http_client
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from shared import bus as shared_bus
-from shared import codec, commands, execution, ids, settings, states, subjects
+from shared.contract import codec, commands, execution, ids, states, subjects
+from shared.infrastructure import bus as shared_bus
+from shared.infrastructure import settings
 
 BARE_BWRAP = [
     "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",

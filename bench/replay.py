@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from shared import bus, codec, events, ids, replay, settings, subjects
+from shared.contract import codec, events, ids, subjects
+from shared.infrastructure import bus, replay, settings
 
 CYCLE = (
     events.SessionCreated,

@@ -23,7 +23,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from shared import bus, codec, commands, eventstore, health, ids, projections, projector, settings, subjects
+from shared.contract import codec, commands, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import bus, eventstore, health, projector, settings
 
 KEY = "bench-key-0123456789abcdef"
 

@@ -25,19 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from services.reaper import handlers as reaper_handlers
-from shared import (
-    bus,
-    codec,
-    events,
-    eventstore,
-    ids,
-    projections,
-    projector,
-    replay,
-    service,
-    settings,
-    subjects,
-)
+from shared.contract import codec, events, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import bus, eventstore, projector, replay, service, settings
 from shared.runtime.local import runtime as local
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, TypeVar
 import typer
 
 from sbx import stack
-from shared import errors
+from shared.contract import errors
 
 app = typer.Typer(
     name="sbx",
@@ -30,7 +30,7 @@ Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
 def _run(coro: Awaitable[int]) -> None:
-    from shared import logs  # imported here: `sbx exec` never needs it
+    from shared.infrastructure import logs  # imported here: `sbx exec` never needs it
 
     # Library chatter (reconnect attempts while NATS starts) is not for the operator.
     logs.configure(service="sbx", instance=str(os.getpid()), level="error", fmt="console")

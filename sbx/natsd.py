@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 
 
 def binary() -> str:

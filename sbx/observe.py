@@ -11,19 +11,9 @@ from typing import Any
 from nats.aio.client import Client
 
 from sbx import stack
-from shared import (
-    bus,
-    codec,
-    events,
-    eventstore,
-    health,
-    ids,
-    projections,
-    projector,
-    replay,
-    settings,
-    subjects,
-)
+from shared.contract import codec, events, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import bus, eventstore, health, projector, replay, settings
 
 
 async def connect(bus_settings: settings.BusSettings) -> tuple[Client, subjects.Topology]:

@@ -9,7 +9,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from shared import errors, settings
+from shared.contract import errors
+from shared.infrastructure import settings
 from shared.runtime import backends
 
 

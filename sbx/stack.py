@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from shared import errors, settings
+from shared.contract import errors
+from shared.infrastructure import settings
 
 DEFAULT_STATE_DIR = ".sbx"
 SERVICES = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")

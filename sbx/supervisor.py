@@ -106,7 +106,8 @@ class Supervisor:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), self.stop_timeout)
+            async with asyncio.timeout(self.stop_timeout):
+                await proc.wait()
         except TimeoutError:
             say(f"{child.name} did not stop within {self.stop_timeout:.0f}s; killing it")
             with contextlib.suppress(ProcessLookupError):
@@ -125,7 +126,7 @@ class Supervisor:
 
 
 def child_env(base: dict[str, str], **overrides: str | None) -> dict[str, str]:
-    """``base`` (already narrowed by ``shared.processenv``) with ``overrides`` set, or
+    """``base`` (already narrowed by ``shared.infrastructure.processenv``) with ``overrides`` set, or
     removed where ``None``."""
     env = {**base, "PYTHONUNBUFFERED": "1"}
     for key, value in overrides.items():

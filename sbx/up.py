@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbx import natsd, proxyrun, stack, supervisor
-from shared import bus, errors, health, processenv, settings, subjects
+from shared.contract import errors, subjects
+from shared.infrastructure import bus, health, processenv, settings
 from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from nats.aio.client import Client
 
-from shared import subjects
+from shared.contract import subjects
 from tests import support
 
 

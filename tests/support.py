@@ -25,7 +25,8 @@ import nats
 from nats.aio.client import Client
 
 from sbx import natsd
-from shared import bus, codec, commands, ids, service, settings, subjects
+from shared.contract import codec, commands, ids, subjects
+from shared.infrastructure import bus, service, settings
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789abcdef"
@@ -124,7 +125,7 @@ async def wait_for_health(
     timeout: float = 20.0,
 ) -> dict[str, str]:
     """Wait until an instance reports ``ok``; return its health details."""
-    from shared import health
+    from shared.infrastructure import health
 
     topology = subjects.Topology(namespace)
     nc = await nats.connect(server_url)
@@ -164,7 +165,7 @@ async def send(
 
 
 async def stream_events(nc: Client, topology: subjects.Topology, kind: str | None = None) -> list[Any]:
-    from shared import eventstore
+    from shared.infrastructure import eventstore
 
     store = eventstore.EventStore(nc.jetstream(), topology)
     return [s async for s in store.read(topology.events_of_kind(kind) if kind else None)]

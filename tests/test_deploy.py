@@ -19,7 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from shared import settings
+from shared.infrastructure import settings
 from shared.runtime.kubernetes import manifests, names
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shared import catalogue
+from shared.contract import catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -31,7 +31,7 @@ def test_ruff_is_clean():
 
 def test_event_catalogue_is_current():
     on_disk = (ROOT / "docs" / "events.md").read_text()
-    assert on_disk == catalogue.render(), "regenerate: python -m shared.catalogue > docs/events.md"
+    assert on_disk == catalogue.render(), "regenerate: python -m shared.contract.catalogue > docs/events.md"
 
 
 def test_every_service_has_an_entry_point():

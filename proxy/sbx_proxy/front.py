@@ -121,7 +121,8 @@ class Front:
         loop = asyncio.get_running_loop()
         upstream: socket.socket | None = None
         try:
-            head = await asyncio.wait_for(self._read_head(client), HEAD_TIMEOUT)
+            async with asyncio.timeout(HEAD_TIMEOUT):
+                head = await self._read_head(client)
             target = parse_connect(head) if b"\r\n\r\n" in head else None
             cfg = self.config()
             if target is not None and cfg.rule_for(*target) is None:
@@ -175,7 +176,8 @@ class Front:
         upstream.setblocking(False)
         _no_delay(upstream)
         try:
-            await asyncio.wait_for(loop.sock_connect(upstream, (address, port)), CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await loop.sock_connect(upstream, (address, port))
         except (TimeoutError, OSError) as exc:
             upstream.close()
             why = f"cannot connect to {host}:{port}: {exc}\n"

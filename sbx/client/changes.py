@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sbx.client import sync
-from shared import errors, hostapi
+from shared.contract import errors, hostapi
 
 SANDBOX_BASE = hostapi.WORKSPACE
 HOST_DIR = f"{SANDBOX_BASE}/.sbx-host"

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
-from shared import errors, execution, hostapi
+from shared.contract import errors, execution, hostapi
 
 T = TypeVar("T")
 Output = Callable[[str, bytes], None]

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from sbx.client import sync
-from shared import hostapi
+from shared.contract import hostapi
 
 VERSION = 2  # 2: entries and listings as arrays (msgspec structs)
 

@@ -1,4 +1,4 @@
-"""The host API over HTTP (:mod:`shared.hostapi`): run a command with streamed output,
+"""The host API over HTTP (:mod:`shared.contract.hostapi`): run a command with streamed output,
 upload a tar, download paths, stop a run, release a session.
 
 Synchronous, on the standard library's ``http.client``: ``sbx exec`` is started once per
@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from shared import errors, hostapi
+from shared.contract import errors, hostapi
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT = 10.0

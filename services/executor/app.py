@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from faststream.nats import NatsMessage
 
 from services.executor import caches, handlers, shells
-from shared import projections, projector, service, settings
+from shared.domain import projections
+from shared.infrastructure import projector, service, settings
 from shared.runtime import backends
 
 QUEUE = "executor"

@@ -11,27 +11,14 @@ from collections import OrderedDict
 
 import structlog
 
-from shared import aggregates, errors, events, execution, ids, projector, service, states
+from shared.contract import errors, execution, ids, states
+from shared.domain import sandbox as sandbox_rules
+from shared.infrastructure import aggregates, projector, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
 
 REMEMBERED = 10_000
-
-
-def decide(
-    state: states.SandboxState | None, session_id: str, org_id: str, meta: events.Meta
-) -> list[events.Event]:
-    """The event to record once the cache shows in the sandbox (pure)."""
-    if state is None or state.session_id != session_id or state.status not in ("running", "stopped"):
-        return []
-    if state.cache_org == org_id:
-        return []
-    return [
-        events.SandboxCacheAttached(
-            meta=meta, sandbox_id=state.sandbox_id, session_id=session_id, org_id=org_id
-        )
-    ]
 
 
 class TenantCaches:
@@ -95,7 +82,9 @@ class TenantCaches:
                 session_id=session_id, correlation_id=request.correlation_id, actor=request.actor
             )
             await aggregates.transact(
-                self.sandboxes, sandbox_id, lambda state: decide(state, session_id, org_id, meta)
+                self.sandboxes,
+                sandbox_id,
+                lambda state: sandbox_rules.decide_cache_attached(state, session_id, org_id, meta),
             )
         self._remember(sandbox_id)
 

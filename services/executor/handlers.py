@@ -12,21 +12,8 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
-from shared import (
-    activity,
-    codec,
-    commands,
-    errors,
-    events,
-    execution,
-    hostapi,
-    ids,
-    metrics,
-    projector,
-    service,
-    states,
-    subjects,
-)
+from shared.contract import codec, commands, errors, events, execution, hostapi, ids, states, subjects
+from shared.infrastructure import activity, metrics, projector, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)

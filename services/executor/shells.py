@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from services.executor import output, scripts
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -101,7 +101,8 @@ class ShellServer:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError
-        await asyncio.wait_for(self._more.wait(), remaining)
+        async with asyncio.timeout(remaining):
+            await self._more.wait()
 
     async def _line(self, deadline: float) -> bytes | None:
         """The next line of the helper's answer (None at end of output)."""
@@ -240,7 +241,8 @@ class ShellServer:
         with contextlib.suppress(Exception):
             await self.process.close_stdin()
         try:
-            await asyncio.wait_for(self.process.wait(), 5)
+            async with asyncio.timeout(5):
+                await self.process.wait()
         except (TimeoutError, Exception):
             with contextlib.suppress(Exception):
                 await self.process.kill()

@@ -4,8 +4,8 @@ listing of a tree that lets the client see what a command changed.
 
 Each operation starts before the executor replies (so a sandbox that is gone or not
 running is an ordinary error reply), then runs in a task of its own that streams its
-result to the caller's inbox (:mod:`shared.streams`) and ends with a
-:class:`shared.hostapi.End` frame. A message on the request's ``stop`` subject, a
+result to the caller's inbox (:mod:`shared.infrastructure.streams`) and ends with a
+:class:`shared.contract.hostapi.End` frame. A message on the request's ``stop`` subject, a
 caller that goes away or stops acknowledging, or the executor's drain kills what runs
 in the sandbox: nothing keeps running for nobody.
 
@@ -27,7 +27,8 @@ import structlog
 from nats.aio.client import Client
 
 from services.executor import output
-from shared import errors, execution, hostapi, streams
+from shared.contract import errors, execution, hostapi
+from shared.infrastructure import streams
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)

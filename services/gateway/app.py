@@ -15,7 +15,8 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from services.gateway import auth, bus_client, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
-from shared import metrics, projections, projector, service, settings
+from shared.domain import projections
+from shared.infrastructure import metrics, projector, service, settings
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 
-from shared import bus, codec, commands, errors, execution, states, subjects
+from shared.contract import codec, commands, errors, execution, states, subjects
+from shared.infrastructure import bus
 
 
 class CommandClient:

@@ -1,15 +1,15 @@
 """The host API: streamed exec and file transfer for the agent-host client (``sbx exec``,
 ``sbx.client.Sandbox``). Same API key as the rest; the session is the path's id, and a
 call on a session with no sandbox claims one (as the MCP tools do). Wire format:
-:mod:`shared.hostapi`.
+:mod:`shared.contract.hostapi`.
 
-* ``POST /v1/sessions/{id}/run``: JSON :class:`~shared.hostapi.RunBody`; answers a
+* ``POST /v1/sessions/{id}/run``: JSON :class:`~shared.contract.hostapi.RunBody`; answers a
   frame stream (``o``/``e`` output as it comes, ``l`` the listing when asked, then ``x``
   or ``!``). ``X-Run-Id`` names the run: ``POST /v1/sessions/{id}/runs/{run}/stop`` (any
   gateway) kills it, and so does the client going away.
-* ``POST /v1/sessions/{id}/files/put``: body frames ``j`` (:class:`~shared.hostapi.PutParams`)
+* ``POST /v1/sessions/{id}/files/put``: body frames ``j`` (:class:`~shared.contract.hostapi.PutParams`)
   then ``t`` (a tar); answers ``l`` (the tree's listing) and ``x``.
-* ``POST /v1/sessions/{id}/files/get``: JSON :class:`~shared.hostapi.GetBody`; answers
+* ``POST /v1/sessions/{id}/files/get``: JSON :class:`~shared.contract.hostapi.GetBody`; answers
   ``t`` (a tar of those paths) and ``x``.
 """
 
@@ -29,7 +29,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import bus_client, rest, schemas, sessions
-from shared import errors, execution, hostapi, ids, streams, subjects
+from shared.contract import errors, execution, hostapi, ids, subjects
+from shared.infrastructure import streams
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +45,8 @@ START_BUDGET = 30.0
 
 _FRAMES = (
     f"A frame stream ({hostapi.MEDIA_TYPE}): 1 channel byte, a 4-byte big-endian length, the "
-    "payload; see shared/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error)."
+    "payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame "
+    "(JSON error)."
 )
 _ERRORS = {
     400: (schemas.Problem, "Invalid input; nothing was run."),
@@ -142,7 +144,8 @@ class FrameStream(Response):
 async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
     """The body's next chunk, None at its end; a client that stalls is given up on."""
     try:
-        return await asyncio.wait_for(anext(chunks), BODY_SILENCE)
+        async with asyncio.timeout(BODY_SILENCE):
+            return await anext(chunks)
     except StopAsyncIteration:
         return None
     except TimeoutError:

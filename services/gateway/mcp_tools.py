@@ -5,7 +5,7 @@ Identity comes only from HTTP headers, never from tool arguments: ``X-Session-Id
 (optional, becomes the correlation id). The shell, job and edit tools first send
 ``EnsureSession`` to the scheduler (get-or-create of the session's sandbox), then send
 the execution request to the executor with the sandbox id from that answer. Every
-:class:`shared.errors.SandboxError` comes back as an MCP tool error carrying its message;
+:class:`shared.contract.errors.SandboxError` comes back as an MCP tool error carrying its message;
 other exceptions are masked (``mask_error_details``) and logged by fastmcp.
 
 Transport: :func:`mcp_http_app` returns fastmcp's streamable-HTTP Starlette app serving
@@ -55,8 +55,9 @@ from pydantic import Field
 
 from services.gateway import bus_client, sessions
 from services.gateway.sessions import Identity, identity_from_headers
-from shared import errors, execution, ids, service, states
-from shared.commands import ClearSession, ProvisionSandbox
+from shared.contract import errors, execution, ids, states
+from shared.contract.commands import ClearSession, ProvisionSandbox
+from shared.infrastructure import service
 
 TOOL_NAMES: tuple[str, ...] = (
     "shell",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 
-from shared import projector, states
+from shared.contract import states
+from shared.infrastructure import projector
 
 TTL = 2.0
 LIMIT = 10_000

@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from services.gateway import bus_client, schemas
-from shared import commands, errors, ids, projector, states
+from shared.contract import commands, errors, ids, states
+from shared.infrastructure import projector
 
 log = structlog.get_logger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared import states
+from shared.contract import states
 
 SessionId = Annotated[
     str,

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 from services.gateway import bus_client
-from shared import errors, ids
-from shared.commands import Actor, EnsureSession
+from shared.contract import errors, ids
+from shared.contract.commands import Actor, EnsureSession
 
 T = TypeVar("T")
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")

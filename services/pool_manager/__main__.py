@@ -1,7 +1,7 @@
 """``python -m services.pool_manager``"""
 
 from services.pool_manager import app
-from shared import service
+from shared.infrastructure import service
 
 if __name__ == "__main__":
     service.main("pool-manager", app.build)

@@ -8,8 +8,10 @@ from collections.abc import Mapping
 from faststream.nats import NatsMessage
 
 from services.pool_manager import handlers, logic, refill
-from shared import pools as pool_specs
-from shared import projections, projector, service, settings, states
+from shared.contract import states
+from shared.domain import pools as pool_specs
+from shared.domain import projections
+from shared.infrastructure import projector, service, settings
 from shared.runtime import api, backends
 
 QUEUE = "pool-manager"

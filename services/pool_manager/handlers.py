@@ -10,27 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 from nats.js.kv import KeyValue
 
 from services.pool_manager import logic
-from shared import (
-    aggregates,
-    codec,
-    commands,
-    errors,
-    events,
-    faults,
-    ids,
-    leases,
-    metrics,
-    projector,
-    provisioning,
-    service,
-    states,
-)
+from shared.contract import codec, commands, errors, events, ids, provisioning, states
+from shared.domain import sandbox as sandbox_rules
+from shared.infrastructure import aggregates, faults, leases, metrics, projector, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -124,18 +112,21 @@ class PoolHandlers:
     async def _record(
         self,
         request: provisioning.PoolRequest,
-        make: type[events.SandboxEvent],
-        allowed: tuple[str | None, ...],
+        decide: Callable[..., list[events.Event]],
         **fields: object,
     ) -> states.SandboxState | None:
-        def decide(state: states.SandboxState | None) -> list[events.Event]:
-            status = state.status if state else None
-            if status not in allowed:
-                return []
-            session = state.session_id if state else None
-            return [make(meta=self._meta(request, session), sandbox_id=request.sandbox_id, **fields)]
+        """Record what ``decide`` (a rule of ``shared.domain.sandbox``) makes of the
+        sandbox's current state."""
 
-        return (await aggregates.transact(self.sandboxes, request.sandbox_id, decide)).state
+        def meta(session_id: str | None) -> events.Meta:
+            return self._meta(request, session_id)
+
+        outcome = await aggregates.transact(
+            self.sandboxes,
+            request.sandbox_id,
+            lambda state: decide(state, request.sandbox_id, meta, **fields),
+        )
+        return outcome.state
 
     async def _refuse_if_full(self, request: provisioning.Provision) -> None:
         full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
@@ -144,21 +135,20 @@ class PoolHandlers:
         reason = f"max_running ({self.max_running}) reached"
         metrics.refusals.labels("max_running").inc()
 
-        def decide(state: states.SandboxState | None) -> list[events.Event]:
-            if state is not None:
-                return []
-            return [
-                events.SandboxRefused(
-                    meta=self._meta(request, request.session_id),
-                    sandbox_id=request.sandbox_id,
-                    session_id=request.session_id,
-                    reason=reason,
-                    running=running,
-                    limit=self.max_running,
-                )
-            ]
-
-        await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+        meta = self._meta(request, request.session_id)
+        await aggregates.transact(
+            self.sandboxes,
+            request.sandbox_id,
+            lambda state: sandbox_rules.decide_refused(
+                state,
+                meta,
+                sandbox_id=request.sandbox_id,
+                session_id=request.session_id,
+                reason=reason,
+                running=running,
+                limit=self.max_running,
+            ),
+        )
         raise errors.LimitExceeded(
             f"{running} sandboxes are running, the limit is {self.max_running}: retry later, "
             "or clear sessions you no longer need"
@@ -169,25 +159,24 @@ class PoolHandlers:
         return request.org_id if self.runtime.tenant_caches else None
 
     async def _record_requested(self, request: provisioning.Provision) -> None:
-        def decide(state: states.SandboxState | None) -> list[events.Event]:
-            if state is not None:
-                return []
-            return [
-                events.SandboxRequested(
-                    meta=self._meta(request, request.session_id),
-                    sandbox_id=request.sandbox_id,
-                    session_id=request.session_id,
-                    image=request.image,
-                    run_as_root=request.run_as_root,
-                    writable_root=request.writable_root,
-                    use_kata=request.use_kata,
-                    backend=self.runtime.name,
-                    pool=request.pool,
-                    cache_org=self._cache_org(request),
-                )
-            ]
-
-        await aggregates.transact(self.sandboxes, request.sandbox_id, decide)
+        meta = self._meta(request, request.session_id)
+        await aggregates.transact(
+            self.sandboxes,
+            request.sandbox_id,
+            lambda state: sandbox_rules.decide_requested(
+                state,
+                meta,
+                sandbox_id=request.sandbox_id,
+                session_id=request.session_id,
+                image=request.image,
+                run_as_root=request.run_as_root,
+                writable_root=request.writable_root,
+                use_kata=request.use_kata,
+                backend=self.runtime.name,
+                pool=request.pool,
+                cache_org=self._cache_org(request),
+            ),
+        )
 
     async def provision(self, request: provisioning.Provision) -> states.SandboxState:
         current = await self.sandboxes.get(request.sandbox_id)
@@ -214,12 +203,10 @@ class PoolHandlers:
             await self.runtime.start(request.sandbox_id)
             faults.crash_point(self.ctx.settings.faults, "pool.after_runtime_start")
         except errors.SandboxError as exc:
-            await self._record(
-                request, events.SandboxFailed, ("requested", "running", "stopped"), error=exc.message
-            )
+            await self._record(request, sandbox_rules.decide_failed, error=exc.message)
             await self._quietly_delete(request.sandbox_id)
             raise
-        state = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
+        state = await self._record(request, sandbox_rules.decide_started)
         assert state is not None
         state = await self._await_proxy(state)
         log.info(
@@ -246,7 +233,8 @@ class PoolHandlers:
                 if current is None or current.proxy_id is not None or current.status != "running":
                     return current or state
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(changed.wait(), min(left, PROXY_RECHECK))
+                    async with asyncio.timeout(min(left, PROXY_RECHECK)):
+                        await changed.wait()
         finally:
             waiting = self._awaiting.get(state.sandbox_id, set())
             waiting.discard(changed)
@@ -291,9 +279,9 @@ class PoolHandlers:
         if info.status == "running" and state.status == "running":
             return state
         if state.status == "running":  # the runtime lost it (host restart): say so, then restart
-            await self._record(request, events.SandboxStopped, ("running",), reason="lost")
+            await self._record(request, sandbox_rules.decide_stopped, reason="lost")
         await self.runtime.start(request.sandbox_id)
-        started = await self._record(request, events.SandboxStarted, ("requested", "stopped"))
+        started = await self._record(request, sandbox_rules.decide_started)
         assert started is not None
         return started
 
@@ -303,12 +291,10 @@ class PoolHandlers:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
         if await self.runtime.get(request.sandbox_id) is not None:
             await self.runtime.stop(request.sandbox_id)
-        stopped = await self._record(request, events.SandboxStopped, ("requested", "running"))
+        stopped = await self._record(request, sandbox_rules.decide_stopped)
         assert stopped is not None
         return stopped
 
     async def delete(self, request: provisioning.Delete) -> states.SandboxState | None:
         await self.runtime.delete(request.sandbox_id)
-        return await self._record(
-            request, events.SandboxDeleted, ("requested", "running", "stopped", "failed")
-        )
+        return await self._record(request, sandbox_rules.decide_deleted)

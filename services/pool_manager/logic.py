@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from shared import pools as pool_specs
-from shared import states
+from shared.contract import states
+from shared.domain import pools as pool_specs
 
 PoolSpec = pool_specs.PoolSpec
 

@@ -21,7 +21,8 @@ from typing import Any
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared import codec, errors, execution, ids, leases, metrics, provisioning, service, warmpool
+from shared.contract import codec, errors, execution, ids, provisioning
+from shared.infrastructure import leases, metrics, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -84,7 +85,8 @@ async def run(
                 await asyncio.sleep(delay - MIN_GAP)
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(wake.wait(), delay - MIN_GAP)
+                    async with asyncio.timeout(delay - MIN_GAP):
+                        await wake.wait()
             wake.clear()
     finally:
         await lease.release()

@@ -1,7 +1,7 @@
 """``python -m services.proxy_scaler``"""
 
 from services.proxy_scaler import app
-from shared import service
+from shared.infrastructure import service
 
 if __name__ == "__main__":
     service.main("proxy-scaler", app.build)

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 import structlog
 
 from services.proxy_scaler import handlers, logic
-from shared import errors, leases, projections, projector, service, settings, states
+from shared.contract import errors, states
+from shared.domain import projections
+from shared.infrastructure import leases, projector, service, settings
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -99,7 +101,8 @@ def make_setup(
                     # every sandbox record).
                     await asyncio.sleep(MIN_GAP)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(wake.wait(), INTERVAL - MIN_GAP)
+                        async with asyncio.timeout(INTERVAL - MIN_GAP):
+                            await wake.wait()
                     wake.clear()
             finally:
                 await lease.release()

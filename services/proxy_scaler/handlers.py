@@ -16,7 +16,9 @@ from datetime import datetime
 import structlog
 
 from services.proxy_scaler import logic
-from shared import aggregates, errors, events, ids, projector, service, states
+from shared.contract import errors, events, ids, states
+from shared.domain import sandbox as sandbox_rules
+from shared.infrastructure import aggregates, projector, service
 
 log = structlog.get_logger(__name__)
 ROUTES_EVERY = 2.0
@@ -176,17 +178,9 @@ class Scaler:
 
     async def _record_assignment(self, sandbox_id: str, proxy_id: str) -> bool:
         def decide(state: states.SandboxState | None) -> list[events.Event]:
-            if state is None or state.status != "running" or state.proxy_id == proxy_id:
-                return []
-            reason = "new" if state.proxy_id is None else "reassigned"
-            return [
-                events.SandboxProxyAssigned(
-                    meta=self.ctx.meta(session_id=state.session_id),
-                    sandbox_id=sandbox_id,
-                    proxy_id=proxy_id,
-                    reason=reason,
-                )
-            ]
+            return sandbox_rules.decide_proxy_assigned(
+                state, sandbox_id, proxy_id, lambda session_id: self.ctx.meta(session_id=session_id)
+            )
 
         outcome = await aggregates.transact(self.sandboxes, sandbox_id, decide)
         return bool(outcome.appended)

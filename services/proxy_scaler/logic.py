@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from shared import states
+from shared.contract import states
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ from collections.abc import Mapping
 import structlog
 
 from services.reaper import handlers
-from shared import errors, leases, projections, projector, service, settings
+from shared.contract import errors
+from shared.domain import projections
+from shared.infrastructure import leases, projector, service, settings
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)

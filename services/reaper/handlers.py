@@ -12,22 +12,9 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.reaper import logic
-from shared import (
-    activity,
-    aggregates,
-    bus,
-    codec,
-    commands,
-    errors,
-    events,
-    ids,
-    metrics,
-    projector,
-    provisioning,
-    service,
-    settings,
-    states,
-)
+from shared.contract import codec, commands, errors, events, ids, provisioning, states
+from shared.domain import sandbox as sandbox_rules
+from shared.infrastructure import activity, aggregates, bus, metrics, projector, service, settings
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -66,7 +53,7 @@ class Reaper:
         sessions and dead sandbox records stay in KV for good; a pass needs neither (to
         the sweep a dead record and no record are alike)."""
         await self.sessions.follow(keep=lambda s: s.status != "deleted")
-        await self.sandboxes.follow(keep=lambda s: s.status in logic.LIVE)
+        await self.sandboxes.follow(keep=lambda s: s.status in sandbox_rules.LIVE)
 
     async def unfollow(self) -> None:
         await self.sessions.unfollow()
@@ -141,7 +128,7 @@ class Reaper:
         # Re-read the record now: a claim or a provision may have happened since the snapshot.
         fresh = await self.sandboxes.get(finding.sandbox_id)
         if finding.action == "delete_unowned":
-            if fresh is None or fresh.status not in logic.LIVE or not fresh.session_id:
+            if fresh is None or fresh.status not in sandbox_rules.LIVE or not fresh.session_id:
                 return False
             owner = await self.sessions.get(fresh.session_id)
             if owner is not None and owner.status != "deleted" and owner.sandbox_id == fresh.sandbox_id:
@@ -158,7 +145,7 @@ class Reaper:
             )
             return provisioning.decode_reply(raw).ok
         if finding.action == "delete_orphan":
-            if fresh is not None and fresh.status not in logic.DEAD:
+            if fresh is not None and fresh.status not in sandbox_rules.DEAD:
                 return False
             await self.runtime.delete(finding.sandbox_id)
             log.warning("reaper.orphan_deleted", sandbox_id=finding.sandbox_id, detail=finding.detail)
@@ -168,12 +155,10 @@ class Reaper:
 
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             if stuck:
-                if state is None or state.status != "requested":
-                    return []
-                return [events.SandboxFailed(meta=meta, sandbox_id=finding.sandbox_id, error=finding.detail)]
-            if state is None or state.status not in logic.LIVE:
-                return []
-            return [events.SandboxLost(meta=meta, sandbox_id=finding.sandbox_id, reason=finding.detail)]
+                return sandbox_rules.decide_failed(
+                    state, finding.sandbox_id, lambda _: meta, finding.detail, stuck=True
+                )
+            return sandbox_rules.decide_lost(state, finding.sandbox_id, meta, finding.detail)
 
         outcome = await aggregates.transact(self.sandboxes, finding.sandbox_id, decide)
         if stuck and outcome.appended:

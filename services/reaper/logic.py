@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal
 
-from shared import settings, states
+from shared.contract import states
+from shared.infrastructure import settings
 
 LIVE = ("requested", "running", "stopped")
 DEAD = ("deleted", "failed", "refused", "lost")

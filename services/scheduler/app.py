@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from faststream.nats import NatsMessage
 
 from services.scheduler import handlers, pool_client
-from shared import pools, projections, projector, service, settings, warmpool
+from shared.domain import pools, projections
+from shared.infrastructure import projector, service, settings, warmpool
 
 #: Queue group: every scheduler instance joins it, each command goes to one.
 QUEUE = "scheduler"

@@ -8,21 +8,12 @@ import time
 
 import structlog
 
-from services.scheduler import logic, pool_client
-from shared import (
-    aggregates,
-    codec,
-    commands,
-    errors,
-    ids,
-    metrics,
-    pools,
-    projector,
-    provisioning,
-    service,
-    states,
-    warmpool,
-)
+from services.scheduler import pool_client
+from shared.contract import codec, commands, errors, ids, provisioning, states
+from shared.domain import pools
+from shared.domain import sandbox as sandbox_rules
+from shared.domain import session as session_rules
+from shared.infrastructure import aggregates, metrics, projector, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -54,7 +45,7 @@ class SessionCommands:
         appended = 0
         try:
             command = codec.decode_command(raw)
-            logic.validate(command)
+            session_rules.validate(command)
             state, appended = await self.execute(command)
             reply = commands.CommandReply(ok=True, appended=appended, session=state)
             metrics.commands.labels(type(command).__struct_config__.tag, "ok").inc()
@@ -79,7 +70,7 @@ class SessionCommands:
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda state: logic.decide(state, command, meta),
+            lambda state: session_rules.decide(state, command, meta),
             crash_points=self.ctx.settings.faults,
             crash_point=CRASH_AFTER_APPEND,
             read=read,
@@ -113,7 +104,7 @@ class SessionCommands:
                 outcome = await aggregates.transact(
                     self.sandboxes,
                     sandbox_id,
-                    lambda s, sid=sandbox_id: logic.decide_claim(
+                    lambda s, sid=sandbox_id: sandbox_rules.decide_claim(
                         s, sid, command.session_id, meta, pool_id=pool.pool_id, org=org
                     ),
                 )
@@ -152,13 +143,13 @@ class SessionCommands:
     ) -> states.SessionState:
         """Obtain a sandbox and assign it; if another request assigned one first, discard
         ours and use theirs."""
-        options = logic.sandbox_options(command, state)
+        options = session_rules.sandbox_options(command, state)
         sandbox_id = await self._obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda s: logic.decide_assign(s, sandbox_id, str(options["image"]), meta),
+            lambda s: session_rules.decide_assign(s, sandbox_id, str(options["image"]), meta),
         )
         if not outcome.appended:
             await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
@@ -179,7 +170,7 @@ class SessionCommands:
             outcome = await aggregates.transact(
                 self.sessions,
                 command.session_id,
-                lambda s: logic.decide_new_with_sandbox(s, command, sandbox_id, image, org, meta),
+                lambda s: session_rules.decide_new_with_sandbox(s, command, sandbox_id, image, org, meta),
                 crash_points=self.ctx.settings.faults,
                 crash_point=CRASH_AFTER_APPEND,
                 read=read,
@@ -205,17 +196,17 @@ class SessionCommands:
         full pool leaves the old sandbox and workspace intact; then release-and-assign is
         one append (whatever sandbox the session has by then: one claimed at connect is
         replaced, never adopted), and only then is the released one deleted."""
-        options = logic.sandbox_options(command, state)
+        options = session_rules.sandbox_options(command, state)
         new = await self._obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda s: logic.decide_install(s, new, str(options["image"]), meta),
+            lambda s: session_rules.decide_install(s, new, str(options["image"]), meta),
         )
         assert outcome.state is not None
         appended = [stored.event for stored in outcome.appended]
-        gone = logic.released(appended) if outcome.state.sandbox_id == new else [new]  # type: ignore[arg-type]
+        gone = session_rules.released(appended) if outcome.state.sandbox_id == new else [new]  # type: ignore[arg-type]
         for sandbox_id in gone:
             await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
         return outcome.state
@@ -227,7 +218,7 @@ class SessionCommands:
         assert old is not None
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
-            self.sessions, command.session_id, lambda s: logic.decide_release(s, old, meta)
+            self.sessions, command.session_id, lambda s: session_rules.decide_release(s, old, meta)
         )
         await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))  # type: ignore[arg-type]
         assert outcome.state is not None

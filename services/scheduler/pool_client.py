@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from nats.aio.client import Client
 
-from shared import bus, codec, errors, provisioning, states, subjects
+from shared.contract import codec, errors, provisioning, states, subjects
+from shared.infrastructure import bus
 
 TIMEOUT = 60.0
 

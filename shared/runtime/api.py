@@ -19,7 +19,7 @@ from typing import Literal
 
 import msgspec
 
-from shared import errors
+from shared.contract import errors
 
 SandboxStatus = Literal["created", "running", "stopped"]
 Stream = Literal["stdout", "stderr"]

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime import api
 
 NAMES = ("local", "kubernetes")
@@ -24,8 +24,8 @@ def open_runtime(
     ``SBX_K8S_*`` variables); the services pass their environment. ``disk_reserve``:
     free space the local state filesystem keeps (no sandbox starts below it)."""
     if name == "kubernetes":
+        from shared.infrastructure.settings import KubernetesSettings
         from shared.runtime.kubernetes import runtime as kube
-        from shared.settings import KubernetesSettings
 
         return kube.KubernetesRuntime(
             KubernetesSettings.from_env(os.environ if env is None else env), egress=egress
@@ -109,7 +109,7 @@ async def purge(name: str, state_dir: Path) -> None:
         raise errors.ConfigError(f"the {name!r} runtime cannot be purged from here")
     import asyncio
 
-    from shared import settings
+    from shared.infrastructure import settings
     from shared.runtime.local import proxies, runtime
 
     if not await asyncio.to_thread(state_dir.exists):

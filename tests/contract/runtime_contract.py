@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime import api
 
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from sbx.client import Sandbox, transport
-from shared import hostapi
+from shared.contract import hostapi
 from tests import support
 from tests.e2e.test_sbx_up import running_stack
 from tests.proxy import harness

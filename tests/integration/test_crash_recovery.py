@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from shared import codec, commands, eventstore, ids, projections, projector, replay, subjects
+from shared.contract import codec, commands, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector, replay
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -116,7 +118,7 @@ async def test_verify_exits_nonzero_and_names_the_difference(nats_server, namesp
 def support_created(sid: str):
     from datetime import UTC, datetime
 
-    from shared import events
+    from shared.contract import events
 
     meta = events.Meta(
         event_id=ids.new_id(), time=datetime.now(UTC), service="test", instance="t", command_id=ids.new_id()

@@ -10,7 +10,9 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from shared import codec, errors, events, eventstore, ids, projections, projector, replay, subjects
+from shared.contract import codec, errors, events, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector, replay
 from tests import support
 
 
@@ -212,7 +214,7 @@ async def test_a_followed_projection_that_fell_behind_answers_from_a_snapshot(bu
     """If the mirror cannot reach the stream's tail in time (its consumer is being
     recreated after a reconnect, say), ``all()`` takes a snapshot rather than answer
     stale."""
-    from shared import kvmirror
+    from shared.infrastructure import kvmirror
 
     nc, topology = bus
     js = nc.jetstream()
@@ -243,7 +245,7 @@ async def test_a_followed_projection_that_fell_behind_answers_from_a_snapshot(bu
 
 
 async def _snapshot_of(store: projector.ProjectionStore) -> dict:
-    from shared import bus as shared_bus
+    from shared.infrastructure import bus as shared_bus
 
     raw = await shared_bus.snapshot(store.store_js, store.kv_bucket)
     return {k: codec.decode_state(v, store.projection.state_type) for k, v in raw.items()}

@@ -12,7 +12,8 @@ import pytest
 from services.executor import app as executor_app
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared import codec, commands, execution, ids, provisioning, settings, subjects
+from shared.contract import codec, commands, execution, ids, provisioning, subjects
+from shared.infrastructure import settings
 from tests import support
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]

@@ -8,7 +8,8 @@ import pytest
 
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
-from shared import settings, subjects
+from shared.contract import subjects
+from shared.infrastructure import settings
 from tests import support
 
 AUTH = {"Authorization": f"Bearer {support.API_KEY}"}
@@ -217,7 +218,7 @@ async def test_one_idempotency_key_on_two_sessions_creates_both(api, nats_server
     assert await count_events(nats_server, namespace) == 2
     nc, topology = await support.connect(nats_server.url, namespace)
     try:
-        from shared import replay
+        from shared.infrastructure import replay
 
         assert not (await replay.verify(nc.jetstream(), topology)).differences
     finally:

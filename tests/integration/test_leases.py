@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shared import leases
+from shared.infrastructure import leases
 
 
 async def test_one_holder_and_renewal_while_working(bus):

@@ -8,7 +8,8 @@ import pytest
 
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
-from shared import replay, settings, subjects
+from shared.contract import subjects
+from shared.infrastructure import replay, settings
 from tests import support
 
 pytestmark = pytest.mark.slow

@@ -14,17 +14,9 @@ from services.executor import app as executor_app
 from services.pool_manager import app as pool_app
 from services.reaper import handlers as reaper_handlers
 from services.scheduler import app as scheduler_app
-from shared import (
-    codec,
-    commands,
-    eventstore,
-    execution,
-    ids,
-    projections,
-    projector,
-    settings,
-    subjects,
-)
+from shared.contract import codec, commands, execution, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector, settings
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 from tests import support
@@ -86,7 +78,7 @@ async def harness(nats_server, namespace, tmp_path):
     ]
     nc, topology = await support.connect(nats_server.url, namespace)
     ctx_holder = running[0]  # the reaper is driven directly, with fake time
-    from shared import service
+    from shared.infrastructure import service
 
     js = nc.jetstream()
     store = eventstore.EventStore(js, topology)
@@ -199,7 +191,8 @@ async def test_pool_manager_killed_mid_provision_leaks_nothing(
 async def test_a_sandbox_its_session_let_go_of_is_deleted(harness):
     """The scheduler died between `session.deleted` and asking the pool-manager to delete
     the sandbox: the sweep finds the running sandbox nobody points to and deletes it."""
-    from shared import events, eventstore
+    from shared.contract import events
+    from shared.infrastructure import eventstore
 
     session = await harness.ensure("abandoned")
     store = eventstore.EventStore(harness.nc.jetstream(), harness.topology)

@@ -9,7 +9,9 @@ import itertools
 import pytest
 
 from services.scheduler import app as scheduler_app
-from shared import commands, ids, projections, replay, subjects
+from shared.contract import commands, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import replay
 from tests import support
 
 
@@ -106,7 +108,7 @@ async def test_malformed_commands_get_errors_and_append_nothing(bus, schedulers)
     nc, topology = bus
     before = await support.stream_events(nc, topology, subjects.SESSION)
     raw = await nc.request(topology.session_commands, b"not json", timeout=5)
-    from shared import codec
+    from shared.contract import codec
 
     assert codec.decode_reply(raw.data).error.code == "invalid_input"
     for bad in ["a.b", "*", ">", "a b", "x" * 129, "", "a\x00", "../etc"]:

@@ -3,7 +3,9 @@ instance.stopped after a clean drain, and a fixed SBX_INSTANCE_ID can start agai
 
 from __future__ import annotations
 
-from shared import events, eventstore, projections, projector, service, subjects
+from shared.contract import events, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector, service
 from tests import support
 
 
@@ -11,7 +13,7 @@ async def test_a_service_joins_reports_and_leaves_and_can_come_back(nats_server,
     """The proxy-scaler with sandbox egress off: nothing to scale, so only its lifecycle runs
     (and its health says why)."""
     from services.proxy_scaler import app as scaler_app
-    from shared import settings
+    from shared.infrastructure import settings
 
     nc, topology = bus
     name = "proxy-scaler"
@@ -43,6 +45,6 @@ async def test_a_service_joins_reports_and_leaves_and_can_come_back(nats_server,
     assert (
         state.status == "stopped" and state.version == service.VERSION and state.last_seq == history[-1].seq
     )
-    from shared import health
+    from shared.infrastructure import health
 
     assert not [r for r in await health.read_all(js, topology.health_bucket) if r.service == name]

@@ -1,4 +1,4 @@
-"""Flow-controlled byte streams over a real nats-server (shared.streams)."""
+"""Flow-controlled byte streams over a real nats-server (shared.infrastructure.streams)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from shared import errors, streams
+from shared.contract import errors
+from shared.infrastructure import streams
 
 
 async def test_frames_arrive_in_order_split_at_the_chunk_size_and_end(bus):

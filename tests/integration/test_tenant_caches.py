@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 from shared.runtime.local import caches
 from shared.runtime.local import runtime as local

@@ -11,7 +11,9 @@ import pytest
 
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared import commands, errors, eventstore, ids, pools, projections, projector, settings, subjects
+from shared.contract import commands, errors, ids, subjects
+from shared.domain import pools, projections
+from shared.infrastructure import eventstore, projector, settings
 from tests import support
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
@@ -196,7 +198,7 @@ async def test_pool_sandboxes_are_offered_with_an_executor_shell_server_running(
     offering it, so a session's first `shell` needs no process started from the host.
     The executor refuses to do this for a claimed sandbox, an unknown one, or garbage."""
     from services.executor import app as executor_app
-    from shared import codec, execution
+    from shared.contract import codec, execution
     from shared.runtime.local import runtime as local
 
     start, nc, topology, state = env

@@ -8,8 +8,8 @@ import kmock
 import pytest
 from kubernetes_asyncio import client
 
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime.kubernetes import runtime as kube
-from shared.settings import KubernetesSettings
 from tests.kubernetes.emulator import ClusterEmulator
 
 IMAGE = "ghcr.io/cloud-agent-sandbox/sandbox:test"

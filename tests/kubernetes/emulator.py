@@ -61,7 +61,7 @@ import attrs
 import kmock
 from kmock._internal import enums, rendering
 
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 
@@ -293,7 +293,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
                 continue
             async with self._changed:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait_for(lambda s=since: self._rv > s), left)
+                    async with asyncio.timeout(left):
+                        await self._changed.wait_for(lambda s=since: self._rv > s)
 
     # ---- events and direct writes --------------------------------------------------------
 

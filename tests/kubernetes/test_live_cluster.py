@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime.kubernetes import runtime as kube
-from shared.settings import KubernetesSettings
 from tests.contract.runtime_contract import RuntimeContract
 
 

@@ -18,7 +18,9 @@ import yaml
 from services.pool_manager import app as pool_app
 from services.proxy_scaler import app as scaler_app
 from services.scheduler import app as scheduler_app
-from shared import commands, eventstore, ids, projections, projector, settings, subjects
+from shared.contract import commands, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector, settings
 from shared.runtime.kubernetes import runtime as kube
 from tests import support
 from tests.kubernetes import test_rbac

@@ -11,7 +11,7 @@ import kmock
 import pytest
 import yaml
 
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 from tests.contract.runtime_contract import new_id
 from tests.kubernetes.conftest import SETTINGS, needs_root

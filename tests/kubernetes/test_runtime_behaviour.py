@@ -9,7 +9,7 @@ import dataclasses
 import kmock
 import pytest
 
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 from shared.runtime.kubernetes import names
 from tests import support

@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from shared import settings
+from shared.infrastructure import settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SBX_PROXY = settings.DEFAULT_PROXY_BIN

@@ -16,7 +16,8 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.auth import BearerAuth, KeyCheck
-from shared import errors, settings
+from shared.contract import errors
+from shared.infrastructure import settings
 
 KEY = "Zk3vQ9-Lp_2mX8.tR~5+wY/7nB"
 CHECK = KeyCheck(KEY)

@@ -1,4 +1,5 @@
-"""Wire contract of shared.codec: every event, command, reply and state round-trips and evolves safely."""
+"""Wire contract (shared.contract.codec): every event, command, reply and state round-trips
+and evolves safely."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared import codec, commands, errors, events, execution, provisioning, states
+from shared.contract import codec, commands, errors, events, execution, provisioning, states
 
 T0 = datetime(2025, 3, 14, 15, 9, 26, 535000, tzinfo=UTC)
 T1 = datetime(2025, 3, 14, 16, 0, 0, 1, tzinfo=UTC)

@@ -25,7 +25,7 @@ from services.executor.edits import (
     view_directory,
     view_file,
 )
-from shared.errors import InvalidInput
+from shared.contract.errors import InvalidInput
 
 P = "/workspace/app.py"
 FIVE = "one\ntwo\nthree\nfour\nfive\n"

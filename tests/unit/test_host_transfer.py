@@ -12,7 +12,7 @@ import pytest
 
 from sbx.client import archive, changes, sync
 from services.executor import streamed
-from shared import errors, execution, hostapi
+from shared.contract import errors, execution, hostapi
 
 
 def test_frames_survive_any_split():

@@ -1,4 +1,5 @@
-"""Identifier rules (shared.ids) and environment settings parsing (shared.settings)."""
+"""Identifier rules (shared.contract.ids) and environment settings parsing
+(shared.infrastructure.settings)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared import errors, ids, settings
+from shared.contract import errors, ids
+from shared.infrastructure import settings
 
 KEY = "k3y-0123456789abcdef"  # 20 characters
 

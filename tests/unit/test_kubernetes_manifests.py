@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from shared import errors
+from shared.contract import errors
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names
-from shared.settings import KubernetesSettings
 
 SETTINGS = KubernetesSettings(images=(("default", "registry.example/sandbox:1"),))
 

@@ -21,7 +21,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from services.gateway import auth, mcp_tools
-from shared import commands, errors, execution, ids, states
+from shared.contract import commands, errors, execution, ids, states
 
 SESSION = "sess-1"
 SANDBOX = "sbx-0123"

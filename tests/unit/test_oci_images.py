@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime.local import oci
 
 # ---- archive builders -----------------------------------------------------------

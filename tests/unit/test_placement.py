@@ -9,7 +9,7 @@ import fastmcp
 import msgspec
 
 from services.gateway import mcp_tools, placement
-from shared import errors, execution, states
+from shared.contract import errors, execution, states
 from tests.unit.test_mcp_tools import HEADERS, SESSION, FakeCommands, _state
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sbx import supervisor
-from shared import health, replay, states
+from shared.contract import states
+from shared.infrastructure import health, replay
 
 NOW = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 

@@ -1,4 +1,5 @@
-"""Warm pool specs (shared.pools) and the pool-manager's pure refill plan (services.pool_manager.logic)."""
+"""Warm pool specs (shared.domain.pools) and the pool-manager's pure refill plan
+(services.pool_manager.logic)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.pool_manager import logic
-from shared import pools, settings, states
+from shared.contract import states
+from shared.domain import pools
+from shared.infrastructure import settings
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 DEFAULT = pools.PoolSpec()

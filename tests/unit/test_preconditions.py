@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from services.reaper import logic as reaper_logic
-from services.scheduler import logic
-from shared import commands, events, settings, states
+from shared.contract import commands, events, states
+from shared.domain import session as session_rules
+from shared.infrastructure import settings
 
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
 META = events.Meta(event_id="e" * 32, time=T0, service="scheduler", instance="s1")
@@ -25,19 +26,21 @@ def session(status: str = "active", last_seq: int = 7) -> states.SessionState:
 
 def test_stop_with_a_matching_precondition_stops() -> None:
     stop = commands.StopSession(command_id="c1", session_id="s1", reason="idle", if_last_seq=7)
-    [event] = logic.decide(session(), stop, META)
+    [event] = session_rules.decide(session(), stop, META)
     assert isinstance(event, events.SessionStopped) and event.reason == "idle"
 
 
 def test_stop_and_delete_with_a_stale_precondition_do_nothing() -> None:
     assert (
-        logic.decide(session(), commands.StopSession(command_id="c1", session_id="s1", if_last_seq=6), META)
+        session_rules.decide(
+            session(), commands.StopSession(command_id="c1", session_id="s1", if_last_seq=6), META
+        )
         == []
     )
     stopped = session("stopped", last_seq=9)
     purge = commands.DeleteSession(command_id="c2", session_id="s1", reason="retention", if_last_seq=8)
-    assert logic.decide(stopped, purge, META) == []
-    assert logic.decide(None, purge, META) == []
+    assert session_rules.decide(stopped, purge, META) == []
+    assert session_rules.decide(None, purge, META) == []
 
 
 def test_reaps_carry_the_last_seq_they_were_decided_on() -> None:

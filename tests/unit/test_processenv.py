@@ -1,8 +1,8 @@
-"""What the processes the product starts inherit: an allowlist (shared/processenv.py)."""
+"""What the processes the product starts inherit: an allowlist (shared/infrastructure/processenv.py)."""
 
 from __future__ import annotations
 
-from shared import processenv
+from shared.infrastructure import processenv
 
 SHELL = {
     "PATH": "/usr/bin",

@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.proxy_scaler import logic
-from shared import errors, events, projections, states
+from shared.contract import errors, events, states
+from shared.domain import proxy as proxy_rules
+from shared.domain import sandbox as sandbox_rules
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
@@ -121,20 +123,20 @@ def test_the_proxy_fold():
     def meta(n):
         return events.Meta(event_id=f"{n:032x}", time=T0 + timedelta(seconds=n), service="s", instance="i")
 
-    started = projections.evolve_proxy(
+    started = proxy_rules.evolve(
         None, events.ProxyStarted(meta=meta(1), proxy_id="a", endpoint="10.213.255.254:3129"), 1
     )
     assert (started.status, started.endpoint) == ("running", "10.213.255.254:3129")
-    draining = projections.evolve_proxy(started, events.ProxyDraining(meta=meta(2), proxy_id="a"), 2)
+    draining = proxy_rules.evolve(started, events.ProxyDraining(meta=meta(2), proxy_id="a"), 2)
     assert draining.status == "draining" and draining.updated_at == T0 + timedelta(seconds=2)
-    stopped = projections.evolve_proxy(
+    stopped = proxy_rules.evolve(
         draining, events.ProxyStopped(meta=meta(3), proxy_id="a", reason="drained"), 3
     )
     assert (stopped.status, stopped.stop_reason) == ("stopped", "drained")
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_proxy(stopped, events.ProxyDraining(meta=meta(4), proxy_id="a"), 4)
+        proxy_rules.evolve(stopped, events.ProxyDraining(meta=meta(4), proxy_id="a"), 4)
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_proxy(started, events.ProxyStarted(meta=meta(5), proxy_id="a", endpoint="x"), 5)
+        proxy_rules.evolve(started, events.ProxyStarted(meta=meta(5), proxy_id="a", endpoint="x"), 5)
 
 
 def test_when_proxies_cannot_start_full_ones_take_more():
@@ -147,7 +149,7 @@ def test_a_new_start_clears_the_proxy_assignment():
     """A resumed sandbox has a new link: it needs an assignment (and a route) again."""
     meta = events.Meta(event_id=f"{1:032x}", time=T0, service="s", instance="i")
     stopped = sandbox(1, "stopped", proxy="a")
-    resumed = projections.evolve_sandbox(stopped, events.SandboxStarted(meta=meta, sandbox_id="sb-001"), 9)
+    resumed = sandbox_rules.evolve(stopped, events.SandboxStarted(meta=meta, sandbox_id="sb-001"), 9)
     assert resumed.status == "running" and resumed.proxy_id is None
 
 

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services.proxy_scaler import handlers
-from shared import errors, states
+from shared.contract import errors, states
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

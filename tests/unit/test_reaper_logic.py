@@ -12,7 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.reaper import logic
-from shared import settings, states
+from shared.contract import states
+from shared.infrastructure import settings
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 US = timedelta(microseconds=1)

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared import codec, commands, events
+from shared.contract import codec, commands, events
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples"
 EVENT_FILES = sorted((SAMPLES / "events").glob("*.json"))

@@ -1,5 +1,5 @@
 """Sessions with sandboxes: the new session events and commands (scheduler.logic) and the
-sandbox fold (shared.projections.evolve_sandbox)."""
+sandbox fold (shared.domain.sandbox_rules.evolve)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.scheduler import logic
-from shared import commands, errors, events, ids, projections, states
+from shared.contract import commands, errors, events, ids, states
+from shared.domain import projections
+from shared.domain import sandbox as sandbox_rules
+from shared.domain import session as session_rules
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 SID = "task-42"
@@ -77,7 +79,7 @@ def released(sandbox_id: str = SB, n: int = 7) -> events.SessionSandboxReleased:
 
 def test_resume_a_stopped_session_keeps_its_sandbox() -> None:
     before = session("stopped", sandbox_id=SB)
-    after = projections.evolve_session(before, resumed(5), 40)
+    after = session_rules.evolve(before, resumed(5), 40)
     assert after == msgspec.structs.replace(
         before,
         status="active",
@@ -95,12 +97,12 @@ def test_resume_a_stopped_session_keeps_its_sandbox() -> None:
 )
 def test_resume_only_from_stopped(before: states.SessionState | None) -> None:
     with pytest.raises(errors.InvalidTransition, match="session.resumed at seq 9"):
-        projections.evolve_session(before, resumed(), 9)
+        session_rules.evolve(before, resumed(), 9)
 
 
 def test_assign_sets_sandbox_and_image() -> None:
     before = session("active", image=None)
-    after = projections.evolve_session(before, assigned(SB, "node:22", 6), 11)
+    after = session_rules.evolve(before, assigned(SB, "node:22", 6), 11)
     assert (after.status, after.sandbox_id, after.image) == ("active", SB, "node:22")
     assert (after.version, after.last_seq, after.last_command_id) == (4, 11, "c6")
     assert after.updated_at == T0 + timedelta(seconds=6) and after.created_at == T0
@@ -121,13 +123,13 @@ def test_assign_sets_sandbox_and_image() -> None:
 )
 def test_assign_only_to_active_without_sandbox(before: states.SessionState | None) -> None:
     with pytest.raises(errors.InvalidTransition, match="session.sandbox_assigned"):
-        projections.evolve_session(before, assigned(), 9)
+        session_rules.evolve(before, assigned(), 9)
 
 
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_release_clears_the_assigned_sandbox(status: str) -> None:
     before = session(status, sandbox_id=SB)
-    after = projections.evolve_session(before, released(SB, 7), 12)
+    after = session_rules.evolve(before, released(SB, 7), 12)
     assert after == msgspec.structs.replace(
         before,
         sandbox_id=None,
@@ -145,19 +147,19 @@ def test_release_clears_the_assigned_sandbox(status: str) -> None:
 )
 def test_release_only_the_assigned_sandbox(before: states.SessionState | None) -> None:
     with pytest.raises(errors.InvalidTransition, match="session.sandbox_released"):
-        projections.evolve_session(before, released(SB), 9)
+        session_rules.evolve(before, released(SB), 9)
 
 
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_delete_clears_the_sandbox(status: str) -> None:
     before = session(status, sandbox_id=SB)
-    after = projections.evolve_session(before, events.SessionDeleted(meta=meta(8), session_id=SID), 13)
+    after = session_rules.evolve(before, events.SessionDeleted(meta=meta(8), session_id=SID), 13)
     assert (after.status, after.sandbox_id, after.last_seq) == ("deleted", None, 13)
 
 
 def test_stop_keeps_the_sandbox() -> None:
     before = session("active", sandbox_id=SB)
-    after = projections.evolve_session(before, events.SessionStopped(meta=meta(8), session_id=SID), 13)
+    after = session_rules.evolve(before, events.SessionStopped(meta=meta(8), session_id=SID), 13)
     assert (after.status, after.sandbox_id) == ("stopped", SB)
 
 
@@ -214,7 +216,7 @@ def test_full_session_story_fold() -> None:
 )
 def test_evolve_session_refuses_foreign_events(event: Any) -> None:
     with pytest.raises(errors.InvalidTransition, match="not a session event"):
-        projections.evolve_session(session("active", sandbox_id=SB), event, 9)
+        session_rules.evolve(session("active", sandbox_id=SB), event, 9)
 
 
 # ---- evolve_sandbox -------------------------------------------------------------------
@@ -319,7 +321,7 @@ def test_sandbox_transition_table_covers_every_status() -> None:
 
 def test_requested_records_the_options() -> None:
     event = requested(1, run_as_root=False, writable_root=False)
-    assert projections.evolve_sandbox(None, event, 7) == states.SandboxState(
+    assert sandbox_rules.evolve(None, event, 7) == states.SandboxState(
         sandbox_id=SB,
         status="requested",
         session_id=SID,
@@ -356,7 +358,7 @@ def test_sandbox_lifecycle_requested_started_stopped_started_deleted() -> None:
 
 @pytest.mark.parametrize("status", ["requested", "running", "stopped"])
 def test_failed_records_the_error(status: str) -> None:
-    after = projections.evolve_sandbox(
+    after = sandbox_rules.evolve(
         sandbox(status), events.SandboxFailed(meta=meta(9), sandbox_id=SB, error="image pull failed"), 50
     )
     assert after == sandbox(
@@ -382,7 +384,7 @@ def table_state(before: str | None, event: str) -> states.SandboxState | None:
 @pytest.mark.parametrize(("before", "event"), _POSSIBLE, ids=[f"{b}-{e}" for b, e in _POSSIBLE])
 def test_every_possible_sandbox_transition(before: str | None, event: str) -> None:
     state = table_state(before, event)
-    after = projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
+    after = sandbox_rules.evolve(state, SANDBOX_EVENTS[event](8), 99)
     assert after.status == SANDBOX_TRANSITIONS[before][event]
     assert after.last_seq == 99 and after.updated_at == T0 + timedelta(seconds=8)
     if state is not None:  # only status, time, seq and the event's own fields change
@@ -401,21 +403,19 @@ def test_every_impossible_sandbox_transition_raises(before: str | None, event: s
     with pytest.raises(
         errors.InvalidTransition, match=f"sandbox.{event} at seq 99 cannot follow {before or 'nothing'}"
     ):
-        projections.evolve_sandbox(state, SANDBOX_EVENTS[event](8), 99)
+        sandbox_rules.evolve(state, SANDBOX_EVENTS[event](8), 99)
 
 
 @pytest.mark.parametrize("before", [b for b in _BEFORE if b is not None], ids=str)
 @pytest.mark.parametrize("pool", [POOL, None], ids=["pool", "no-pool"])
 def test_claimed_sandbox_is_never_claimed_again(before: str, pool: str | None) -> None:
     with pytest.raises(errors.InvalidTransition, match="sandbox.claimed"):
-        projections.evolve_sandbox(
-            sandbox(before, session_id=SID, pool=pool), SANDBOX_EVENTS["claimed"](8), 99
-        )
+        sandbox_rules.evolve(sandbox(before, session_id=SID, pool=pool), SANDBOX_EVENTS["claimed"](8), 99)
 
 
 def test_refused_creates_a_refused_record_with_the_reason() -> None:
     event = SANDBOX_EVENTS["refused"](3)
-    assert projections.evolve_sandbox(None, event, 21) == states.SandboxState(
+    assert sandbox_rules.evolve(None, event, 21) == states.SandboxState(
         sandbox_id=SB,
         status="refused",
         session_id=SID,
@@ -449,13 +449,13 @@ def test_restart_moves_started_at_and_stop_keeps_it() -> None:
         [(1, requested(1)), (2, SANDBOX_EVENTS["started"](2)), (3, SANDBOX_EVENTS["stopped"](30))]
     )
     assert current is not None and current.started_at == T0 + timedelta(seconds=2)
-    current = projections.evolve_sandbox(current, SANDBOX_EVENTS["started"](90), 4)
+    current = sandbox_rules.evolve(current, SANDBOX_EVENTS["started"](90), 4)
     assert (current.status, current.started_at) == ("running", T0 + timedelta(seconds=90))
 
 
 def test_lost_keeps_session_and_pool_and_records_the_reason() -> None:
     before = sandbox("running", pool=POOL, started_at=T0)
-    after = projections.evolve_sandbox(before, SANDBOX_EVENTS["lost"](5), 8)
+    after = sandbox_rules.evolve(before, SANDBOX_EVENTS["lost"](5), 8)
     assert (after.status, after.error, after.session_id, after.pool, after.started_at) == (
         "lost",
         "gone from the runtime",
@@ -476,7 +476,7 @@ def test_lost_keeps_session_and_pool_and_records_the_reason() -> None:
 )
 def test_evolve_sandbox_refuses_foreign_events(before: str | None, event: Any) -> None:
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_sandbox(sandbox(before) if before else None, event, 1)
+        sandbox_rules.evolve(sandbox(before) if before else None, event, 1)
 
 
 def test_sandbox_projection_is_registered() -> None:
@@ -494,7 +494,7 @@ def test_ensure_or_provision_creates_a_missing_session(
     current: states.SessionState | None, command: Any
 ) -> None:
     m = meta(1, command.command_id)
-    assert logic.decide(current, command, m) == [
+    assert session_rules.decide(current, command, m) == [
         events.SessionCreated(meta=m, session_id=SID, image=command.image, org_id="acme", user_id="alice")
     ]
 
@@ -502,7 +502,7 @@ def test_ensure_or_provision_creates_a_missing_session(
 def test_ensure_without_image_or_attribution() -> None:
     m = meta(1, "cmd-e")
     command = ensure(image=None, actor=commands.Actor(via="mcp"))
-    assert logic.decide(None, command, m) == [
+    assert session_rules.decide(None, command, m) == [
         events.SessionCreated(meta=m, session_id=SID, image=None, org_id=None, user_id=None)
     ]
 
@@ -510,7 +510,7 @@ def test_ensure_without_image_or_attribution() -> None:
 @pytest.mark.parametrize("command", [ensure(), provision()], ids=["ensure", "provision"])
 def test_ensure_or_provision_resumes_a_stopped_session(command: Any) -> None:
     m = meta(2, command.command_id)
-    assert logic.decide(session("stopped", sandbox_id=SB), command, m) == [
+    assert session_rules.decide(session("stopped", sandbox_id=SB), command, m) == [
         events.SessionResumed(meta=m, session_id=SID)
     ]
 
@@ -518,18 +518,18 @@ def test_ensure_or_provision_resumes_a_stopped_session(command: Any) -> None:
 @pytest.mark.parametrize("sandbox_id", [None, SB], ids=["no-sandbox", "with-sandbox"])
 @pytest.mark.parametrize("command", [ensure(), provision()], ids=["ensure", "provision"])
 def test_ensure_or_provision_on_active_decides_nothing(sandbox_id: str | None, command: Any) -> None:
-    assert logic.decide(session("active", sandbox_id=sandbox_id), command, meta()) == []
+    assert session_rules.decide(session("active", sandbox_id=sandbox_id), command, meta()) == []
 
 
 def test_clear_missing_session_is_fine() -> None:
-    assert logic.decide(None, clear(), meta()) == []
-    assert logic.decide(session("deleted"), clear(), meta()) == []
+    assert session_rules.decide(None, clear(), meta()) == []
+    assert session_rules.decide(session("deleted"), clear(), meta()) == []
 
 
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_clear_existing_deletes_it(status: str) -> None:
     m = meta(3, "cmd-x")
-    assert logic.decide(session(status, sandbox_id=SB), clear(), m) == [
+    assert session_rules.decide(session(status, sandbox_id=SB), clear(), m) == [
         events.SessionDeleted(meta=m, session_id=SID, reason="cleared")
     ]
 
@@ -544,14 +544,14 @@ def test_clear_existing_deletes_it(status: str) -> None:
     ],
 )
 def test_duplicate_new_command_decides_nothing(status: str, command: Any) -> None:
-    assert logic.decide(session(status, last_command_id="dup"), command, meta(9, "dup")) == []
+    assert session_rules.decide(session(status, last_command_id="dup"), command, meta(9, "dup")) == []
 
 
 @pytest.mark.parametrize(
     "command", [ensure(), ensure(image=None), provision(), provision(image=None, use_kata=True), clear()]
 )
 def test_validate_accepts_new_commands(command: Any) -> None:
-    logic.validate(command)
+    session_rules.validate(command)
 
 
 @pytest.mark.parametrize(
@@ -567,7 +567,7 @@ def test_validate_accepts_new_commands(command: Any) -> None:
 )
 def test_validate_rejects_malformed_new_commands(command: Any) -> None:
     with pytest.raises(errors.InvalidInput):
-        logic.validate(command)
+        session_rules.validate(command)
 
 
 # ---- decide_assign / decide_release -----------------------------------------------------
@@ -575,7 +575,7 @@ def test_validate_rejects_malformed_new_commands(command: Any) -> None:
 
 def test_assign_to_active_session_without_sandbox() -> None:
     m = meta(4, "cmd-e")
-    assert logic.decide_assign(session("active"), SB, "node:22", m) == [
+    assert session_rules.decide_assign(session("active"), SB, "node:22", m) == [
         events.SessionSandboxAssigned(meta=m, session_id=SID, sandbox_id=SB, image="node:22")
     ]
 
@@ -592,13 +592,13 @@ def test_assign_to_active_session_without_sandbox() -> None:
     ids=["missing", "stopped", "deleted", "same-sandbox", "other-sandbox"],
 )
 def test_assign_otherwise_decides_nothing(current: states.SessionState | None) -> None:
-    assert logic.decide_assign(current, SB, "node:22", meta()) == []
+    assert session_rules.decide_assign(current, SB, "node:22", meta()) == []
 
 
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_release_the_assigned_sandbox(status: str) -> None:
     m = meta(5, "cmd-p")
-    assert logic.decide_release(session(status, sandbox_id=SB), SB, m) == [
+    assert session_rules.decide_release(session(status, sandbox_id=SB), SB, m) == [
         events.SessionSandboxReleased(meta=m, session_id=SID, sandbox_id=SB)
     ]
 
@@ -609,16 +609,16 @@ def test_release_the_assigned_sandbox(status: str) -> None:
     ids=["missing", "no-sandbox", "other-sandbox", "deleted"],
 )
 def test_release_otherwise_decides_nothing(current: states.SessionState | None) -> None:
-    assert logic.decide_release(current, SB, meta()) == []
+    assert session_rules.decide_release(current, SB, meta()) == []
 
 
 def test_decided_assign_and_release_always_fold() -> None:
     current = session("active")
-    [a] = logic.decide_assign(current, SB, "node:22", meta(1, "e"))
-    current = projections.evolve_session(current, a, 10)
-    assert logic.decide_assign(current, SB2, "node:22", meta(2, "e")) == []
-    [r] = logic.decide_release(current, SB, meta(3, "p"))
-    current = projections.evolve_session(current, r, 11)
+    [a] = session_rules.decide_assign(current, SB, "node:22", meta(1, "e"))
+    current = session_rules.evolve(current, a, 10)
+    assert session_rules.decide_assign(current, SB2, "node:22", meta(2, "e")) == []
+    [r] = session_rules.decide_release(current, SB, meta(3, "p"))
+    current = session_rules.evolve(current, r, 11)
     assert current.sandbox_id is None and current.image == "node:22"
 
 
@@ -627,7 +627,7 @@ def test_decided_assign_and_release_always_fold() -> None:
 
 def test_options_of_provision_come_from_the_command() -> None:
     command = provision(image="ghcr.io/acme/agent:2", use_kata=True, run_as_root=False, writable_root=False)
-    assert logic.sandbox_options(command, session("active", image="python:3.12")) == {
+    assert session_rules.sandbox_options(command, session("active", image="python:3.12")) == {
         "image": "ghcr.io/acme/agent:2",
         "use_kata": True,
         "run_as_root": False,
@@ -636,7 +636,7 @@ def test_options_of_provision_come_from_the_command() -> None:
 
 
 def test_options_of_provision_without_image_use_the_default_not_the_session_image() -> None:
-    assert logic.sandbox_options(provision(image=None), session("active", image="python:3.12")) == {
+    assert session_rules.sandbox_options(provision(image=None), session("active", image="python:3.12")) == {
         "image": "default",
         "use_kata": False,
         "run_as_root": True,
@@ -649,7 +649,7 @@ def test_options_of_provision_without_image_use_the_default_not_the_session_imag
 )
 @pytest.mark.parametrize("command", [ensure(image="ignored:1"), clear()], ids=["ensure", "clear"])
 def test_options_of_other_commands_come_from_the_session(image: str | None, want: str, command: Any) -> None:
-    assert logic.sandbox_options(command, session("active", image=image)) == {"image": want}
+    assert session_rules.sandbox_options(command, session("active", image=image)) == {"image": want}
 
 
 # ---- decide_claim -----------------------------------------------------------------------
@@ -657,7 +657,7 @@ def test_options_of_other_commands_come_from_the_session(image: str | None, want
 
 def test_claim_a_running_unclaimed_pool_sandbox() -> None:
     m = meta(6, "cmd-e")
-    assert logic.decide_claim(sandbox("running", session_id=None, pool=POOL), SB, SID2, m) == [
+    assert sandbox_rules.decide_claim(sandbox("running", session_id=None, pool=POOL), SB, SID2, m) == [
         events.SandboxClaimed(meta=m, sandbox_id=SB, session_id=SID2)
     ]
 
@@ -688,7 +688,7 @@ def test_claim_a_running_unclaimed_pool_sandbox() -> None:
     ],
 )
 def test_claim_otherwise_decides_nothing(current: states.SandboxState | None) -> None:
-    assert logic.decide_claim(current, SB, SID2, meta()) == []
+    assert sandbox_rules.decide_claim(current, SB, SID2, meta()) == []
 
 
 def test_a_claim_takes_only_a_sandbox_of_the_pool_it_was_offered_for_and_never_another_organisations() -> (
@@ -697,20 +697,20 @@ def test_a_claim_takes_only_a_sandbox_of_the_pool_it_was_offered_for_and_never_a
     """(An offer on the wrong subject, published by anyone on NATS, must not hand over
     another pool's sandbox, nor one that shows another organisation's cache.)"""
     plain = sandbox("running", session_id=None, pool=POOL)
-    assert logic.decide_claim(plain, SB, SID2, meta(), pool_id=POOL)
-    assert logic.decide_claim(plain, SB, SID2, meta(), pool_id="other@00000000") == []
+    assert sandbox_rules.decide_claim(plain, SB, SID2, meta(), pool_id=POOL)
+    assert sandbox_rules.decide_claim(plain, SB, SID2, meta(), pool_id="other@00000000") == []
     acme = msgspec.structs.replace(plain, cache_org="acme")
-    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="acme")
-    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="globex") == []
-    assert logic.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org=None) == []
+    assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="acme")
+    assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="globex") == []
+    assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org=None) == []
 
 
 def test_decided_claim_folds_and_a_second_claim_loses() -> None:
     current = sandbox("running", session_id=None, pool=POOL)
-    [claim] = logic.decide_claim(current, SB, SID2, meta(1, "a"))
-    current = projections.evolve_sandbox(current, claim, 10)
+    [claim] = sandbox_rules.decide_claim(current, SB, SID2, meta(1, "a"))
+    current = sandbox_rules.evolve(current, claim, 10)
     assert current.session_id == SID2
-    assert logic.decide_claim(current, SB, SID, meta(2, "b")) == []
+    assert sandbox_rules.decide_claim(current, SB, SID, meta(2, "b")) == []
 
 
 # ---- decide: stop/delete reasons ----------------------------------------------------------
@@ -720,7 +720,7 @@ def test_decided_claim_folds_and_a_second_claim_loses() -> None:
 def test_stop_records_the_command_reason(reason: str) -> None:
     m = meta(2, "cmd-s")
     command = commands.StopSession(command_id="cmd-s", session_id=SID, reason=reason)
-    assert logic.decide(session("active", sandbox_id=SB), command, m) == [
+    assert session_rules.decide(session("active", sandbox_id=SB), command, m) == [
         events.SessionStopped(meta=m, session_id=SID, reason=reason)
     ]
 
@@ -730,7 +730,7 @@ def test_stop_records_the_command_reason(reason: str) -> None:
 def test_delete_records_the_command_reason(status: str, reason: str) -> None:
     m = meta(2, "cmd-d")
     command = commands.DeleteSession(command_id="cmd-d", session_id=SID, reason=reason)
-    assert logic.decide(session(status, sandbox_id=SB), command, m) == [
+    assert session_rules.decide(session(status, sandbox_id=SB), command, m) == [
         events.SessionDeleted(meta=m, session_id=SID, reason=reason)
     ]
 
@@ -738,10 +738,12 @@ def test_delete_records_the_command_reason(status: str, reason: str) -> None:
 def test_stop_and_delete_default_reason_is_requested() -> None:
     assert commands.StopSession(command_id="c", session_id=SID).reason == "requested"
     assert commands.DeleteSession(command_id="c", session_id=SID).reason == "requested"
-    [stopped] = logic.decide(session("active"), commands.StopSession(command_id="c", session_id=SID), meta())
+    [stopped] = session_rules.decide(
+        session("active"), commands.StopSession(command_id="c", session_id=SID), meta()
+    )
     assert isinstance(stopped, events.SessionStopped) and stopped.reason == "requested"
 
 
 def test_stop_with_reason_of_stopped_session_decides_nothing() -> None:
     command = commands.StopSession(command_id="cmd-s", session_id=SID, reason="idle")
-    assert logic.decide(session("stopped"), command, meta(2, "cmd-s")) == []
+    assert session_rules.decide(session("stopped"), command, meta(2, "cmd-s")) == []

@@ -1,4 +1,4 @@
-"""Pure session decisions (scheduler.logic.decide/validate) and the folds in shared.projections."""
+"""Pure session decisions (scheduler.logic.decide/validate) and the folds in shared.domain.projections."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler import logic
-from shared import commands, errors, events, projections, states
+from shared.contract import commands, errors, events, states
+from shared.domain import instance as instance_rules
+from shared.domain import projections, session
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 SID = "task-42"
@@ -60,7 +61,7 @@ def state(status: str, **kw: Any) -> states.SessionState:
 
 def test_create_on_nothing() -> None:
     m = meta(1, "cmd-c")
-    assert logic.decide(None, create(), m) == [
+    assert session.decide(None, create(), m) == [
         events.SessionCreated(meta=m, session_id=SID, image="python:3.12", org_id="acme", user_id="alice")
     ]
 
@@ -68,9 +69,9 @@ def test_create_on_nothing() -> None:
 def test_create_on_deleted_starts_a_new_incarnation() -> None:
     old = state("deleted", incarnation=2, version=6, last_seq=10)
     m = meta(20, "cmd-c")
-    [event] = logic.decide(old, create(image=None), m)
+    [event] = session.decide(old, create(image=None), m)
     assert isinstance(event, events.SessionCreated) and event.image is None
-    new = projections.evolve_session(old, event, 11)
+    new = session.evolve(old, event, 11)
     assert (new.status, new.incarnation, new.version, new.last_seq) == ("active", 3, 7, 11)
     assert new.created_at == new.updated_at == m.time
     assert new.image is None and new.last_command_id == "cmd-c"
@@ -79,29 +80,29 @@ def test_create_on_deleted_starts_a_new_incarnation() -> None:
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_create_on_existing_is_a_conflict(status: str) -> None:
     with pytest.raises(errors.Conflict, match=status):
-        logic.decide(state(status), create(), meta())
+        session.decide(state(status), create(), meta())
 
 
 def test_stop_active() -> None:
     m = meta(2, "cmd-s")
-    assert logic.decide(state("active"), stop(), m) == [events.SessionStopped(meta=m, session_id=SID)]
+    assert session.decide(state("active"), stop(), m) == [events.SessionStopped(meta=m, session_id=SID)]
 
 
 def test_stop_stopped_is_a_no_op() -> None:
-    assert logic.decide(state("stopped"), stop(), meta()) == []
+    assert session.decide(state("stopped"), stop(), meta()) == []
 
 
 @pytest.mark.parametrize("current", [None, state("deleted")], ids=["missing", "deleted"])
 @pytest.mark.parametrize("command", [stop(), delete()], ids=["stop", "delete"])
 def test_stop_or_delete_missing_is_not_found(current: states.SessionState | None, command: Any) -> None:
     with pytest.raises(errors.NotFound):
-        logic.decide(current, command, meta())
+        session.decide(current, command, meta())
 
 
 @pytest.mark.parametrize("status", ["active", "stopped"])
 def test_delete_existing(status: str) -> None:
     m = meta(4, "cmd-d")
-    assert logic.decide(state(status), delete(), m) == [events.SessionDeleted(meta=m, session_id=SID)]
+    assert session.decide(state(status), delete(), m) == [events.SessionDeleted(meta=m, session_id=SID)]
 
 
 @pytest.mark.parametrize(
@@ -116,7 +117,7 @@ def test_delete_existing(status: str) -> None:
     ],
 )
 def test_duplicate_command_decides_nothing(status: str, command: Any) -> None:
-    assert logic.decide(state(status, last_command_id="dup"), command, meta(9, "dup")) == []
+    assert session.decide(state(status, last_command_id="dup"), command, meta(9, "dup")) == []
 
 
 # ---- validate -----------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def test_duplicate_command_decides_nothing(status: str, command: Any) -> None:
 
 @pytest.mark.parametrize("command", [create(), create(image=None), stop(), delete()])
 def test_validate_accepts_well_formed(command: Any) -> None:
-    logic.validate(command)
+    session.validate(command)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +148,7 @@ def test_validate_accepts_well_formed(command: Any) -> None:
 )
 def test_validate_rejects_malformed(command: Any) -> None:
     with pytest.raises(errors.InvalidInput):
-        logic.validate(command)
+        session.validate(command)
 
 
 # ---- evolve -------------------------------------------------------------------------------
@@ -195,11 +196,11 @@ def test_session_lifecycle_fold() -> None:
 )
 def test_evolve_session_refuses_impossible_events(before: states.SessionState | None, event: Any) -> None:
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_session(before, event, 99)
+        session.evolve(before, event, 99)
 
 
 def test_evolve_instance_started_then_stopped() -> None:
-    s = projections.evolve_instance(None, started(), 1)
+    s = instance_rules.evolve(None, started(), 1)
     assert (s.status, s.pid, s.host, s.version, s.started_at, s.stopped_at, s.last_seq) == (
         "running",
         10,
@@ -210,20 +211,20 @@ def test_evolve_instance_started_then_stopped() -> None:
         1,
     )
     stop_event = events.InstanceStopped(meta=meta(7, None), service="executor", instance="executor-1")
-    s2 = projections.evolve_instance(s, stop_event, 2)
+    s2 = instance_rules.evolve(s, stop_event, 2)
     assert s2 == msgspec.structs.replace(
         s, status="stopped", stopped_at=T0 + timedelta(seconds=7), last_seq=2
     )
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_instance(s2, stop_event, 3)
+        instance_rules.evolve(s2, stop_event, 3)
     # A reused SBX_INSTANCE_ID starts again, after a clean stop or after a crash.
     for before in (s, s2):
-        again = projections.evolve_instance(before, started(), 3)
+        again = instance_rules.evolve(before, started(), 3)
         assert (again.status, again.stopped_at, again.last_seq) == ("running", None, 3)
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_instance(None, stop_event, 1)
+        instance_rules.evolve(None, stop_event, 1)
     with pytest.raises(errors.InvalidTransition):
-        projections.evolve_instance(s, created(), 3)
+        instance_rules.evolve(s, created(), 3)
 
 
 # ---- property: decide then evolve never disagree ------------------------------------------
@@ -285,15 +286,15 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
             # The scheduler assigns/releases within the command that needed it, under its id.
             m = meta(n, previous.command_id if previous is not None else "system")
             if kind == "assign":
-                produced: list[events.SessionEvent] = logic.decide_assign(current, arg, "img:1", m)
+                produced: list[events.SessionEvent] = session.decide_assign(current, arg, "img:1", m)
                 should = current is not None and current.status == "active" and current.sandbox_id is None
             else:
-                produced = logic.decide_release(current, arg, m)
+                produced = session.decide_release(current, arg, m)
                 should = current is not None and current.sandbox_id == arg
             assert len(produced) == int(should)
             for event in produced:
                 seq += 1
-                current = projections.evolve_session(current, event, seq)
+                current = session.evolve(current, event, seq)
                 folded += 1
             if produced:
                 assert before is not None and current is not None
@@ -307,7 +308,7 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
             is_dup = kind == "dup" and previous is not None
             command = previous if is_dup else KINDS["create" if kind == "dup" else kind](arg)
             try:
-                produced = logic.decide(current, command, meta(n, command.command_id))
+                produced = session.decide(current, command, meta(n, command.command_id))
             except errors.Conflict:
                 assert isinstance(command, commands.CreateSession)
                 produced = []
@@ -319,7 +320,7 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
             assert len(produced) <= 1
             for event in produced:
                 seq += 1 + n % 3  # sequences increase, not necessarily by one
-                current = projections.evolve_session(current, event, seq)
+                current = session.evolve(current, event, seq)
                 folded += 1
                 if isinstance(event, events.SessionCreated):  # incarnation only ever goes up, by one
                     assert current.incarnation == (before.incarnation + 1 if before else 1)
@@ -359,18 +360,20 @@ def test_a_caller_for_one_organisation_never_reaches_anothers_session(command: A
     if isinstance(command, commands.StopSession | commands.DeleteSession):
         command = msgspec.structs.replace(command, actor=ACTOR)
     if isinstance(outcome, list):
-        assert logic.decide(other, command, meta(4)) == outcome
+        assert session.decide(other, command, meta(4)) == outcome
     else:
         with pytest.raises(outcome):
-            logic.decide(other, command, meta(4))
+            session.decide(other, command, meta(4))
 
 
 def test_the_operator_and_the_sessions_own_organisation_reach_it() -> None:
     mine = state("stopped", org_id="acme")
-    resumed = logic.decide(mine, commands.EnsureSession(command_id="c", session_id=SID, actor=ACTOR), meta(4))
+    resumed = session.decide(
+        mine, commands.EnsureSession(command_id="c", session_id=SID, actor=ACTOR), meta(4)
+    )
     assert [type(e) for e in resumed] == [events.SessionResumed]
     operator = commands.StopSession(command_id="c", session_id=SID)
-    assert logic.decide(state("active", org_id="globex"), operator, meta(4))
+    assert session.decide(state("active", org_id="globex"), operator, meta(4))
 
 
 # ---- a new session's first request: created and given its sandbox in one append -----------
@@ -381,7 +384,7 @@ def ensure(cid: str = "cmd-e") -> commands.EnsureSession:
 
 
 def test_first_request_creates_and_assigns_in_one_decision() -> None:
-    decided = logic.decide_new_with_sandbox(None, ensure(), "sb-1", "default", "acme", meta())
+    decided = session.decide_new_with_sandbox(None, ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
     folded = projections.SESSIONS.fold((n + 1, e) for n, e in enumerate(decided))
     assert folded is not None and folded.status == "active" and folded.sandbox_id == "sb-1"
@@ -389,7 +392,7 @@ def test_first_request_creates_and_assigns_in_one_decision() -> None:
 
 
 def test_first_request_on_a_deleted_session_starts_a_new_incarnation_with_the_sandbox() -> None:
-    decided = logic.decide_new_with_sandbox(state("deleted"), ensure(), "sb-1", "default", "acme", meta())
+    decided = session.decide_new_with_sandbox(state("deleted"), ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionCreated, events.SessionSandboxAssigned]
 
 
@@ -397,8 +400,8 @@ def test_first_request_that_lost_a_race_assigns_nothing() -> None:
     """Another request created the session and gave it a sandbox meanwhile: the caller
     keeps theirs and discards its own."""
     taken = state("active", sandbox_id="sb-other")
-    assert logic.decide_new_with_sandbox(taken, ensure(), "sb-1", "default", "acme", meta()) == []
-    resumed = logic.decide_new_with_sandbox(
+    assert session.decide_new_with_sandbox(taken, ensure(), "sb-1", "default", "acme", meta()) == []
+    resumed = session.decide_new_with_sandbox(
         state("stopped", sandbox_id="sb-other"), ensure(), "sb-1", "default", "acme", meta()
     )
     assert [type(e) for e in resumed] == [events.SessionResumed]
@@ -406,7 +409,7 @@ def test_first_request_that_lost_a_race_assigns_nothing() -> None:
 
 def test_first_request_on_a_session_made_without_a_sandbox_just_assigns() -> None:
     mine = state("active", org_id="acme")
-    decided = logic.decide_new_with_sandbox(mine, ensure(), "sb-1", "default", "acme", meta())
+    decided = session.decide_new_with_sandbox(mine, ensure(), "sb-1", "default", "acme", meta())
     assert [type(e) for e in decided] == [events.SessionSandboxAssigned]
 
 
@@ -415,15 +418,15 @@ def test_a_sandbox_obtained_for_an_organisation_never_goes_to_a_session_of_none(
     for acme (which may show acme's cache) is not given to it; the caller discards it
     and serves the session as it is (another organisation's session is refused below)."""
     made = state("active", org_id=None)
-    assert logic.decide_new_with_sandbox(made, ensure(), "sb-1", "default", "acme", meta()) == []
-    for_none = logic.decide_new_with_sandbox(state("active"), ensure(), "sb-1", "default", None, meta())
+    assert session.decide_new_with_sandbox(made, ensure(), "sb-1", "default", "acme", meta()) == []
+    for_none = session.decide_new_with_sandbox(state("active"), ensure(), "sb-1", "default", None, meta())
     assert [type(e) for e in for_none] == [events.SessionSandboxAssigned]
 
 
 def test_first_request_never_takes_another_organisations_session() -> None:
     theirs = state("active", org_id="globex")
     with pytest.raises(errors.Conflict):
-        logic.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", "acme", meta())
+        session.decide_new_with_sandbox(theirs, ensure(), "sb-1", "default", "acme", meta())
 
 
 def test_create_sandbox_replaces_whatever_sandbox_the_session_got_meanwhile() -> None:
@@ -431,11 +434,11 @@ def test_create_sandbox_replaces_whatever_sandbox_the_session_got_meanwhile() ->
     wins (the claimed one is released in the same append), never the other way round."""
     m = meta()
     claimed = state("active", sandbox_id="sb-claimed")
-    install = logic.decide_install(claimed, "sb-asked", "default", m)
+    install = session.decide_install(claimed, "sb-asked", "default", m)
     assert [type(e).__name__ for e in install] == ["SessionSandboxReleased", "SessionSandboxAssigned"]
-    assert logic.released(install) == ["sb-claimed"] and install[1].sandbox_id == "sb-asked"
-    empty = logic.decide_install(state("active"), "sb-asked", "default", m)
-    assert [type(e).__name__ for e in empty] == ["SessionSandboxAssigned"] and logic.released(empty) == []
-    assert logic.decide_install(state("active", sandbox_id="sb-asked"), "sb-asked", "default", m) == []
-    assert logic.decide_install(state("stopped", sandbox_id="sb-x"), "sb-asked", "default", m) == []
-    assert logic.decide_install(None, "sb-asked", "default", m) == []
+    assert session.released(install) == ["sb-claimed"] and install[1].sandbox_id == "sb-asked"
+    empty = session.decide_install(state("active"), "sb-asked", "default", m)
+    assert [type(e).__name__ for e in empty] == ["SessionSandboxAssigned"] and session.released(empty) == []
+    assert session.decide_install(state("active", sandbox_id="sb-asked"), "sb-asked", "default", m) == []
+    assert session.decide_install(state("stopped", sandbox_id="sb-x"), "sb-asked", "default", m) == []
+    assert session.decide_install(None, "sb-asked", "default", m) == []

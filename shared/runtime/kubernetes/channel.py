@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 import aiohttp
 import structlog
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -233,7 +233,8 @@ class ChannelExec(api.Exec):
             return
         self.killed = True
         try:
-            await asyncio.wait_for(self._kill(), KILL_TIMEOUT)
+            async with asyncio.timeout(KILL_TIMEOUT):
+                await self._kill()
         except (errors.SandboxError, TimeoutError) as exc:
             log.warning("exec.kill_failed", error=str(exc))
         await asyncio.wait({self._reader}, timeout=GRACE)

@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import names
-from shared.settings import KubernetesSettings
 
 SANDBOX_UID = 1000
 """The unprivileged user of ``run_as_root=False`` sandboxes (and the workspace's group)."""

@@ -1,7 +1,7 @@
 """How sandboxes map to Kubernetes names, labels and annotations (pure).
 
 A sandbox id is never used raw in a Kubernetes name or label: object names are
-``sbx-`` + :func:`shared.ids.token` of the id (valid DNS-1123 labels whatever the id),
+``sbx-`` + :func:`shared.contract.ids.token` of the id (valid DNS-1123 labels whatever the id),
 and the id itself is kept in an annotation. Caller labels become labels under
 ``label.sbx.dev/`` with values hashed when they are not valid label values; ``list``
 selects by label, then checks the exact values from the stored spec.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from shared import ids
+from shared.contract import ids
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 PRODUCT = "cloud-agent-sandbox"

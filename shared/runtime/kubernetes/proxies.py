@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared import errors
+from shared.contract import errors
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime.kubernetes.runtime import KubernetesRuntime
-from shared.settings import KubernetesSettings
 
 
 class KubernetesProxies:

@@ -26,10 +26,10 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 from kubernetes_asyncio.stream.ws_client import get_websocket_url
 
-from shared import errors, ids
+from shared.contract import errors, ids
+from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names
-from shared.settings import KubernetesSettings
 
 TRUST_SETUP = f"""
 [ -s {manifests.BUNDLE} ] && exit 0

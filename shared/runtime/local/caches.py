@@ -28,7 +28,7 @@ import re
 import shutil
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime import api
 
 CACHE_DIR = api.CACHE_DIR

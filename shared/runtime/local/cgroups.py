@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime import api
 
 ROOT = Path("/sys/fs/cgroup")

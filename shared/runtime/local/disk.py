@@ -30,7 +30,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 
 IMAGE = "disk.img"
 MOUNT = "rw"

@@ -19,7 +19,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 from shared.runtime.local import bwrap
 
 DEFAULT = "default"

@@ -32,7 +32,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
 PROXY_ADDRESS = "10.213.255.254"

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared import errors, processenv
+from shared.contract import errors
+from shared.infrastructure import processenv
 from shared.runtime.local import network
 from shared.runtime.local.runtime import LocalRuntime, _starttime
 

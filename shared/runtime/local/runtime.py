@@ -28,7 +28,7 @@ from pathlib import Path
 
 import msgspec
 
-from shared import errors, ids
+from shared.contract import errors, ids
 from shared.runtime import api
 from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp, userns
 

@@ -21,7 +21,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from shared import errors
+from shared.contract import errors
 
 OWNER_BASE = 1_000_000_000
 OWNER_SPAN = 1_000_000_000

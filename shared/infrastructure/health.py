@@ -17,7 +17,8 @@ import structlog
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import aio, bus, codec
+from shared.contract import codec
+from shared.infrastructure import aio, bus
 
 log = structlog.get_logger(__name__)
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic
 
-from shared import errors, events, eventstore, faults, projections, projector
+from shared.contract import errors, events
+from shared.domain import projections
+from shared.infrastructure import eventstore, faults, projector
 
 MAX_ATTEMPTS = 16
 

@@ -15,7 +15,8 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared import errors, eventstore, settings, subjects
+from shared.contract import errors, subjects
+from shared.infrastructure import eventstore, jetstream, settings
 
 log = structlog.get_logger(__name__)
 
@@ -53,7 +54,7 @@ async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: floa
 
 async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> None:
     """Create the event stream, the projection buckets and the health bucket if missing."""
-    stream = topology.events_stream_config()
+    stream = jetstream.events_stream(topology)
     try:
         await js.add_stream(stream)
     except nats.js.errors.BadRequestError as exc:
@@ -64,17 +65,17 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
     except Exception as exc:
         raise eventstore.translate(exc, "creating the event stream") from exc
     try:
-        await js.add_stream(topology.pool_stream_config())
+        await js.add_stream(jetstream.pool_stream(topology))
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, "creating the pool stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the pool stream") from exc
     for config in [
-        *(topology.projection_bucket_config(kind) for kind in subjects.PROJECTED_KINDS),
-        topology.health_bucket_config(),
-        topology.leases_bucket_config(),
-        topology.activity_bucket_config(),
+        *(jetstream.projection_bucket(topology, kind) for kind in subjects.PROJECTED_KINDS),
+        jetstream.health_bucket(topology),
+        jetstream.leases_bucket(topology),
+        jetstream.activity_bucket(topology),
     ]:
         try:
             await js.create_key_value(config)

@@ -9,7 +9,8 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from shared import codec, eventstore, ids
+from shared.contract import codec, ids
+from shared.infrastructure import eventstore
 
 
 class Activity(msgspec.Struct, frozen=True, kw_only=True):

@@ -31,7 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared import errors
+from shared.contract import errors
 
 CHUNK = 256 * 1024
 """Largest payload of one frame (well under NATS's default 1 MiB message limit)."""
@@ -131,12 +131,10 @@ class Sender:
         """Wait until at most ``outstanding`` frames are unacknowledged."""
         async with self._changed:
             try:
-                await asyncio.wait_for(
-                    self._changed.wait_for(
+                async with asyncio.timeout(self.ack_timeout):
+                    await self._changed.wait_for(
                         lambda: self._failure is not None or self._seq - self._acked <= outstanding
-                    ),
-                    self.ack_timeout,
-                )
+                    )
             except TimeoutError:
                 raise Aborted("the receiver stopped acknowledging") from None
             if self._failure is not None:

@@ -26,7 +26,9 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared import aio, bus, codec, errors, eventstore, kvmirror, projections
+from shared.contract import codec, errors
+from shared.domain import projections
+from shared.infrastructure import aio, bus, eventstore, kvmirror
 
 log = structlog.get_logger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared import commands, states
+from shared.contract import commands, states
 
 
 class PoolRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):

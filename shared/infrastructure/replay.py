@@ -17,7 +17,9 @@ from typing import Any
 import nats.js.errors
 from nats.js.client import JetStreamContext
 
-from shared import codec, errors, eventstore, projections, projector, subjects
+from shared.contract import codec, errors, subjects
+from shared.domain import projections
+from shared.infrastructure import eventstore, projector
 
 #: KV writes in flight at once during a rebuild.
 REWRITE_CONCURRENCY = 256

@@ -16,7 +16,8 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from shared import aio, subjects
+from shared.contract import subjects
+from shared.infrastructure import aio
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")

@@ -16,7 +16,8 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared import eventstore, subjects
+from shared.contract import subjects
+from shared.infrastructure import eventstore
 
 NO_MESSAGES = ("404", "408", "409")
 

@@ -2,7 +2,7 @@
 
 All names hang off a *namespace* (``sbx`` by default) so that several stacks or
 tests share one NATS server without seeing each other. Aggregate subjects embed
-a :func:`shared.ids.token`, never a raw user-supplied id.
+a :func:`shared.contract.ids.token`, never a raw user-supplied id.
 
 Subjects (``<ns>`` is the namespace):
 
@@ -18,9 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nats.js import api
-
-from shared import ids
+from shared.contract import ids
 
 #: Header names, as NATS spells them.
 MSG_ID = "Nats-Msg-Id"
@@ -141,65 +139,6 @@ class Topology:
     def leases_bucket(self) -> str:
         """Short leases for work only one instance should do at a time (pool refill)."""
         return f"{self.namespace}_leases"
-
-    # ---- definitions -----------------------------------------------------------
-
-    def events_stream_config(self) -> api.StreamConfig:
-        return api.StreamConfig(
-            name=self.events_stream,
-            description="Every lifecycle event of the product: the source of truth and the audit log.",
-            subjects=[self.events_all],
-            retention=api.RetentionPolicy.LIMITS,
-            storage=api.StorageType.FILE,
-            discard=api.DiscardPolicy.OLD,
-            duplicate_window=DUPLICATE_WINDOW_SECONDS,
-            allow_direct=True,
-        )
-
-    def pool_stream_config(self) -> api.StreamConfig:
-        return api.StreamConfig(
-            name=self.pool_stream,
-            description="Idle pool sandboxes offered to claimers (work queue: each offer taken once).",
-            subjects=[f"{self.namespace}.pool.idle.*"],
-            retention=api.RetentionPolicy.WORK_QUEUE,
-            storage=api.StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_SECONDS,
-        )
-
-    def activity_bucket_config(self) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
-            bucket=self.activity_bucket,
-            description="Last tool call per session, for the idle rule.",
-            history=1,
-            ttl=ACTIVITY_TTL_SECONDS,
-            storage=api.StorageType.FILE,
-        )
-
-    def leases_bucket_config(self) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
-            bucket=self.leases_bucket,
-            description="Leases: a key held by one instance, expiring unless renewed.",
-            history=1,
-            ttl=LEASE_TTL_SECONDS,
-            storage=api.StorageType.FILE,
-        )
-
-    def projection_bucket_config(self, kind: str) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
-            bucket=self.bucket(kind),
-            description=f"Projection of {kind} events (rebuildable with `sbx replay`).",
-            history=1,
-            storage=api.StorageType.FILE,
-        )
-
-    def health_bucket_config(self) -> api.KeyValueConfig:
-        return api.KeyValueConfig(
-            bucket=self.health_bucket,
-            description="Service heartbeats; an entry expires when its instance stops reporting.",
-            history=1,
-            ttl=HEALTH_TTL_SECONDS,
-            storage=api.StorageType.FILE,  # survives a NATS restart like the rest
-        )
 
 
 PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX, PROXY)

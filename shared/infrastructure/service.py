@@ -32,22 +32,9 @@ from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from shared import (
-    aio,
-    bus,
-    commands,
-    errors,
-    events,
-    eventstore,
-    health,
-    ids,
-    logs,
-    metrics,
-    projections,
-    projector,
-    settings,
-    subjects,
-)
+from shared.contract import commands, errors, events, ids, subjects
+from shared.domain import projections
+from shared.infrastructure import aio, bus, eventstore, health, logs, metrics, projector, settings
 
 log = structlog.get_logger(__name__)
 
@@ -225,17 +212,20 @@ async def run(
         await health.publish(health_kv, ctx.report())
     for callback in workload.on_drain:
         try:
-            await asyncio.wait_for(callback(), s.drain_timeout)
+            async with asyncio.timeout(s.drain_timeout):
+                await callback()
         except Exception as exc:
             log.warning("service.drain_callback_failed", error=repr(exc))
     try:
-        await asyncio.wait_for(broker.stop(), s.drain_timeout + 1)
+        async with asyncio.timeout(s.drain_timeout + 1):
+            await broker.stop()
     except Exception as exc:
         log.warning("service.broker_stop_failed", error=repr(exc))
     await aio.cancel_and_wait([stopper, *tasks])
     for callback in workload.on_stop:
         try:
-            await asyncio.wait_for(callback(), s.drain_timeout)
+            async with asyncio.timeout(s.drain_timeout):
+                await callback()
         except Exception as exc:
             log.warning("service.stop_callback_failed", error=repr(exc))
     try:

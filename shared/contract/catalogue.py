@@ -1,6 +1,6 @@
 """Renders the event catalogue (docs/events.md) from the types themselves.
 
-``python -m shared.catalogue > docs/events.md``; a test fails when the file and
+``python -m shared.contract.catalogue > docs/events.md``; a test fails when the file and
 the types disagree, so the catalogue can never drift from the code.
 """
 
@@ -12,12 +12,12 @@ from typing import Any
 
 import msgspec
 
-from shared import codec, commands, events, states
+from shared.contract import codec, commands, events, states
 
 HEADER = """# Event catalogue
 
-Generated from `shared/events.py` and `shared/commands.py` by
-`python -m shared.catalogue > docs/events.md` (a test keeps it current).
+Generated from `shared/contract/events.py` and `shared/contract/commands.py` by
+`python -m shared.contract.catalogue > docs/events.md` (a test keeps it current).
 
 Every event is stored as one JSON object on the `<NS>_EVENTS` stream, on the subject of
 its aggregate (`<ns>.evt.<kind>.<token>`), with `type` (the stable tag), `v` (the schema
@@ -29,7 +29,7 @@ version of that type), `meta` (causation and attribution) and its own fields.
 * Adding a field **with a default** is compatible: `v` stays, old payloads decode with
   the default, old readers ignore the new field.
 * Removing, renaming or retyping a field bumps `v` and registers an upcaster in
-  `shared/codec.py` (`UPCASTERS[(type, old_v)]`) that turns the old payload into the new
+  `shared/contract/codec.py` (`UPCASTERS[(type, old_v)]`) that turns the old payload into the new
   shape before decoding. Stored samples of every type in `tests/samples/` must keep
   decoding.
 * A payload with a `v` newer than the reader knows is refused (`CorruptEvent`), never

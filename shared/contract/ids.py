@@ -11,7 +11,7 @@ import hashlib
 import re
 import secrets
 
-from shared import errors
+from shared.contract import errors
 
 SESSION_ID_MAX = 128
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")

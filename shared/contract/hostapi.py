@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import msgspec
 
-from shared import errors
+from shared.contract import errors
 
 STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR = b"o", b"e", b"t", b"l", b"j", b"x", b"!"
 CHANNELS = frozenset((STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR))

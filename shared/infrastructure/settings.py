@@ -2,7 +2,7 @@
 
 Logic never reads ``os.environ``; each service's entry point calls
 ``*.from_env(os.environ)`` and hands the frozen result down. Invalid values stop
-start-up with a :class:`~shared.errors.ConfigError` naming the variable.
+start-up with a :class:`~shared.contract.errors.ConfigError` naming the variable.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import errors, ids
+from shared.contract import errors, ids
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -133,7 +133,7 @@ class ServiceSettings:
     so probes and Prometheus reach it)."""
     faults: frozenset[str] = frozenset()
     """Fault-injection points for crash tests (``SBX_FAULTS``, comma separated).
-    Never set in production; see ``shared.faults``."""
+    Never set in production; see ``shared.infrastructure.faults``."""
 
     @classmethod
     def from_env(cls, service: str, env: Mapping[str, str]) -> ServiceSettings:
@@ -417,7 +417,7 @@ def _org_keys(path: str, master: str) -> tuple[tuple[str, str], ...]:
 
 
 #: Where scripts/setup installs the proxy's own environment.
-DEFAULT_PROXY_BIN = Path(__file__).resolve().parent.parent / "proxy" / ".venv" / "bin" / "sbx-proxy"
+DEFAULT_PROXY_BIN = Path(__file__).resolve().parents[2] / "proxy" / ".venv" / "bin" / "sbx-proxy"
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,77 @@
-"""Pure session decisions: ``decide(state, command, meta) -> events``.
+"""A session: its state fold and the pure rules that decide its events.
 
-No I/O and no clock: the caller supplies ``meta`` (which carries the time).
-A command whose id caused the state's last event is a duplicate and decides
-nothing, which makes redelivery harmless.
+``decide(state, command, meta) -> events``: no I/O and no clock; the caller supplies
+``meta`` (which carries the time). A command whose id caused the state's last event is
+a duplicate and decides nothing, which makes redelivery harmless. ``evolve`` folds one
+event into the state; it raises :class:`~shared.contract.errors.InvalidTransition` for an
+event that cannot follow (``decide`` never emits one, so seeing it means a corrupt
+stream). A deleted session stays as a ``status="deleted"`` tombstone, so a late or
+replayed event never resurrects it; creating the id again starts a new incarnation.
 """
 
 from __future__ import annotations
 
-from shared import commands, errors, events, ids, projections, states
+import msgspec
+
+from shared.contract import commands, errors, events, ids, states
+
+
+def evolve(state: states.SessionState | None, event: events.AnyEvent, seq: int) -> states.SessionState:
+    def refuse(why: str) -> errors.InvalidTransition:
+        return errors.InvalidTransition(
+            f"{events.tag_of(type(event))} at seq {seq} cannot follow "
+            f"{state.status if state else 'nothing'}: {why}"
+        )
+
+    def step(current: states.SessionState, **changes: object) -> states.SessionState:
+        return msgspec.structs.replace(
+            current,
+            updated_at=event.meta.time,
+            version=current.version + 1,
+            last_seq=seq,
+            last_command_id=event.meta.command_id,
+            **changes,
+        )
+
+    match event:
+        case events.SessionCreated():
+            if state is not None and state.status != "deleted":
+                raise refuse("the session already exists")
+            return states.SessionState(
+                session_id=event.session_id,
+                status="active",
+                image=event.image,
+                org_id=event.org_id,
+                user_id=event.user_id,
+                created_at=event.meta.time,
+                updated_at=event.meta.time,
+                incarnation=state.incarnation + 1 if state else 1,
+                version=state.version + 1 if state else 1,
+                last_seq=seq,
+                last_command_id=event.meta.command_id,
+            )
+        case events.SessionStopped():
+            if state is None or state.status != "active":
+                raise refuse("only an active session can stop")
+            return step(state, status="stopped")
+        case events.SessionDeleted():
+            if state is None or state.status == "deleted":
+                raise refuse("the session does not exist")
+            return step(state, status="deleted", sandbox_id=None)
+        case events.SessionResumed():
+            if state is None or state.status != "stopped":
+                raise refuse("only a stopped session can resume")
+            return step(state, status="active")
+        case events.SessionSandboxAssigned():
+            if state is None or state.status != "active" or state.sandbox_id is not None:
+                raise refuse("a sandbox is assigned only to an active session without one")
+            return step(state, sandbox_id=event.sandbox_id, image=event.image)
+        case events.SessionSandboxReleased():
+            if state is None or state.sandbox_id != event.sandbox_id:
+                raise refuse("only the assigned sandbox can be released")
+            return step(state, sandbox_id=None)
+        case _:
+            raise refuse("not a session event")
 
 
 def validate(command: commands.SessionCommand) -> None:
@@ -87,30 +151,6 @@ def decide(
             return [events.SessionResumed(meta=meta, session_id=sid)] if state.status == "stopped" else []
 
 
-def decide_claim(
-    sandbox: states.SandboxState | None,
-    sandbox_id: str,
-    session_id: str,
-    meta: events.Meta,
-    *,
-    pool_id: str | None = None,
-    org: str | None = None,
-) -> list[events.SandboxEvent]:
-    """Take a warm sandbox iff it is still running and unclaimed, of the pool it was
-    offered for, and shows no other organisation's cache (than ``org``, the session's):
-    the CAS makes one claim win."""
-    if (
-        sandbox is None
-        or sandbox.status != "running"
-        or sandbox.session_id is not None
-        or sandbox.pool is None
-        or (pool_id is not None and sandbox.pool != pool_id)
-        or sandbox.cache_org not in (None, org)
-    ):
-        return []
-    return [events.SandboxClaimed(meta=meta, sandbox_id=sandbox_id, session_id=session_id)]
-
-
 def decide_assign(
     state: states.SessionState | None, sandbox_id: str, image: str, meta: events.Meta
 ) -> list[events.SessionEvent]:
@@ -141,7 +181,7 @@ def decide_new_with_sandbox(
     first = decide(state, command, meta)
     after = state
     for event in first:
-        after = projections.evolve_session(after, event, (after.last_seq if after else 0) + 1)
+        after = evolve(after, event, (after.last_seq if after else 0) + 1)
     if after is None or after.org_id != org:
         return first
     return [*first, *decide_assign(after, sandbox_id, image, meta)]

@@ -6,7 +6,7 @@ Rules (see docs/events.md, generated from this module):
   changes it, and a tag is never reused for a different meaning.
 * ``v`` is the schema version of that type. Adding a field with a default is
   compatible and keeps ``v``. Removing, renaming or retyping a field bumps ``v``
-  and registers an upcaster in :mod:`shared.codec` from the old shape.
+  and registers an upcaster in :mod:`shared.contract.codec` from the old shape.
 * Unknown fields are ignored when decoding, so older readers survive newer
   optional fields.
 """
@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import msgspec
 
-from shared import subjects
+from shared.contract import subjects
 
 
 class Meta(msgspec.Struct, frozen=True, kw_only=True):

@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from shared import commands
+from shared.contract import commands
 
 JobStatus = Literal["running", "exited", "stopped", "lost"]
 EditCommand = Literal["view", "create", "str_replace", "insert"]
@@ -63,7 +63,7 @@ class Edit(Request, frozen=True, kw_only=True, tag="edit"):
 
 
 class Streamed(Request, frozen=True, kw_only=True):
-    """An operation whose result is a stream (:mod:`shared.streams`) to ``inbox``; the
+    """An operation whose result is a stream (:mod:`shared.infrastructure.streams`) to ``inbox``; the
     reply only says it started (and, for uploads, where to send the input). Publishing
     anything to ``stop`` ends it: the command is killed, the transfer abandoned."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from shared import states
+from shared.contract import states
 
 
 class Actor(msgspec.Struct, frozen=True, kw_only=True):

@@ -4,7 +4,7 @@ Each aggregate (one session, one service instance) has its own subject. An
 append carries ``Nats-Expected-Last-Subject-Sequence`` = the aggregate's last
 sequence as the writer saw it, so two writers deciding on the same state cannot
 both win (invariant 3: no lost updates); the loser gets
-:class:`~shared.errors.ConcurrencyError` and must reload and decide again.
+:class:`~shared.contract.errors.ConcurrencyError` and must reload and decide again.
 ``Nats-Msg-Id`` (command id + position) makes a re-sent publish a no-op.
 """
 
@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared import codec, errors, events, subjects
+from shared.contract import codec, errors, events, subjects
 
 WRONG_LAST_SEQUENCE = 10071
 NO_MESSAGE_FOUND = 10037

@@ -1,7 +1,7 @@
 """Projected state of each aggregate kind: what the KV buckets hold.
 
 States are frozen Structs produced only by the pure ``evolve`` functions in
-:mod:`shared.projections`. ``last_seq`` is the stream sequence of the last event
+:mod:`shared.domain.projections`. ``last_seq`` is the stream sequence of the last event
 folded in, which is how a projection knows whether it is caught up.
 """
 

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared import commands, errors, events
+from shared.contract import commands, errors, events
 
 T = TypeVar("T")
 

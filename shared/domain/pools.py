@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-
-from shared import settings
+from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,18 @@ class PoolSpec:
         )
 
 
-def configured(lifecycle: settings.LifecycleSettings) -> list[PoolSpec]:
+class PoolSettings(Protocol):
+    """What pools are configured from (``LifecycleSettings`` in the infrastructure)."""
+
+    @property
+    def pool_image(self) -> str: ...
+    @property
+    def pool_min_idle(self) -> int: ...
+    @property
+    def extra_pools(self) -> Sequence[tuple[str, str, bool, bool, int, str | None]]: ...
+
+
+def configured(lifecycle: PoolSettings) -> list[PoolSpec]:
     """The pools to keep warm: the default one (``SBX_POOL_*``) and any in ``SBX_POOLS``."""
     specs = (
         [PoolSpec(image=lifecycle.pool_image, min_idle=lifecycle.pool_min_idle)]

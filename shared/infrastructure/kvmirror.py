@@ -37,7 +37,8 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared import bus, errors
+from shared.contract import errors
+from shared.infrastructure import bus
 
 log = structlog.get_logger(__name__)
 
@@ -129,7 +130,8 @@ class Mirror(Generic[T]):
         while self._seen < tail:
             self._moved.clear()
             try:
-                await asyncio.wait_for(self._moved.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout(max(0.0, deadline - loop.time())):
+                    await self._moved.wait()
             except TimeoutError:
                 self._behind = True  # until it catches up, answer from snapshots at once
                 return self._from_snapshot(await bus.snapshot(self.js, self.bucket), tail)

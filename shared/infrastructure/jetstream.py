@@ -1,0 +1,72 @@
+"""The JetStream definitions of a topology: the event and pool streams and the buckets,
+with their retention, storage and limits (the names are the contract's, in
+``shared.contract.subjects``)."""
+
+from __future__ import annotations
+
+from nats.js import api
+
+from shared.contract import subjects
+
+
+def events_stream(topology: subjects.Topology) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=topology.events_stream,
+        description="Every lifecycle event of the product: the source of truth and the audit log.",
+        subjects=[topology.events_all],
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        discard=api.DiscardPolicy.OLD,
+        duplicate_window=subjects.DUPLICATE_WINDOW_SECONDS,
+        allow_direct=True,
+    )
+
+
+def pool_stream(topology: subjects.Topology) -> api.StreamConfig:
+    return api.StreamConfig(
+        name=topology.pool_stream,
+        description="Idle pool sandboxes offered to claimers (work queue: each offer taken once).",
+        subjects=[f"{topology.namespace}.pool.idle.*"],
+        retention=api.RetentionPolicy.WORK_QUEUE,
+        storage=api.StorageType.FILE,
+        duplicate_window=subjects.DUPLICATE_WINDOW_SECONDS,
+    )
+
+
+def activity_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+    return api.KeyValueConfig(
+        bucket=topology.activity_bucket,
+        description="Last tool call per session, for the idle rule.",
+        history=1,
+        ttl=subjects.ACTIVITY_TTL_SECONDS,
+        storage=api.StorageType.FILE,
+    )
+
+
+def leases_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+    return api.KeyValueConfig(
+        bucket=topology.leases_bucket,
+        description="Leases: a key held by one instance, expiring unless renewed.",
+        history=1,
+        ttl=subjects.LEASE_TTL_SECONDS,
+        storage=api.StorageType.FILE,
+    )
+
+
+def projection_bucket(topology: subjects.Topology, kind: str) -> api.KeyValueConfig:
+    return api.KeyValueConfig(
+        bucket=topology.bucket(kind),
+        description=f"Projection of {kind} events (rebuildable with `sbx replay`).",
+        history=1,
+        storage=api.StorageType.FILE,
+    )
+
+
+def health_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+    return api.KeyValueConfig(
+        bucket=topology.health_bucket,
+        description="Service heartbeats; an entry expires when its instance stops reporting.",
+        history=1,
+        ttl=subjects.HEALTH_TTL_SECONDS,
+        storage=api.StorageType.FILE,  # survives a NATS restart like the rest
+    )
