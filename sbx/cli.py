@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -29,13 +29,13 @@ StateDir = Annotated[
 Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
 
 
-def _run(coro: Awaitable[int]) -> None:
+def _run(coro: Coroutine[Any, Any, int]) -> None:
     from shared.infrastructure import logs  # imported here: `sbx exec` never needs it
 
     # Library chatter (reconnect attempts while NATS starts) is not for the operator.
     logs.configure(service="sbx", instance=str(os.getpid()), level="error", fmt="console")
     try:
-        code = asyncio.run(coro)  # type: ignore[arg-type]
+        code = asyncio.run(coro)
     except errors.SandboxError as exc:
         typer.echo(f"sbx: error: {exc.message}", err=True)
         raise typer.Exit(2 if isinstance(exc, errors.ConfigError | errors.Conflict) else 1) from None
@@ -128,7 +128,7 @@ image_app = typer.Typer(
 app.add_typer(image_app, name="image")
 
 
-def _images(state_dir: Path | None):  # type: ignore[no-untyped-def]
+def _images(state_dir: Path | None):
     from shared.runtime import backends
 
     return backends.image_store("local", stack.state_dir(state_dir, os.environ))

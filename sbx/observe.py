@@ -37,7 +37,7 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
     sandbox_counts = Counter(s.status for s in sandboxes.values())
     idle = sum(1 for s in sandboxes.values() if s.pool and s.session_id is None and s.status == "running")
     now = datetime.now(UTC)
-    instances = [
+    instances: list[dict[str, Any]] = [
         {
             "service": r.service,
             "instance": r.instance,
@@ -90,7 +90,7 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
 # ---- events -----------------------------------------------------------------
 
 
-def _summary(event: events.AnyEvent) -> str:
+def _summary(event: events.Event) -> str:
     fields = codec.to_builtins(event)
     fields.pop("meta"), fields.pop("type"), fields.pop("v")
     return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)

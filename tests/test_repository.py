@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from shared.contract import catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +29,20 @@ def test_ruff_is_clean():
         [str(BIN / "ruff"), "check", "."], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stdout
+
+
+@pytest.mark.timeout(900)  # a cold run (a fresh clone) takes about a minute
+def test_the_type_checker_is_clean():
+    """mypy over shared/, services/ and sbx/ (the settings in pyproject.toml), and over the
+    proxy in its own environment (mitmproxy's types live there)."""
+    for args in (
+        [],
+        ["--python-executable", str(ROOT / "proxy" / ".venv" / "bin" / "python"), "proxy/sbx_proxy"],
+    ):
+        result = subprocess.run(
+            [str(BIN / "mypy"), *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_event_catalogue_is_current():

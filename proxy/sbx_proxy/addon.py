@@ -39,7 +39,7 @@ class CredentialProxy:
         """(name, checked address) the tunnel of a client connection goes to."""
         self.front: front.Front | None = None
 
-    def load(self, loader) -> None:  # type: ignore[no-untyped-def]
+    def load(self, loader) -> None:
         loader.add_option("sbx_config", str, "", "Path of the credential proxy's TOML config.")
         loader.add_option(
             "sbx_listen",
@@ -95,7 +95,7 @@ class CredentialProxy:
         self.pins[flow.client_conn.id] = (host, address)
         flow.request.data.host = address  # the tunnel's server address: no second lookup later
 
-    def client_disconnected(self, client) -> None:  # type: ignore[no-untyped-def]
+    def client_disconnected(self, client) -> None:
         self.connects.pop(client.id, None)
         self.pins.pop(client.id, None)
 
@@ -106,6 +106,7 @@ class CredentialProxy:
 
     async def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         """The last check before any connection: only checked addresses, TLS verified by name."""
+        assert data.server.address is not None  # (set before mitmproxy connects)
         host, port = data.server.address
         if _is_ip(host):
             why = self.config.refusal(host)

@@ -178,12 +178,12 @@ def _rule(index: int, table: object, env: dict[str, str], seen: set[tuple[str, i
         if not isinstance(file, str) or not Path(file).is_file():
             raise ConfigError(f"{where}.file: the hook's Python file does not exist ({file!r})")
         return Rule(**common, hook_file=file)
-    ids = {}
-    for key in ("app_id", "installation_id"):
-        value = table.get(key)
+    ids: dict[str, int] = {}
+    for name in ("app_id", "installation_id"):
+        value = table.get(name)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ConfigError(f"{where}.{key}: a positive integer is required")
-        ids[key] = value
+            raise ConfigError(f"{where}.{name}: a positive integer is required")
+        ids[name] = value
     api_url = table.get("api_url", DEFAULT_GITHUB_API)
     if not isinstance(api_url, str) or not api_url.startswith("https://"):
         raise ConfigError(f"{where}.api_url: must be an https:// URL")
@@ -204,7 +204,8 @@ def _rule(index: int, table: object, env: dict[str, str], seen: set[tuple[str, i
         raise ConfigError(f"{where}.api_ca_file: no such file {ca!r}")
     return Rule(
         **common,
-        **ids,
+        app_id=ids["app_id"],
+        installation_id=ids["installation_id"],
         private_key=key,
         api_url=api_url.rstrip("/"),
         api_ca_file=ca,

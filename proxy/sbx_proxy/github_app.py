@@ -70,6 +70,7 @@ class InstallationTokens:
             if self._token is None or self.clock() >= self._expires - REFRESH_MARGIN:
                 self._token, self._expires = await asyncio.to_thread(self._mint)
                 self.minted += 1
+            assert self._token is not None
             return self._token
 
     def _mint(self) -> tuple[str, float]:

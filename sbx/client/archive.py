@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import IO
 
 from sbx.client import sync
 
@@ -40,7 +40,7 @@ class _Chunks(io.RawIOBase):
     def writable(self) -> bool:
         return True
 
-    def write(self, b) -> int:  # type: ignore[no-untyped-def,override]
+    def write(self, b) -> int:
         self.data += b
         return len(b)
 
@@ -75,7 +75,7 @@ def pack(
     (path → content, files of mode 0644), in chunks. A path that vanished or became
     something else since the scan is left out and noted in ``skipped``."""
     sink = _Chunks()
-    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:  # type: ignore[call-overload]
+    with tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT) as archive:
         for path in upserts:
             entry = manifest[path]
             try:
@@ -138,7 +138,7 @@ class Download:
 
     def members(
         self, wanted: Mapping[str, tuple[str, int | None]]
-    ) -> Iterator[tuple[str, sync.Entry, BinaryIO] | tuple[str, str]]:
+    ) -> Iterator[tuple[str, sync.Entry, IO[bytes]] | tuple[str, str]]:
         """(path, entry, content) for each wanted member, or (path, why) for a refused one.
         ``wanted`` maps each path asked for to its kind in the listing (``f``, ``d``,
         ``l``) and size: a member must be of that kind, and a file no larger. The content

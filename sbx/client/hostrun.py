@@ -14,6 +14,7 @@ is the point of running there. Filters get only PATH and locale variables.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -22,7 +23,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from sbx.client import route
 
@@ -158,7 +159,8 @@ def _pipeline(
         timer.start()
         try:
             if final.stdout is not None:
-                for chunk in iter(lambda: final.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                reader = cast(io.BufferedReader, final.stdout)  # Popen's pipes are buffered (bufsize -1)
+                for chunk in iter(lambda: reader.read1(65536), b""):
                     budget.write(chunk)
             codes = [p.wait() for p in processes]
         finally:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
 from shared.contract import errors, execution, hostapi
@@ -145,8 +145,8 @@ class Settings:
         return cls(
             url=str(url),
             api_key=str(key),
-            org_id=given.get("org_id") or env.get("SBX_ORG_ID") or None,  # type: ignore[arg-type]
-            user_id=given.get("user_id") or env.get("SBX_USER_ID") or None,  # type: ignore[arg-type]
+            org_id=str(given.get("org_id") or env.get("SBX_ORG_ID") or "") or None,
+            user_id=str(given.get("user_id") or env.get("SBX_USER_ID") or "") or None,
             forward_env=env.get("SBX_FORWARD_ENV", ""),
             sync_paths=tuple(paths),
             task_files=tuple(tasks),
@@ -520,7 +520,7 @@ class Sandbox:
             result.refused.append(("", f"{incomplete}; deletions were not brought back"))
         for name in changes.not_text(after):
             result.refused.append((name, "the name is not UTF-8"))
-        written: dict[str, sync.Entry] = {}
+        written: dict[str, sync.Entry | None] = {}
         if plan.upsert:
             download = archive.Download()
             try:
@@ -537,13 +537,13 @@ class Sandbox:
                 }
                 for item in download.members(listed):
                     if len(item) == 2:
-                        result.refused.append(item)  # type: ignore[arg-type]
+                        result.refused.append(item)
                         continue
-                    path, entry, content = item  # type: ignore[misc]
+                    path, entry, content = item
                     why = self._host_moved(tree, path)
                     if why is None:
                         report = sync.apply(
-                            self.code_dir, sync.Changes(upsert=[path]), {path: entry}, lambda _, c=content: c
+                            self.code_dir, sync.Changes(upsert=[path]), {path: entry}, sync.constant(content)
                         )
                         if report.refused:
                             why = report.refused[0][1]
@@ -614,8 +614,8 @@ async def _to_thread(function: Callable[..., T], *args: object) -> T:
 class AsyncSandbox:
     """The async twin of :class:`Sandbox`: the same calls, run in a worker thread."""
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        self.sync = Sandbox(*args, **kwargs)  # type: ignore[arg-type]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # Sandbox's, passed through
+        self.sync = Sandbox(*args, **kwargs)
 
     async def execute(self, command: str, timeout: float | None = None) -> dict[str, object]:
         return await _to_thread(self.sync.execute, command, timeout)

@@ -24,6 +24,7 @@ Pull-back (sandbox → host) is filtered:
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import os
 import re
@@ -34,7 +35,7 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Literal
+from typing import IO, Literal
 
 import msgspec
 
@@ -112,7 +113,7 @@ def excluded(path: str, excludes: Iterable[str], *, fold: bool = False) -> bool:
     return False
 
 
-def scan(root: Path, *, excludes: Iterable[str] = DEFAULT_EXCLUDES, cache: dict | None = None) -> Manifest:  # type: ignore[type-arg]
+def scan(root: Path, *, excludes: Iterable[str] = DEFAULT_EXCLUDES, cache: dict | None = None) -> Manifest:
     """The manifest of ``root`` (symlinks are entries, never followed). ``cache`` (kept
     by the caller between scans) maps path → ((size, mtime_ns, ino), digest)."""
     excludes = tuple(excludes)
@@ -228,23 +229,30 @@ def apply(
     root: Path,
     changes: Changes,
     entries: Mapping[str, Entry],
-    content: Callable[[str], bytes | BinaryIO],
+    content: Callable[[str], bytes | IO[bytes]],
 ) -> Report:
     """Apply the sandbox's changes under ``root``: ``entries`` is the sandbox manifest,
     ``content(path)`` the bytes of a changed file. Refused changes are reported."""
     report = Report()
     root = Path(os.path.realpath(root))
+    why: str | None
     for path in changes.delete:
-        why = may_come_back(path, None) or _guarded(lambda p=path: _delete(root, p))
+        why = may_come_back(path, None) or _guarded(functools.partial(_delete, root, path))
         (report.refused.append((path, why)) if why else report.deleted.append(path))
     for path in changes.upsert:
         entry = entries.get(path)
         if entry is None:
-            why: str | None = "not in the sandbox's manifest"
+            why = "not in the sandbox's manifest"
         else:
-            why = may_come_back(path, entry) or _guarded(lambda p=path, e=entry: _write(root, p, e, content))
+            write = functools.partial(_write, root, path, entry, content)
+            why = may_come_back(path, entry) or _guarded(write)
         (report.refused.append((path, why)) if why else report.written.append(path))
     return report
+
+
+def constant(content: bytes | IO[bytes]) -> Callable[[str], bytes | IO[bytes]]:
+    """A ``content`` for :func:`apply` that gives the same bytes for any path."""
+    return lambda _path: content
 
 
 def _guarded(change: Callable[[], str | None]) -> str | None:
@@ -270,7 +278,7 @@ def _parent_safe(root: Path, path: str) -> str | None:
     return None
 
 
-def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes | BinaryIO]) -> str | None:
+def _write(root: Path, path: str, entry: Entry, content: Callable[[str], bytes | IO[bytes]]) -> str | None:
     why = _parent_safe(root, path)
     if why:
         return why

@@ -88,8 +88,8 @@ class Executor:
         except Exception as exc:
             reply = _error_reply(exc, "executor.request_crashed")
         if request is not None:
-            tool = type(request).__struct_config__.tag
-            metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)  # type: ignore[arg-type]
+            tool = events.tag_of(type(request))
+            metrics.exec_seconds.labels(tool).observe(time.monotonic() - started)
         if request is not None and valid and not unrecordable:
             # The call ends the busy period (activity) and is audited: both at once.
             _, problem = await asyncio.gather(
@@ -193,6 +193,8 @@ class Executor:
                 return await self.poll(request.sandbox_id, job)
             case execution.Edit():
                 return await self.edit(request)
+            case _:  # Run, PutFiles, GetFiles: streamed, answered by ``streamed``
+                raise errors.InvalidInput(f"{events.tag_of(type(request))} is a streamed operation")
 
     # ---- shell ---------------------------------------------------------------------
 
@@ -289,7 +291,7 @@ class Executor:
         return execution.Reply(
             ok=True,
             job_id=job,
-            status=report.status,  # type: ignore[arg-type]
+            status=report.status,
             exit_code=report.exit_code,
             output=shown,
             truncated=report.total_bytes > len(report.tail),
@@ -378,8 +380,8 @@ class Executor:
     async def _streamed_finished(
         self, request: execution.Streamed, end: hostapi.End, seconds: float, failure: str | None
     ) -> None:
-        tool = type(request).__struct_config__.tag
-        metrics.exec_seconds.labels(tool).observe(seconds)  # type: ignore[arg-type]
+        tool = events.tag_of(type(request))
+        metrics.exec_seconds.labels(tool).observe(seconds)
         if failure is not None:
             reply = execution.Reply(ok=False, error=commands.ErrorInfo("stopped", failure[:500]))
         else:
@@ -390,7 +392,7 @@ class Executor:
 
     async def _audit(
         self,
-        request: execution.AnyRequest,
+        request: execution.Request,
         reply: execution.Reply,
         seconds: float,
         *,
@@ -435,7 +437,7 @@ class Executor:
             ),
             session_id=request.session_id,
             sandbox_id=request.sandbox_id,
-            tool=type(request).__struct_config__.tag,  # type: ignore[arg-type]
+            tool=events.tag_of(type(request)),
             command=what[:AUDIT_COMMAND_MAX],
             exit_code=reply.exit_code,
             duration_ms=int(seconds * 1000),
@@ -456,7 +458,7 @@ class Executor:
         return None
 
 
-def _acts(request: execution.AnyRequest) -> bool:
+def _acts(request: execution.Request) -> bool:
     """Whether the request does something in the sandbox (audited), not only reads a job."""
     return not isinstance(request, execution.ShellPoll | execution.ShellWait)
 

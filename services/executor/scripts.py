@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Literal
 
+from shared.contract import execution
 from shared.runtime import api
 
 STATE = "/.sbx/shell"
@@ -150,14 +152,19 @@ def argv(script: str, *args: str) -> list[str]:
 
 @dataclass(frozen=True)
 class JobReport:
-    status: str
-    """``running``, ``exited``, ``stopped``, ``lost`` or ``nojob``."""
+    status: execution.JobStatus | Literal["nojob"]
     exit_code: int | None
     total_bytes: int
     tail: bytes
 
 
-_STATUSES = frozenset({"running", "exited", "stopped", "lost", "nojob"})
+_STATUSES: dict[str, execution.JobStatus | Literal["nojob"]] = {
+    "running": "running",
+    "exited": "exited",
+    "stopped": "stopped",
+    "lost": "lost",
+    "nojob": "nojob",
+}
 _INT = re.compile(r"-?[0-9]{1,9}")
 
 
@@ -165,7 +172,7 @@ def parse_poll(raw: bytes) -> JobReport:
     status_line, _, rest = raw.partition(b"\n")
     size_line, _, tail = rest.partition(b"\n")
     words = status_line.decode(errors="replace").split()
-    status = words[0] if words and words[0] in _STATUSES else "lost"
+    status = _STATUSES.get(words[0], "lost") if words else "lost"
     code = int(words[1]) if status == "exited" and len(words) > 1 and _INT.fullmatch(words[1]) else None
     size = int(size_line.strip()) if re.fullmatch(rb"[0-9]{1,18}", size_line.strip()) else len(tail)
     return JobReport(status, code, size, tail)

@@ -204,7 +204,7 @@ class StreamedOps:
             request.sandbox_id, ["/bin/sh", "-c", script, "sbx", root], timeout=QUICK, keep_stdin_open=True
         )
 
-    async def _guard(self, request, process, work, stop, inputs, stopped) -> None:  # type: ignore[no-untyped-def]
+    async def _guard(self, request, process, work, stop, inputs, stopped) -> None:
         """Run ``work(sender)``; if the caller goes away, the work fails or the executor
         drains, kill the process. Failures reach the caller as an error frame."""
         started = time.monotonic()
@@ -263,7 +263,7 @@ class StreamedOps:
             with contextlib.suppress(Exception):
                 await process.kill()
 
-    async def _listing(self, request: execution.Streamed, root: str, prune: list[str], sender) -> str:  # type: ignore[no-untyped-def]
+    async def _listing(self, request: execution.Streamed, root: str, prune: list[str], sender) -> str:
         """Stream ``root``'s listing; return a complaint if it is incomplete, else ''."""
         process = await self.runtime.exec(request.sandbox_id, listing_argv(prune), cwd=root, timeout=QUICK)
         complaint = await self._pump(process, sender, {"stdout": hostapi.LISTING})
@@ -314,7 +314,7 @@ class StreamedOps:
         await sender.end(msgspec.json.encode(end))
         return end
 
-    async def _feed(self, inputs, process: api.Exec) -> None:  # type: ignore[no-untyped-def]
+    async def _feed(self, inputs, process: api.Exec) -> None:
         """Copy the caller's input stream into the process's stdin, acknowledging each
         frame once the process took it."""
         seq = 0
@@ -341,7 +341,7 @@ class StreamedOps:
                     return
             await msg.respond(b"")
 
-    async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
+    async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:
         beats = asyncio.create_task(self._beat(sender, process))
         pump = asyncio.create_task(self._pump(process, sender, {"stdout": hostapi.LISTING}))
         try:
@@ -371,7 +371,7 @@ class StreamedOps:
         await sender.end(msgspec.json.encode(end))
         return end
 
-    async def _get(self, request: execution.GetFiles, process: api.Exec, inputs, sender) -> hostapi.End:  # type: ignore[no-untyped-def]
+    async def _get(self, request: execution.GetFiles, process: api.Exec, inputs, sender) -> hostapi.End:
         feed = asyncio.create_task(self._feed(inputs, process))
         try:
             complaint = await self._pump(process, sender, {"stdout": hostapi.TAR})

@@ -12,7 +12,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount, Route
+from starlette.routing import BaseRoute, Mount, Route
 
 from services.gateway import auth, bus_client, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
 from shared.domain import projections
@@ -39,7 +39,7 @@ def build_app(
         body = schemas.Health(status=ctx.status, instance=ctx.settings.instance, version=service.VERSION)
         return rest.json_response(body, 200 if ctx.status == "ok" else 503)
 
-    routes = [
+    routes: list[BaseRoute] = [
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -33,6 +34,8 @@ from shared.contract import errors, execution, hostapi, ids, subjects
 from shared.infrastructure import streams
 
 log = structlog.get_logger(__name__)
+
+_Body = TypeVar("_Body", bound=msgspec.Struct)
 
 BODY_MAX = 16 * 1024 * 1024
 BODY_SILENCE = 60.0
@@ -109,7 +112,7 @@ class FrameStream(Response):
 
     media_type = hostapi.MEDIA_TYPE
 
-    def __init__(self, frames: AsyncIterator[bytes], headers: dict[str, str]) -> None:
+    def __init__(self, frames: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
         # Like StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
@@ -138,7 +141,7 @@ class FrameStream(Response):
                 group.start_soon(first, disconnect)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.frames.aclose()  # type: ignore[attr-defined]
+                await self.frames.aclose()
 
 
 async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
@@ -179,7 +182,7 @@ class HostAPI:
         )
 
     @staticmethod
-    async def _json(request: Request, body_type: type[msgspec.Struct]) -> msgspec.Struct:
+    async def _json(request: Request, body_type: type[_Body]) -> _Body:
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
@@ -229,7 +232,7 @@ class HostAPI:
 
     async def _relay(
         self, receiver: streams.Receiver, stop: str, feed: Awaitable[None] | None = None
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The executor's frames as HTTP frames; if the client goes away first, stop the work."""
         ended = False
         feeder = asyncio.ensure_future(feed) if feed is not None else None
@@ -251,7 +254,7 @@ class HostAPI:
                     await self.nc.publish(stop, b"stop")
             await receiver.__aexit__()
 
-    def _stream(self, frames: AsyncIterator[bytes], sandbox_id: str, run_id: str) -> FrameStream:
+    def _stream(self, frames: AsyncGenerator[bytes, None], sandbox_id: str, run_id: str) -> FrameStream:
         return FrameStream(
             frames, {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
         )
@@ -260,7 +263,7 @@ class HostAPI:
 
     async def run(self, request: Request) -> Response:
         who = self._who(request)
-        body: hostapi.RunBody = await self._json(request, hostapi.RunBody)  # type: ignore[assignment]
+        body = await self._json(request, hostapi.RunBody)
         receiver, run_id, sandbox_id, _ = await self._open(
             who,
             lambda **fields: execution.Run(
@@ -288,7 +291,7 @@ class HostAPI:
 
     async def get(self, request: Request) -> Response:
         who = self._who(request)
-        body: hostapi.GetBody = await self._json(request, hostapi.GetBody)  # type: ignore[assignment]
+        body = await self._json(request, hostapi.GetBody)
         hostapi.validate_root(body.root)
         for path in body.paths:
             hostapi.validate_relative(path)

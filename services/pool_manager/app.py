@@ -57,7 +57,9 @@ def make_setup(
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
             if logic.leaves_room(old, new):
                 short.set()
-            pool.noticed((new or old).sandbox_id)  # type: ignore[union-attr]
+            changed = new or old
+            if changed is not None:
+                pool.noticed(changed.sandbox_id)
 
         await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
 

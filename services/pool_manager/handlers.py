@@ -81,6 +81,7 @@ class PoolHandlers:
                 request = provisioning.decode_request(raw)
             except Exception as exc:
                 raise errors.InvalidInput(f"malformed pool request: {exc}") from exc
+            state: states.SandboxState | None
             match request:
                 case provisioning.Provision():
                     ids.validate_attribution(request.org_id, what="org_id")

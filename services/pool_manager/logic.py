@@ -55,7 +55,7 @@ def plan(sandboxes: Iterable[states.SandboxState], pools: Iterable[PoolSpec], ma
         running += 1
         if idle(sandbox):
             if sandbox.pool in current:
-                idle_by_pool[sandbox.pool] += 1  # type: ignore[index]
+                idle_by_pool[sandbox.pool] += 1
             else:
                 remove.append(sandbox.sandbox_id)
     # Removals happen in the same round as creations, so they free no room until the next.

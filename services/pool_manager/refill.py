@@ -110,7 +110,7 @@ async def refill_once(
     metrics.pool_sandboxes.labels("idle").set(sum(plan.idle.values()))
     by_id = {p.pool_id: p for p in pools}
     pace = asyncio.Semaphore(CREATE_AT_ONCE)
-    jobs = []
+    jobs: list[Coroutine[Any, Any, object]] = []
     for pool_id, count in plan.create.items():
         spec = by_id[pool_id]
         for _ in range(count):
@@ -129,7 +129,7 @@ async def refill_once(
     if reoffer:
         for sandbox in sandboxes:
             if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:
-                jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))  # type: ignore[arg-type]
+                jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))
     results = await asyncio.gather(*jobs, return_exceptions=True)
     failures = [r for r in results if isinstance(r, Exception)]
     for failure in failures:

@@ -42,7 +42,7 @@ class Scaler:
     def __init__(
         self,
         ctx: service.Context,
-        fleet,  # type: ignore[no-untyped-def]
+        fleet,
         sandboxes: projector.ProjectionStore[states.SandboxState],
         proxies: projector.ProjectionStore[states.ProxyState],
         *,
@@ -154,7 +154,7 @@ class Scaler:
     async def _route(
         self,
         sandboxes: list[states.SandboxState],
-        records: dict,  # type: ignore[type-arg]
+        records: dict,
         assign: dict[str, str],
     ) -> set[str]:
         """Route the new assignments and every assigned sandbox whose route is missing or
@@ -202,10 +202,10 @@ class Scaler:
     def _stale_routes(
         self,
         sandboxes: list[states.SandboxState],
-        records: dict,  # type: ignore[type-arg]
+        records: dict,
         routes: dict[int, int],
         exclude: set[str],
-    ) -> dict:  # type: ignore[type-arg]
+    ) -> dict:
         """Assigned sandboxes whose route is missing or wrong (a resumed sandbox has a new
         address; an nftables reset empties the map): to be routed again this round."""
         stale = {}

@@ -74,8 +74,8 @@ def plan(
             continue
         # Proxies with room first; when all are full and more are starting, the sandbox
         # waits a round for a new one rather than overloading the old ones.
-        room = {pid: n for pid, n in serving.items() if n < per_proxy}
-        choices = room or ({} if start and can_start else serving)
+        with_room = {pid: n for pid, n in serving.items() if n < per_proxy}
+        choices = with_room or ({} if start and can_start else serving)
         if not choices:
             continue
         target = min(choices, key=lambda pid: (choices[pid], pid))

@@ -97,16 +97,13 @@ class Reaper:
         return report
 
     async def _reap(self, reap: logic.Reap) -> bool:
-        fields = {
-            "command_id": ids.new_id(),
-            "session_id": reap.session_id,
-            "actor": commands.Actor(via="reaper"),
-            "if_last_seq": reap.last_seq,
-        }
-        command: commands.SessionCommand = (
-            commands.StopSession(reason=reap.reason, **fields)  # type: ignore[arg-type]
-            if reap.action == "stop"
-            else commands.DeleteSession(reason=reap.reason, **fields)  # type: ignore[arg-type]
+        kind = commands.StopSession if reap.action == "stop" else commands.DeleteSession
+        command: commands.SessionCommand = kind(
+            command_id=ids.new_id(),
+            session_id=reap.session_id,
+            actor=commands.Actor(via="reaper"),
+            if_last_seq=reap.last_seq,
+            reason=reap.reason,
         )
         try:
             raw = await bus.request(

@@ -4,12 +4,14 @@ pool-manager for the session's sandbox; reply with the session's state."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
+from typing import TypedDict
 
 import structlog
 
 from services.scheduler import pool_client
-from shared.contract import codec, commands, errors, ids, provisioning, states
+from shared.contract import codec, commands, errors, events, ids, provisioning, states
 from shared.domain import pools
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules
@@ -20,6 +22,15 @@ log = structlog.get_logger(__name__)
 CRASH_AFTER_APPEND = "scheduler.after_append"
 #: Offers tried before falling back to a cold start (stale offers fail their CAS).
 CLAIM_ATTEMPTS = 8
+
+
+class _PoolFields(TypedDict):
+    """What every request to the pool-manager for a session's command carries."""
+
+    sandbox_id: str
+    command_id: str
+    correlation_id: str | None
+    actor: commands.Actor
 
 
 class SessionCommands:
@@ -48,7 +59,7 @@ class SessionCommands:
             session_rules.validate(command)
             state, appended = await self.execute(command)
             reply = commands.CommandReply(ok=True, appended=appended, session=state)
-            metrics.commands.labels(type(command).__struct_config__.tag, "ok").inc()
+            metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
         except errors.SandboxError as exc:
             reply = commands.CommandReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
             metrics.commands.labels("-", exc.code).inc()
@@ -78,7 +89,7 @@ class SessionCommands:
         _log_transition(command, outcome)
         return outcome
 
-    def _pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> dict[str, object]:
+    def _pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> _PoolFields:
         return {
             "sandbox_id": sandbox_id,
             "command_id": command.command_id,
@@ -87,7 +98,7 @@ class SessionCommands:
         }
 
     async def _claim(
-        self, command: commands.SessionCommand, options: dict[str, object], org: str | None
+        self, command: commands.SessionCommand, options: session_rules.SandboxOptions, org: str | None
     ) -> str | None:
         """A warm sandbox for this session, if a pool it may use has one that fits (CAS on
         the sandbox)."""
@@ -104,8 +115,13 @@ class SessionCommands:
                 outcome = await aggregates.transact(
                     self.sandboxes,
                     sandbox_id,
-                    lambda s, sid=sandbox_id: sandbox_rules.decide_claim(
-                        s, sid, command.session_id, meta, pool_id=pool.pool_id, org=org
+                    functools.partial(
+                        sandbox_rules.decide_claim,
+                        sandbox_id=sandbox_id,
+                        session_id=command.session_id,
+                        meta=meta,
+                        pool_id=pool.pool_id,
+                        org=org,
                     ),
                 )
             finally:
@@ -116,7 +132,7 @@ class SessionCommands:
         return None
 
     async def _obtain(
-        self, command: commands.SessionCommand, options: dict[str, object], org: str | None
+        self, command: commands.SessionCommand, options: session_rules.SandboxOptions, org: str | None
     ) -> str:
         """A running sandbox for this session (of organisation ``org``): claimed from a
         pool, else cold-started. Raises (with nothing assigned) if the options are refused
@@ -130,8 +146,8 @@ class SessionCommands:
                 provisioning.Provision(
                     session_id=command.session_id,
                     org_id=org,
-                    **options,  # type: ignore[arg-type]
-                    **self._pool_fields(command, sandbox_id),  # type: ignore[arg-type]
+                    **options,
+                    **self._pool_fields(command, sandbox_id),
                 )
             )
         metrics.claims.labels(kind).inc()
@@ -149,10 +165,10 @@ class SessionCommands:
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda s: session_rules.decide_assign(s, sandbox_id, str(options["image"]), meta),
+            lambda s: session_rules.decide_assign(s, sandbox_id, options["image"], meta),
         )
         if not outcome.appended:
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
         assert outcome.state is not None
         return outcome.state
 
@@ -177,12 +193,12 @@ class SessionCommands:
             )
         except BaseException:  # refused (another organisation took the id) or failed: ours goes
             with contextlib.suppress(Exception):
-                await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+                await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
             raise
         state = outcome.state
         assert state is not None
         if state.sandbox_id != sandbox_id:  # another request got there first: theirs stands
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
             state = await (
                 self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state)
             )
@@ -202,13 +218,13 @@ class SessionCommands:
         outcome = await aggregates.transact(
             self.sessions,
             command.session_id,
-            lambda s: session_rules.decide_install(s, new, str(options["image"]), meta),
+            lambda s: session_rules.decide_install(s, new, options["image"], meta),
         )
         assert outcome.state is not None
         appended = [stored.event for stored in outcome.appended]
-        gone = session_rules.released(appended) if outcome.state.sandbox_id == new else [new]  # type: ignore[arg-type]
+        gone = session_rules.released(appended) if outcome.state.sandbox_id == new else [new]
         for sandbox_id in gone:
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))  # type: ignore[arg-type]
+            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
         return outcome.state
 
     async def _release(
@@ -220,7 +236,7 @@ class SessionCommands:
         outcome = await aggregates.transact(
             self.sessions, command.session_id, lambda s: session_rules.decide_release(s, old, meta)
         )
-        await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))  # type: ignore[arg-type]
+        await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))
         assert outcome.state is not None
         return outcome.state
 
@@ -237,7 +253,7 @@ class SessionCommands:
         sandbox = await self.sandboxes.get(state.sandbox_id)
         if sandbox is not None and sandbox.status in ("running", "stopped", "requested"):
             try:
-                await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))  # type: ignore[arg-type]
+                await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))
                 return state
             except errors.NotFound:
                 pass
@@ -257,14 +273,14 @@ class SessionCommands:
                 if outcome.appended and outcome.state and outcome.state.sandbox_id:
                     await self.pool.send(
                         provisioning.Stop(**self._pool_fields(command, outcome.state.sandbox_id))
-                    )  # type: ignore[arg-type]
+                    )
                 return outcome.state, len(outcome.appended)
             case commands.DeleteSession() | commands.ClearSession():
                 outcome = await self._decide(command)
                 # The sandbox of the state the deletion was decided on (not an earlier read).
                 gone = outcome.before.sandbox_id if outcome.before is not None else None
                 if outcome.appended and gone:
-                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))  # type: ignore[arg-type]
+                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
                 read = await self.sessions.get_entry(self.sessions.projection.key_of(command.session_id))

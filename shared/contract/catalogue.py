@@ -87,8 +87,8 @@ def render() -> str:
         "`CommandReply`. `command_id` makes a retry harmless.",
         "",
     ]
-    for cls in commands.COMMAND_TYPES:
-        out += [f"### `{cls.__struct_config__.tag}`", "", *_fields(cls), ""]
+    for command in commands.COMMAND_TYPES:
+        out += [f"### `{events.tag_of(command)}`", "", *_fields(command), ""]
     out += ["### `CommandReply`", "", *_fields(commands.CommandReply), ""]
     out += ["## Projected states (KV values)", ""]
     for state in (states.SessionState, states.InstanceState):

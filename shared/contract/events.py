@@ -327,7 +327,8 @@ AnyEvent = (
 )
 
 
-def tag_of(cls: type[Event]) -> str:
+def tag_of(cls: type[msgspec.Struct]) -> str:
+    """The wire tag of an event, command or request type."""
     tag = cls.__struct_config__.tag
     assert isinstance(tag, str)
     return tag

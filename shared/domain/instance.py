@@ -7,7 +7,7 @@ import msgspec
 from shared.contract import errors, events, states
 
 
-def evolve(state: states.InstanceState | None, event: events.AnyEvent, seq: int) -> states.InstanceState:
+def evolve(state: states.InstanceState | None, event: events.Event, seq: int) -> states.InstanceState:
     match event:
         case events.InstanceStarted():
             # A fixed SBX_INSTANCE_ID may start again (after a clean stop or a crash

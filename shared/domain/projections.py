@@ -19,7 +19,7 @@ class Projection(Generic[S]):
 
     kind: str
     state_type: type[S]
-    evolve: Callable[[S | None, events.AnyEvent, int], S]
+    evolve: Callable[[S | None, events.Event, int], S]
 
     def key_of(self, aggregate_id: str) -> str:
         """KV key of an aggregate: the same token as its subject's last token."""
@@ -28,7 +28,7 @@ class Projection(Generic[S]):
     def key_of_subject(self, subject: str) -> str:
         return subject.rsplit(".", 1)[1]
 
-    def fold(self, stored: Iterable[tuple[int, events.AnyEvent]], state: S | None = None) -> S | None:
+    def fold(self, stored: Iterable[tuple[int, events.Event]], state: S | None = None) -> S | None:
         for seq, event in stored:
             state = self.evolve(state, event, seq)
         return state

@@ -7,7 +7,7 @@ import msgspec
 from shared.contract import errors, events, states
 
 
-def evolve(state: states.ProxyState | None, event: events.AnyEvent, seq: int) -> states.ProxyState:
+def evolve(state: states.ProxyState | None, event: events.Event, seq: int) -> states.ProxyState:
     status = state.status if state else None
     match event:
         case events.ProxyStarted() if state is None:

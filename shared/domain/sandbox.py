@@ -20,7 +20,7 @@ DEAD = ("deleted", "failed", "refused", "lost")
 """Statuses of a sandbox that is gone for good."""
 
 
-def evolve(state: states.SandboxState | None, event: events.AnyEvent, seq: int) -> states.SandboxState:
+def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> states.SandboxState:
     status = state.status if state else None
     match event:
         case events.SandboxRequested() if state is None:

@@ -11,12 +11,15 @@ replayed event never resurrects it; creating the id again starts a new incarnati
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Required, TypedDict
+
 import msgspec
 
 from shared.contract import commands, errors, events, ids, states
 
 
-def evolve(state: states.SessionState | None, event: events.AnyEvent, seq: int) -> states.SessionState:
+def evolve(state: states.SessionState | None, event: events.Event, seq: int) -> states.SessionState:
     def refuse(why: str) -> errors.InvalidTransition:
         return errors.InvalidTransition(
             f"{events.tag_of(type(event))} at seq {seq} cannot follow "
@@ -214,7 +217,7 @@ def decide_install(
     return decide_swap(state, state.sandbox_id, new, image, meta)
 
 
-def released(appended: list[events.SessionEvent]) -> list[str]:
+def released(appended: Sequence[events.Event]) -> list[str]:
     """The sandboxes an append released (to delete once it is written)."""
     return [e.sandbox_id for e in appended if isinstance(e, events.SessionSandboxReleased)]
 
@@ -227,7 +230,16 @@ def decide_release(
     return [events.SessionSandboxReleased(meta=meta, session_id=state.session_id, sandbox_id=sandbox_id)]
 
 
-def sandbox_options(command: commands.SessionCommand, state: states.SessionState) -> dict[str, object]:
+class SandboxOptions(TypedDict, total=False):
+    """What a session's sandbox is provisioned with (``image`` always)."""
+
+    image: Required[str]
+    use_kata: bool
+    run_as_root: bool
+    writable_root: bool
+
+
+def sandbox_options(command: commands.SessionCommand, state: states.SessionState) -> SandboxOptions:
     """What to provision for a session: the command's options, else the session's image."""
     if isinstance(command, commands.ProvisionSandbox):
         return {

@@ -28,9 +28,9 @@ class Outcome(Generic[projections.S]):
         appended: list[eventstore.Stored],
         before: projections.S | None = None,
     ) -> None:
-        self.state = state
+        self.state: projections.S | None = state
         self.appended = appended
-        self.before = before
+        self.before: projections.S | None = before
         """The state the appended events were decided on (None when nothing was appended)."""
 
 

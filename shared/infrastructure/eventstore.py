@@ -37,7 +37,7 @@ class Stored:
     subject: str
     prev_seq: int
     """The aggregate's last sequence when this was appended (0: it was the first)."""
-    event: events.AnyEvent
+    event: events.Event
 
 
 def nothing_to_read(info: api.ConsumerInfo) -> bool:
@@ -118,7 +118,7 @@ class EventStore:
                 raise translate(exc, f"appending to {subject}") from exc
             if ack.duplicate:
                 raise AlreadyAppended(f"{dedup} was already appended to {subject} (seq {ack.seq})")
-            stored.append(Stored(ack.seq, subject, expected, event))  # type: ignore[arg-type]
+            stored.append(Stored(ack.seq, subject, expected, event))
             expected = ack.seq
         return stored
 

@@ -51,7 +51,7 @@ class ProjectionStore(Generic[projections.S]):
         self.store_js = js
         self.kv = kv
         self.kv_bucket = store.topology.bucket(projection.kind)
-        self.projection = projection
+        self.projection: projections.Projection[projections.S] = projection
         self.store = store
         self._mirror: kvmirror.Mirror[projections.S] | None = None
 

@@ -208,13 +208,16 @@ class Runtime(abc.ABC):
         sandbox_id: str,
         argv: Sequence[str],
         *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
         max_bytes: int = RUN_MAX_BYTES,
-        **kwargs: object,
     ) -> tuple[ExecResult, bytes, bytes]:
         """Convenience: run to completion and collect stdout and stderr. What comes from
         inside a sandbox is untrusted: past ``max_bytes`` of output in all, the command
         is killed and LimitExceeded raised, so no caller ever holds more."""
-        running = await self.exec(sandbox_id, argv, **kwargs)  # type: ignore[arg-type]
+        running = await self.exec(sandbox_id, argv, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
         out: list[bytes] = []
         err: list[bytes] = []
         total = 0

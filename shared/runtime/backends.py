@@ -44,7 +44,7 @@ def open_runtime(
     raise errors.ConfigError(f"unknown runtime {name!r}; available here: {', '.join(NAMES)}")
 
 
-def image_store(name: str, state_dir: Path):  # type: ignore[no-untyped-def]
+def image_store(name: str, state_dir: Path):
     """The backend's image registry (local: root filesystems under the state dir)."""
     if name == "local":
         from shared.runtime.local import images
@@ -75,7 +75,7 @@ async def prepare_egress(name: str) -> None:
         await network.Network().ensure_host()
 
 
-def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary: str, config: str):  # type: ignore[no-untyped-def]
+def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary: str, config: str):
     """The backend's credential-proxy fleet (local: ``sbx-proxy`` processes, see proxies.py)."""
     if name == "local":
         from shared.runtime.local import proxies

@@ -207,7 +207,7 @@ class ChannelExec(api.Exec):
             self.timed_out = True
             await self.kill()
 
-    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:  # type: ignore[override]
+    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:
         while (item := await self._queue.get()) is not None:
             yield item
         await self._queue.put(None)  # a later chunks() call ends at once too

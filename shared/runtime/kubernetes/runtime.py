@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import copy
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -62,11 +62,19 @@ def api_error(exc: ApiException, what: str) -> errors.SandboxError:
     return errors.Unavailable(detail)
 
 
+def _body(manifest: dict[str, Any]) -> Any:
+    """A manifest as a request body: the client serializes plain dicts as they are
+    (``sanitize_for_serialization``), so manifests stay dicts; its generated signatures
+    name the model classes."""
+    return manifest
+
+
 class _ExecClient(WsApiClient):
     """WsApiClient that offers v5 and v4 and lets aiohttp negotiate, so ``ws.protocol``
     says which one the server speaks."""
 
-    async def request(self, method, url, query_params=None, headers=None, **kwargs):  # type: ignore[no-untyped-def,override]
+    # The two parents' signatures differ from each other; this one takes what both pass.
+    async def request(self, method, url, query_params=None, headers=None, **kwargs):  # type: ignore[override]
         expanded: list[tuple[str, str]] = []
         for key, value in query_params or []:
             expanded.extend((key, v) for v in (value if isinstance(value, list) else [value]))
@@ -126,7 +134,8 @@ class KubernetesRuntime(api.Runtime):
 
     async def apps_api(self) -> client.AppsV1Api:
         await self._open()
-        return client.AppsV1Api(self._clients[0])  # type: ignore[index]
+        assert self._clients is not None
+        return client.AppsV1Api(self._clients[0])
 
     async def close(self) -> None:
         if self._clients is not None:
@@ -258,7 +267,7 @@ class KubernetesRuntime(api.Runtime):
 
     async def _watch_pod(
         self, sandbox_id: str, since: str | None, deadline: float
-    ) -> AsyncIterator[tuple[str, Any]]:
+    ) -> AsyncGenerator[tuple[str, Any], None]:
         """Events of one pod from ``since`` on, until ``deadline``; restarts from a fresh
         read when the server says the version is too old (410)."""
         core, _, _ = await self._open()
@@ -374,7 +383,7 @@ class KubernetesRuntime(api.Runtime):
                 created = await self.call(
                     "creating a workspace claim",
                     core.create_namespaced_persistent_volume_claim(
-                        self.ns, manifests.workspace_claim(spec, self.settings)
+                        self.ns, _body(manifests.workspace_claim(spec, self.settings))
                     ),
                 )
             except errors.Conflict:
@@ -385,7 +394,7 @@ class KubernetesRuntime(api.Runtime):
     # ---- per-organisation package caches ------------------------------------------------
 
     @property
-    def tenant_caches(self) -> bool:  # type: ignore[override]
+    def tenant_caches(self) -> bool:  # type: ignore[override]  # a class attribute in the API
         """On when a ReadWriteMany StorageClass is configured (SBX_K8S_CACHE_STORAGE_CLASS)."""
         return bool(self.settings.cache_storage_class)
 
@@ -416,7 +425,7 @@ class KubernetesRuntime(api.Runtime):
             await self.call(
                 "creating a package cache claim",
                 core.create_namespaced_persistent_volume_claim(
-                    self.ns, manifests.cache_claim(key, self.settings)
+                    self.ns, _body(manifests.cache_claim(key, self.settings))
                 ),
             )
         except errors.Conflict:
@@ -475,7 +484,8 @@ class KubernetesRuntime(api.Runtime):
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
             pod = None
-        raw = self._clients[0].sanitize_for_serialization(claim)  # type: ignore[index]  # model -> dict
+        assert self._clients is not None
+        raw = self._clients[0].sanitize_for_serialization(claim)  # model -> dict
         policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
         await self._ensure_policy(sandbox_id, policy, claim.metadata.uid)
         since = pod.metadata.resource_version if pod is not None else None
@@ -483,7 +493,9 @@ class KubernetesRuntime(api.Runtime):
             if info.spec.cache:  # an operator may have deleted the cache since: an empty one, not a stuck pod
                 await self._ensure_cache(info.spec.cache, creating=False)
             proxy = await self.proxy_url() if self.egress == "proxy" else None
-            body = manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
+            body = _body(
+                manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
+            )
             try:
                 created = await self.call("creating a sandbox pod", core.create_namespaced_pod(self.ns, body))
                 since = created.metadata.resource_version
@@ -510,7 +522,8 @@ class KubernetesRuntime(api.Runtime):
         for _ in range(3):
             try:
                 await self.call(
-                    "creating a sandbox NetworkPolicy", net.create_namespaced_network_policy(self.ns, policy)
+                    "creating a sandbox NetworkPolicy",
+                    net.create_namespaced_network_policy(self.ns, _body(policy)),
                 )
                 return
             except errors.Conflict:
@@ -607,14 +620,16 @@ class KubernetesRuntime(api.Runtime):
         )
 
     async def _connect(
-        self, sandbox_id: str, command: list[str], *, stdin: bool
+        self, sandbox_id: str, command: Sequence[str], *, stdin: bool
     ) -> aiohttp.ClientWebSocketResponse:
         _, _, ws_core = await self._open()
         try:
-            return await ws_core.connect_get_namespaced_pod_exec(
+            # With _preload_content=False the call returns the websocket, not the str the
+            # generated signature says.
+            return await ws_core.connect_get_namespaced_pod_exec(  # type: ignore[return-value]
                 names.object_name(sandbox_id),
                 self.ns,
-                command=command,
+                command=list(command),  # type: ignore[arg-type]  # one query parameter per argv element
                 container=names.CONTAINER,
                 stdin=stdin,
                 stdout=True,

@@ -510,7 +510,9 @@ class _Extractor:
 
     def run(self, tar: tarfile.TarFile) -> None:
         while (member := tar.next()) is not None:
-            tar.members.clear()  # stream mode: do not keep every header in memory
+            # Stream mode: do not keep every header in memory (``members`` is the list
+            # ``next()`` appends to; typeshed does not declare it).
+            tar.members.clear()  # type: ignore[attr-defined]
             self.budget.member()
             self.entry(tar, member)
 

@@ -131,7 +131,7 @@ class LocalExec(api.Exec):
             self.timed_out = True
             await self.kill()
 
-    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:  # type: ignore[override]
+    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:
         open_streams = 2
         while open_streams:
             item = await self._queue.get()
@@ -564,7 +564,7 @@ class LocalRuntime(api.Runtime):
         record = self._net_record(sandbox_id)
         return None if record is None else int(record["ifindex"])
 
-    def _net_record(self, sandbox_id: str) -> dict | None:  # type: ignore[type-arg]
+    def _net_record(self, sandbox_id: str) -> dict | None:
         d = self._dir(sandbox_id)
         running = self._running(d)
         try:

@@ -131,6 +131,6 @@ def compile_bpf() -> bytes:
     """The filter as the kernel's BPF program (an array of ``struct sock_filter``)."""
     flt = _rules()
     with tempfile.TemporaryFile() as out:
-        flt.export_bpf(out)  # type: ignore[attr-defined]
+        flt.export_bpf(out)  # type: ignore[attr-defined]  # pyseccomp's stub omits it; libseccomp has it
         out.seek(0)
         return out.read()
