@@ -7,13 +7,12 @@ import re
 import time
 from collections import OrderedDict
 
-import msgspec
 import structlog
 from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
 from shared.contract import codec, commands, errors, events, execution, hostapi, ids, states, subjects
-from shared.infrastructure import activity, metrics, projector, service
+from shared.infrastructure import activity, metrics, projector, rpc, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -58,10 +57,7 @@ class Executor:
         valid = False
         unrecordable = False  # refused before running: nothing to record, nothing that could be
         try:
-            try:
-                request = execution.decode_request(raw)
-            except Exception as exc:
-                raise errors.InvalidInput(f"malformed execution request: {exc}") from exc
+            request = rpc.decode(rpc.EXEC, raw)
             ids.validate_session_id(request.session_id)
             valid = True
             sandbox, session = await self._lookups(request)
@@ -103,25 +99,20 @@ class Executor:
     async def prepare(self, raw: bytes) -> bytes:
         """Start the shell server of an unclaimed pool sandbox (asked by the pool-manager
         before it offers the sandbox); refused for any sandbox a session has."""
-        try:
-            try:
-                request = msgspec.json.decode(raw, type=execution.Prepare)
-            except msgspec.DecodeError as exc:
-                raise errors.InvalidInput(f"malformed prepare request: {exc}") from exc
-            if not _SANDBOX_ID.fullmatch(request.sandbox_id):
-                raise errors.InvalidInput("sandbox_id must be 1 to 128 letters, digits, '_', '.', ':', '-'")
-            sandbox = await self.sandboxes.get(request.sandbox_id)
-            if sandbox is None or sandbox.pool is None or sandbox.status != "running":
-                raise errors.NotFound(f"no running pool sandbox {request.sandbox_id!r}")
-            if sandbox.session_id is not None:
-                raise errors.Conflict(f"sandbox {request.sandbox_id!r} is already claimed")
-            if self.shells is None:
-                raise errors.NotBuiltYet("this executor keeps no shell servers")
-            started = await self.shells.prepare(request.sandbox_id)
-            reply = execution.Reply(ok=True, status="running" if started else None)
-        except Exception as exc:
-            reply = _error_reply(exc, "executor.prepare_crashed")
-        return codec.encode(reply)
+        return await rpc.answer(rpc.PREPARE, raw, self._prepare, crashed="executor.prepare_crashed")
+
+    async def _prepare(self, request: execution.Prepare) -> execution.Reply:
+        if not _SANDBOX_ID.fullmatch(request.sandbox_id):
+            raise errors.InvalidInput("sandbox_id must be 1 to 128 letters, digits, '_', '.', ':', '-'")
+        sandbox = await self.sandboxes.get(request.sandbox_id)
+        if sandbox is None or sandbox.pool is None or sandbox.status != "running":
+            raise errors.NotFound(f"no running pool sandbox {request.sandbox_id!r}")
+        if sandbox.session_id is not None:
+            raise errors.Conflict(f"sandbox {request.sandbox_id!r} is already claimed")
+        if self.shells is None:
+            raise errors.NotBuiltYet("this executor keeps no shell servers")
+        started = await self.shells.prepare(request.sandbox_id)
+        return execution.Reply(ok=True, status="running" if started else None)
 
     @staticmethod
     def _budget(request: execution.AnyRequest) -> float:
@@ -478,11 +469,5 @@ def _unaudited(reply: execution.Reply, problem: str) -> execution.Reply:
 
 
 def _error_reply(exc: Exception, crashed: str) -> execution.Reply:
-    """A failed request's reply: the product's error as it is, anything else as internal
-    (logged as ``crashed``, with its traceback; never its message, which may say too much)."""
-    if isinstance(exc, errors.SandboxError):
-        return execution.Reply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
-    log.exception(crashed)
-    return execution.Reply(
-        ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
-    )
+    """A failed request's reply (see :func:`shared.infrastructure.rpc.error_info`)."""
+    return execution.Reply(ok=False, error=rpc.error_info(exc, crashed))

@@ -14,9 +14,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from services.gateway import auth, bus_client, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
+from services.gateway import auth, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
 from shared.domain import projections
-from shared.infrastructure import metrics, projector, service, settings
+from shared.infrastructure import metrics, projector, rpc, service, settings
 
 log = structlog.get_logger(__name__)
 
@@ -75,8 +75,8 @@ class _Server(uvicorn.Server):
 def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
-        client = bus_client.CommandClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
-        executor = bus_client.ExecClient(ctx.nc, ctx.topology)
+        client = rpc.SessionClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
+        executor = rpc.ExecClient(ctx.nc, ctx.topology)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
 
         where = placement.Placement(session_states, sandboxes)

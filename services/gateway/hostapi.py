@@ -29,9 +29,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.gateway import bus_client, rest, schemas, sessions
+from services.gateway import rest, schemas, sessions
 from shared.contract import errors, execution, hostapi, ids, subjects
-from shared.infrastructure import streams
+from shared.infrastructure import rpc, streams
 
 log = structlog.get_logger(__name__)
 
@@ -166,7 +166,7 @@ class HostAPI:
         nc: Client,
         topology: subjects.Topology,
         resolver: sessions.Resolver,
-        executor: bus_client.ExecClient,
+        executor: rpc.ExecClient,
     ) -> None:
         self.nc = nc
         self.topology = topology

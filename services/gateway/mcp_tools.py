@@ -53,11 +53,11 @@ from key_value.aio.stores.memory import MemoryStore
 from mcp import types as mt
 from pydantic import Field
 
-from services.gateway import bus_client, sessions
+from services.gateway import sessions
 from services.gateway.sessions import Identity, identity_from_headers
 from shared.contract import errors, execution, ids, states
 from shared.contract.commands import ClearSession, ProvisionSandbox
-from shared.infrastructure import service
+from shared.infrastructure import rpc, service
 
 TOOL_NAMES: tuple[str, ...] = (
     "shell",
@@ -213,8 +213,8 @@ class ClaimOnConnect(Middleware):
 
 
 def build_mcp(
-    commands: bus_client.CommandClient,
-    executor: bus_client.ExecClient,
+    commands: rpc.SessionClient,
+    executor: rpc.ExecClient,
     *,
     headers: HeaderSource = request_headers,
     running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,

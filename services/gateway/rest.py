@@ -12,9 +12,9 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
-from services.gateway import bus_client, schemas
+from services.gateway import schemas
 from shared.contract import commands, errors, ids, states
-from shared.infrastructure import projector
+from shared.infrastructure import projector, rpc
 
 log = structlog.get_logger(__name__)
 
@@ -152,7 +152,7 @@ OPERATIONS: tuple[Operation, ...] = (
 class SessionsAPI:
     def __init__(
         self,
-        client: bus_client.CommandClient,
+        client: rpc.SessionClient,
         sessions: projector.ProjectionStore[states.SessionState],
     ) -> None:
         self.client = client

@@ -16,9 +16,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from services.gateway import bus_client
 from shared.contract import errors, ids
 from shared.contract.commands import Actor, EnsureSession
+from shared.infrastructure import rpc
 
 T = TypeVar("T")
 REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -65,7 +65,7 @@ def identity_from_headers(
 class Resolver:
     def __init__(
         self,
-        commands: bus_client.CommandClient,
+        commands: rpc.SessionClient,
         running_sandbox: Callable[[str, str | None], Awaitable[str | None]] | None = None,
         forget: Callable[[str], None] | None = None,
         remember: Callable[[str, str, str | None], None] | None = None,

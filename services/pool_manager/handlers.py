@@ -16,9 +16,9 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.pool_manager import logic
-from shared.contract import codec, commands, errors, events, ids, provisioning, states
+from shared.contract import errors, events, ids, provisioning, states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import aggregates, faults, leases, metrics, projector, service
+from shared.infrastructure import aggregates, faults, leases, metrics, projector, rpc, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -76,31 +76,21 @@ class PoolHandlers:
                 await lease.release()
 
     async def handle(self, raw: bytes) -> bytes:
-        try:
-            try:
-                request = provisioning.decode_request(raw)
-            except Exception as exc:
-                raise errors.InvalidInput(f"malformed pool request: {exc}") from exc
-            state: states.SandboxState | None
-            match request:
-                case provisioning.Provision():
-                    ids.validate_attribution(request.org_id, what="org_id")
-                    state = await self.provision(request)
-                case provisioning.Start():
-                    state = await self.start(request)
-                case provisioning.Stop():
-                    state = await self.stop(request)
-                case provisioning.Delete():
-                    state = await self.delete(request)
-            reply = provisioning.PoolReply(ok=True, sandbox=state)
-        except errors.SandboxError as exc:
-            reply = provisioning.PoolReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
-        except Exception as exc:
-            log.exception("pool.request_crashed")
-            reply = provisioning.PoolReply(
-                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
-            )
-        return codec.encode(reply)
+        return await rpc.answer(rpc.POOL, raw, self._answer, crashed="pool.request_crashed")
+
+    async def _answer(self, request: provisioning.AnyPoolRequest) -> provisioning.PoolReply:
+        state: states.SandboxState | None
+        match request:
+            case provisioning.Provision():
+                ids.validate_attribution(request.org_id, what="org_id")
+                state = await self.provision(request)
+            case provisioning.Start():
+                state = await self.start(request)
+            case provisioning.Stop():
+                state = await self.stop(request)
+            case provisioning.Delete():
+                state = await self.delete(request)
+        return provisioning.PoolReply(ok=True, sandbox=state)
 
     def _meta(self, request: provisioning.PoolRequest, session_id: str | None = None) -> events.Meta:
         return self.ctx.meta(

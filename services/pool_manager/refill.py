@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -21,8 +20,8 @@ from typing import Any
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared.contract import codec, errors, execution, ids, provisioning
-from shared.infrastructure import leases, metrics, service, warmpool
+from shared.contract import errors, execution, ids, provisioning
+from shared.infrastructure import leases, metrics, rpc, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -54,42 +53,36 @@ async def run(
     """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
     be short (a round then starts at most MIN_GAP after the last)."""
     lease = leases.Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
-    wake = wake or asyncio.Event()
     reoffered = -REOFFER_EVERY
-    delay = INTERVAL
-    try:
-        while True:
-            if await lease.hold(fresh_for=leases.FRESH_SECONDS):
-                ctx.details["pool"] = "filling"
-                reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
-                if reoffer:
-                    reoffered = time.monotonic()
-                try:
-                    failures = await leases.while_held(
-                        lease, refill_once(ctx, pool, pools, max_running, reoffer=reoffer)
-                    )
-                    failures = 0 if failures is None else failures
-                    # Failing provisions back off (up to 30 s) instead of flooding the stream.
-                    delay = INTERVAL if not failures else min(max(delay, INTERVAL) * 2, MAX_BACKOFF)
-                except errors.ConfigError as exc:  # e.g. no cgroups: say it once, keep serving requests
-                    log.error("pool.refill_disabled", error=exc.message)
-                    ctx.details["pool"] = f"disabled: {exc.message[:120]}"
-                    await lease.release()
-                    await asyncio.Event().wait()
-                except errors.SandboxError as exc:
-                    log.warning("pool.refill_failed", error=exc.message)
-            else:
-                ctx.details["pool"] = "standby"
-            await asyncio.sleep(MIN_GAP)
-            if delay > INTERVAL:  # backing off after failures: events do not cut it short
-                await asyncio.sleep(delay - MIN_GAP)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay - MIN_GAP):
-                        await wake.wait()
-            wake.clear()
-    finally:
-        await lease.release()
+
+    async def round_() -> int:
+        nonlocal reoffered
+        ctx.details["pool"] = "filling"
+        reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
+        if reoffer:
+            reoffered = time.monotonic()
+        return await refill_once(ctx, pool, pools, max_running, reoffer=reoffer)
+
+    def backoff(failures: int, delay: float) -> float:
+        """Failing provisions back off (up to 30 s) instead of flooding the stream."""
+        return INTERVAL if not failures else min(max(delay, INTERVAL) * 2, MAX_BACKOFF)
+
+    def standby() -> None:
+        ctx.details["pool"] = "standby"
+
+    def disabled(exc: errors.SandboxError) -> None:  # e.g. no cgroups: keep serving requests
+        ctx.details["pool"] = f"disabled: {exc.message[:120]}"
+
+    await leases.lead(
+        lease,
+        round_,
+        name="pool.refill",
+        pace=leases.Pace(INTERVAL, MIN_GAP, wake or asyncio.Event()),
+        backoff=backoff,
+        on_standby=standby,
+        disable_on=(errors.ConfigError,),
+        on_disabled=disabled,
+    )
 
 
 async def refill_once(
@@ -156,8 +149,7 @@ async def _prepared_by_executor(ctx: service.Context, sandbox_id: str) -> bool:
     first ``shell`` call finds it running (tens of milliseconds less on a small machine)."""
     request = execution.Prepare(sandbox_id=sandbox_id)
     try:
-        msg = await ctx.nc.request(ctx.topology.exec_prepare, codec.encode(request), timeout=PREPARE_TIMEOUT)
-        reply = execution.decode_reply(msg.data)
+        reply = await rpc.Client(ctx.nc, ctx.topology, rpc.PREPARE).ask(request, timeout=PREPARE_TIMEOUT)
     except Exception as exc:  # no executor, a slow one, a garbled answer: warm it up here
         log.info("pool.prepare_skipped", sandbox_id=sandbox_id, error=repr(exc))
         return False

@@ -8,13 +8,12 @@ and says so in its health details. Locally proxies are processes routed per sand
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping
 
 import structlog
 
 from services.proxy_scaler import handlers, logic
-from shared.contract import errors, states
+from shared.contract import states
 from shared.domain import projections
 from shared.infrastructure import leases, projector, service, settings
 from shared.runtime import backends
@@ -80,35 +79,28 @@ def make_setup(
         )
         await proxies.follow(keep=lambda p: p.status != "stopped")
 
-        async def loop() -> None:
-            try:
-                while True:
-                    if await lease.hold(fresh_for=leases.FRESH_SECONDS):
-                        try:
-                            report = await leases.while_held(lease, scaler.round(service.now()))
-                            if report is not None and report.started:
-                                wake.set()  # the sandboxes that waited for it are assigned next round
-                            if report is not None:
-                                ctx.details["fleet"] = f"{report.serving} proxies"
-                                if report.notes:
-                                    ctx.details["last_note"] = report.notes[-1][:200]
-                        except errors.SandboxError as exc:
-                            log.warning("proxy_scaler.round_failed", error=exc.message)
-                    else:
-                        ctx.details["fleet"] = "standby"
-                    # Events that come while a round runs or just after wait for one more round
-                    # together (a refill starts many sandboxes at once; each round reads
-                    # every sandbox record).
-                    await asyncio.sleep(MIN_GAP)
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(INTERVAL - MIN_GAP):
-                            await wake.wait()
-                    wake.clear()
-            finally:
-                await lease.release()
+        def rounded(report: handlers.Report) -> None:
+            if report.started:
+                wake.set()  # the sandboxes that waited for it are assigned next round
+            ctx.details["fleet"] = f"{report.serving} proxies"
+            if report.notes:
+                ctx.details["last_note"] = report.notes[-1][:200]
 
+        def standby() -> None:
+            ctx.details["fleet"] = "standby"
+
+        # Events that come while a round runs or just after wait for one more round together
+        # (a refill starts many sandboxes at once; each round reads every sandbox record).
+        loop = leases.lead(
+            lease,
+            lambda: scaler.round(service.now()),
+            name="proxy_scaler",
+            pace=leases.Pace(INTERVAL, MIN_GAP, wake),
+            on_round=rounded,
+            on_standby=standby,
+        )
         return service.Workload(
-            tasks=[projector.catch_up(ctx.js, proxies), loop()],
+            tasks=[projector.catch_up(ctx.js, proxies), loop],
             on_stop=[runtime.close, sandboxes.unfollow, proxies.unfollow],
         )
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
 import structlog
 
 from services.reaper import handlers
-from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import leases, projector, service, settings
 from shared.runtime import backends
@@ -36,28 +34,24 @@ def make_setup(
             await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
         )
 
-        async def loop() -> None:
-            passes = 0
-            try:
-                while True:
-                    if await lease.hold(fresh_for=leases.FRESH_SECONDS):
-                        try:
-                            report = await leases.while_held(lease, reaper.pass_once())
-                            if report is None:  # another instance took over mid-pass
-                                continue
-                            passes += 1
-                            ctx.details["passes"] = str(passes)
-                            ctx.details["last_pass"] = (
-                                ",".join(f"{k}={v}" for k, v in (report.reaps + report.findings).items())
-                                or "clean"
-                            )
-                        except errors.SandboxError as exc:
-                            log.warning("reaper.pass_failed", error=exc.message)
-                    await asyncio.sleep(lifecycle.reaper_interval)
-            finally:
-                await lease.release()
+        passes = 0
 
-        return service.Workload(tasks=[loop()], on_stop=[runtime.close, reaper.unfollow])
+        def passed(report: handlers.Report) -> None:
+            nonlocal passes
+            passes += 1
+            ctx.details["passes"] = str(passes)
+            ctx.details["last_pass"] = (
+                ",".join(f"{k}={v}" for k, v in (report.reaps + report.findings).items()) or "clean"
+            )
+
+        loop = leases.lead(
+            lease,
+            reaper.pass_once,
+            name="reaper",
+            pace=leases.Pace(lifecycle.reaper_interval),
+            on_round=passed,
+        )
+        return service.Workload(tasks=[loop], on_stop=[runtime.close, reaper.unfollow])
 
     return setup
 

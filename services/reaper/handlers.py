@@ -12,9 +12,9 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.reaper import logic
-from shared.contract import codec, commands, errors, events, ids, provisioning, states
+from shared.contract import commands, errors, events, ids, provisioning, states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import activity, aggregates, bus, metrics, projector, service, settings
+from shared.infrastructure import activity, aggregates, metrics, projector, rpc, service, settings
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -106,17 +106,10 @@ class Reaper:
             reason=reap.reason,
         )
         try:
-            raw = await bus.request(
-                self.ctx.nc,
-                self.ctx.topology.session_commands,
-                codec.encode(command),
-                timeout=60,
-                who="scheduler",
-            )
+            reply = await rpc.SessionClient(self.ctx.nc, self.ctx.topology).ask(command)
         except errors.SandboxError as exc:
             log.warning("reaper.reap_failed", session_id=reap.session_id, error=exc.message)
             return False
-        reply = codec.decode_reply(raw)
         if not reply.ok and reply.error and reply.error.code != "not_found":
             log.warning("reaper.reap_refused", session_id=reap.session_id, error=reply.error.message)
         return reply.ok and reply.appended > 0
@@ -133,14 +126,7 @@ class Reaper:
             request = provisioning.Delete(
                 sandbox_id=finding.sandbox_id, command_id=ids.new_id(), actor=commands.Actor(via="reaper")
             )
-            raw = await bus.request(
-                self.ctx.nc,
-                self.ctx.topology.pool_requests,
-                codec.encode(request),
-                timeout=60,
-                who="pool-manager",
-            )
-            return provisioning.decode_reply(raw).ok
+            return (await rpc.PoolClient(self.ctx.nc, self.ctx.topology).ask(request)).ok
         if finding.action == "delete_orphan":
             if fresh is not None and fresh.status not in sandbox_rules.DEAD:
                 return False

@@ -6,9 +6,9 @@ from collections.abc import Mapping
 
 from faststream.nats import NatsMessage
 
-from services.scheduler import handlers, pool_client
+from services.scheduler import handlers
 from shared.domain import pools, projections
-from shared.infrastructure import projector, service, settings, warmpool
+from shared.infrastructure import projector, rpc, service, settings, warmpool
 
 #: Queue group: every scheduler instance joins it, each command goes to one.
 QUEUE = "scheduler"
@@ -27,7 +27,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
             ctx,
             sessions,
             sandboxes,
-            pool_client.PoolClient(ctx.nc, ctx.topology),
+            rpc.PoolClient(ctx.nc, ctx.topology),
             warm,
             caches_at_create=lifecycle.caches_at_create if lifecycle else False,
         )

@@ -10,12 +10,11 @@ from typing import TypedDict
 
 import structlog
 
-from services.scheduler import pool_client
-from shared.contract import codec, commands, errors, events, ids, provisioning, states
+from shared.contract import commands, errors, events, ids, provisioning, states
 from shared.domain import pools
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules
-from shared.infrastructure import aggregates, metrics, projector, service, warmpool
+from shared.infrastructure import aggregates, metrics, projector, rpc, service, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +38,7 @@ class SessionCommands:
         ctx: service.Context,
         sessions: projector.ProjectionStore[states.SessionState],
         sandboxes: projector.ProjectionStore[states.SandboxState],
-        pool: pool_client.PoolClient,
+        pool: rpc.PoolClient,
         warm: list[pools.PoolSpec] | None = None,
         *,
         caches_at_create: bool = False,
@@ -53,22 +52,19 @@ class SessionCommands:
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
-        appended = 0
-        try:
-            command = codec.decode_command(raw)
-            session_rules.validate(command)
-            state, appended = await self.execute(command)
-            reply = commands.CommandReply(ok=True, appended=appended, session=state)
-            metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
-        except errors.SandboxError as exc:
-            reply = commands.CommandReply(ok=False, error=commands.ErrorInfo(exc.code, exc.message))
-            metrics.commands.labels("-", exc.code).inc()
-        except Exception as exc:
-            log.exception("scheduler.command_crashed")
-            reply = commands.CommandReply(
-                ok=False, error=commands.ErrorInfo("internal", f"internal error: {type(exc).__name__}")
-            )
-        return codec.encode(reply)
+        return await rpc.answer(
+            rpc.SESSIONS,
+            raw,
+            self._answer,
+            crashed="scheduler.command_crashed",
+            on_error=lambda e: metrics.commands.labels("-", e.code).inc(),
+        )
+
+    async def _answer(self, command: commands.SessionCommand) -> commands.CommandReply:
+        session_rules.validate(command)
+        state, appended = await self.execute(command)
+        metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
+        return commands.CommandReply(ok=True, appended=appended, session=state)
 
     # ---- steps -------------------------------------------------------------------
 

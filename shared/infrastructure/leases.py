@@ -1,4 +1,5 @@
-"""Leases: work that one instance at a time should do (pool refill, reaper passes).
+"""Leases: work that one instance at a time should do (pool refill, reaper passes, the
+proxy fleet), and :func:`lead`, the loop every such leader runs.
 
 A lease is a key in the leases bucket (TTL ``LEASE_TTL_SECONDS``) created by its holder
 and renewed with a revision CAS; if the holder dies, the key expires and another
@@ -8,15 +9,17 @@ instance's ``hold()`` succeeds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from shared.contract import subjects
+from shared.contract import errors, subjects
 from shared.infrastructure import aio
 
 log = structlog.get_logger(__name__)
@@ -86,3 +89,68 @@ async def while_held(lease: Lease, work: Awaitable[T], *, renew_every: float = R
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+@dataclass(frozen=True)
+class Pace:
+    """When a leader's rounds come."""
+
+    interval: float
+    """Seconds between rounds, unless woken."""
+    min_gap: float = 0.0
+    """At least this between rounds, even when woken: events that come during a round or
+    just after it wait for one more round together."""
+    wake: asyncio.Event | None = None
+    """Set when a round is wanted sooner (at most ``min_gap`` after the last)."""
+
+
+async def lead(
+    lease: Lease,
+    round_: Callable[[], Awaitable[T]],
+    *,
+    name: str,
+    pace: Pace,
+    on_round: Callable[[T], None] | None = None,
+    on_standby: Callable[[], None] | None = None,
+    backoff: Callable[[T, float], float] | None = None,
+    disable_on: tuple[type[errors.SandboxError], ...] = (),
+    on_disabled: Callable[[errors.SandboxError], None] | None = None,
+) -> None:
+    """Rounds of work only one instance should do, for as long as the task runs: each
+    round while this instance holds ``lease`` (renewed during it; a round whose lease is
+    lost is cancelled), none while another does. A round's failure is logged and the
+    next round tries again; an error of ``disable_on`` (retrying cannot fix it) stops the
+    rounds for good and lets the lease go. ``backoff(result, delay)``: the delay before
+    the next round; while it is longer than ``pace.interval``, wake-ups do not cut it
+    short."""
+    delay = pace.interval
+    try:
+        while True:
+            if await lease.hold(fresh_for=FRESH_SECONDS):
+                try:
+                    result = await while_held(lease, round_())
+                    if result is not None:
+                        delay = backoff(result, delay) if backoff is not None else pace.interval
+                        if on_round is not None:
+                            on_round(result)
+                except disable_on as exc:
+                    log.error(f"{name}.disabled", error=exc.message)
+                    if on_disabled is not None:
+                        on_disabled(exc)
+                    await lease.release()
+                    await asyncio.Event().wait()
+                except errors.SandboxError as exc:
+                    log.warning(f"{name}.round_failed", error=exc.message)
+            elif on_standby is not None:
+                on_standby()
+            await asyncio.sleep(pace.min_gap)
+            if pace.wake is None or delay > pace.interval:
+                await asyncio.sleep(max(0.0, delay - pace.min_gap))
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, delay - pace.min_gap)):
+                        await pace.wake.wait()
+            if pace.wake is not None:
+                pace.wake.clear()
+    finally:
+        await lease.release()
