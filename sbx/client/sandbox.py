@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
-from shared.contract import errors, execution, hostapi
+from shared.contract import checks, errors, execution, hostapi
 
 T = TypeVar("T")
 Output = Callable[[str, bytes], None]
@@ -140,8 +140,10 @@ class Settings:
         paths = [Path(p).expanduser() for p in env.get("SBX_SYNC_PATHS", "").split(os.pathsep) if p]
         tasks = [Path(p).expanduser() for p in env.get("SBX_TASK_FILES", "").split(os.pathsep) if p]
         timeout = float(env.get("SBX_EXEC_TIMEOUT", execution.MAX_TIMEOUT))
-        if not 0 < timeout <= execution.MAX_TIMEOUT:
-            raise SyncError(f"SBX_EXEC_TIMEOUT must be between 0 and {execution.MAX_TIMEOUT:.0f} seconds")
+        try:
+            checks.timeout(timeout, what="SBX_EXEC_TIMEOUT")
+        except errors.InvalidInput as exc:
+            raise SyncError(exc.message) from None
         return cls(
             url=str(url),
             api_key=str(key),

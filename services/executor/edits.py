@@ -37,8 +37,6 @@ from shared.contract.errors import InvalidInput
 MAX_VIEW_BYTES = 256 * 1024
 #: Largest file the edit tool reads or writes.
 MAX_FILE_BYTES = 10 * 1024 * 1024
-#: Longest path accepted (Linux's PATH_MAX).
-MAX_PATH_CHARS = 4096
 #: Lines of context shown around an edit.
 SNIPPET_CONTEXT_LINES = 4
 #: A NUL byte this early in a file marks it as binary.
@@ -50,28 +48,6 @@ _SHELL_HINT = "use the shell tool to inspect or change it instead"
 
 
 # ---- paths and encoding -----------------------------------------------------------------
-
-
-def validate_path(path: str) -> str:
-    """Check that ``path`` is an absolute path and return it normalised.
-
-    ``posixpath.normpath`` is applied, plus collapsing the leading ``//`` POSIX
-    lets it keep: ``"//x/./y/../z"`` becomes ``"/x/z"``.
-    """
-    if not isinstance(path, str):
-        raise InvalidInput(f"path must be a string, got {type(path).__name__}")
-    if not path:
-        raise InvalidInput("path must not be empty; give an absolute path, e.g. /workspace/app.py")
-    if "\x00" in path:
-        raise InvalidInput("path must not contain a NUL byte")
-    if len(path) > MAX_PATH_CHARS:
-        raise InvalidInput(f"path is {len(path)} characters long; the limit is {MAX_PATH_CHARS}")
-    if not path.startswith("/"):
-        raise InvalidInput("path must be absolute, e.g. /workspace/app.py", path=path)
-    normalised = posixpath.normpath(path)
-    if normalised.startswith("//"):
-        normalised = "/" + normalised.lstrip("/")
-    return normalised
 
 
 def decode_text(data: bytes, path: str) -> str:

@@ -11,14 +11,13 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
-from shared.contract import codec, commands, errors, events, execution, hostapi, ids, states, subjects
+from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
 from shared.infrastructure import activity, metrics, projector, rpc, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
 
 AUDIT_COMMAND_MAX = 4096
-_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 QUICK = 30.0  # seconds allowed for the executor's own short scripts
 HELPER_SLACK = 64 * 1024
@@ -171,11 +170,11 @@ class Executor:
             case execution.ShellAsync():
                 return await self.shell_async(request)
             case execution.ShellPoll():
-                return await self.poll(request.sandbox_id, self._job(request.job_id))
+                return await self.poll(request.sandbox_id, checks.job_id(request.job_id))
             case execution.ShellWait():
                 return await self.wait(request)
             case execution.ShellStop():
-                job = self._job(request.job_id)
+                job = checks.job_id(request.job_id)
                 result, _, _ = await self.runtime.run(
                     request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=QUICK
                 )
@@ -191,23 +190,11 @@ class Executor:
 
     @staticmethod
     def _timeout(value: float | None, default: float) -> float:
-        if value is None:
-            return default
-        if not 0 < value <= execution.MAX_TIMEOUT:
-            raise errors.InvalidInput(f"timeout must be between 0 and {execution.MAX_TIMEOUT:.0f} seconds")
-        return value
-
-    @staticmethod
-    def _job(job_id: str) -> str:
-        if not _JOB_ID.fullmatch(job_id):
-            raise errors.InvalidInput("job_id must be the 32 hex characters shell_async returned")
-        return job_id
+        checked = checks.timeout(value)
+        return default if checked is None else checked
 
     async def shell(self, request: execution.Shell) -> execution.Reply:
-        if not request.command.strip():
-            raise errors.InvalidInput("command is empty")
-        if "\0" in request.command:
-            raise errors.InvalidInput("command contains a NUL character")
+        checks.command(request.command)
         timeout = self._timeout(request.timeout, execution.DEFAULT_TIMEOUT)
         capture = output.Capture(self.limit)
         result = await self._shell_fast(request, capture, timeout)
@@ -255,8 +242,7 @@ class Executor:
             return None
 
     async def shell_async(self, request: execution.ShellAsync) -> execution.Reply:
-        if not request.command.strip():
-            raise errors.InvalidInput("command is empty")
+        checks.command(request.command)
         job = ids.new_id()
         result, out, _ = await self.runtime.run(
             request.sandbox_id,
@@ -289,7 +275,7 @@ class Executor:
         )
 
     async def wait(self, request: execution.ShellWait) -> execution.Reply:
-        job = self._job(request.job_id)
+        job = checks.job_id(request.job_id)
         deadline = time.monotonic() + self._timeout(request.timeout, 30.0)
         delay = 0.05
         while True:
@@ -327,7 +313,7 @@ class Executor:
         return edits.decode_text(body, path)
 
     async def edit(self, request: execution.Edit) -> execution.Reply:
-        path = edits.validate_path(request.path)
+        path = checks.path(request.path)
         sid = request.sandbox_id
         match request.command:
             case "view":

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import re
 import time
 from collections.abc import Awaitable, Callable
 
@@ -27,7 +26,7 @@ import structlog
 from nats.aio.client import Client
 
 from services.executor import output
-from shared.contract import errors, execution, hostapi
+from shared.contract import checks, errors, execution, hostapi
 from shared.infrastructure import streams
 from shared.runtime import api
 
@@ -38,7 +37,6 @@ QUICK = 120.0
 MESSAGE_MAX = 4096
 LINGER = 0.5
 """After a command ends, how long its output may still come from what it left running."""
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 _STREAM = {"stdout": hostapi.STDOUT, "stderr": hostapi.STDERR}
 
 #: Removes the NUL-separated relative paths read from stdin (operands, after ``--``).
@@ -90,22 +88,7 @@ def validate(request: execution.Streamed) -> None:
     """Bad input is refused before anything runs (pure)."""
     match request:
         case execution.Run():
-            if not request.command.strip() or "\0" in request.command:
-                raise errors.InvalidInput("command is empty or contains a NUL character")
-            if not request.cwd.startswith("/") or "\0" in request.cwd:
-                raise errors.InvalidInput("cwd must be an absolute path")
-            for name in [*request.env, *request.unset]:
-                if not _ENV_NAME.fullmatch(name):
-                    raise errors.InvalidInput(f"not a variable name: {name[:100]!r}")
-            if any("\0" in value for value in request.env.values()):
-                raise errors.InvalidInput("a variable's value contains a NUL character")
-            if request.timeout is not None and not 0 < request.timeout <= execution.MAX_TIMEOUT:
-                raise errors.InvalidInput(
-                    f"timeout must be between 0 and {execution.MAX_TIMEOUT:.0f} seconds"
-                )
-            if request.list_root is not None:
-                hostapi.validate_root(request.list_root)
-            hostapi.validate_prune(request.prune)
+            checks.run(request)
         case execution.PutFiles():
             hostapi.validate_root(request.root)
             if len(request.delete) > hostapi.MAX_DELETES:

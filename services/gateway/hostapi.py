@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import rest, schemas, sessions
-from shared.contract import errors, execution, hostapi, ids, subjects
+from shared.contract import checks, errors, execution, hostapi, ids, subjects
 from shared.infrastructure import rpc, streams
 
 log = structlog.get_logger(__name__)
@@ -264,6 +264,7 @@ class HostAPI:
     async def run(self, request: Request) -> Response:
         who = self._who(request)
         body = await self._json(request, hostapi.RunBody)
+        checks.run(body)  # before a sandbox is claimed for it
         receiver, run_id, sandbox_id, _ = await self._open(
             who,
             lambda **fields: execution.Run(

@@ -55,7 +55,7 @@ from pydantic import Field
 
 from services.gateway import sessions
 from services.gateway.sessions import Identity, identity_from_headers
-from shared.contract import errors, execution, ids, states
+from shared.contract import checks, errors, execution, ids, states
 from shared.contract.commands import ClearSession, ProvisionSandbox
 from shared.infrastructure import rpc, service
 
@@ -75,7 +75,6 @@ SHELL_TIMEOUT = execution.DEFAULT_TIMEOUT
 WAIT_TIMEOUT = 30.0
 REQUEST_BUDGET = 30.0
 MAX_TIMEOUT = execution.MAX_TIMEOUT
-_JOB_ID = re.compile(r"[0-9a-f]{32}")
 _REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 
 _JOB_ID_ARG = Field(description="The job id shell_async returned (32 lower-case hex characters).")
@@ -114,40 +113,6 @@ def _tool_errors() -> Iterator[None]:
 
 
 # ---- argument checks (before anything is sent) ---------------------------------------------------
-
-
-def _check_command(command: str) -> str:
-    if not command.strip():
-        raise errors.InvalidInput("command is empty; give a shell command, e.g. 'ls -la'")
-    if "\x00" in command:
-        raise errors.InvalidInput("command must not contain a NUL byte")
-    return command
-
-
-def _check_timeout(timeout: float | None) -> float | None:
-    # Written so that NaN fails too.
-    if timeout is not None and not 0 < timeout <= MAX_TIMEOUT:
-        raise errors.InvalidInput(
-            f"timeout must be more than 0 and at most {MAX_TIMEOUT:g} seconds, got {timeout!r}"
-        )
-    return timeout
-
-
-def _check_job_id(job_id: str) -> str:
-    if not _JOB_ID.fullmatch(job_id):
-        raise errors.InvalidInput(
-            f"job_id {job_id!r:.60} is not a job id: it must be the 32 lower-case hex characters "
-            "that shell_async returned"
-        )
-    return job_id
-
-
-def _check_path(path: str) -> str:
-    if not path:
-        raise errors.InvalidInput("path must not be empty; give an absolute path, e.g. /workspace/app.py")
-    if not path.startswith("/"):
-        raise errors.InvalidInput(f"path {path!r:.80} must be absolute, e.g. /workspace/app.py")
-    return path
 
 
 def _required(value: object, name: str, command: str) -> None:
@@ -285,8 +250,8 @@ def build_mcp(
     ) -> str:
         with _tool_errors():
             who = identity()
-            _check_command(command)
-            _check_timeout(timeout)
+            checks.command(command)
+            checks.timeout(timeout)
             budget = timeout or SHELL_TIMEOUT
             reply = await run(who, lambda **f: execution.Shell(command=command, timeout=timeout, **f), budget)
             return format_shell(reply, budget)
@@ -307,7 +272,7 @@ def build_mcp(
     ) -> str:
         with _tool_errors():
             who = identity()
-            _check_command(command)
+            checks.command(command)
             reply = await run(who, lambda **f: execution.ShellAsync(command=command, **f), REQUEST_BUDGET)
             if reply.job_id is None:
                 raise errors.SandboxError("the executor started the command but returned no job id")
@@ -331,7 +296,7 @@ def build_mcp(
     async def shell_poll(job_id: Annotated[str, _JOB_ID_ARG]) -> str:
         with _tool_errors():
             who = identity()
-            _check_job_id(job_id)
+            checks.job_id(job_id)
             reply = await run(who, lambda **f: execution.ShellPoll(job_id=job_id, **f), REQUEST_BUDGET)
             return format_job(job_id, reply)
 
@@ -355,8 +320,8 @@ def build_mcp(
     ) -> str:
         with _tool_errors():
             who = identity()
-            _check_job_id(job_id)
-            _check_timeout(timeout)
+            checks.job_id(job_id)
+            checks.timeout(timeout)
             budget = timeout or WAIT_TIMEOUT
             reply = await run(
                 who, lambda **f: execution.ShellWait(job_id=job_id, timeout=timeout, **f), budget
@@ -375,7 +340,7 @@ def build_mcp(
     async def shell_stop(job_id: Annotated[str, _JOB_ID_ARG]) -> str:
         with _tool_errors():
             who = identity()
-            _check_job_id(job_id)
+            checks.job_id(job_id)
             reply = await run(who, lambda **f: execution.ShellStop(job_id=job_id, **f), REQUEST_BUDGET)
             return format_job(job_id, reply)
 
@@ -422,7 +387,7 @@ def build_mcp(
     ) -> str:
         with _tool_errors():
             who = identity()
-            _check_path(path)
+            checks.path(path)
             if command == "create":
                 _required(file_text, "file_text", command)
             elif command == "str_replace":

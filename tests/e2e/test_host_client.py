@@ -254,6 +254,16 @@ def test_the_host_api_refuses_bad_input_and_a_stale_sandbox(stack):
     assert bad.status_code == 400 and "/workspace" in bad.json()["message"]
     extra = httpx.post(f"{url}/v1/sessions/api-1/run", json={"command": "true", "rogue": 1}, headers=auth)
     assert extra.status_code == 400
+    for body, said in (
+        ({"command": "echo a\x00b"}, "NUL"),
+        ({"command": "true", "timeout": 1e300}, "timeout must be more than 0"),
+        ({"command": "true", "cwd": "workspace"}, "cwd must be absolute"),
+        ({"command": "true", "env": {"1X": "y"}}, "not a variable name"),
+    ):
+        refused = httpx.post(f"{url}/v1/sessions/api-new/run", json=body, headers=auth)
+        assert refused.status_code == 400 and said in refused.json()["message"], refused.text
+    # Refused before anything was claimed: the session was never made.
+    assert httpx.get(f"{url}/v1/sessions/api-new", headers=auth).status_code == 404
     stale = httpx.post(
         f"{url}/v1/sessions/api-1/run",
         json={"command": "true", "sandbox_id": "sb-not-this-one"},

@@ -21,10 +21,10 @@ from services.executor.edits import (
     encode_text,
     insert,
     str_replace,
-    validate_path,
     view_directory,
     view_file,
 )
+from shared.contract.checks import path as validate_path
 from shared.contract.errors import InvalidInput
 
 P = "/workspace/app.py"

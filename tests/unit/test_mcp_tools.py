@@ -21,7 +21,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
 from services.gateway import auth, mcp_tools
-from shared.contract import commands, errors, execution, ids, states
+from shared.contract import checks, commands, errors, execution, ids, states
 
 SESSION = "sess-1"
 SANDBOX = "sbx-0123"
@@ -289,7 +289,7 @@ async def test_the_largest_timeout_is_accepted() -> None:
 @pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
 def test_non_finite_timeouts_are_rejected(value: float) -> None:
     with pytest.raises(errors.InvalidInput):
-        mcp_tools._check_timeout(value)
+        checks.timeout(value)
 
 
 # ---- background jobs -----------------------------------------------------------------------------
@@ -591,4 +591,4 @@ async def test_headers_of_a_real_http_request_reach_the_tools() -> None:
 
 
 def test_job_ids_from_new_id_are_accepted_by_the_job_tools() -> None:
-    assert mcp_tools._check_job_id(ids.new_id())
+    assert checks.job_id(ids.new_id())
