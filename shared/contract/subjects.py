@@ -104,7 +104,12 @@ class Topology:
     # ---- KV buckets ----------------------------------------------------------
 
     def bucket(self, kind: str) -> str:
-        """The projection bucket of an aggregate kind (``sessions``, ``instances``)."""
+        """The projection bucket of an aggregate kind (``<ns>_sessions``, ``<ns>_sandboxes``)."""
+        return f"{self.namespace}_{PLURALS[kind]}"
+
+    def legacy_bucket(self, kind: str) -> str:
+        """The name a projection bucket had before 0.2 (``<ns>_sandboxs``, ``<ns>_proxys``);
+        ``ensure_topology`` moves what such a bucket holds into ``bucket(kind)``."""
         return f"{self.namespace}_{kind}s"
 
     @property
@@ -142,3 +147,4 @@ class Topology:
 
 
 PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX, PROXY)
+PLURALS = {SESSION: "sessions", INSTANCE: "instances", SANDBOX: "sandboxes", PROXY: "proxies"}

@@ -85,6 +85,34 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> 
             log.warning("bus.bucket_definition_differs", bucket=config.bucket)
         except Exception as exc:
             raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+    for kind in subjects.PROJECTED_KINDS:
+        await _move_legacy_bucket(js, topology, kind)
+
+
+async def _move_legacy_bucket(js: JetStreamContext, topology: subjects.Topology, kind: str) -> None:
+    """A state dir from before the buckets' names were spelled right (``sbx_sandboxs``):
+    copy each key the new bucket lacks, then delete the old bucket. Safe to run from
+    every process at once: a key is only created, never overwritten, and a reader that
+    meets the new bucket before the copy ends rebuilds from the stream as it would after
+    any concurrent write."""
+    old, new = topology.legacy_bucket(kind), topology.bucket(kind)
+    if old == new:
+        return
+    try:
+        entries = await snapshot(js, old)
+    except nats.js.errors.NotFoundError:
+        return
+    kv = await js.key_value(new)
+    for key, value in entries.items():
+        try:
+            await kv.create(key, value)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            pass  # already written under the new name: that copy is newer
+    try:
+        await js.delete_key_value(old)
+    except nats.js.errors.NotFoundError:
+        pass  # another process finished first
+    log.warning("bus.bucket_renamed", old=old, new=new, keys=len(entries))
 
 
 SNAPSHOT_QUIET = 2.0

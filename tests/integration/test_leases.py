@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from shared.contract import errors
 from shared.infrastructure import leases
 
 
@@ -63,3 +64,64 @@ async def test_a_fresh_lease_is_not_written_again_when_asked_with_fresh_for(bus)
     renewed = a.revision
     assert await a.hold() and a.revision > renewed  # by default it always renews
     assert (await kv.get("job3")).revision == a.revision
+
+
+async def test_lead_runs_rounds_only_while_it_holds_the_lease(bus):
+    """The loop every leader runs (pool refill, reaper, proxy-scaler): rounds while held,
+    standby while another instance holds the key, a failed round retried, a round
+    woken early, and an error retrying cannot fix stops the rounds and lets the key go."""
+    nc, topology = bus
+    kv = await nc.jetstream().key_value(topology.leases_bucket)
+    other = leases.Lease(kv, "lead", "other")
+    assert await other.hold()
+    mine = leases.Lease(kv, "lead", "mine")
+    rounds: list[int] = []
+    standbys: list[None] = []
+    disabled: list[str] = []
+    wake = asyncio.Event()
+
+    async def round_() -> int:
+        rounds.append(len(rounds))
+        if len(rounds) == 2:
+            raise errors.Unavailable("a round fails")
+        if len(rounds) == 4:
+            raise errors.ConfigError("cannot work here")
+        return len(rounds)
+
+    task = asyncio.ensure_future(
+        leases.lead(
+            mine,
+            round_,
+            name="test",
+            pace=leases.Pace(interval=30.0, min_gap=0.01, wake=wake),
+            on_standby=lambda: standbys.append(None),
+            disable_on=(errors.ConfigError,),
+            on_disabled=lambda exc: disabled.append(exc.message),
+        )
+    )
+    try:
+        for _ in range(50):
+            if standbys:
+                break
+            await asyncio.sleep(0.02)
+        assert standbys and rounds == [], "no round while another instance holds the lease"
+        await other.release()
+        for want in (1, 2, 3, 4):  # each woken early; the second fails, the fourth disables
+            wake.set()
+            for _ in range(200):
+                if len(rounds) >= want:
+                    break
+                await asyncio.sleep(0.02)
+            assert len(rounds) == want
+        for _ in range(100):
+            if disabled:
+                break
+            await asyncio.sleep(0.02)
+        assert disabled == ["cannot work here"]
+        assert await other.hold(), "the disabled leader let the lease go"
+        wake.set()
+        await asyncio.sleep(0.2)
+        assert len(rounds) == 4 and not task.done(), "disabled for good, the task still running"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
