@@ -83,7 +83,11 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         resolver = sessions.Resolver(client, where.running_sandbox, where.forget, where.remember)
         mcp_app = mcp_tools.mcp_http_app(
             mcp_tools.build_mcp(
-                client, executor, resolver=resolver, claim_on_connect=gateway.claim_on_connect
+                client,
+                executor,
+                resolver=resolver,
+                claim_on_connect=gateway.claim_on_connect,
+                egress=gateway.sandbox_egress,
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)

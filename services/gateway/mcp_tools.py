@@ -82,18 +82,30 @@ _JOB_ID_ARG = Field(description="The job id shell_async returned (32 lower-case 
 HeaderSource = Callable[[], Mapping[str, str]]
 """Returns the current request's headers, names in lower case."""
 
-INSTRUCTIONS = """\
-Tools to work in a disposable Linux sandbox that belongs to this MCP session (the
-X-Session-Id header). The sandbox is created automatically on first use; /workspace is the
-working directory and persists between calls until the sandbox is re-provisioned
-(create_sandbox) or cleared (clear_session). There is no network access in this version.
-Use `shell` for quick commands, `shell_async` + `shell_poll`/`shell_wait`/`shell_stop` for
-long-running ones, and `str_replace_based_edit_tool` to view and edit files."""
+NETWORK = {
+    "proxy": (
+        "Outbound HTTP(S) goes through a proxy (HTTP_PROXY and HTTPS_PROXY are set), so pip, "
+        "npm, apt and git over HTTPS work; credentials the operator configured are added by the "
+        "proxy and are never visible in the sandbox. Private and internal addresses are refused."
+    ),
+    "none": "The sandbox has no network access (loopback only).",
+}
+"""What the sandboxes can reach, by ``SBX_SANDBOX_EGRESS``: the tool texts say it."""
 
-_SANDBOX_NOTE = (
-    "The sandbox is created automatically on first use; /workspace is the working directory. "
-    "There is no network access in this version."
-)
+
+def instructions(egress: str) -> str:
+    """The server instructions for a deployment whose sandboxes have ``egress``."""
+    return (
+        "Tools to work in a disposable Linux sandbox that belongs to this MCP session (the "
+        "X-Session-Id header). The sandbox is created automatically on first use; /workspace is "
+        "the working directory and persists between calls until the sandbox is re-provisioned "
+        f"(create_sandbox) or cleared (clear_session). {NETWORK[egress]} Use `shell` for quick "
+        "commands, `shell_async` + `shell_poll`/`shell_wait`/`shell_stop` for long-running ones, "
+        "and `str_replace_based_edit_tool` to view and edit files."
+    )
+
+
+_SANDBOX_NOTE = "The sandbox is created automatically on first use; /workspace is the working directory."
 
 
 def request_headers() -> Mapping[str, str]:
@@ -186,6 +198,7 @@ def build_mcp(
     forget: Callable[[str], None] | None = None,
     resolver: sessions.Resolver | None = None,
     claim_on_connect: bool = False,
+    egress: str = "none",
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
@@ -196,7 +209,7 @@ def build_mcp(
     ``ClaimOnConnect``)."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox",
-        instructions=INSTRUCTIONS,
+        instructions=instructions(egress),
         version=service.VERSION,
         mask_error_details=True,
         # fastmcp's per-session state (visibility rules, which these tools do not use)
@@ -225,14 +238,14 @@ def build_mcp(
     @mcp.tool(
         name="shell",
         output_schema=None,
-        annotations={"title": "Run a shell command", "openWorldHint": False},
+        annotations={"title": "Run a shell command", "openWorldHint": egress == "proxy"},
         description=(
             "Run a bash command synchronously in this session's persistent shell and return its combined "
             "stdout and stderr followed by a final line `[exit code: N]`. The shell persists between "
             "calls: the current directory, exported variables carry over (e.g. `cd src` "
             "then `ls` lists src); shell functions and unexported variables do not. "
             + _SANDBOX_NOTE
-            + " The command is stopped after `timeout` seconds "
+            + f" {NETWORK[egress]} The command is stopped after `timeout` seconds "
             f"(default {SHELL_TIMEOUT:g}, at most {MAX_TIMEOUT:g}); then `[timed out after T s]` is "
             "shown. Very long output is truncated and the text says where it was cut. For commands that "
             "take longer or run forever (servers, watchers), use shell_async instead. Examples: "
@@ -259,12 +272,12 @@ def build_mcp(
     @mcp.tool(
         name="shell_async",
         output_schema=None,
-        annotations={"title": "Start a background command", "openWorldHint": False},
+        annotations={"title": "Start a background command", "openWorldHint": egress == "proxy"},
         description=(
             "Start a long-running bash command in the background and return at once with its job id "
             "(32 hex characters). Follow it with shell_poll (status and output so far), shell_wait "
             "(block until it finishes or a timeout) and shell_stop (terminate it). "
-            "Example: `cd /workspace/app && npm test`. " + _SANDBOX_NOTE
+            "Example: `cd /workspace/app && npm test`. " + _SANDBOX_NOTE + " " + NETWORK[egress]
         ),
     )
     async def shell_async(
@@ -423,17 +436,16 @@ def build_mcp(
         description=(
             "Provision a new sandbox for this session with the given options. Optional: a sandbox is "
             "created automatically on first use with the default image. If the session already has a "
-            "sandbox, it is deleted first together with its /workspace (all files are lost) and any "
-            "running jobs. Options this deployment cannot provide are refused with an explanation. "
-            "There is no network access in this version. "
-            "Example: create_sandbox(image='python:3.12')."
+            "sandbox, the new one replaces it and the old one is deleted with its /workspace (all files "
+            "are lost) and any running jobs. Options this deployment cannot provide are refused with an "
+            f"explanation. {NETWORK[egress]} Example: create_sandbox(run_as_root=false)."
         ),
     )
     async def create_sandbox(
         image: Annotated[
             str | None,
             Field(
-                description="An image reference or registered name, e.g. 'python:3.12'; omit for the default."
+                description="The name of an image this deployment offers; omit for the default image."
             ),
         ] = None,
         use_kata: Annotated[

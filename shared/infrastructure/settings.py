@@ -64,6 +64,10 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     return int(raw)
 
 
+def _egress(env: Mapping[str, str]) -> str:
+    return _choice(env, "SBX_SANDBOX_EGRESS", "none", ("proxy", "none"))
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     value = env.get(name, default).strip().lower()
     if value not in allowed:
@@ -202,7 +206,7 @@ class RuntimeSettings:
         if not 0 < cpus <= 256 or not 8 <= pids <= 1_000_000:
             raise errors.ConfigError("SBX_SANDBOX_CPUS must be in (0, 256] and SBX_SANDBOX_PIDS in [8, 1e6]")
         return cls(
-            egress=_choice(env, "SBX_SANDBOX_EGRESS", cls.egress, ("proxy", "none")),
+            egress=_egress(env),
             backend=backend,
             memory_bytes=_size(env, "SBX_SANDBOX_MEMORY", cls.memory_bytes, minimum=16 * 1024**2),
             cpus=cpus,
@@ -358,6 +362,9 @@ class GatewaySettings:
     """An MCP ``initialize`` with an ``X-Session-Id`` starts getting that session's sandbox
     at once, so the agent's first tool call finds it ready (``SBX_CLAIM_ON_CONNECT``,
     ``on``/``off``). Off: the first tool call gets it."""
+    sandbox_egress: str = "none"
+    """What the sandboxes can reach (``SBX_SANDBOX_EGRESS``, as the runtime reads it): the
+    tool texts an agent reads say so."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -379,6 +386,7 @@ class GatewaySettings:
             port=_port(env, "SBX_GATEWAY_PORT", cls.port),
             org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
             claim_on_connect=_choice(env, "SBX_CLAIM_ON_CONNECT", "on", ("on", "off")) == "on",
+            sandbox_egress=_egress(env),
         )
 
 

@@ -152,6 +152,30 @@ async def test_exactly_the_eight_tools_are_listed() -> None:
     assert edit_args["command"]["enum"] == ["view", "create", "str_replace", "insert"]
 
 
+@pytest.mark.parametrize("egress", ["proxy", "none"])
+async def test_the_texts_say_what_the_sandboxes_can_reach(egress: str) -> None:
+    """The server instructions and the tools that run commands say the deployment's egress
+    (a model told there is no network would never try `pip install`), and only those
+    tools are open-world, and only with proxy egress."""
+    server = mcp_tools.build_mcp(FakeCommands(), FakeExecutor(), headers=dict, egress=egress)  # type: ignore[arg-type]
+    async with fastmcp.Client(server) as client:
+        said = client.instructions or ""
+        tools = {t.name: t for t in await client.list_tools()}
+    texts = [said, *(t.description or "" for t in tools.values())]
+    if egress == "proxy":
+        assert "HTTPS_PROXY" in said and "pip" in said
+        assert not any("no network" in text for text in texts)
+    else:
+        assert "no network access" in said
+        assert not any("HTTPS_PROXY" in text for text in texts)
+    for name in ("shell", "shell_async", "create_sandbox"):
+        assert mcp_tools.NETWORK[egress] in (tools[name].description or ""), name
+    for name, tool in tools.items():
+        assert tool.annotations is not None
+        open_world = egress == "proxy" and name in ("shell", "shell_async")
+        assert tool.annotations.open_world_hint is open_world, name
+
+
 async def test_unknown_arguments_are_refused() -> None:
     h = Harness()
     await h.error("shell", {"command": "true", "session_id": "someone-else"})
