@@ -16,7 +16,9 @@ BIN = Path(sys.executable).parent
 
 
 def test_import_contracts_hold():
-    """services never import each other; shared imports no service; the CLI no service."""
+    """The import-linter contracts in pyproject.toml: the layers, no I/O in the contract and
+    the domain, services never import each other, shared imports no service and the CLI no
+    service, backends only through shared.runtime.backends."""
     result = subprocess.run(
         [str(BIN / "lint-imports")], cwd=ROOT, capture_output=True, text=True, timeout=120
     )

@@ -1,4 +1,5 @@
-"""Wiring of the gateway: HTTP app (REST + OpenAPI + health) served by uvicorn."""
+"""Wiring of the gateway: one HTTP app (REST, MCP, the host API, OpenAPI, health and
+metrics) served by uvicorn."""
 
 from __future__ import annotations
 
@@ -9,12 +10,13 @@ from collections.abc import Iterator, Mapping
 import msgspec
 import structlog
 import uvicorn
+from fastmcp.server.http import StarletteWithLifespan
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from services.gateway import auth, hostapi, mcp_tools, openapi, placement, rest, schemas, sessions
+from services.gateway import auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
 
@@ -27,7 +29,7 @@ def build_app(
     gateway: settings.GatewaySettings,
     ctx: service.Context,
     api: rest.SessionsAPI,
-    mcp_app: mcp_tools.StarletteWithLifespan,
+    mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
 ) -> auth.BearerAuth:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
@@ -81,8 +83,8 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
 
         where = placement.Placement(session_states, sandboxes)
         resolver = sessions.Resolver(client, where.running_sandbox, where.forget, where.remember)
-        mcp_app = mcp_tools.mcp_http_app(
-            mcp_tools.build_mcp(
+        mcp_app = mcp.mcp_http_app(
+            mcp.build_mcp(
                 client,
                 executor,
                 resolver=resolver,

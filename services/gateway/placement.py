@@ -5,7 +5,7 @@ running sandbox, the gateway sends the call straight to the executor, skipping t
 scheduler. A remembered answer may be stale (the session was stopped, cleared or
 re-provisioned since); that is safe because the executor checks ownership and state
 on every call and refuses, and the gateway then forgets the answer and asks the
-scheduler (``mcp_tools.build_mcp``).
+scheduler (``mcp.build_mcp``).
 """
 
 from __future__ import annotations

@@ -7,11 +7,21 @@ a :func:`shared.contract.ids.token`, never a raw user-supplied id.
 Subjects (``<ns>`` is the namespace):
 
 =================================  =============================================
-``<ns>.evt.session.<token>``       events of one session (aggregate subject)
-``<ns>.evt.instance.<token>``      lifecycle events of one service instance
+``<ns>.evt.<kind>.<token>``        events of one aggregate: ``session``,
+                                   ``instance``, ``sandbox``, ``proxy``
 ``<ns>.cmd.session``               session commands, request/reply, queue group
                                    ``scheduler``
+``<ns>.cmd.pool``                  provisioning requests, queue group
+                                   ``pool-manager``
+``<ns>.exec``                      tool calls and host API operations, queue
+                                   group ``executor``
+``<ns>.exec.prepare``              start a pool sandbox's shell server
+``<ns>.exec.stop.<token>.<run>``   stop a streamed operation
+``<ns>.pool.idle.<pool token>``    offers of idle pool sandboxes (work queue)
 =================================  =============================================
+
+Buckets: ``<ns>_sessions``, ``<ns>_instances``, ``<ns>_sandboxes``, ``<ns>_proxies``
+(projections), ``<ns>_health``, ``<ns>_activity``, ``<ns>_leases``.
 """
 
 from __future__ import annotations

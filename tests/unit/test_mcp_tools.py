@@ -20,7 +20,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
-from services.gateway import auth, mcp_tools
+from services.gateway import auth, sessions
+from services.gateway import mcp as mcp_tools
 from shared.contract import checks, commands, errors, execution, ids, states
 
 SESSION = "sess-1"
@@ -186,16 +187,16 @@ async def test_unknown_arguments_are_refused() -> None:
 
 
 def test_identity_from_headers_reads_all_fields() -> None:
-    who = mcp_tools.identity_from_headers(HEADERS)
-    assert who == mcp_tools.Identity(
+    who = sessions.identity_from_headers(HEADERS)
+    assert who == sessions.Identity(
         session_id=SESSION, correlation_id="req-42", org_id="acme", user_id="alice"
     )
     assert who.actor == commands.Actor(via="mcp", org_id="acme", user_id="alice")
 
 
 def test_identity_without_optional_headers_gets_a_fresh_correlation_id() -> None:
-    first = mcp_tools.identity_from_headers({"x-session-id": SESSION})
-    second = mcp_tools.identity_from_headers({"x-session-id": SESSION, "x-org-id": "", "x-request-id": ""})
+    first = sessions.identity_from_headers({"x-session-id": SESSION})
+    second = sessions.identity_from_headers({"x-session-id": SESSION, "x-org-id": "", "x-request-id": ""})
     assert first.org_id is None and first.user_id is None
     assert len(first.correlation_id) == 32 and first.correlation_id != second.correlation_id
 
@@ -214,7 +215,7 @@ def test_identity_without_optional_headers_gets_a_fresh_correlation_id() -> None
 )
 def test_identity_from_headers_rejects_bad_headers(headers: dict[str, str], message: str) -> None:
     with pytest.raises(errors.InvalidInput, match=message.replace("(", r"\(")):
-        mcp_tools.identity_from_headers(headers)
+        sessions.identity_from_headers(headers)
 
 
 @pytest.mark.parametrize(("name", "arguments"), VALID_CALLS)

@@ -1,5 +1,5 @@
 """The gateway's fast path: where a session runs (services.gateway.placement), and how a
-stale answer falls back to the scheduler (services.gateway.mcp_tools)."""
+stale answer falls back to the scheduler (services.gateway.mcp)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import fastmcp
 import msgspec
 
-from services.gateway import mcp_tools, placement
+from services.gateway import mcp as mcp_tools
+from services.gateway import placement
 from shared.contract import errors, execution, states
 from tests.unit.test_mcp_tools import HEADERS, SESSION, FakeCommands, _state
 

@@ -1,0 +1,72 @@
+"""What every tool does around its work: who is calling (from the HTTP headers only), the
+product's errors as MCP tool errors, and one execution request sent to the session's
+sandbox (got or claimed first)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+
+from fastmcp.exceptions import ToolError
+from fastmcp.server.dependencies import get_http_headers
+
+from services.gateway import sessions
+from services.gateway.sessions import Identity, identity_from_headers
+from shared.contract import errors, execution
+from shared.infrastructure import rpc
+
+REQUEST_BUDGET = 30.0
+"""The executor's time for a request that does not say (polls, edits, starting a job)."""
+
+HeaderSource = Callable[[], Mapping[str, str]]
+"""Returns the current request's headers, names in lower case."""
+
+
+def request_headers() -> Mapping[str, str]:
+    """The current HTTP request's headers (empty outside an HTTP request)."""
+    return get_http_headers()
+
+
+@contextlib.contextmanager
+def tool_errors() -> Iterator[None]:
+    """Turn the product's errors into MCP tool errors carrying only their message."""
+    try:
+        yield
+    except errors.SandboxError as exc:
+        # fastmcp logs a ToolError at its level: the caller's mistakes are not the gateway's errors.
+        level = logging.WARNING if exc.status >= 500 else logging.INFO
+        raise ToolError(exc.message, log_level=level) from None
+
+
+def required(value: object, name: str, command: str) -> None:
+    if value is None:
+        raise errors.InvalidInput(f"Parameter `{name}` is required for command: {command}")
+
+
+@dataclass(frozen=True)
+class Calls:
+    """What the tools share: the scheduler and executor clients, where identity comes
+    from, the session resolver and what the sandboxes can reach."""
+
+    commands: rpc.SessionClient
+    executor: rpc.ExecClient
+    headers: HeaderSource
+    resolver: sessions.Resolver
+    egress: str
+
+    def identity(self) -> Identity:
+        return identity_from_headers(self.headers())
+
+    async def run(
+        self, who: Identity, build: Callable[..., execution.AnyRequest], budget: float
+    ) -> execution.Reply:
+        """Send the request ``build`` makes (given the session's fields) to the session's
+        sandbox, getting or claiming the sandbox first."""
+
+        async def call(sandbox_id: str) -> execution.Reply:
+            request = build(**self.resolver.request_fields(who, sandbox_id))
+            return await self.executor.run(request, budget=budget)
+
+        return await self.resolver.with_sandbox(who, call)
