@@ -11,6 +11,7 @@ import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from sbx import natsd, proxyrun, stack, supervisor
 from shared.contract import errors, subjects
@@ -75,8 +76,8 @@ async def _wait_for_gateway(bus_settings: settings.BusSettings, gateway: supervi
         await nc.close()
 
 
-async def run(options: Options, env: dict[str, str]) -> int:
-    state = options.state_dir
+def _lock(state: Path) -> IO[str]:
+    """One ``sbx up`` per state dir: the lock is held for as long as the file stays open."""
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     lock = open(state / "up.lock", "w")
     try:
@@ -87,60 +88,82 @@ async def run(options: Options, env: dict[str, str]) -> int:
             f"another `sbx up` is already running with state dir {state}/"
             + (f" (pid {info.pid})" if info else "")
         ) from None
+    return lock
 
-    # Every service reads these too; checking them here stops a bad value before anything starts.
+
+@dataclasses.dataclass(frozen=True)
+class _Egress:
+    mode: str
+    """``proxy`` or ``none``."""
+    why_none: str
+    proxy_env: tuple[str, ...]
+    """The variables the proxy config names (they go to the proxy-scaler only)."""
+    proxy_url: str
+
+
+async def _egress(state: Path, env: dict[str, str]) -> tuple[dict[str, str], _Egress]:
+    """Check the settings every service reads (a bad value stops here, before anything
+    starts) and choose the sandboxes' egress; with proxy egress, make the CA first."""
     settings.LifecycleSettings.from_env(env)
-    egress, no_egress_because = proxyrun.egress_choice(env)
-    env = {**env, "SBX_SANDBOX_EGRESS": egress}
+    mode, why = proxyrun.egress_choice(env)
+    why_none = why or ""
+    env = {**env, "SBX_SANDBOX_EGRESS": mode}
     runtime_settings = settings.RuntimeSettings.from_env(env)
-    proxy_env: tuple[str, ...] = ()
-    if egress == "proxy":
-        proxy_env = proxyrun.check_config(env)
-        # Before any sandbox starts: they all trust it.
-        await backends.ensure_proxy_ca(
-            runtime_settings.backend, state, settings.ProxySettings.from_env(env).binary
-        )
-    key, generated = stack.api_key(state, env)
+    if mode != "proxy":
+        return env, _Egress(mode, why_none, (), "")
+    proxy_env = proxyrun.check_config(env)
+    # Before any sandbox starts: they all trust it.
+    await backends.ensure_proxy_ca(
+        runtime_settings.backend, state, settings.ProxySettings.from_env(env).binary
+    )
+    return env, _Egress(mode, why_none, proxy_env, backends.sandbox_proxy_url(runtime_settings.backend))
+
+
+async def _start_nats(
+    options: Options, state: Path, env: dict[str, str], sup: supervisor.Supervisor
+) -> tuple[settings.BusSettings, supervisor.Child | None]:
+    """The NATS server of this stack (none with ``NATS_URL``), up and answering."""
     base = settings.BusSettings.from_env(env)
-    drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
-    sup = supervisor.Supervisor(stop_timeout=drain + 5)
-    nats_child: supervisor.Child | None = None
-    nats_log: Path | None = None
     if env.get("NATS_URL"):
-        bus_settings = base
-    else:
-        if not _port_free("127.0.0.1", options.nats_port):
-            raise errors.ConfigError(
-                f"port {options.nats_port} on 127.0.0.1 is taken; pass --nats-port, "
-                "or set NATS_URL to use a NATS server that is already running"
-            )
-        token = stack.nats_token(state)
-        bus_settings = dataclasses.replace(
-            base, nats_url=f"nats://127.0.0.1:{options.nats_port}", nats_token=token
+        await _wait_for_nats(base, None, None)
+        return base, None
+    if not _port_free("127.0.0.1", options.nats_port):
+        raise errors.ConfigError(
+            f"port {options.nats_port} on 127.0.0.1 is taken; pass --nats-port, "
+            "or set NATS_URL to use a NATS server that is already running"
         )
-        nats_log = state / "nats.log"
-        config = natsd.write_config(state, "127.0.0.1", options.nats_port, token)
-        nats_child = await sup.start(
-            supervisor.Child(
-                "nats-server",
-                natsd.command_with_config(config),
-                supervisor.child_env(processenv.system(env)),
-                output=open(nats_log, "ab"),
-            )
+    token = stack.nats_token(state)
+    bus_settings = dataclasses.replace(
+        base, nats_url=f"nats://127.0.0.1:{options.nats_port}", nats_token=token
+    )
+    log_file = state / "nats.log"
+    config = natsd.write_config(state, "127.0.0.1", options.nats_port, token)
+    child = await sup.start(
+        supervisor.Child(
+            "nats-server",
+            natsd.command_with_config(config),
+            supervisor.child_env(processenv.system(env)),
+            output=open(log_file, "ab"),
         )
-    await _wait_for_nats(bus_settings, nats_child, nats_log)
-    nats_url = bus_settings.nats_url
+    )
+    await _wait_for_nats(bus_settings, child, log_file)
+    return bus_settings, child
 
-    if egress == "proxy":
-        proxy_url = backends.sandbox_proxy_url(runtime_settings.backend)
-    else:
-        proxy_url = ""
-        supervisor.say(f"sandboxes get no network: {no_egress_because}")
 
+async def _start_services(
+    options: Options,
+    state: Path,
+    env: dict[str, str],
+    sup: supervisor.Supervisor,
+    bus_settings: settings.BusSettings,
+    key: str,
+    proxy_env: tuple[str, ...],
+) -> supervisor.Child:
+    """The six services; returns the gateway."""
     common = {
-        "NATS_URL": nats_url,
+        "NATS_URL": bus_settings.nats_url,
         "NATS_TOKEN": bus_settings.nats_token,
-        "SBX_NAMESPACE": base.namespace,
+        "SBX_NAMESPACE": bus_settings.namespace,
         "SBX_STATE_DIR": str(state.resolve()),
     }
     gateway: supervisor.Child | None = None
@@ -170,46 +193,70 @@ async def run(options: Options, env: dict[str, str]) -> int:
         if is_gateway:
             gateway = child
     assert gateway is not None
+    return gateway
 
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+
+def _banner(
+    state: Path,
+    env: dict[str, str],
+    bus_settings: settings.BusSettings,
+    gateway_url: str,
+    embedded: bool,
+    egress: _Egress,
+) -> str:
+    key_hint = "$SANDBOX_API_KEY" if env.get("SANDBOX_API_KEY") else f"$(cat {state}/api-key)"
+    return (
+        "\nCloud Agent Sandbox is up.\n"
+        f"  REST API  {gateway_url}/v1/sessions   (OpenAPI: {gateway_url}/openapi.json)\n"
+        f"  Auth      Authorization: Bearer {key_hint}\n"
+        f"  NATS      {bus_settings.nats_url}  (namespace {bus_settings.namespace}, "
+        f"{'embedded, token in ' + str(state / 'nats-token') if embedded else 'external'})\n"
+        f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
+        + (
+            f"  Egress    through the credential proxies (proxy-scaler) at {egress.proxy_url}"
+            f" (config: {env.get('SBX_PROXY_CONFIG') or 'none: injects nothing'})\n"
+            if egress.mode == "proxy"
+            else f"  Egress    none ({egress.why_none})\n"
+        )
+        + "  Inspect   sbx status | sbx events --follow | sbx replay --verify"
+        + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")
+        + "\nStop with Ctrl-C.\n"
+    )
+
+
+async def run(options: Options, env: dict[str, str]) -> int:
+    state = options.state_dir
+    lock = _lock(state)  # noqa: F841  (held until this process ends)
+    env, egress = await _egress(state, env)
+    key, generated = stack.api_key(state, env)
+    drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
+    sup = supervisor.Supervisor(stop_timeout=drain + 5)
+    nats_child: supervisor.Child | None = None
     try:
+        bus_settings, nats_child = await _start_nats(options, state, env, sup)
+        if egress.mode != "proxy":
+            supervisor.say(f"sandboxes get no network: {egress.why_none}")
+        gateway = await _start_services(options, state, env, sup, bus_settings, key, egress.proxy_env)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         ready = asyncio.create_task(_wait_for_gateway(bus_settings, gateway))
         stopped = asyncio.create_task(stop.wait())
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
-        if ready.done() and egress == "proxy":
-            await proxyrun.wait_for_first_proxy(state)  # sandboxes can get out once we say "up"
-        if ready.done():
-            gateway_url = ready.result()
-            stack.StackInfo(os.getpid(), nats_url, base.namespace, gateway_url, nats_child is not None).write(
-                state
-            )
-            key_hint = "$SANDBOX_API_KEY" if env.get("SANDBOX_API_KEY") else f"$(cat {state}/api-key)"
-            if generated:
-                supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
-            print(
-                "\nCloud Agent Sandbox is up.\n"
-                f"  REST API  {gateway_url}/v1/sessions   (OpenAPI: {gateway_url}/openapi.json)\n"
-                f"  Auth      Authorization: Bearer {key_hint}\n"
-                f"  NATS      {nats_url}  (namespace {base.namespace}, "
-                f"{'embedded, token in ' + str(state / 'nats-token') if nats_child else 'external'})\n"
-                f'  Try       curl -H "Authorization: Bearer {key_hint}" {gateway_url}/v1/sessions\n'
-                + (
-                    f"  Egress    through the credential proxies (proxy-scaler) at {proxy_url}"
-                    f" (config: {env.get('SBX_PROXY_CONFIG') or 'none: injects nothing'})\n"
-                    if egress == "proxy"
-                    else f"  Egress    none ({no_egress_because})\n"
-                )
-                + "  Inspect   sbx status | sbx events --follow | sbx replay --verify"
-                + (f"  (with --state-dir {state})" if state != Path(stack.DEFAULT_STATE_DIR) else "")
-                + "\nStop with Ctrl-C.\n",
-                flush=True,
-            )
-            await stopped
-        else:
+        if not ready.done():
             ready.cancel()
+            return 0
+        if egress.mode == "proxy":
+            await proxyrun.wait_for_first_proxy(state)  # sandboxes can get out once we say "up"
+        gateway_url = ready.result()
+        stack.StackInfo(
+            os.getpid(), bus_settings.nats_url, bus_settings.namespace, gateway_url, nats_child is not None
+        ).write(state)
+        if generated:
+            supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
+        print(_banner(state, env, bus_settings, gateway_url, nats_child is not None, egress), flush=True)
+        await stopped
     finally:
         supervisor.say("stopping services...")
         await sup.stop_all(last=nats_child)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -164,20 +165,30 @@ def _rule(index: int, table: object, env: dict[str, str], seen: set[tuple[str, i
     if not isinstance(name, str):
         raise ConfigError(f"{where}.name: must be a string")
     common: dict[str, Any] = {"name": name, "kind": kind, "hosts": rule_hosts}
-    if kind in ("gitlab", "bearer"):
-        return Rule(**common, token=_secret(table, "token", where, env, required=True))
-    if kind == "basic":
-        username = table.get("username")
-        if not isinstance(username, str) or not username or ":" in username:
-            raise ConfigError(f"{where}.username: a non-empty name without ':' is required")
-        return Rule(
-            **common, username=username, password=_secret(table, "password", where, env, required=True)
-        )
-    if kind == "hook":
-        file = table.get("file")
-        if not isinstance(file, str) or not Path(file).is_file():
-            raise ConfigError(f"{where}.file: the hook's Python file does not exist ({file!r})")
-        return Rule(**common, hook_file=file)
+    return _KIND_RULES[kind](table, where, env, common)
+
+
+def _token_rule(table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]) -> Rule:
+    return Rule(**common, token=_secret(table, "token", where, env, required=True))
+
+
+def _basic_rule(table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]) -> Rule:
+    username = table.get("username")
+    if not isinstance(username, str) or not username or ":" in username:
+        raise ConfigError(f"{where}.username: a non-empty name without ':' is required")
+    return Rule(**common, username=username, password=_secret(table, "password", where, env, required=True))
+
+
+def _hook_rule(table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]) -> Rule:
+    file = table.get("file")
+    if not isinstance(file, str) or not Path(file).is_file():
+        raise ConfigError(f"{where}.file: the hook's Python file does not exist ({file!r})")
+    return Rule(**common, hook_file=file)
+
+
+def _github_app_rule(
+    table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]
+) -> Rule:
     ids: dict[str, int] = {}
     for name in ("app_id", "installation_id"):
         value = table.get(name)
@@ -212,6 +223,15 @@ def _rule(index: int, table: object, env: dict[str, str], seen: set[tuple[str, i
         repositories=tuple(repositories),
         permissions=dict(permissions),
     )
+
+
+_KIND_RULES: dict[str, Callable[[dict[str, Any], str, dict[str, str], dict[str, Any]], Rule]] = {
+    "gitlab": _token_rule,
+    "bearer": _token_rule,
+    "basic": _basic_rule,
+    "hook": _hook_rule,
+    "github_app": _github_app_rule,
+}
 
 
 def parse(data: dict[str, Any], env: dict[str, str] | None = None) -> Config:

@@ -219,7 +219,25 @@ def _real(path: Path) -> Path:
 def _plan(command: str, code_dirs: list[Path], cwd: Path) -> HostPlan | None:
     if not command.strip() or "\n" in command or "\r" in command or "\t" in command:
         raise NotHost("empty or multi-line")
-    tokens = lex(command)
+    segments = _segments(lex(command))
+    here = _inside(cwd, code_dirs, what="the working directory")
+    first = segments[0]
+    if len(first) == 1 and first[0][0] == ("word", "cd"):
+        words = [t[1] for t in first[0] if t[0] == "word"]
+        if len(words) != 2 or len(first[0]) != 2 or len(segments) < 2:
+            raise NotHost("cd takes one directory and must lead into a command")
+        here = _inside(here / words[1], code_dirs, what="cd's directory", directory=True)
+        segments = segments[1:]
+    env: dict[str, str] = {}
+    planned = [_steps(segment, env, here, code_dirs) for segment in segments]
+    if not any(step.argv[0] == "git" for steps in planned for step in steps):
+        return None
+    root = next(r for r in code_dirs if here == r or r in here.parents)
+    return HostPlan(cwd=here, root=root, env=env, segments=tuple(planned))
+
+
+def _segments(tokens: list[Token]) -> list[list[list[Token]]]:
+    """``a | b && c``: segments (between ``&&``) of pipeline parts (between ``|``)."""
     segments: list[list[list[Token]]] = [[[]]]
     for token in tokens:
         if token == ("op", "&&"):
@@ -230,42 +248,32 @@ def _plan(command: str, code_dirs: list[Path], cwd: Path) -> HostPlan | None:
             segments[-1][-1].append(token)
     if any(not part for segment in segments for part in segment):
         raise NotHost("an empty command around an operator")
-    here = _inside(cwd, code_dirs, what="the working directory")
-    first = segments[0]
-    if len(first) == 1 and first[0][0] == ("word", "cd"):
-        words = [t[1] for t in first[0] if t[0] == "word"]
-        if len(words) != 2 or len(first[0]) != 2 or len(segments) < 2:
-            raise NotHost("cd takes one directory and must lead into a command")
-        here = _inside(here / words[1], code_dirs, what="cd's directory", directory=True)
-        segments = segments[1:]
-    env: dict[str, str] = {}
-    planned: list[tuple[Step, ...]] = []
-    has_git = False
-    for segment in segments:
-        steps: list[Step] = []
-        for index, part in enumerate(segment):
-            words, quiet_out, quiet_err, err_to_out = _redirections(part)
-            if index == 0:
-                words = _prefixes(words, env)
-            if not words:
-                raise NotHost("a variable assignment alone")
-            name = words[0]
-            if index == 0 and name == "git":
-                words = _check_git(words, here, code_dirs)
-                has_git = True
-            elif index == 0 and name in GLUE:
-                if len(segment) > 1:
-                    raise NotHost("echo/printf feeding a pipe")
-            elif index > 0 and name in FILTERS:
-                _check_filter(words)
-            else:
-                raise NotHost(f"{name!r} is not a git network command or glue")
-            steps.append(Step(tuple(words), quiet_out, quiet_err, err_to_out))
-        planned.append(tuple(steps))
-    if not has_git:
-        return None
-    root = next(r for r in code_dirs if here == r or r in here.parents)
-    return HostPlan(cwd=here, root=root, env=env, segments=tuple(planned))
+    return segments
+
+
+def _steps(
+    segment: list[list[Token]], env: dict[str, str], here: Path, code_dirs: list[Path]
+) -> tuple[Step, ...]:
+    """One segment's pipeline: a git network command or glue first, filters after it."""
+    steps: list[Step] = []
+    for index, part in enumerate(segment):
+        words, quiet_out, quiet_err, err_to_out = _redirections(part)
+        if index == 0:
+            words = _prefixes(words, env)
+        if not words:
+            raise NotHost("a variable assignment alone")
+        name = words[0]
+        if index == 0 and name == "git":
+            words = _check_git(words, here, code_dirs)
+        elif index == 0 and name in GLUE:
+            if len(segment) > 1:
+                raise NotHost("echo/printf feeding a pipe")
+        elif index > 0 and name in FILTERS:
+            _check_filter(words)
+        else:
+            raise NotHost(f"{name!r} is not a git network command or glue")
+        steps.append(Step(tuple(words), quiet_out, quiet_err, err_to_out))
+    return tuple(steps)
 
 
 def _redirections(part: list[Token]) -> tuple[list[str], bool, bool, bool]:
@@ -354,16 +362,24 @@ def _check_git(words: list[str], here: Path, code_dirs: list[Path]) -> list[str]
         where.append(len(out) - 1)
         positional.append(arg)
     for at, arg in enumerate(positional):
-        if any(ord(c) < 32 or ord(c) == 127 for c in arg) or "%0" in arg.lower():
-            raise NotHost("control characters in an argument")
-        if "::" in arg:
-            raise NotHost("a remote helper transport (ext::, fd::) runs a program")
-        if at == 0:
-            _check_remote(arg, sub)
-        elif sub == "clone" and at == 1:
-            checked = _inside(here / arg, code_dirs, what="the clone target", exists=False)
-            out[where[at]] = str(checked)
+        checked = _check_positional(at, arg, sub, here, code_dirs)
+        if checked is not None:
+            out[where[at]] = checked
     return out
+
+
+def _check_positional(at: int, arg: str, sub: str, here: Path, code_dirs: list[Path]) -> str | None:
+    """The ``at``-th operand of ``git sub``: the remote first, a clone's target second
+    (returned as the real path it must be, inside the code directories)."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in arg) or "%0" in arg.lower():
+        raise NotHost("control characters in an argument")
+    if "::" in arg:
+        raise NotHost("a remote helper transport (ext::, fd::) runs a program")
+    if at == 0:
+        _check_remote(arg, sub)
+    elif sub == "clone" and at == 1:
+        return str(_inside(here / arg, code_dirs, what="the clone target", exists=False))
+    return None
 
 
 REMOTE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")

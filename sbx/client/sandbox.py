@@ -509,7 +509,8 @@ class Sandbox:
 
     # ---- back --------------------------------------------------------------------------------
 
-    def _pull_back(
+    # Each refused change is its own branch (docs/host-client.md lists the rules).
+    def _pull_back(  # noqa: C901
         self,
         tree: state.Tree,
         before: Mapping[str, hostapi.Stat],

@@ -230,28 +230,10 @@ class Transport:
                         tar(data)
                     elif channel == hostapi.END:
                         response.read()  # the rest (nothing): the connection can be reused
-                        try:
-                            end = msgspec.json.decode(data, type=hostapi.End)
-                        except msgspec.DecodeError as exc:
-                            raise ApiError(f"a malformed end frame: {exc}") from None
-                        return Answer(
-                            end=end,
-                            listing=bytes(listing),
-                            sandbox_id=response.getheader("x-sandbox-id", ""),
-                            run_id=response.getheader("x-run-id", ""),
-                        )
+                        return _answer(response, data, bytes(listing))
                     elif channel == hostapi.ERROR:
                         response.read()
-                        try:
-                            problem = dict(json.loads(data))
-                        except (ValueError, TypeError):
-                            problem = {"message": data[:300].decode(errors="replace")}
-                        raise ApiError(
-                            problem.get("message", "error"),
-                            code=problem.get("error", "error"),
-                            status=int(problem.get("status", 500)),
-                            retriable=bool(problem.get("retriable")),
-                        )
+                        raise _stream_error(data)
         except (OSError, http.client.HTTPException) as exc:
             self.close()
             raise ApiError(f"the stream from the gateway broke: {exc}; the outcome is unknown") from None
@@ -260,3 +242,31 @@ class Transport:
             raise ApiError(f"the gateway sent a malformed stream: {exc.message}") from None
         self.close()
         raise ApiError("the gateway closed the stream before the end frame; the outcome is unknown")
+
+
+def _answer(response: http.client.HTTPResponse, end_frame: bytes, listing: bytes) -> Answer:
+    """A stream's answer, from its end frame."""
+    try:
+        end = msgspec.json.decode(end_frame, type=hostapi.End)
+    except msgspec.DecodeError as exc:
+        raise ApiError(f"a malformed end frame: {exc}") from None
+    return Answer(
+        end=end,
+        listing=listing,
+        sandbox_id=response.getheader("x-sandbox-id", ""),
+        run_id=response.getheader("x-run-id", ""),
+    )
+
+
+def _stream_error(error_frame: bytes) -> ApiError:
+    """The error an error frame carries (a problem document, or whatever came)."""
+    try:
+        problem = dict(json.loads(error_frame))
+    except (ValueError, TypeError):
+        problem = {"message": error_frame[:300].decode(errors="replace")}
+    return ApiError(
+        problem.get("message", "error"),
+        code=problem.get("error", "error"),
+        status=int(problem.get("status", 500)),
+        retriable=bool(problem.get("retriable")),
+    )

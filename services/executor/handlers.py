@@ -367,6 +367,7 @@ class Executor:
 
     # ---- audit -----------------------------------------------------------------------
 
+    # Long on purpose: the audit record is one event built field by field.
     async def _audit(
         self,
         request: execution.Request,

@@ -316,20 +316,8 @@ class HostAPI:
         (to disk beyond a little) and sent once the upload is done. If the executor's side
         ends first, the rest of the upload is not read."""
         who = self._who(request)
-        chunks = aiter(request.stream())
-        reader = hostapi.FrameReader()
-        early: list[tuple[bytes, bytes]] = []
-        while not early:
-            chunk = await _next_chunk(chunks)
-            if chunk is None:
-                break
-            early += reader.feed(chunk)
-        if not early or early[0][0] != hostapi.PARAMS:
-            raise errors.InvalidInput("an upload starts with a 'j' frame of JSON parameters")
-        try:
-            params = msgspec.json.decode(early.pop(0)[1], type=hostapi.PutParams)
-        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-            raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
+        upload = _Upload(aiter(request.stream()))
+        params = await upload.params()
         receiver, run_id, sandbox_id, reply = await self._open(
             who,
             lambda **fields: execution.PutFiles(
@@ -342,49 +330,10 @@ class HostAPI:
             ),
             params.sandbox_id,
         )
+        answer = _Answer()
         stop = self.topology.exec_stop(who.session_id, run_id)
-        answer = tempfile.SpooledTemporaryFile(max_size=ANSWER_IN_MEMORY)
-        size = 0
-
-        async def collect() -> None:
-            nonlocal size
-            async for frame in self._relay(receiver, stop):
-                size += len(frame)
-                if size > LISTING_MAX:
-                    raise errors.InvalidInput(f"the sandbox's answer is larger than {LISTING_MAX} bytes")
-                await asyncio.to_thread(answer.write, frame) if size > ANSWER_IN_MEMORY else answer.write(
-                    frame
-                )
-
-        async def upload() -> None:
-            """Forward the tar. If the sandbox stops reading it, its answer says why."""
-            assert reply.input is not None
-            pending = bytearray()
-            try:
-                async with streams.Sender(self.nc, reply.input) as sender:
-
-                    async def forward(frames: list[tuple[bytes, bytes]]) -> None:
-                        for channel, data in frames:
-                            if channel != hostapi.TAR:
-                                raise errors.InvalidInput("after the parameters, an upload is 't' frames")
-                            pending.extend(data)
-                            if len(pending) >= streams.CHUNK:
-                                await sender.send(hostapi.TAR, bytes(pending))
-                                pending.clear()
-
-                    await forward(early)
-                    while (chunk := await _next_chunk(chunks)) is not None:
-                        await forward(list(reader.feed(chunk)))
-                    if reader.pending:
-                        raise errors.InvalidInput("the upload ended in the middle of a frame")
-                    if pending:
-                        await sender.send(hostapi.TAR, bytes(pending))
-                    await sender.end(b"")
-            except streams.Aborted:
-                pass
-
-        collector = asyncio.create_task(collect())
-        uploader = asyncio.create_task(upload())
+        collector = asyncio.create_task(answer.collect(self._relay(receiver, stop)))
+        uploader = asyncio.create_task(upload.forward(self.nc, reply.input))
         try:
             done, _ = await asyncio.wait({collector, uploader}, return_when=asyncio.FIRST_COMPLETED)
             if uploader not in done:
@@ -401,17 +350,8 @@ class HostAPI:
                     await task
             answer.close()
             raise
-
-        async def spooled() -> AsyncIterator[bytes]:
-            try:
-                answer.seek(0)
-                while data := answer.read(streams.CHUNK):
-                    yield data
-            finally:
-                answer.close()
-
         headers = {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
-        return StreamingResponse(spooled(), 200, headers, hostapi.MEDIA_TYPE)
+        return StreamingResponse(answer.chunks(), 200, headers, hostapi.MEDIA_TYPE)
 
     def endpoint(
         self, handler: Callable[[Request], Awaitable[Response]], name: str
@@ -425,3 +365,82 @@ class HostAPI:
                 return rest.problem(exc)
 
         return endpoint
+
+
+class _Upload:
+    """The body of ``files/put``: a ``j`` frame of parameters, then ``t`` frames of a tar."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self.chunks = chunks
+        self.reader = hostapi.FrameReader()
+        self.early: list[tuple[bytes, bytes]] = []
+
+    async def params(self) -> hostapi.PutParams:
+        while not self.early:
+            chunk = await _next_chunk(self.chunks)
+            if chunk is None:
+                break
+            self.early += self.reader.feed(chunk)
+        if not self.early or self.early[0][0] != hostapi.PARAMS:
+            raise errors.InvalidInput("an upload starts with a 'j' frame of JSON parameters")
+        try:
+            return msgspec.json.decode(self.early.pop(0)[1], type=hostapi.PutParams)
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
+
+    async def forward(self, nc: Client, subject: str | None) -> None:
+        """Forward the tar to ``subject``. If the sandbox stops reading it, its answer says why."""
+        assert subject is not None  # (the executor says where, for an upload)
+        pending = bytearray()
+        try:
+            async with streams.Sender(nc, subject) as sender:
+
+                async def send(frames: list[tuple[bytes, bytes]]) -> None:
+                    for channel, data in frames:
+                        if channel != hostapi.TAR:
+                            raise errors.InvalidInput("after the parameters, an upload is 't' frames")
+                        pending.extend(data)
+                        if len(pending) >= streams.CHUNK:
+                            await sender.send(hostapi.TAR, bytes(pending))
+                            pending.clear()
+
+                await send(self.early)
+                while (chunk := await _next_chunk(self.chunks)) is not None:
+                    await send(list(self.reader.feed(chunk)))
+                if self.reader.pending:
+                    raise errors.InvalidInput("the upload ended in the middle of a frame")
+                if pending:
+                    await sender.send(hostapi.TAR, bytes(pending))
+                await sender.end(b"")
+        except streams.Aborted:
+            pass
+
+
+class _Answer:
+    """The sandbox's answer to an upload, spooled (to disk beyond ``ANSWER_IN_MEMORY``)
+    until the upload is done."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.SpooledTemporaryFile(max_size=ANSWER_IN_MEMORY)
+        self.size = 0
+
+    async def collect(self, frames: AsyncIterator[bytes]) -> None:
+        async for frame in frames:
+            self.size += len(frame)
+            if self.size > LISTING_MAX:
+                raise errors.InvalidInput(f"the sandbox's answer is larger than {LISTING_MAX} bytes")
+            if self.size > ANSWER_IN_MEMORY:
+                await asyncio.to_thread(self.file.write, frame)
+            else:
+                self.file.write(frame)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            self.file.seek(0)
+            while data := self.file.read(streams.CHUNK):
+                yield data
+        finally:
+            self.file.close()
+
+    def close(self) -> None:
+        self.file.close()

@@ -25,6 +25,7 @@ MIN_GAP = 0.1
 """Rounds start at least this far apart, however many sandbox events come."""
 
 
+# Long on purpose: wiring, each step building what the next one needs.
 def make_setup(
     runtime_settings: settings.RuntimeSettings, proxy_settings: settings.ProxySettings
 ) -> service.Setup:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import structlog
 
@@ -115,23 +116,7 @@ class Scaler:
             if proxy_id in records:
                 self.fleet.forget(records[proxy_id])
             report.died += 1
-        for _ in range(plan.start):
-            proxy_id = "px-" + ids.new_id()[:12]
-            try:
-                record = await self.fleet.start(proxy_id)
-            except errors.SandboxError as exc:
-                self._start_failed_at = time.monotonic()
-                log.error("proxy.start_failed", error=exc.message)
-                report.notes.append(f"start failed: {exc.message[:200]}")
-                break
-            await self._proxy_event(
-                proxy_id,
-                events.ProxyStarted(
-                    meta=meta(), proxy_id=proxy_id, backend=self.backend, endpoint=record.endpoint
-                ),
-            )
-            records[proxy_id] = record
-            report.started += 1
+        await self._start(plan.start, records, report)
         for proxy_id in plan.drain:
             await self._proxy_event(proxy_id, events.ProxyDraining(meta=meta(), proxy_id=proxy_id))
         for proxy_id in plan.stop:
@@ -150,6 +135,27 @@ class Scaler:
         report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
         self.room = plan.room
         return report
+
+    async def _start(self, count: int, records: dict[str, Any], report: Report) -> None:
+        """Start ``count`` proxies (recorded as they come up); a failure stops this round's
+        starts and holds the next ones back for ``START_RETRY``."""
+        for _ in range(count):
+            proxy_id = "px-" + ids.new_id()[:12]
+            try:
+                record = await self.fleet.start(proxy_id)
+            except errors.SandboxError as exc:
+                self._start_failed_at = time.monotonic()
+                log.error("proxy.start_failed", error=exc.message)
+                report.notes.append(f"start failed: {exc.message[:200]}")
+                return
+            await self._proxy_event(
+                proxy_id,
+                events.ProxyStarted(
+                    meta=self.ctx.meta(), proxy_id=proxy_id, backend=self.backend, endpoint=record.endpoint
+                ),
+            )
+            records[proxy_id] = record
+            report.started += 1
 
     async def _route(
         self,

@@ -20,6 +20,7 @@ DEAD = ("deleted", "failed", "refused", "lost")
 """Statuses of a sandbox that is gone for good."""
 
 
+# Long on purpose: one case per event, so a sandbox's whole lifecycle reads as one table.
 def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> states.SandboxState:
     status = state.status if state else None
     match event:

@@ -134,7 +134,9 @@ async def _connect_with_retry(bus_settings: settings.BusSettings, name: str) -> 
             delay = min(delay * 2, 2.0)
 
 
-async def run(
+# Long on purpose: a service's whole life in order (connect, join, serve, drain, leave);
+# its steps share what the ``finally`` cleans up.
+async def run(  # noqa: C901
     service_settings: settings.ServiceSettings, setup: Setup, *, stop: asyncio.Event | None = None
 ) -> int:
     """Run one service instance until signalled (or ``stop`` is set); return the exit code.

@@ -12,6 +12,8 @@ from services.gateway.mcp.calls import REQUEST_BUDGET
 from shared.contract import checks, execution
 
 
+# Long on purpose: the tool's signature is its schema, one parameter per field of
+# Anthropic's text editor tool.
 def register(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
     @mcp.tool(
         name="str_replace_based_edit_tool",

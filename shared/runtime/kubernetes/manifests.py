@@ -140,6 +140,7 @@ def runtime_class(spec: api.SandboxSpec, settings: KubernetesSettings) -> str | 
     return name or None
 
 
+# Long on purpose: the pod spec is one literal, read top to bottom like the YAML it becomes.
 def pod(
     spec: api.SandboxSpec,
     claim: dict[str, Any],

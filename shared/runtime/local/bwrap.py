@@ -98,6 +98,8 @@ def home(run_as_root: bool) -> str:
     return "/root" if run_as_root else f"/home/{SANDBOX_USER}"
 
 
+# Long on purpose: the command line, one flag group after another, as
+# tests/unit/test_bwrap_plan.py checks it field by field.
 def argv(plan: Plan, main: list[str]) -> list[str]:
     """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
     uid = 0 if plan.run_as_root else SANDBOX_UID
