@@ -7,13 +7,12 @@ crash between the mount and the event is repaired by the next call.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 
 import structlog
 
 from shared.contract import errors, execution, ids, states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import aggregates, projector, service
+from shared.infrastructure import aggregates, bounded, projector, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -33,7 +32,7 @@ class TenantCaches:
         self.runtime = runtime
         self.sessions = sessions
         self.sandboxes = sandboxes
-        self._done: OrderedDict[str, None] = OrderedDict()
+        self._done: bounded.Bounded[str, None] = bounded.Bounded(REMEMBERED)
 
     def pending(self, sandbox_id: str) -> bool:
         """Whether the next call on this sandbox has the check to make (and reads the
@@ -90,5 +89,3 @@ class TenantCaches:
 
     def _remember(self, sandbox_id: str) -> None:
         self._done[sandbox_id] = None
-        while len(self._done) > REMEMBERED:
-            self._done.popitem(last=False)

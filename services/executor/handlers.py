@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections import OrderedDict
 
 import structlog
 from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
 from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
-from shared.infrastructure import activity, metrics, projector, rpc, service
+from shared.infrastructure import activity, bounded, metrics, projector, rpc, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -45,7 +44,7 @@ class Executor:
         self.activity_kv = activity_kv
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
         self.tenant_caches = tenant_caches
-        self._owners: OrderedDict[str, str] = OrderedDict()
+        self._owners: bounded.Bounded[str, str] = bounded.Bounded(OWNERS_REMEMBERED)
         self._audit_problem: str | None = None
         """Why the last audit record could not be written, until one can be again: while
         set, a call is run only once a record of its start is written (fails closed)."""
@@ -159,8 +158,6 @@ class Executor:
         if sandbox is None or sandbox.session_id != request.session_id or sandbox.status == "deleted":
             raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
         self._owners[request.sandbox_id] = request.session_id
-        while len(self._owners) > OWNERS_REMEMBERED:
-            self._owners.popitem(last=False)
         return sandbox
 
     async def dispatch(self, request: execution.AnyRequest) -> execution.Reply:

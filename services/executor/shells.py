@@ -28,6 +28,7 @@ import structlog
 
 from services.executor import output, scripts
 from shared.contract import errors, ids
+from shared.infrastructure import bounded
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -260,7 +261,7 @@ class ShellServers:
         self.limit = limit
         self._servers: dict[str, ShellServer] = {}
         self._starting: dict[str, asyncio.Lock] = {}
-        self._unsupported: dict[str, float] = {}
+        self._unsupported: bounded.Bounded[str, float] = bounded.Bounded(self.limit * 4)
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._preparing = 0
 
@@ -307,8 +308,6 @@ class ShellServers:
                 server = ShellServer(self.runtime, sandbox_id, process)
                 if not await server.hello():
                     self._unsupported[sandbox_id] = time.monotonic()
-                    if len(self._unsupported) > self.limit * 4:
-                        self._unsupported.pop(next(iter(self._unsupported)))
                     return None
                 self._servers[sandbox_id] = server
         finally:
