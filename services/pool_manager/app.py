@@ -70,7 +70,9 @@ def make_setup(
         tasks = [projector.catch_up(ctx.js, sandboxes)]
         pools = pool_specs.configured(lifecycle)
         if pools:
-            tasks.append(refill.run(ctx, pool, pools, lifecycle.max_running, short))
+            tasks.append(
+                refill.run(ctx, pool, pools, lifecycle.max_running, short, max_age=lifecycle.pool_max_age)
+            )
         return service.Workload(tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow])
 
     return setup

@@ -286,6 +286,20 @@ class PoolHandlers:
         assert stopped is not None
         return stopped
 
+    async def retire(self, sandbox_id: str) -> bool:
+        """Remove an idle pool sandbox the refill no longer wants, unless a session claims
+        it first (whichever records first wins); True if it was removed."""
+        request = provisioning.Delete(sandbox_id=sandbox_id, command_id=ids.new_id())
+        meta = self._meta(request)
+        outcome = await aggregates.transact(
+            self.sandboxes, sandbox_id, lambda state: sandbox_rules.decide_retired(state, sandbox_id, meta)
+        )
+        if not outcome.appended:
+            return False
+        await self.delete(request)
+        log.info("sandbox.retired", sandbox_id=sandbox_id)
+        return True
+
     async def delete(self, request: provisioning.Delete) -> states.SandboxState | None:
         await self.runtime.delete(request.sandbox_id)
         return await self._record(request, sandbox_rules.decide_deleted)

@@ -2,13 +2,16 @@
 
 A pool is identified by its name *and* a hash of its spec, so changing the spec (say,
 the image) makes a new pool: idle sandboxes of the old one are removed, claimed ones are
-never touched, and the new pool fills up.
+never touched, and the new pool fills up. A pool with more idle sandboxes than its
+``min_idle`` (lowered, say) gives back the oldest; an idle sandbox older than the
+maximum age is recycled (removed, and the refill makes a fresh one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from shared.contract import states
 from shared.domain import pools as pool_specs
@@ -23,9 +26,11 @@ class Plan:
     create: dict[str, int]
     """pool_id -> how many to provision now."""
     remove: list[str]
-    """Idle sandboxes of pools that no longer exist (spec changed)."""
+    """Idle sandboxes to remove: of pools that no longer exist (spec changed), above a
+    pool's ``min_idle`` (oldest first), or older than the maximum age."""
     running: int
     idle: dict[str, int]
+    """pool_id -> idle sandboxes now (those to remove included)."""
 
 
 def idle(sandbox: states.SandboxState) -> bool:
@@ -42,27 +47,51 @@ def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None
     return idle(old) and not idle(new)
 
 
-def plan(sandboxes: Iterable[states.SandboxState], pools: Iterable[PoolSpec], max_running: int) -> Plan:
-    """Refill every pool up to ``min_idle`` without taking the total past ``max_running``."""
+def plan(
+    sandboxes: Iterable[states.SandboxState],
+    pools: Iterable[PoolSpec],
+    max_running: int,
+    *,
+    now: datetime | None = None,
+    max_age: float | None = None,
+) -> Plan:
+    """Refill every pool up to ``min_idle`` without taking the total past ``max_running``;
+    give back what a pool has above ``min_idle`` and, given ``now``, recycle idle
+    sandboxes older than ``max_age`` seconds. Only running idle sandboxes are removed:
+    one still being made counts towards its pool but is left to finish."""
     pools = list(pools)
-    current = {p.pool_id for p in pools}
+    current = {p.pool_id: p for p in pools}
     running = 0
     idle_by_pool = dict.fromkeys(current, 0)
+    ready: dict[str, list[states.SandboxState]] = {pool_id: [] for pool_id in current}
     remove: list[str] = []
+    kept: dict[str, int] = {}
     for sandbox in sandboxes:
         if sandbox.status not in LIVE:
             continue
         running += 1
-        if idle(sandbox):
-            if sandbox.pool in current:
-                idle_by_pool[sandbox.pool] += 1
-            else:
-                remove.append(sandbox.sandbox_id)
+        if not idle(sandbox):
+            continue
+        if sandbox.pool not in current:
+            remove.append(sandbox.sandbox_id)
+            continue
+        assert sandbox.pool is not None
+        idle_by_pool[sandbox.pool] += 1
+        if sandbox.status == "running":
+            ready[sandbox.pool].append(sandbox)
+    for pool_id, spec in current.items():
+        oldest_first = sorted(ready[pool_id], key=lambda s: (s.created_at, s.sandbox_id))
+        surplus = max(0, idle_by_pool[pool_id] - spec.min_idle)
+        gone = oldest_first[: min(surplus, len(oldest_first))]
+        if now is not None and max_age is not None:
+            gone += [s for s in oldest_first[len(gone) :] if (now - s.created_at).total_seconds() >= max_age]
+        remove += [s.sandbox_id for s in gone]
+        kept[pool_id] = idle_by_pool[pool_id] - len(gone)
     # Removals happen in the same round as creations, so they free no room until the next.
     budget = max(0, max_running - running)
     create: dict[str, int] = {}
     for pool in pools:
-        want = min(max(0, pool.min_idle - idle_by_pool[pool.pool_id]), budget)
+        want = min(max(0, pool.min_idle - kept[pool.pool_id]), budget)
         if want:
             create[pool.pool_id] = want
             budget -= want

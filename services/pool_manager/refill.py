@@ -49,6 +49,8 @@ async def run(
     pools: list[logic.PoolSpec],
     max_running: int,
     wake: asyncio.Event | None = None,
+    *,
+    max_age: float | None = None,
 ) -> None:
     """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
     be short (a round then starts at most MIN_GAP after the last)."""
@@ -61,7 +63,7 @@ async def run(
         reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
         if reoffer:
             reoffered = time.monotonic()
-        return await refill_once(ctx, pool, pools, max_running, reoffer=reoffer)
+        return await refill_once(ctx, pool, pools, max_running, reoffer=reoffer, max_age=max_age)
 
     def backoff(failures: int, delay: float) -> float:
         """Failing provisions back off (up to 30 s) instead of flooding the stream."""
@@ -92,11 +94,12 @@ async def refill_once(
     max_running: int,
     *,
     reoffer: bool,
+    max_age: float | None = None,
 ) -> int:
     """One round; returns how many steps failed. A configuration error (no cgroups, say)
     is raised: retrying cannot fix it."""
     sandboxes = list((await pool.sandboxes.all()).values())
-    plan = logic.plan(sandboxes, pools, max_running)
+    plan = logic.plan(sandboxes, pools, max_running, now=service.now(), max_age=max_age)
     by_state = collections.Counter(s.status for s in sandboxes)
     for state in ("requested", "running", "stopped"):
         metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))
@@ -118,7 +121,7 @@ async def refill_once(
             )
             jobs.append(_paced(pace, _make(ctx, pool, request)))
     for sandbox_id in plan.remove:
-        jobs.append(pool.delete(provisioning.Delete(sandbox_id=sandbox_id, command_id=ids.new_id())))
+        jobs.append(pool.retire(sandbox_id))
     if reoffer:
         for sandbox in sandboxes:
             if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:

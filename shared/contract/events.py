@@ -159,6 +159,8 @@ class SandboxStopped(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.stopp
     """Every process in it was stopped; its workspace is kept."""
 
     reason: str = "requested"
+    """``requested``; ``lost`` (the runtime lost it while it ran); ``retired`` (an idle pool
+    sandbox its pool no longer wants, deleted next)."""
 
 
 class SandboxDeleted(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.deleted"):

@@ -170,6 +170,17 @@ def decide_stopped(
     )
 
 
+def decide_retired(
+    state: states.SandboxState | None, sandbox_id: str, meta: events.Meta
+) -> list[events.Event]:
+    """An idle pool sandbox the pool no longer wants (above ``min_idle``, too old, of a
+    pool that is gone) is stopped first, as one CAS: a claim racing it loses (or wins,
+    and then it is not retired)."""
+    if state is None or state.pool is None or state.session_id is not None or state.status != "running":
+        return []
+    return [events.SandboxStopped(meta=meta, sandbox_id=sandbox_id, reason="retired")]
+
+
 def decide_deleted(state: states.SandboxState | None, sandbox_id: str, meta: MetaFor) -> list[events.Event]:
     """Deleted from the runtime: from any status but deleted, refused and lost."""
     session = state.session_id if state else None

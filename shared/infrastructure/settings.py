@@ -228,6 +228,9 @@ class LifecycleSettings:
     """Ready, unclaimed sandboxes kept for the default pool (``SBX_POOL_MIN_IDLE``; 0 = no pool)."""
     pool_image: str = "default"
     """Image of the default pool's sandboxes (``SBX_POOL_IMAGE``); changing it rolls the pool over."""
+    pool_max_age: float = 3600.0
+    """An idle pool sandbox older than this is recycled: removed, and the refill makes a
+    fresh one (``SBX_POOL_MAX_AGE``)."""
     extra_pools: tuple[tuple[str, str, bool, bool, int, str | None], ...] = ()
     """More pools (``SBX_POOLS``, JSON: ``[{"name": "py", "image": "py312", "min_idle": 2,
     "run_as_root": true, "writable_root": true, "org": "acme"}]``) as (name, image,
@@ -265,6 +268,7 @@ class LifecycleSettings:
             pool_min_idle=count("SBX_POOL_MIN_IDLE", cls.pool_min_idle, 0),
             pool_image=_image(env.get("SBX_POOL_IMAGE", cls.pool_image)),
             extra_pools=_pools(env.get("SBX_POOLS", "")),
+            pool_max_age=_duration(env, "SBX_POOL_MAX_AGE", cls.pool_max_age, minimum=1),
             max_running=count("SBX_MAX_RUNNING", cls.max_running, 1),
             max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
             max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),

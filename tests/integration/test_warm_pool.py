@@ -11,7 +11,7 @@ import pytest
 
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared.contract import commands, errors, ids, subjects
+from shared.contract import commands, errors, events, ids, subjects
 from shared.domain import pools, projections
 from shared.infrastructure import eventstore, projector, settings
 from tests import support
@@ -161,6 +161,46 @@ async def test_a_spec_change_rolls_the_pool_over_without_touching_claimed_sandbo
     await support.eventually(lambda: _count(idle(nc, topology, old_pool), 0), timeout=30)
     kept = {s.sandbox_id: s for s in await sandboxes(nc, topology)}[claimed]
     assert kept.status == "running" and kept.session_id == "keeper"
+
+
+async def test_a_pool_above_min_idle_shrinks_and_old_idle_sandboxes_are_recycled(env):
+    """Lowering SBX_POOL_MIN_IDLE (or coming back from a crash with a bigger pool) gives
+    back the surplus, oldest first, each recorded stopped (``retired``) then deleted and
+    gone from the runtime; with SBX_POOL_MAX_AGE an idle sandbox is replaced by a fresh
+    one once it is that old."""
+    start, nc, topology, state = env
+    big = replace(LIFECYCLE, pool_min_idle=3)
+    first = await start("pool-manager", pool_app.make_setup(RUNTIME, big))
+    pool_id = pools.configured(big)[0].pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 3), timeout=30)
+    before = sorted(await idle(nc, topology, pool_id), key=lambda s: s.created_at)
+    await first.stop()
+
+    small = replace(LIFECYCLE, pool_min_idle=1)
+    second = await start("pool-manager", pool_app.make_setup(RUNTIME, small))
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    records = {s.sandbox_id: s for s in await sandboxes(nc, topology)}
+    assert [records[s.sandbox_id].status for s in before] == ["deleted", "deleted", "running"]
+    from shared.runtime.local import runtime as local
+
+    assert [i.sandbox_id for i in await local.LocalRuntime(state).list()] == [before[-1].sandbox_id]
+    store = eventstore.EventStore(nc.jetstream(), topology)
+    subject = topology.aggregate_subject(subjects.SANDBOX, before[0].sandbox_id)
+    kinds = [type(stored.event).__name__ for stored in [s async for s in store.read(subject)]]
+    assert kinds[-2:] == ["SandboxStopped", "SandboxDeleted"]
+    stopped = [s.event async for s in store.read(subject) if isinstance(s.event, events.SandboxStopped)]
+    assert [e.reason for e in stopped] == ["retired"]
+    await second.stop()
+
+    recycling = replace(LIFECYCLE, pool_min_idle=1, pool_max_age=2.0)
+    await start("pool-manager", pool_app.make_setup(RUNTIME, recycling))
+    kept = before[-1].sandbox_id
+
+    async def replaced() -> bool:
+        now = await idle(nc, topology, pool_id)
+        return len(now) == 1 and now[0].sandbox_id != kept
+
+    await support.eventually(replaced, timeout=30)
 
 
 async def _count(coro, n):

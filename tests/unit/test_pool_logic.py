@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -171,12 +172,40 @@ def test_empty_pool_is_filled_to_min_idle() -> None:
     )
 
 
-@pytest.mark.parametrize(("have", "want"), [(0, 3), (1, 2), (2, 1), (3, 0), (5, 0)])
+@pytest.mark.parametrize(("have", "want"), [(0, 3), (1, 2), (2, 1), (3, 0)])
 def test_refill_tops_up_to_min_idle(have: int, want: int) -> None:
     current = [warm(PY) for _ in range(have)]
     plan = logic.plan(current, [PY], 100)
     assert plan.create == ({PY.pool_id: want} if want else {})
     assert plan.idle == {PY.pool_id: have} and plan.running == have and plan.remove == []
+
+
+def test_a_pool_above_min_idle_gives_back_its_oldest() -> None:
+    """min_idle lowered (or a crash mid-refill came back with a smaller pool): the surplus
+    goes, oldest first, and nothing new is made."""
+    current = [warm(PY) for _ in range(5)]
+    for i, sandbox in enumerate(current):
+        current[i] = msgspec.structs.replace(sandbox, created_at=T0 + timedelta(seconds=10 - i))
+    plan = logic.plan(current, [PY], 100)
+    assert plan.create == {} and plan.idle == {PY.pool_id: 5}
+    assert plan.remove == sorted(s.sandbox_id for s in current[3:])  # the two oldest
+
+
+def test_only_running_idle_sandboxes_are_given_back() -> None:
+    current = [warm(PY, "requested") for _ in range(4)] + [warm(PY)]
+    plan = logic.plan(current, [PY], 100)
+    assert plan.remove == [current[-1].sandbox_id] and plan.create == {}
+
+
+def test_idle_sandboxes_past_the_maximum_age_are_recycled() -> None:
+    old, young = warm(PY), warm(PY)
+    old = msgspec.structs.replace(old, created_at=T0)
+    young = msgspec.structs.replace(young, created_at=T0 + timedelta(minutes=50))
+    now = T0 + timedelta(hours=1)
+    plan = logic.plan([old, young], [PY], 100, now=now, max_age=3600)
+    assert plan.remove == [old.sandbox_id]
+    assert plan.create == {PY.pool_id: 2}, "the refill replaces it (and the missing one)"
+    assert logic.plan([old, young], [PY], 100).remove == [], "no maximum age: kept"
 
 
 def test_requested_pool_sandboxes_count_as_idle_and_running() -> None:
@@ -335,23 +364,37 @@ def _check_plan(sandboxes: list[states.SandboxState], specs: list[pools.PoolSpec
     assert plan.idle == {
         p.pool_id: sum(1 for s in live if s.pool == p.pool_id and s.session_id is None) for p in specs
     }
-    for sandbox_id in plan.remove:  # only idle sandboxes of pools that are gone
+    for sandbox_id in plan.remove:  # only idle ones: of pools that are gone, or a pool's surplus
         removed = by_id[sandbox_id]
-        assert removed.session_id is None and removed.pool is not None and removed.pool not in current
+        assert removed.session_id is None and removed.pool is not None
         assert removed.status in ("requested", "running")
+        if removed.pool in current:
+            assert removed.status == "running", "one still being made is left to finish"
     assert len(set(plan.remove)) == len(plan.remove) and plan.remove == sorted(plan.remove)
     for pool in specs:
+        gone = sum(1 for sandbox_id in plan.remove if by_id[sandbox_id].pool == pool.pool_id)
+        kept = plan.idle[pool.pool_id] - gone
+        assert kept == max(min(pool.min_idle, plan.idle[pool.pool_id]), kept), "never below min_idle"
+        making = sum(
+            1 for s in live if s.pool == pool.pool_id and s.session_id is None and s.status == "requested"
+        )
+        assert gone == 0 or kept <= max(pool.min_idle, making), "a surplus goes, down to min_idle"
         want = plan.create.get(pool.pool_id, 0)
-        assert 0 <= want <= max(0, pool.min_idle - plan.idle[pool.pool_id])
+        assert 0 <= want <= max(0, pool.min_idle - kept)
     assert set(plan.create) <= current and all(n > 0 for n in plan.create.values())
     return plan
+
+
+def _pools_of(sandboxes: list[states.SandboxState], ids: list[str]) -> list[str | None]:
+    by_id = {s.sandbox_id: s for s in sandboxes}
+    return [by_id[i].pool for i in ids]
 
 
 @given(_world(stale=False))
 def test_plan_never_goes_past_max_running(world: Any) -> None:
     sandboxes, specs, max_running = world
     plan = _check_plan(sandboxes, specs, max_running)
-    assert plan.remove == []
+    assert all(by_id_pool in {p.pool_id for p in specs} for by_id_pool in _pools_of(sandboxes, plan.remove))
     assert plan.running + sum(plan.create.values()) <= max(max_running, plan.running)
 
 
