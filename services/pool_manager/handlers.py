@@ -121,6 +121,9 @@ class PoolHandlers:
 
     async def _refuse_if_full(self, request: provisioning.Provision) -> None:
         full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
+        if full and request.session_id is not None and await self._evict_idle():
+            # Sessions before the pool: an idle pool sandbox makes room for a session's own.
+            full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
         if not full:
             return
         reason = f"max_running ({self.max_running}) reached"
@@ -144,6 +147,18 @@ class PoolHandlers:
             f"{running} sandboxes are running, the limit is {self.max_running}: retry later, "
             "or clear sessions you no longer need"
         )
+
+    async def _evict_idle(self) -> bool:
+        """Retire the oldest idle pool sandbox (a claim racing it wins); True if one went."""
+        idle = sorted(
+            (s for s in (await self.sandboxes.all()).values() if logic.idle(s) and s.status == "running"),
+            key=lambda s: (s.created_at, s.sandbox_id),
+        )
+        for sandbox in idle:
+            if await self.retire(sandbox.sandbox_id):
+                metrics.evictions.inc()
+                return True
+        return False
 
     def _cache_org(self, request: provisioning.Provision) -> str | None:
         """The organisation whose cache the new sandbox shows from its start, if any."""

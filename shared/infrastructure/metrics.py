@@ -35,6 +35,11 @@ pool_sandboxes = Gauge(
     registry=REGISTRY,
 )
 refusals = Counter("sbx_refusals_total", "Sandboxes refused by a limit.", ["limit"], registry=REGISTRY)
+evictions = Counter(
+    "sbx_pool_evictions_total",
+    "Idle pool sandboxes removed at max_running to make room for a session's own sandbox.",
+    registry=REGISTRY,
+)
 reaps = Counter(
     "sbx_reaps_total", "Sessions stopped or purged by the reaper, by reason.", ["reason"], registry=REGISTRY
 )

@@ -113,6 +113,31 @@ async def test_max_running_refuses_clearly_and_records_it(env):
     assert "sandbox.refused" in tags
 
 
+async def test_at_max_running_a_session_takes_the_room_of_an_idle_pool_sandbox(env):
+    """Sessions before the pool: at the limit, a session whose options no pool serves (so
+    it starts cold) makes room by retiring an idle pool sandbox; it is refused only once
+    the sessions' own sandboxes fill the limit."""
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=2, max_running=3)
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    pool_id = pools.configured(lifecycle)[0].pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+
+    async def cold(session: str) -> commands.CommandReply:
+        command = commands.ProvisionSandbox(command_id=ids.new_id(), session_id=session, writable_root=False)
+        return await support.send(nc, topology, command, timeout=60)
+
+    assert (await cold("own-1")).ok  # 3 running: 2 idle and its own
+    assert (await cold("own-2")).ok, "an idle pool sandbox made room"
+    assert (await cold("own-3")).ok, "and the other one"
+    refused = await cold("own-4")
+    assert not refused.ok and refused.error.code == "limit_exceeded"
+    assert await idle(nc, topology, pool_id) == []
+    live = [s for s in await sandboxes(nc, topology) if s.status in ("requested", "running")]
+    assert sorted(s.session_id or "" for s in live) == ["own-1", "own-2", "own-3"]
+
+
 async def test_two_pool_managers_admitting_at_once_never_exceed_max_running(env):
     """Cold starts spread over two pool-manager instances (the work queue hands requests
     to either): the shared admission lease keeps the total at the limit, not above."""
