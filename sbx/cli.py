@@ -122,6 +122,19 @@ def replay_command(
     _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
 
 
+@app.command("replicas")
+def replicas_command(
+    copies: Annotated[int, typer.Argument(help="Copies of every stream and bucket (1-5).", min=1, max=5)],
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Change how many copies a NATS cluster keeps of the event stream, the pool stream and
+    every bucket (services never change it themselves; SBX_NATS_REPLICAS applies at creation)."""
+    from sbx import observe
+
+    _with_stack(state_dir, observe.set_replicas, copies=copies, as_json=json)
+
+
 image_app = typer.Typer(
     help="Images the local runtime can start (no registry pulls yet).", no_args_is_help=True
 )

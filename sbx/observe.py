@@ -167,3 +167,13 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
         else:
             print(f"{len(report.differences)} projection entries differ from the stream", file=sys.stderr)
     return 0 if rebuild or not report.differences else 1
+
+
+async def set_replicas(nc: Client, topology: subjects.Topology, *, copies: int, as_json: bool) -> int:
+    before = await bus.set_replicas(nc.jetstream(), topology, copies)
+    if as_json:
+        print(json.dumps({"replicas": copies, "before": before}))
+    else:
+        for name, count in before.items():
+            print(f"{name:40} {count} -> {copies}" if count != copies else f"{name:40} {copies} (unchanged)")
+    return 0

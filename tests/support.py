@@ -71,6 +71,79 @@ class NatsServer:
             self.proc.wait(10)
 
 
+@dataclass
+class NatsCluster:
+    """A real 3-node JetStream cluster on loopback (three ``nats-server`` processes routed
+    to each other, each with its own store), for the tests where HA matters."""
+
+    root: Path
+    size: int = 3
+    ports: list[int] = field(default_factory=list)
+    cluster_ports: list[int] = field(default_factory=list)
+    procs: list[subprocess.Popen[bytes] | None] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ports = [free_port() for _ in range(self.size)]
+        self.cluster_ports = [free_port() for _ in range(self.size)]
+        self.procs = [None] * self.size
+
+    @property
+    def url(self) -> str:
+        return ",".join(f"nats://127.0.0.1:{p}" for p in self.ports)
+
+    def name(self, node: int) -> str:
+        return f"n{node}"
+
+    def start(self, node: int | None = None) -> None:
+        for n in range(self.size) if node is None else [node]:
+            routes = ",".join(f"nats://127.0.0.1:{p}" for i, p in enumerate(self.cluster_ports) if i != n)
+            self.procs[n] = subprocess.Popen(
+                [
+                    natsd.binary(), "-js", "-sd", str(self.root / self.name(n)), "-a", "127.0.0.1",
+                    "-p", str(self.ports[n]), "--server_name", self.name(n), "--cluster_name", "test",
+                    "--cluster", f"nats://127.0.0.1:{self.cluster_ports[n]}", "--routes", routes,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )  # fmt: skip
+        for n in range(self.size) if node is None else [node]:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                address = ("127.0.0.1", self.ports[n])
+                with contextlib.suppress(OSError), socket.create_connection(address, 0.2):
+                    break
+                time.sleep(0.02)
+            else:
+                raise RuntimeError(f"nats-server {self.name(n)} did not start")
+
+    def kill(self, node: int) -> None:
+        proc = self.procs[node]
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        self.procs[node] = None
+
+    def stop(self) -> None:
+        for n, proc in enumerate(self.procs):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(10)
+            self.procs[n] = None
+
+    async def ready(self, nc: Client, timeout: float = 30.0) -> None:
+        """Until the cluster has elected a JetStream meta leader (account info answers)."""
+        js = nc.jetstream()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                await js.account_info()
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
+
+
 def service_settings(
     server_url: str, namespace: str, name: str, **overrides: Any
 ) -> settings.ServiceSettings:

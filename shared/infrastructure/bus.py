@@ -7,6 +7,8 @@ stream; buckets keep their existing definition (with a warning).
 
 from __future__ import annotations
 
+import dataclasses
+
 import nats
 import nats.errors
 import nats.js.errors
@@ -52,41 +54,81 @@ async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: floa
         raise errors.Unavailable(f"cannot connect to NATS at {bus.nats_url}: {exc}") from exc
 
 
-async def ensure_topology(js: JetStreamContext, topology: subjects.Topology) -> None:
-    """Create the event stream, the projection buckets and the health bucket if missing."""
-    stream = jetstream.events_stream(topology)
+async def ensure_topology(js: JetStreamContext, topology: subjects.Topology, *, replicas: int = 1) -> None:
+    """Create the event stream, the pool stream and the buckets if missing, with
+    ``replicas`` copies each. What exists keeps its number of copies: a service starting
+    with another setting never lowers (or raises) it; ``set_replicas`` does, on purpose."""
+    await _ensure_events_stream(js, topology, replicas)
     try:
-        await js.add_stream(stream)
-    except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != STREAM_NAME_IN_USE:
-            raise eventstore.translate(exc, "creating the event stream") from exc
-        await js.update_stream(stream)
-        log.info("bus.stream_updated", stream=stream.name)
-    except Exception as exc:
-        raise eventstore.translate(exc, "creating the event stream") from exc
-    try:
-        await js.add_stream(jetstream.pool_stream(topology))
+        await js.add_stream(jetstream.pool_stream(topology, replicas))
     except nats.js.errors.BadRequestError as exc:
         if exc.err_code != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, "creating the pool stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the pool stream") from exc
     for config in [
-        *(jetstream.projection_bucket(topology, kind) for kind in subjects.PROJECTED_KINDS),
-        jetstream.health_bucket(topology),
-        jetstream.leases_bucket(topology),
-        jetstream.activity_bucket(topology),
+        *(jetstream.projection_bucket(topology, kind, replicas) for kind in subjects.PROJECTED_KINDS),
+        jetstream.health_bucket(topology, replicas),
+        jetstream.leases_bucket(topology, replicas),
+        jetstream.activity_bucket(topology, replicas),
     ]:
-        try:
-            await js.create_key_value(config)
-        except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != STREAM_NAME_IN_USE:
-                raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
-            log.warning("bus.bucket_definition_differs", bucket=config.bucket)
-        except Exception as exc:
-            raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+        await _ensure_bucket(js, config)
     for kind in subjects.PROJECTED_KINDS:
         await _move_legacy_bucket(js, topology, kind)
+
+
+async def _ensure_events_stream(js: JetStreamContext, topology: subjects.Topology, replicas: int) -> None:
+    """Create the event stream, or bring an existing one's definition up to date (its
+    number of copies kept)."""
+    stream = jetstream.events_stream(topology, replicas)
+    try:
+        await js.add_stream(stream)
+        return
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise eventstore.translate(exc, "creating the event stream") from exc
+    except Exception as exc:
+        raise eventstore.translate(exc, "creating the event stream") from exc
+    try:
+        current = await js.stream_info(topology.events_stream)
+        await js.update_stream(dataclasses.replace(stream, num_replicas=current.config.num_replicas))
+    except Exception as exc:
+        raise eventstore.translate(exc, "updating the event stream") from exc
+    log.info("bus.stream_updated", stream=topology.events_stream)
+
+
+async def _ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> None:
+    """Create a bucket; one that exists keeps its definition (with a warning if it differs)."""
+    try:
+        await js.create_key_value(config)
+    except nats.js.errors.BadRequestError as exc:
+        if exc.err_code != STREAM_NAME_IN_USE:
+            raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+        log.warning("bus.bucket_definition_differs", bucket=config.bucket)
+    except Exception as exc:
+        raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
+
+
+def stream_names(topology: subjects.Topology) -> list[str]:
+    """Every JetStream stream of a topology: the two streams and each bucket's."""
+    buckets = [topology.bucket(kind) for kind in subjects.PROJECTED_KINDS]
+    buckets += [topology.health_bucket, topology.leases_bucket, topology.activity_bucket]
+    return [topology.events_stream, topology.pool_stream, *(f"KV_{b}" for b in buckets)]
+
+
+async def set_replicas(js: JetStreamContext, topology: subjects.Topology, replicas: int) -> dict[str, int]:
+    """Change the number of copies of every stream and bucket (the server moves the data);
+    returns each stream's count before."""
+    before: dict[str, int] = {}
+    for name in stream_names(topology):
+        try:
+            info = await js.stream_info(name)
+            before[name] = info.config.num_replicas or 1
+            if before[name] != replicas:
+                await js.update_stream(dataclasses.replace(info.config, num_replicas=replicas))
+        except Exception as exc:
+            raise eventstore.translate(exc, f"changing the copies of {name}") from exc
+    return before
 
 
 async def _move_legacy_bucket(js: JetStreamContext, topology: subjects.Topology, kind: str) -> None:

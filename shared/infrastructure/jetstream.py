@@ -9,7 +9,7 @@ from nats.js import api
 from shared.contract import subjects
 
 
-def events_stream(topology: subjects.Topology) -> api.StreamConfig:
+def events_stream(topology: subjects.Topology, replicas: int = 1) -> api.StreamConfig:
     return api.StreamConfig(
         name=topology.events_stream,
         description="Every lifecycle event of the product: the source of truth and the audit log.",
@@ -19,10 +19,11 @@ def events_stream(topology: subjects.Topology) -> api.StreamConfig:
         discard=api.DiscardPolicy.OLD,
         duplicate_window=subjects.DUPLICATE_WINDOW_SECONDS,
         allow_direct=True,
+        num_replicas=replicas,
     )
 
 
-def pool_stream(topology: subjects.Topology) -> api.StreamConfig:
+def pool_stream(topology: subjects.Topology, replicas: int = 1) -> api.StreamConfig:
     return api.StreamConfig(
         name=topology.pool_stream,
         description="Idle pool sandboxes offered to claimers (work queue: each offer taken once).",
@@ -30,43 +31,48 @@ def pool_stream(topology: subjects.Topology) -> api.StreamConfig:
         retention=api.RetentionPolicy.WORK_QUEUE,
         storage=api.StorageType.FILE,
         duplicate_window=subjects.DUPLICATE_WINDOW_SECONDS,
+        num_replicas=replicas,
     )
 
 
-def activity_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+def activity_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValueConfig:
     return api.KeyValueConfig(
         bucket=topology.activity_bucket,
         description="Last tool call per session, for the idle rule.",
         history=1,
         ttl=subjects.ACTIVITY_TTL_SECONDS,
         storage=api.StorageType.FILE,
+        replicas=replicas,
     )
 
 
-def leases_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+def leases_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValueConfig:
     return api.KeyValueConfig(
         bucket=topology.leases_bucket,
         description="Leases: a key held by one instance, expiring unless renewed.",
         history=1,
         ttl=subjects.LEASE_TTL_SECONDS,
         storage=api.StorageType.FILE,
+        replicas=replicas,
     )
 
 
-def projection_bucket(topology: subjects.Topology, kind: str) -> api.KeyValueConfig:
+def projection_bucket(topology: subjects.Topology, kind: str, replicas: int = 1) -> api.KeyValueConfig:
     return api.KeyValueConfig(
         bucket=topology.bucket(kind),
         description=f"Projection of {kind} events (rebuildable with `sbx replay`).",
         history=1,
         storage=api.StorageType.FILE,
+        replicas=replicas,
     )
 
 
-def health_bucket(topology: subjects.Topology) -> api.KeyValueConfig:
+def health_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValueConfig:
     return api.KeyValueConfig(
         bucket=topology.health_bucket,
         description="Service heartbeats; an entry expires when its instance stops reporting.",
         history=1,
         ttl=subjects.HEALTH_TTL_SECONDS,
         storage=api.StorageType.FILE,  # survives a NATS restart like the rest
+        replicas=replicas,
     )

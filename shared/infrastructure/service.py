@@ -157,7 +157,7 @@ async def run(  # noqa: C901
     # so draining the subscribers never cuts off the final events.
     nc = await _connect_with_retry(s.bus, name)
     js = nc.jetstream()
-    await bus.ensure_topology(js, topology)
+    await bus.ensure_topology(js, topology, replicas=service_settings.bus.replicas)
     broker = NatsBroker(
         servers=s.bus.servers,
         name=f"{name}/subscribers",

@@ -89,6 +89,10 @@ class BusSettings:
     nats_token: str | None = field(default=None, repr=False)
     """Token for NATS authorization (``NATS_TOKEN``); ``sbx up`` generates one for the
     server it starts and hands it to its children."""
+    replicas: int = 1
+    """Copies of the event stream, the pool stream and every bucket in a NATS cluster
+    (``SBX_NATS_REPLICAS``, 1-5), applied when they are created; a service that finds them
+    never changes their count (``sbx replicas`` does, on purpose)."""
 
     @property
     def servers(self) -> list[str]:
@@ -106,7 +110,15 @@ class BusSettings:
             namespace=namespace,
             request_timeout=_duration(env, "SBX_REQUEST_TIMEOUT", cls.request_timeout, minimum=0.05),
             nats_token=env.get("NATS_TOKEN") or None,
+            replicas=_replicas(env),
         )
+
+
+def _replicas(env: Mapping[str, str]) -> int:
+    raw = env.get("SBX_NATS_REPLICAS", "1").strip()
+    if raw not in ("1", "2", "3", "4", "5"):
+        raise errors.ConfigError(f"SBX_NATS_REPLICAS={raw!r} must be 1 to 5 (3 on a 3-node cluster)")
+    return int(raw)
 
 
 @dataclass(frozen=True)

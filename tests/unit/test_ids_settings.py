@@ -458,3 +458,11 @@ def test_claim_on_connect_is_on_unless_turned_off(raw, expected) -> None:
     assert settings.GatewaySettings.from_env(env).claim_on_connect is expected
     with pytest.raises(errors.ConfigError, match="SBX_CLAIM_ON_CONNECT"):
         settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CLAIM_ON_CONNECT": "maybe"})
+
+
+def test_nats_replicas_are_one_to_five() -> None:
+    assert settings.BusSettings.from_env({}).replicas == 1
+    assert settings.BusSettings.from_env({"SBX_NATS_REPLICAS": "3"}).replicas == 3
+    for bad in ("0", "6", "three", "-1"):
+        with pytest.raises(errors.ConfigError, match="SBX_NATS_REPLICAS"):
+            settings.BusSettings.from_env({"SBX_NATS_REPLICAS": bad})
