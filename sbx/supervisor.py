@@ -16,6 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import IO
 
+#: A service that exits with this code found its configuration wrong: restarting it
+#: cannot help, so it is not restarted and the stack stops (``shared.infrastructure.service.main``).
+CONFIG_EXIT = 2
 #: A child that ran at least this long before exiting restarts without back-off.
 HEALTHY_RUN_SECONDS = 30.0
 MAX_DELAY_SECONDS = 30.0
@@ -62,6 +65,9 @@ class Supervisor:
         self.stopping = False
         self.stop_timeout = stop_timeout
         self._watchers: list[asyncio.Task[None]] = []
+        self.refused = asyncio.Event()
+        """Set when a child exits with ``CONFIG_EXIT`` (``refused_by`` says which)."""
+        self.refused_by: str | None = None
 
     async def _spawn(self, child: Child) -> None:
         child.exited.clear()
@@ -88,6 +94,11 @@ class Supervisor:
             code = await child.proc.wait()
             child.exited.set()
             if self.stopping:
+                return
+            if code == CONFIG_EXIT:
+                say(f"{child.name} refused its configuration (see its message above); not restarting it")
+                self.refused_by = child.name
+                self.refused.set()
                 return
             ran = time.monotonic() - child.started_at
             child.failures = 1 if ran >= HEALTHY_RUN_SECONDS else child.failures + 1

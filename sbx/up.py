@@ -227,8 +227,9 @@ def _banner(
 async def run(options: Options, env: dict[str, str]) -> int:
     state = options.state_dir
     lock = _lock(state)  # noqa: F841  (held until this process ends)
-    env, egress = await _egress(state, env)
     key, generated = stack.api_key(state, env)
+    settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": key})  # a bad key stops here
+    env, egress = await _egress(state, env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
     sup = supervisor.Supervisor(stop_timeout=drain + 5)
     nats_child: supervisor.Child | None = None
@@ -243,10 +244,11 @@ async def run(options: Options, env: dict[str, str]) -> int:
             loop.add_signal_handler(sig, stop.set)
         ready = asyncio.create_task(_wait_for_gateway(bus_settings, gateway))
         stopped = asyncio.create_task(stop.wait())
-        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        refused = asyncio.create_task(sup.refused.wait())
+        await asyncio.wait([ready, stopped, refused], return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             ready.cancel()
-            return 0
+            return supervisor.CONFIG_EXIT if refused.done() else 0
         if egress.mode == "proxy":
             await proxyrun.wait_for_first_proxy(state)  # sandboxes can get out once we say "up"
         gateway_url = ready.result()
@@ -256,7 +258,9 @@ async def run(options: Options, env: dict[str, str]) -> int:
         if generated:
             supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
         print(_banner(state, env, bus_settings, gateway_url, nats_child is not None, egress), flush=True)
-        await stopped
+        await asyncio.wait([stopped, refused], return_when=asyncio.FIRST_COMPLETED)
+        if refused.done():
+            return supervisor.CONFIG_EXIT
     finally:
         supervisor.say("stopping services...")
         await sup.stop_all(last=nats_child)

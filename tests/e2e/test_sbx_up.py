@@ -195,6 +195,21 @@ def test_gateway_refuses_to_start_without_a_key():
     assert short.returncode == 2 and "at least 16" in short.stderr
 
 
+def test_sbx_up_refuses_a_bad_key_before_starting_anything(tmp_path):
+    """A too-short SANDBOX_API_KEY stops `sbx up` with one message and exit 2, before NATS
+    or any service starts (it used to start them and restart the gateway in a loop)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "sbx.cli", "up", "--port", "0", "--nats-port", str(support.free_port()),
+         "--state-dir", str(tmp_path)],
+        env={**env, "SANDBOX_API_KEY": "short"}, capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "SANDBOX_API_KEY must be at least 16" in result.stderr
+    assert "restarting" not in result.stderr
+    assert not (tmp_path / "nats").exists(), "NATS never started"
+
+
 def test_status_without_a_stack_says_how_to_start_one(tmp_path):
     result = sbx("status", state=tmp_path)
     assert result.returncode == 2 and "sbx up" in result.stderr

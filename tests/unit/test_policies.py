@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -142,3 +145,27 @@ def test_diff_changed_fields() -> None:
 def test_diff_is_sorted_by_key() -> None:
     out = replay.diff("session", {"b": session(), "c": session()}, {"a": session(), "c": session("stopped")})
     assert [d.key for d in out] == ["a", "b", "c"]
+
+
+async def test_a_child_that_refuses_its_configuration_is_not_restarted(tmp_path) -> None:
+    """Exit 2 (a service's configuration error) is not retried: the supervisor says so
+    once and tells `sbx up`, which stops the stack; any other exit is restarted."""
+    sup = supervisor.Supervisor(stop_timeout=5)
+    env = supervisor.child_env({"PATH": os.environ.get("PATH", "")})
+    refusing = await sup.start(
+        supervisor.Child("refusing", [sys.executable, "-c", "raise SystemExit(2)"], env)
+    )
+    crashing = await sup.start(
+        supervisor.Child(
+            "crashing", [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(1)"], env
+        )
+    )
+    try:
+        async with asyncio.timeout(10):
+            await sup.refused.wait()
+        assert sup.refused_by == "refusing" and refusing.restarts == 0
+        async with asyncio.timeout(10):
+            while crashing.restarts == 0:
+                await asyncio.sleep(0.05)
+    finally:
+        await sup.stop_all()
