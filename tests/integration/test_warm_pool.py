@@ -204,8 +204,15 @@ async def test_a_pool_above_min_idle_shrinks_and_old_idle_sandboxes_are_recycled
     small = replace(LIFECYCLE, pool_min_idle=1)
     second = await start("pool-manager", pool_app.make_setup(RUNTIME, small))
     await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
-    records = {s.sandbox_id: s for s in await sandboxes(nc, topology)}
-    assert [records[s.sandbox_id].status for s in before] == ["deleted", "deleted", "running"]
+
+    async def statuses() -> list[str]:
+        records = {s.sandbox_id: s for s in await sandboxes(nc, topology)}
+        return [records[s.sandbox_id].status for s in before]
+
+    async def retired() -> bool:  # stopped (retired) first, deleted once the runtime is done
+        return await statuses() == ["deleted", "deleted", "running"]
+
+    await support.eventually(retired, timeout=30)
     from shared.runtime.local import runtime as local
 
     assert [i.sandbox_id for i in await local.LocalRuntime(state).list()] == [before[-1].sandbox_id]
