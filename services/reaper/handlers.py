@@ -46,6 +46,8 @@ class Reaper:
         self.sandboxes = sandboxes
         self.rules = rules
         self.grace = grace
+        self.scheduler = rpc.SessionClient(ctx.nc, ctx.topology)
+        self.pool = rpc.PoolClient(ctx.nc, ctx.topology)
         self._activity_kv: KeyValue | None = None
 
     async def follow(self) -> None:
@@ -106,7 +108,7 @@ class Reaper:
             reason=reap.reason,
         )
         try:
-            reply = await rpc.SessionClient(self.ctx.nc, self.ctx.topology).ask(command)
+            reply = await self.scheduler.ask(command)
         except errors.SandboxError as exc:
             log.warning("reaper.reap_failed", session_id=reap.session_id, error=exc.message)
             return False
@@ -126,7 +128,7 @@ class Reaper:
             request = provisioning.Delete(
                 sandbox_id=finding.sandbox_id, command_id=ids.new_id(), actor=commands.Actor(via="reaper")
             )
-            return (await rpc.PoolClient(self.ctx.nc, self.ctx.topology).ask(request)).ok
+            return (await self.pool.ask(request)).ok
         if finding.action == "delete_orphan":
             if fresh is not None and fresh.status not in sandbox_rules.DEAD:
                 return False

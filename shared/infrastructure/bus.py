@@ -66,12 +66,7 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology, *, 
             raise eventstore.translate(exc, "creating the pool stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the pool stream") from exc
-    for config in [
-        *(jetstream.projection_bucket(topology, kind, replicas) for kind in subjects.PROJECTED_KINDS),
-        jetstream.health_bucket(topology, replicas),
-        jetstream.leases_bucket(topology, replicas),
-        jetstream.activity_bucket(topology, replicas),
-    ]:
+    for config in jetstream.buckets(topology, replicas):
         await _ensure_bucket(js, config)
     for kind in subjects.PROJECTED_KINDS:
         await _move_legacy_bucket(js, topology, kind)
@@ -111,9 +106,8 @@ async def _ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> No
 
 def stream_names(topology: subjects.Topology) -> list[str]:
     """Every JetStream stream of a topology: the two streams and each bucket's."""
-    buckets = [topology.bucket(kind) for kind in subjects.PROJECTED_KINDS]
-    buckets += [topology.health_bucket, topology.leases_bucket, topology.activity_bucket]
-    return [topology.events_stream, topology.pool_stream, *(f"KV_{b}" for b in buckets)]
+    kv = [f"KV_{config.bucket}" for config in jetstream.buckets(topology)]
+    return [topology.events_stream, topology.pool_stream, *kv]
 
 
 async def set_replicas(js: JetStreamContext, topology: subjects.Topology, replicas: int) -> dict[str, int]:

@@ -76,3 +76,13 @@ def health_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValu
         storage=api.StorageType.FILE,  # survives a NATS restart like the rest
         replicas=replicas,
     )
+
+
+def buckets(topology: subjects.Topology, replicas: int = 1) -> list[api.KeyValueConfig]:
+    """Every bucket of a topology: the projections, health, leases and activity."""
+    return [
+        *(projection_bucket(topology, kind, replicas) for kind in subjects.PROJECTED_KINDS),
+        health_bucket(topology, replicas),
+        leases_bucket(topology, replicas),
+        activity_bucket(topology, replicas),
+    ]

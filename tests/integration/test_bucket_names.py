@@ -12,6 +12,7 @@ from nats.js import api
 
 from shared.contract import subjects
 from shared.infrastructure import bus as shared_bus
+from shared.infrastructure import settings
 
 
 async def test_buckets_have_their_plural_names(bus):
@@ -32,7 +33,7 @@ async def test_buckets_have_their_plural_names(bus):
 async def test_an_old_state_dir_is_moved_to_the_new_names(nats_server, namespace):
     topology = subjects.Topology(namespace)
     nc = await shared_bus.connect(
-        shared_bus.settings.BusSettings(nats_url=nats_server.url, namespace=namespace), "test"
+        settings.BusSettings(nats_url=nats_server.url, namespace=namespace), "test"
     )
     js = nc.jetstream()
     try:
