@@ -80,12 +80,31 @@ def up_command(
     _run(up.run(options, dict(os.environ)))
 
 
+@app.command("down")
+def down_command(
+    state_dir: StateDir = None,
+    purge: Annotated[
+        bool,
+        typer.Option(
+            "--purge", help="Then delete every sandbox (sessions' too) and remove the state directory."
+        ),
+    ] = False,
+) -> None:
+    """Stop a stack: its running `sbx up` (as Ctrl-C does), or what one that crashed left
+    behind. Sessions' sandboxes stop with their files kept; the rest is removed."""
+    from sbx import down
+
+    _run(down.run(stack.state_dir(state_dir, os.environ), os.environ, purge=purge))
+
+
 @app.command("status")
 def status_command(state_dir: StateDir = None, json: Json = False) -> None:
     """Health and pid of every service instance, and session counts. Exit 1 if a service is down."""
     from sbx import observe
 
-    _with_stack(state_dir, observe.status, as_json=json)
+    local = not os.environ.get("NATS_URL")
+    info = stack.StackInfo.read(stack.state_dir(state_dir, os.environ)) if local else None
+    _with_stack(state_dir, observe.status, as_json=json, phase=info.phase if info else None)
 
 
 @app.command("events")

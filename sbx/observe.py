@@ -24,7 +24,9 @@ async def connect(bus_settings: settings.BusSettings) -> tuple[Client, subjects.
 # ---- status -----------------------------------------------------------------
 
 
-async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> int:
+async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phase: str | None = None) -> int:
+    """``phase``: what the local ``sbx up`` says it is doing (``starting``, ``up``,
+    ``stopping``), if there is one."""
     js = nc.jetstream()
     try:
         reports = await health.read_all(js, topology.health_bucket)
@@ -59,6 +61,7 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
         print(
             json.dumps(
                 {
+                    "phase": phase,
                     "services": instances,
                     "missing": missing,
                     "sessions": dict(counts),
@@ -69,6 +72,8 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool) -> i
             )
         )
     else:
+        if phase and phase != "up":
+            print(f"stack: {phase}" + (" (services are coming up)" if phase == "starting" else ""))
         print(f"{'SERVICE':14} {'INSTANCE':28} {'PID':>7} {'STATUS':9} {'REPORT':>7}  DETAILS")
         for i in instances:
             details = " ".join(f"{k}={v}" for k, v in i["details"].items())

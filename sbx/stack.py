@@ -7,12 +7,14 @@ Every subcommand resolves the stack the same way: ``NATS_URL`` if set, else the
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 from shared.contract import errors
 from shared.infrastructure import settings
@@ -39,6 +41,8 @@ class StackInfo:
     namespace: str
     gateway_url: str | None
     embedded_nats: bool
+    phase: str = "up"
+    """``starting`` (NATS answers, the services are coming up), ``up`` or ``stopping``."""
 
     @staticmethod
     def path(directory: Path) -> Path:
@@ -55,6 +59,46 @@ class StackInfo:
             return cls(**json.loads(cls.path(directory).read_text()))
         except (OSError, ValueError, TypeError):
             return None
+
+
+LOCK = "up.lock"
+"""Held (flock) by the running ``sbx up`` of a state dir, which writes its pid in it."""
+
+
+def lock_holder(directory: Path) -> int | None:
+    """The pid of the ``sbx up`` holding the state dir's lock (0 if it has not written it
+    yet), or None if none holds it."""
+    try:
+        handle = open(directory / LOCK)
+    except OSError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            text = handle.read().strip()
+            return int(text) if text.isdigit() else 0
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return None
+
+
+def lock(state: Path) -> IO[str]:
+    """One ``sbx up`` (or ``sbx down``) per state dir: the lock is held for as long as the
+    file stays open."""
+    state.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = open(state / LOCK, "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = lock_holder(state)
+        raise errors.Conflict(
+            f"another `sbx up` is already running with state dir {state}/"
+            + (f" (pid {holder})" if holder else "")
+        ) from None
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")  # for `sbx down`
+    lock.flush()
+    return lock
 
 
 def bus_settings(directory: Path, env: Mapping[str, str]) -> settings.BusSettings:

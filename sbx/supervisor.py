@@ -13,6 +13,7 @@ import ctypes
 import signal
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -125,10 +126,15 @@ class Supervisor:
                 proc.kill()
             await proc.wait()
 
-    async def stop_all(self, last: Child | None = None) -> None:
-        """Stop every child (in parallel), then ``last`` (the bus they drain into)."""
+    async def stop_all(
+        self, last: Child | None = None, before_last: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Stop every child (in parallel), run ``before_last``, then stop ``last`` (the bus
+        they drain into, which ``before_last`` may still use)."""
         self.stopping = True
         await asyncio.gather(*(self.stop(c) for c in self.children if c is not last))
+        if before_last is not None:
+            await before_last()
         if last is not None:
             await self.stop(last)
         for watcher in self._watchers:

@@ -5,15 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import fcntl
 import os
 import signal
 import socket
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
-from sbx import natsd, proxyrun, stack, supervisor
+from sbx import down, natsd, proxyrun, stack, supervisor
 from shared.contract import errors, subjects
 from shared.infrastructure import bus, health, processenv, settings
 from shared.runtime import backends
@@ -76,19 +74,18 @@ async def _wait_for_gateway(bus_settings: settings.BusSettings, gateway: supervi
         await nc.close()
 
 
-def _lock(state: Path) -> IO[str]:
-    """One ``sbx up`` per state dir: the lock is held for as long as the file stays open."""
-    state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = open(state / "up.lock", "w")
+async def _release(state: Path, bus_settings: settings.BusSettings, env: dict[str, str]) -> down.Released:
+    """Stop this state dir's sandboxes and proxies (``sbx.down``), recording it through the
+    stack's NATS if it answers."""
+    backend = settings.RuntimeSettings.from_env(env).backend
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        info = stack.StackInfo.read(state)
-        raise errors.Conflict(
-            f"another `sbx up` is already running with state dir {state}/"
-            + (f" (pid {info.pid})" if info else "")
-        ) from None
-    return lock
+        nc = await bus.connect(bus_settings, "sbx-up", connect_timeout=3)
+    except errors.Unavailable:
+        return await down.release(state, None, bus_settings.namespace, backend)
+    try:
+        return await down.release(state, nc, bus_settings.namespace, backend)
+    finally:
+        await nc.close()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -226,22 +223,39 @@ def _banner(
 
 async def run(options: Options, env: dict[str, str]) -> int:
     state = options.state_dir
-    lock = _lock(state)  # noqa: F841  (held until this process ends)
+    lock = stack.lock(state)  # noqa: F841  (held until this process ends)
     key, generated = stack.api_key(state, env)
     settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": key})  # a bad key stops here
     env, egress = await _egress(state, env)
     drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
     sup = supervisor.Supervisor(stop_timeout=drain + 5)
     nats_child: supervisor.Child | None = None
+    bus_settings: settings.BusSettings | None = None
+
+    def publish(phase: str, gateway_url: str | None = None) -> None:
+        assert bus_settings is not None
+        embedded = nats_child is not None
+        url, namespace = bus_settings.nats_url, bus_settings.namespace
+        stack.StackInfo(os.getpid(), url, namespace, gateway_url, embedded, phase).write(state)
+
+    async def release() -> None:
+        if bus_settings is not None:
+            supervisor.say("stopping sandboxes and proxies...")
+            supervisor.say((await _release(state, bus_settings, env)).summary())
+
+    stop = asyncio.Event()  # from the start: a Ctrl-C while starting stops cleanly too
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     try:
         bus_settings, nats_child = await _start_nats(options, state, env, sup)
+        publish("starting")
+        leftovers = await _release(state, bus_settings, env)  # an earlier stack that did not stop
+        if leftovers.stopped or leftovers.deleted or leftovers.proxies:
+            supervisor.say(f"an earlier stack left these running: {leftovers.summary()}")
         if egress.mode != "proxy":
             supervisor.say(f"sandboxes get no network: {egress.why_none}")
         gateway = await _start_services(options, state, env, sup, bus_settings, key, egress.proxy_env)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         ready = asyncio.create_task(_wait_for_gateway(bus_settings, gateway))
         stopped = asyncio.create_task(stop.wait())
         refused = asyncio.create_task(sup.refused.wait())
@@ -252,9 +266,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
         if egress.mode == "proxy":
             await proxyrun.wait_for_first_proxy(state)  # sandboxes can get out once we say "up"
         gateway_url = ready.result()
-        stack.StackInfo(
-            os.getpid(), bus_settings.nats_url, bus_settings.namespace, gateway_url, nats_child is not None
-        ).write(state)
+        publish("up", gateway_url)
         if generated:
             supervisor.say(f"generated an API key into {state}/api-key (mode 0600)")
         print(_banner(state, env, bus_settings, gateway_url, nats_child is not None, egress), flush=True)
@@ -262,8 +274,10 @@ async def run(options: Options, env: dict[str, str]) -> int:
         if refused.done():
             return supervisor.CONFIG_EXIT
     finally:
+        if bus_settings is not None:
+            publish("stopping")
         supervisor.say("stopping services...")
-        await sup.stop_all(last=nats_child)
+        await sup.stop_all(last=nats_child, before_last=release)
         stack.StackInfo.path(state).unlink(missing_ok=True)
         supervisor.say("stopped")
     return 0

@@ -18,6 +18,7 @@ import structlog
 
 from services.proxy_scaler import logic
 from shared.contract import errors, events, ids, states
+from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, projector, service
 
@@ -72,17 +73,9 @@ class Scaler:
         for ``keep_warm`` after it, then the fleet goes to zero."""
 
     async def _proxy_event(self, proxy_id: str, event: events.Event) -> bool:
-        def decide(state: states.ProxyState | None) -> list[events.Event]:
-            match event:
-                case events.ProxyStarted():
-                    return [event] if state is None else []
-                case events.ProxyDraining():
-                    return [event] if state and state.status == "running" else []
-                case events.ProxyStopped():
-                    return [event] if state and state.status in ("running", "draining") else []
-            return []
-
-        outcome = await aggregates.transact(self.proxies, proxy_id, decide)
+        outcome = await aggregates.transact(
+            self.proxies, proxy_id, lambda state: proxy_rules.decide(state, event)
+        )
         return bool(outcome.appended)
 
     async def round(self, now: datetime) -> Report:

@@ -31,3 +31,17 @@ def evolve(state: states.ProxyState | None, event: events.Event, seq: int) -> st
     raise errors.InvalidTransition(
         f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a proxy"
     )
+
+
+def decide(state: states.ProxyState | None, event: events.Event) -> list[events.Event]:
+    """Record ``event`` for a proxy iff it follows what the proxy is: started once, drained
+    while running, stopped while running or draining (a repeat is a no-op)."""
+    status = state.status if state else None
+    match event:
+        case events.ProxyStarted():
+            return [event] if state is None else []
+        case events.ProxyDraining():
+            return [event] if status == "running" else []
+        case events.ProxyStopped():
+            return [event] if status in ("running", "draining") else []
+    return []

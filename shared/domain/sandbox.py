@@ -8,7 +8,7 @@ reaper marks one failed or lost). ``evolve`` raises
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -237,3 +237,16 @@ def decide_cache_attached(
             meta=meta, sandbox_id=state.sandbox_id, session_id=session_id, org_id=org_id
         )
     ]
+
+
+def at_stack_stop(state: states.SandboxState | None) -> Literal["stop", "delete"]:
+    """What stopping a stack does with a sandbox it runs: a session's is stopped with its
+    files kept (the session's next call, after the next start, resumes it); any other (an
+    idle pool one, one no live record claims) is deleted."""
+    if (
+        state is not None
+        and state.session_id is not None
+        and state.status in ("requested", "running", "stopped")
+    ):
+        return "stop"
+    return "delete"

@@ -101,24 +101,65 @@ def sandbox_proxy_url(name: str) -> str:
     raise errors.ConfigError(f"the {name!r} runtime has no proxy egress here")
 
 
-async def purge(name: str, state_dir: Path) -> None:
-    """Delete every sandbox, detach the package caches' mounts and stop every proxy of a
-    state directory (they outlive the services by design; tests and benchmarks clean up
-    with this)."""
+def local_runtime(name: str, state_dir: Path) -> api.Runtime | None:
+    """The runtime whose sandboxes run on this machine under ``state_dir`` (local), to
+    stop or remove them without a service; None for a backend whose sandboxes do not."""
     if name != "local":
-        raise errors.ConfigError(f"the {name!r} runtime cannot be purged from here")
+        return None
+    from shared.runtime.local import runtime
+
+    return runtime.LocalRuntime(state_dir)
+
+
+async def release_host(name: str, state_dir: Path) -> int:
+    """With no sandbox of ``state_dir`` running any more: stop its proxies, detach its
+    package caches' mounts (their files stay) and remove routes whose links are gone.
+    Returns how many proxies were stopped (local only; other backends hold nothing here)."""
+    if name != "local":
+        return 0
     import asyncio
 
     from shared.infrastructure import settings
     from shared.runtime.local import proxies, runtime
 
+    rt = runtime.LocalRuntime(state_dir)
+    await asyncio.to_thread(rt.caches.detach_all)
+    fleet = proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN))
+    stopped = len(fleet.records())
+    await fleet.stop_all()
+    if rt.network.unavailable() is None:
+        await rt.network.prune()
+    return stopped
+
+
+async def purge(name: str, state_dir: Path) -> None:
+    """Delete every sandbox of a state directory and release the host (tests and
+    benchmarks clean up with this; ``sbx down`` records what it does)."""
+    if name != "local":
+        raise errors.ConfigError(f"the {name!r} runtime cannot be purged from here")
+    import asyncio
+
     if not await asyncio.to_thread(state_dir.exists):
         return
-    rt = runtime.LocalRuntime(state_dir)
+    rt = local_runtime(name, state_dir)
+    assert rt is not None
     for info in await rt.list():
         await rt.delete(info.sandbox_id)
-    await asyncio.to_thread(rt.caches.detach_all)  # the caches stay; their mounts go
-    await proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN)).stop_all()
+    await release_host(name, state_dir)
+
+
+async def remove_state(name: str, state_dir: Path) -> None:
+    """Remove a state dir whose sandboxes are all deleted and whose host is released:
+    first detach whatever is still mounted below it (so no removal reaches through a
+    mount into a cache or a host directory), then its files."""
+    import asyncio
+    import shutil
+
+    if name == "local":
+        from shared.runtime.local import mounts
+
+        await asyncio.to_thread(mounts.detach_under, state_dir)
+    await asyncio.to_thread(shutil.rmtree, state_dir)
 
 
 async def ensure_proxy_ca(name: str, state_dir: Path, binary: str) -> None:

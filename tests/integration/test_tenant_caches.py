@@ -5,6 +5,7 @@ and sandboxes without one never see it; deleting a sandbox never touches a cache
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -75,6 +76,31 @@ async def test_one_organisation_shares_a_cache_and_no_other_sees_it(runtime, tmp
     assert not [p for p in (tmp_path / "state" / "cache-slots").iterdir() if not p.name.startswith(".")]
     assert caches.mounted_on(cache) == 1  # its own nosuid,nodev bind; no sandbox's slot any more
     assert not caches.mounted_under(tmp_path / "state" / "cache-slots")
+
+
+async def test_a_stopped_sandbox_holds_no_mount_or_cgroup_and_starts_as_it_was(runtime, tmp_path):
+    """Stopped, a sandbox holds nothing of the host (its state dir can be removed once it is
+    deleted); started again, it has its files and its organisation's cache back."""
+    limits = api.Limits(disk_bytes=64 * 1024**2, disk_inodes=4096)  # a filesystem of its own
+    await runtime.create(api.SandboxSpec(sandbox_id="acme-stop", limits=limits))
+    sandbox = (await runtime.start("acme-stop")).sandbox_id
+    assert os.path.ismount(runtime._dir(sandbox) / "rw")
+    assert await runtime.attach_cache(sandbox, ACME) is True
+    assert await sh(runtime, sandbox, f"echo kept > /workspace/f && echo w > {caches.CACHE_DIR}/w") == (0, "")
+    sandbox_dir = runtime._dir(sandbox)
+    await runtime.stop(sandbox)
+
+    state = Path(os.path.realpath(tmp_path / "state"))
+    assert not caches.mounted_under(Path(os.path.realpath(sandbox_dir)))
+    assert not caches.mounted_under(state / "cache-slots")
+    assert not any(d.exists() for d in runtime.cgroups.dirs(runtime._cgroup(sandbox)))
+    assert (await runtime.get(sandbox)).status == "stopped"
+
+    await runtime.start(sandbox)
+    assert await sh(runtime, sandbox, f"cat /workspace/f {caches.CACHE_DIR}/w") == (0, "kept\nw\n")
+    # Still that organisation's: another one's is refused as before.
+    with pytest.raises(errors.Conflict):
+        await runtime.attach_cache(sandbox, GLOBEX)
 
 
 async def test_a_sandbox_cannot_escape_its_cache_by_links(runtime, tmp_path):

@@ -747,3 +747,19 @@ def test_stop_and_delete_default_reason_is_requested() -> None:
 def test_stop_with_reason_of_stopped_session_decides_nothing() -> None:
     command = commands.StopSession(command_id="cmd-s", session_id=SID, reason="idle")
     assert session_rules.decide(session("stopped"), command, meta(2, "cmd-s")) == []
+
+
+@pytest.mark.parametrize(
+    ("record", "action"),
+    [
+        (None, "delete"),  # no record claims it: an orphan
+        (sandbox("running", pool="default", session_id=None), "delete"),  # an idle pool sandbox
+        (sandbox("running", session_id=SID), "stop"),
+        (sandbox("requested", session_id=SID), "stop"),
+        (sandbox("stopped", session_id=SID), "stop"),
+        (sandbox("failed", session_id=SID), "delete"),
+        (sandbox("deleted", session_id=SID), "delete"),  # the runtime still had it: remove
+    ],
+)
+def test_a_stack_stop_keeps_only_sessions_sandboxes(record: states.SandboxState | None, action: str) -> None:
+    assert sandbox_rules.at_stack_stop(record) == action

@@ -24,12 +24,12 @@ import ctypes
 import ctypes.util
 import fcntl
 import os
-import re
 import shutil
 from pathlib import Path
 
 from shared.contract import errors
 from shared.runtime import api
+from shared.runtime.local.mounts import mounted_on, mounted_under
 
 CACHE_DIR = api.CACHE_DIR
 ENV = api.CACHE_ENV
@@ -40,7 +40,6 @@ MS_BIND = 0x1000
 MS_SHARED = 1 << 20
 MNT_DETACH = 2
 MARKER = ".sbx-cache"
-_ESCAPE = re.compile(rb"\\([0-7]{3})")
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 _libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p)
@@ -52,24 +51,6 @@ def _mount(source: Path | None, target: Path, flags: int) -> None:
     if _libc.mount(src, os.fsencode(target), None, flags, None) != 0:
         code = ctypes.get_errno()
         raise errors.InfrastructureError(f"mount {source} on {target} failed: {os.strerror(code)}")
-
-
-def _mount_points() -> list[bytes]:
-    """Every mount point of this mount namespace (mountinfo's octal escapes undone)."""
-    with open("/proc/self/mountinfo", "rb") as info:
-        return [_ESCAPE.sub(lambda m: bytes([int(m.group(1), 8)]), line.split(b" ", 5)[4]) for line in info]
-
-
-def mounted_on(target: Path) -> int:
-    """How many mounts are stacked on ``target`` (an absolute, resolved path)."""
-    wanted = os.fsencode(target)
-    return sum(1 for point in _mount_points() if point == wanted)
-
-
-def mounted_under(target: Path) -> bool:
-    """Whether anything is mounted on ``target`` or below it."""
-    wanted = os.fsencode(target)
-    return any(point == wanted or point.startswith(wanted + b"/") for point in _mount_points())
 
 
 def _private_dir(path: Path) -> None:
@@ -146,6 +127,32 @@ class Caches:
             _mount(None, cache, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
         return cache
 
+    def attached(self, token: str) -> str | None:
+        """The cache the sandbox's slot carries (kept while it is stopped), if any."""
+        marker = self.slots / f".{token}.{MARKER}"
+        try:
+            return marker.read_text().strip() or None
+        except FileNotFoundError:
+            return None
+
+    def _unmount_slot(self, slot: Path) -> None:
+        for _ in range(8):
+            if not slot.exists() or mounted_on(slot) == 0:
+                return
+            if _libc.umount2(os.fsencode(slot), MNT_DETACH) != 0:
+                code = ctypes.get_errno()
+                raise errors.InfrastructureError(f"unmounting {slot} failed: {os.strerror(code)}")
+
+    def detach(self, token: str) -> None:
+        """Undo the slot's mounts while the sandbox is stopped (it holds no mount then);
+        which cache it carries is kept, and :meth:`prepare` plus :meth:`attach` of
+        :meth:`attached` show it again at the next start."""
+        fd = self._lock(token)
+        try:
+            self._unmount_slot(self.slot(token))
+        finally:
+            os.close(fd)
+
     def release(self, token: str) -> None:
         """Detach everything mounted on the slot, then remove what is left of it, under the
         slot's lock: an attach either finished before (and is detached here) or finds no
@@ -153,12 +160,7 @@ class Caches:
         fd = self._lock(token)
         try:
             slot = self.slot(token)
-            for _ in range(8):
-                if not slot.exists() or mounted_on(slot) == 0:
-                    break
-                if _libc.umount2(os.fsencode(slot), MNT_DETACH) != 0:
-                    code = ctypes.get_errno()
-                    raise errors.InfrastructureError(f"unmounting {slot} failed: {os.strerror(code)}")
+            self._unmount_slot(slot)
             if slot.exists():
                 if mounted_under(slot):
                     raise errors.InfrastructureError(f"{slot} still has mounts: not removed")

@@ -453,8 +453,10 @@ class LocalRuntime(api.Runtime):
         if own_cache is not None:
             own_cache.mkdir(exist_ok=True, mode=0o700)
         await asyncio.to_thread(self.caches.prepare, d.name, own_cache)
-        if spec.cache:  # an organisation's pool sandbox: its cache from the start
-            await asyncio.to_thread(self.caches.attach, d.name, spec.cache)
+        # An organisation's pool sandbox shows its cache from the start; a stopped one
+        # shows again the cache it showed.
+        if cache := spec.cache or self.caches.attached(d.name):
+            await asyncio.to_thread(self.caches.attach, d.name, cache)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
@@ -582,9 +584,15 @@ class LocalRuntime(api.Runtime):
         return await asyncio.to_thread(self.caches.attach, self._dir(sandbox_id).name, key)
 
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
+        """Every process killed, and nothing of the host held while stopped: its cgroup
+        removed, its cache slot and its filesystem unmounted (its files stay; a start
+        mounts them again)."""
         info = await self._require(sandbox_id)
-        await asyncio.to_thread(self.cgroups.kill_all, self._cgroup(sandbox_id))
-        (self._dir(sandbox_id) / "state.json").unlink(missing_ok=True)
+        d = self._dir(sandbox_id)
+        await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
+        (d / "state.json").unlink(missing_ok=True)
+        await asyncio.to_thread(self.caches.detach, d.name)
+        await asyncio.to_thread(disk.Disk.unmount, d)
         return msgspec.structs.replace(info, status="stopped" if info.status != "created" else "created")
 
     async def delete(self, sandbox_id: str) -> None:
