@@ -186,9 +186,7 @@ def _hook_rule(table: dict[str, Any], where: str, env: dict[str, str], common: d
     return Rule(**common, hook_file=file)
 
 
-def _github_app_rule(
-    table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]
-) -> Rule:
+def _github_app_rule(table: dict[str, Any], where: str, env: dict[str, str], common: dict[str, Any]) -> Rule:
     ids: dict[str, int] = {}
     for name in ("app_id", "installation_id"):
         value = table.get(name)

@@ -8,7 +8,7 @@ from faststream.nats import NatsMessage
 
 from services.executor import caches, handlers, shells
 from shared.domain import projections
-from shared.infrastructure import projector, service, settings
+from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import backends
 
 QUEUE = "executor"
@@ -35,11 +35,11 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
 
         @ctx.broker.subscriber(ctx.topology.exec_requests, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_exec_request(msg: NatsMessage) -> bytes:
-            return await executor.handle(msg.body)
+            return await rpc.serve(ctx.nc, msg.raw_message, executor.handle(msg.body))
 
         @ctx.broker.subscriber(ctx.topology.exec_prepare, queue=QUEUE)
         async def on_prepare(msg: NatsMessage) -> bytes:
-            return await executor.prepare(msg.body)
+            return await rpc.serve(ctx.nc, msg.raw_message, executor.prepare(msg.body))
 
         return service.Workload(
             tasks=[servers.run_sweeps()],

@@ -69,6 +69,10 @@ set -m
 [ -d {STATE} ] || mkdir -p {STATE} || exit 3
 __sbx_dir=/tmp; [ -d {OUTPUT_DIR} ] && [ -w {OUTPUT_DIR} ] && __sbx_dir={OUTPUT_DIR}
 __sbx_n=0
+__sbx_job=
+# Its executor died (SIGTERM, see runtime enter): the running call's caller is gone, so the
+# call is killed, and with it the session's lock.
+trap '[ -n "$__sbx_job" ] && kill -KILL -- "-$__sbx_job" 2>/dev/null; exit 143' TERM HUP
 printf 'sbx-shell-server 1\\n'
 while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   __sbx_n=$((__sbx_n + 1))
@@ -78,9 +82,11 @@ while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   (
     {_LOCK}
     {_RUN}  ) </dev/null >"$__sbx_out" 2>&1 &
-  printf '%s started %d\\n' "$__sbx_nonce" "$!"
-  wait "$!"
+  __sbx_job=$!
+  printf '%s started %d\\n' "$__sbx_nonce" "$__sbx_job"
+  wait "$__sbx_job"
   __sbx_rc=$?
+  __sbx_job=
   if [ -s "$__sbx_out" ]; then cat -- "$__sbx_out"; rm -f -- "$__sbx_out"; fi
   printf '%s exited %d\\n' "$__sbx_nonce" "$__sbx_rc"
 done

@@ -11,7 +11,7 @@ from services.pool_manager import handlers, logic, refill
 from shared.contract import states
 from shared.domain import pools as pool_specs
 from shared.domain import projections
-from shared.infrastructure import projector, service, settings
+from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
 QUEUE = "pool-manager"
@@ -65,7 +65,7 @@ def make_setup(
 
         @ctx.broker.subscriber(ctx.topology.pool_requests, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_pool_request(msg: NatsMessage) -> bytes:
-            return await pool.handle(msg.body)
+            return await rpc.serve(ctx.nc, msg.raw_message, pool.handle(msg.body))
 
         tasks = [projector.catch_up(ctx.js, sandboxes)]
         pools = pool_specs.configured(lifecycle)

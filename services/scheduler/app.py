@@ -34,7 +34,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
 
         @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)
         async def on_session_command(msg: NatsMessage) -> bytes:
-            return await commands.handle(msg.body)
+            return await rpc.serve(ctx.nc, msg.raw_message, commands.handle(msg.body))
 
         return service.Workload(tasks=[projector.catch_up(ctx.js, sessions)])
 

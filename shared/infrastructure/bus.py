@@ -205,19 +205,3 @@ async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
         return out
     finally:
         await sub.unsubscribe()
-
-
-async def request(nc: Client, subject: str, payload: bytes, *, timeout: float, who: str) -> bytes:
-    """NATS request/reply to the service ``who``; its failures become the product's errors."""
-    try:
-        msg = await nc.request(subject, payload, timeout=timeout)
-    except nats.errors.NoRespondersError:
-        raise errors.Unavailable(f"no {who} is running; retry shortly") from None
-    except (nats.errors.TimeoutError, TimeoutError):
-        raise errors.Timeout(
-            f"the {who} did not answer in time; the outcome is unknown, retrying with the same "
-            "Idempotency-Key is safe"
-        ) from None
-    except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
-        raise errors.Unavailable("not connected to NATS; retry shortly") from None
-    return msg.data

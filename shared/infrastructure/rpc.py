@@ -7,7 +7,8 @@ decode, who answers, how a failure is written as a reply. The server side is
 and its typed subclasses (send, decode, raise the reply's error). Every reply carries
 ``ok`` and ``error``; an error reply becomes the product's error again on the caller's
 side (:func:`shared.contract.errors.from_code`), so a caller sees the same error the
-responder raised.
+responder raised. Responders beat while they work (:mod:`shared.infrastructure.beats`,
+served with :func:`serve`): a caller whose responder died hears so within seconds.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from typing import Generic, TypeVar
 import msgspec
 import structlog
 from nats.aio.client import Client as Nats
+from nats.aio.msg import Msg
 
 from shared.contract import codec, commands, errors, execution, provisioning, states, subjects
-from shared.infrastructure import bus
+from shared.infrastructure import beats
 
 log = structlog.get_logger(__name__)
 
@@ -129,6 +131,11 @@ async def answer(
     return codec.encode(reply)
 
 
+async def serve(nc: Nats, request: Msg, work: Awaitable[bytes]) -> bytes:
+    """A subscriber's answer to ``request`` (``work``), with beats to a caller that asked."""
+    return await beats.beating(nc, request, work)
+
+
 # ---- the client side ---------------------------------------------------------------------
 
 
@@ -145,8 +152,7 @@ class Client(Generic[Req, Rep]):
 
     async def ask(self, request: Req, *, timeout: float | None = None) -> Rep:
         """The reply, whether it says ok or not (unreachable responders raise)."""
-        raw = await bus.request(
-            self.nc,
+        raw = await beats.for_connection(self.nc).request(
             self.family.subject(self.topology),
             codec.encode(request),
             timeout=self.timeout if timeout is None else timeout,

@@ -9,7 +9,11 @@ no-new-privileges and loads the sandbox's seccomp filter, all after the entry so
 the filter can refuse ``setns`` and ``chroot`` to what runs inside. It then forks once
 more, because joining a pid namespace only places one's children in it: the first
 child stays outside, invisible to the sandbox, and mirrors the second's exit status;
-both are in one process group, so killing the group kills both.
+both are in one process group, so killing the group kills both. Neither outlives the
+executor: the first child gets SIGKILL when the executor dies, the second SIGTERM when the
+first does (``PR_SET_PDEATHSIG``), so a command whose caller is gone does not keep running
+and holding the session's lock (what a command starts in the background is not affected:
+the signal is not inherited).
 
 Only ctypes calls to libc and ``os`` calls without locks run here (the parent may have
 threads); everything that needs memory is prepared before the fork by ``prepare``.
@@ -29,6 +33,7 @@ from dataclasses import dataclass
 NAMESPACES = ("mnt", "uts", "ipc", "net", "pid", "cgroup", "user")
 """The user namespace last: host root may join the others, which bwrap's outer user
 namespace owns; joining the inner one first would leave no capability over them."""
+PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAPBSET_DROP = 24
 PR_SET_SECCOMP = 22
@@ -73,6 +78,7 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     root, cwd = f"/proc/{entry.pid}/root".encode(), f"/proc/{entry.pid}/cwd".encode()
     drop = [cap for cap in range(_last_cap() + 1) if cap not in entry.keep_caps]
     uid = entry.uid
+    executor = os.getpid()
 
     def check(result: int, what: str) -> None:
         if result != 0:
@@ -99,11 +105,17 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (entry.nofile, entry.nofile))
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != executor:  # it died before the line above
+            libc._exit(137)
         pid = libc.fork()
         if pid < 0:
             check(-1, "fork")
         if pid > 0:
             _mirror(libc, pid)
+        # The second child (the command): its parent is outside its pid namespace, so there
+        # is no getppid() check; the first child dies only with the executor.
+        check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
 
     return child
 

@@ -1,0 +1,136 @@
+"""Requests whose responder says it is alive while it works, so that a caller learns within
+seconds, not after its whole budget, that the instance handling its request died.
+
+The caller sends the request with the header ``Sbx-Beat`` to an inbox of its own
+(:class:`Replies`: one wildcard subscription per connection, as nats-py's own requests).
+The responder (:func:`beating`) publishes an empty message with ``Sbx-Beat: beat`` to that inbox
+when it takes the request and every :data:`INTERVAL` while it works; its reply ends the
+exchange. The caller gives up with a retriable ``Unavailable`` when it hears nothing for
+:data:`SILENCE` after a beat (the responder was SIGKILLed, its host or NATS went away), or
+for :data:`FIRST_SILENCE` before the first one (every instance is busy and the request
+waits in a queue: that is not a death). A request without the header (``nats req``, a
+test) gets the reply only, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import weakref
+from collections.abc import Awaitable
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from shared.contract import errors
+
+HEADER = "Sbx-Beat"
+INTERVAL = 0.5
+"""Seconds between a responder's beats."""
+SILENCE = 3.0
+"""Seconds without a beat after which the responder is taken for dead."""
+FIRST_SILENCE = 15.0
+"""Seconds to wait for the first beat: until then the request may be queued behind others."""
+BEAT = "beat"
+"""The header's value on a beat (a reply may carry the request's headers back)."""
+_NO_RESPONDERS = "503"
+
+
+class Replies:
+    """One connection's inbox for beating requests (``for_connection`` shares it)."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self._prefix: str | None = None
+        self._waiting: dict[str, asyncio.Queue[Msg]] = {}
+        self._ready = asyncio.Lock()
+
+    async def _inbox(self) -> str:
+        async with self._ready:
+            if self._prefix is None:
+                prefix = self.nc.new_inbox() + "."
+                await self.nc.subscribe(prefix + "*", cb=self._heard)
+                self._prefix = prefix
+        return self._prefix
+
+    async def _heard(self, msg: Msg) -> None:
+        assert self._prefix is not None
+        waiting = self._waiting.get(msg.subject[len(self._prefix) :])
+        if waiting is not None:
+            waiting.put_nowait(msg)
+
+    async def request(self, subject: str, payload: bytes, *, timeout: float, who: str) -> bytes:
+        """The reply's payload; ``Timeout`` after ``timeout`` in all, ``Unavailable`` when
+        no ``who`` is running or the one handling it stops beating."""
+        token = secrets.token_hex(8)
+        heard: asyncio.Queue[Msg] = asyncio.Queue()
+        inbox = await self._inbox()
+        self._waiting[token] = heard
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        silence = FIRST_SILENCE
+        try:
+            await self.nc.publish(subject, payload, reply=inbox + token, headers={HEADER: str(INTERVAL)})
+            while True:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise _timed_out(who)
+                try:
+                    async with asyncio.timeout(min(left, silence)):
+                        msg = await heard.get()
+                except TimeoutError:
+                    if loop.time() >= deadline:
+                        raise _timed_out(who) from None
+                    raise errors.Unavailable(
+                        f"the {who} handling this request stopped answering (nothing heard for "
+                        f"{silence:.0f} s; it may have been restarted): the outcome is unknown; retry"
+                    ) from None
+                headers = msg.headers or {}
+                if headers.get("Status") == _NO_RESPONDERS:
+                    raise errors.Unavailable(f"no {who} is running; retry shortly")
+                if headers.get(HEADER) == BEAT and not msg.data:
+                    silence = SILENCE
+                    continue
+                return msg.data
+        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+            raise errors.Unavailable("not connected to NATS; retry shortly") from None
+        finally:
+            self._waiting.pop(token, None)
+
+
+def _timed_out(who: str) -> errors.Timeout:
+    return errors.Timeout(
+        f"the {who} did not answer in time; the outcome is unknown, retrying with the same "
+        "Idempotency-Key is safe"
+    )
+
+
+_replies: weakref.WeakKeyDictionary[Client, Replies] = weakref.WeakKeyDictionary()
+
+
+def for_connection(nc: Client) -> Replies:
+    replies = _replies.get(nc)
+    if replies is None:
+        replies = _replies[nc] = Replies(nc)
+    return replies
+
+
+async def beating(nc: Client, request: Msg, work: Awaitable[bytes]) -> bytes:
+    """Do ``work`` (answering ``request``); while it runs, beat to a caller that asked."""
+    reply = request.reply
+    if not reply or HEADER not in (request.headers or {}):
+        return await work
+
+    async def beat() -> None:
+        while True:
+            with contextlib.suppress(Exception):  # a lost beat only makes the caller wait
+                await nc.publish(reply, b"", headers={HEADER: BEAT})
+            await asyncio.sleep(INTERVAL)
+
+    beats = asyncio.create_task(beat())
+    try:
+        return await work
+    finally:
+        beats.cancel()  # not awaited: it ends at its next step, and nothing waits on it
