@@ -194,6 +194,8 @@ class PoolHandlers:
             async with self._admitting():  # count-then-record is atomic across instances
                 await self._refuse_if_full(request)
                 await self._record_requested(request)
+        if request.pool is not None:
+            await faults.pause_point(self.ctx.settings.faults, "pool.slow_pool_start")
         spec = api.SandboxSpec(
             sandbox_id=request.sandbox_id,
             image=request.image,

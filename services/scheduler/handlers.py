@@ -21,6 +21,9 @@ log = structlog.get_logger(__name__)
 CRASH_AFTER_APPEND = "scheduler.after_append"
 #: Offers tried before falling back to a cold start (stale offers fail their CAS).
 CLAIM_ATTEMPTS = 8
+PREPARING_WAIT = 20.0
+"""How long a session refused a cold start at ``max_running`` waits for a pool sandbox
+that is being prepared."""
 
 
 class _PoolFields(TypedDict):
@@ -94,16 +97,28 @@ class SessionCommands:
         }
 
     async def _claim(
-        self, command: commands.SessionCommand, options: session_rules.SandboxOptions, org: str | None
+        self,
+        command: commands.SessionCommand,
+        options: session_rules.SandboxOptions,
+        org: str | None,
+        *,
+        preparing: bool = False,
     ) -> str | None:
         """A warm sandbox for this session, if a pool it may use has one that fits (CAS on
-        the sandbox)."""
+        the sandbox). ``preparing``: if none is ready but some are being prepared, wait
+        for one (up to ``PREPARING_WAIT``)."""
         pool = pools.serving(self.warm, options, org, caches_at_create=self.caches_at_create)
         if pool is None:
             return None
+        until = time.monotonic()
+        if preparing:
+            if not pools.preparing((await self.sandboxes.all()).values(), pool.pool_id):
+                return None
+            until += PREPARING_WAIT
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         for _ in range(CLAIM_ATTEMPTS):
-            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id)
+            wait = max(0.0, until - time.monotonic())
+            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
             if offer is None:
                 return None  # empty pool: cold start
             sandbox_id = offer.sandbox_id
@@ -138,14 +153,21 @@ class SessionCommands:
         kind = "warm" if sandbox_id else "cold"
         if sandbox_id is None:
             sandbox_id = "sb-" + ids.new_id()[:20]
-            await self.pool.send(
-                provisioning.Provision(
-                    session_id=command.session_id,
-                    org_id=org,
-                    **options,
-                    **self._pool_fields(command, sandbox_id),
+            try:
+                await self.pool.send(
+                    provisioning.Provision(
+                        session_id=command.session_id,
+                        org_id=org,
+                        **options,
+                        **self._pool_fields(command, sandbox_id),
+                    )
                 )
-            )
+            except errors.LimitExceeded:
+                # No room for a sandbox of its own: one the pool is preparing will do.
+                waited = await self._claim(command, options, org, preparing=True)
+                if waited is None:
+                    raise
+                sandbox_id, kind = waited, "warm"
         metrics.claims.labels(kind).inc()
         metrics.claim_seconds.labels(kind).observe(time.perf_counter() - started)
         return sandbox_id

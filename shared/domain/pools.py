@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+from shared.contract import states
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,9 @@ def serving(
         if own is not None or caches_at_create:
             return own
     return next((s for s in specs if s.org is None and s.serves(options)), None)
+
+
+def preparing(sandboxes: Iterable[states.SandboxState], pool_id: str) -> int:
+    """How many of the pool's sandboxes are being prepared (requested, not yet ready): a
+    session refused a cold start at ``max_running`` waits for one of them instead."""
+    return sum(1 for s in sandboxes if s.pool == pool_id and s.session_id is None and s.status == "requested")

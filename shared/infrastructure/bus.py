@@ -62,7 +62,7 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology, *, 
     try:
         await js.add_stream(jetstream.pool_stream(topology, replicas))
     except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != STREAM_NAME_IN_USE:
+        if getattr(exc, "err_code", None) != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, "creating the pool stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the pool stream") from exc
@@ -80,7 +80,7 @@ async def _ensure_events_stream(js: JetStreamContext, topology: subjects.Topolog
         await js.add_stream(stream)
         return
     except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != STREAM_NAME_IN_USE:
+        if getattr(exc, "err_code", None) != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, "creating the event stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the event stream") from exc
@@ -97,7 +97,7 @@ async def _ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> No
     try:
         await js.create_key_value(config)
     except nats.js.errors.BadRequestError as exc:
-        if exc.err_code != STREAM_NAME_IN_USE:
+        if getattr(exc, "err_code", None) != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, f"creating bucket {config.bucket}") from exc
         log.warning("bus.bucket_definition_differs", bucket=config.bucket)
     except Exception as exc:

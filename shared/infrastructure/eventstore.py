@@ -10,15 +10,21 @@ both win (invariant 3: no lost updates); the loser gets
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import nats.errors
 import nats.js.errors
+import structlog
 from nats.js import api
 from nats.js.client import JetStreamContext
 
 from shared.contract import codec, errors, events, subjects
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 WRONG_LAST_SEQUENCE = 10071
 NO_MESSAGE_FOUND = 10037
@@ -58,9 +64,44 @@ def stored_from_message(seq: int, subject: str, headers: dict[str, str] | None, 
     return Stored(seq=seq, subject=subject, prev_seq=_prev_seq(headers), event=codec.decode_event(data))
 
 
+TRANSIENT: tuple[type[Exception], ...] = (
+    nats.js.errors.ServiceUnavailableError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.errors.TimeoutError,
+    TimeoutError,
+    nats.errors.ConnectionReconnectingError,
+)
+"""What a JetStream call raises while a stream or consumer has no leader (an election
+after a node died) or the connection is being re-established: retry, do not give up."""
+
+
+_PATIENT_WITH: tuple[type[Exception], ...] = (*TRANSIENT, errors.Unavailable, errors.Timeout)
+
+
+async def patiently(call: Callable[[], Awaitable[T]], doing: str, timeout: float = 60.0) -> T:
+    """``call()``, retried while JetStream is briefly unavailable (see ``TRANSIENT``; also
+    the product's ``Unavailable`` and ``Timeout`` it was translated to), for ``timeout``
+    seconds at most."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    delay = 0.1
+    while True:
+        try:
+            return await call()
+        except _PATIENT_WITH as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise
+            log.warning("jetstream.waiting", doing=doing, error=repr(exc), retry_in=delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+
 def translate(exc: Exception, doing: str) -> errors.SandboxError:
     """Map a NATS client error to the product's hierarchy."""
-    if isinstance(exc, nats.js.errors.APIError) and exc.err_code == WRONG_LAST_SEQUENCE:
+    if isinstance(exc, nats.js.errors.ServiceUnavailableError):
+        return errors.Unavailable(f"{doing}: JetStream is briefly unavailable (electing a leader?); retry")
+    # getattr: some of nats-py's errors (KeyNotFoundError) are made without calling APIError.__init__
+    if isinstance(exc, nats.js.errors.APIError) and getattr(exc, "err_code", None) == WRONG_LAST_SEQUENCE:
         return errors.ConcurrencyError(f"{doing}: another writer appended first ({exc.description})")
     if isinstance(exc, nats.errors.NoRespondersError | nats.js.errors.NoStreamResponseError):
         return errors.Unavailable(f"{doing}: JetStream did not answer (is the stream created?)")

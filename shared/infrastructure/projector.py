@@ -16,6 +16,7 @@ lost to a crash between append and KV write is caught up, never left stale.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Generic
 
@@ -36,6 +37,8 @@ log = structlog.get_logger(__name__)
 #: long. Applying one event takes milliseconds; this bounds how long a crash can
 #: leave a projection behind.
 ACK_WAIT_SECONDS = 5.0
+RETRY_SECONDS = 0.5
+"""How long a projector waits before fetching again while JetStream is unavailable."""
 
 
 class ProjectionStore(Generic[projections.S]):
@@ -199,16 +202,17 @@ async def catch_up(js: JetStreamContext, target: ProjectionStore[projections.S],
     topology = target.store.topology
     kind = target.projection.kind
     durable = topology.projector_consumer(kind)
-    sub = await js.pull_subscribe(
-        topology.events_of_kind(kind),
-        durable=durable,
-        stream=topology.events_stream,
-        config=api.ConsumerConfig(
-            ack_policy=api.AckPolicy.EXPLICIT,
-            ack_wait=ACK_WAIT_SECONDS,
-            max_ack_pending=10_000,
-            deliver_policy=api.DeliverPolicy.ALL,
+    config = api.ConsumerConfig(
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=ACK_WAIT_SECONDS,
+        max_ack_pending=10_000,
+        deliver_policy=api.DeliverPolicy.ALL,
+    )
+    sub = await eventstore.patiently(
+        lambda: js.pull_subscribe(
+            topology.events_of_kind(kind), durable=durable, stream=topology.events_stream, config=config
         ),
+        f"subscribing the {kind} projector",
     )
     try:
         while True:
@@ -216,6 +220,11 @@ async def catch_up(js: JetStreamContext, target: ProjectionStore[projections.S],
                 msgs = await sub.fetch(batch, timeout=1.0)
             except (nats.errors.TimeoutError, TimeoutError):
                 msgs = []
+            except eventstore.TRANSIENT as exc:  # the stream or consumer is electing a leader
+                aio.raise_if_cancelling()
+                log.warning("projection.waiting_for_jetstream", kind=kind, error=repr(exc))
+                await asyncio.sleep(RETRY_SECONDS)
+                continue
             aio.raise_if_cancelling()  # the client may have swallowed our cancellation
             for msg in msgs:
                 try:

@@ -157,7 +157,12 @@ async def run(  # noqa: C901
     # so draining the subscribers never cuts off the final events.
     nc = await _connect_with_retry(s.bus, name)
     js = nc.jetstream()
-    await bus.ensure_topology(js, topology, replicas=service_settings.bus.replicas)
+    # A node of a cluster may be electing leaders while we start: wait, do not exit.
+    patiently = eventstore.patiently
+    await patiently(
+        lambda: bus.ensure_topology(js, topology, replicas=service_settings.bus.replicas),
+        "checking the streams",
+    )
     broker = NatsBroker(
         servers=s.bus.servers,
         name=f"{name}/subscribers",
@@ -168,8 +173,10 @@ async def run(  # noqa: C901
     )
     store = eventstore.EventStore(js, topology)
     ctx = Context(s, broker, nc, js, topology, store, started_at=now())
-    instances = await projector.ProjectionStore.open(js, projections.INSTANCES, store)
-    health_kv = await js.key_value(topology.health_bucket)
+    instances = await patiently(
+        lambda: projector.ProjectionStore.open(js, projections.INSTANCES, store), "opening the instances"
+    )
+    health_kv = await patiently(lambda: js.key_value(topology.health_bucket), "opening the health bucket")
 
     if s.metrics_port is not None:
         port = metrics.serve(s.metrics_port, s.metrics_host)
@@ -186,9 +193,12 @@ async def run(  # noqa: C901
         version=VERSION,
     )
     instance_subject = topology.aggregate_subject(subjects.INSTANCE, s.instance)
-    history = await store.load(instance_subject)  # non-empty only for a reused SBX_INSTANCE_ID
-    for stored in await store.append(
-        instance_subject, [started], expected_last_seq=history[-1].seq if history else 0
+    history = await patiently(lambda: store.load(instance_subject), "reading this instance's events")
+    for stored in await patiently(  # a retry of a landed append is de-duplicated by its event id
+        lambda: store.append(
+            instance_subject, [started], expected_last_seq=history[-1].seq if history else 0
+        ),
+        "recording this instance's start",
     ):
         await instances.apply(stored)
     ctx.status = "ok"

@@ -55,15 +55,15 @@ async def ensure_consumer(js: JetStreamContext, topology: subjects.Topology, poo
         raise eventstore.translate(exc, f"creating the claims consumer of {pool_id}") from exc
 
 
-async def take(nc: Client, topology: subjects.Topology, pool_id: str) -> Offer | None:
-    """The next offer, or None at once if the pool is empty."""
+async def take(nc: Client, topology: subjects.Topology, pool_id: str, wait: float = 0.0) -> Offer | None:
+    """The next offer, or None if the pool is empty: at once, or after ``wait`` seconds
+    without one (a sandbox being prepared is offered when it is ready)."""
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{topology.pool_stream}.{topology.claims_consumer(pool_id)}"
+    pull = {"batch": 1, "expires": int(wait * 1e9)} if wait > 0 else {"batch": 1, "no_wait": True}
     try:
         # A dedicated inbox: delivered messages keep their own subject, which the shared
         # request inbox of nats-py would not route back to us.
-        msg = await nc.request(
-            subject, json.dumps({"batch": 1, "no_wait": True}).encode(), timeout=2, old_style=True
-        )
+        msg = await nc.request(subject, json.dumps(pull).encode(), timeout=wait + 2, old_style=True)
     except Exception as exc:
         raise eventstore.translate(exc, "taking a pool offer") from exc
     status = (msg.headers or {}).get("Status")

@@ -42,8 +42,8 @@ async def env(nats_server, namespace, tmp_path):
     state = tmp_path / "state"
     started = []
 
-    async def start(name, setup):
-        r = await support.start_in_process(nats_server.url, namespace, name, setup, state_dir=state)
+    async def start(name, setup, **overrides):
+        r = await support.start_in_process(nats_server.url, namespace, name, setup, state_dir=state, **overrides)
         started.append(r)
         return r
 
@@ -136,6 +136,32 @@ async def test_at_max_running_a_session_takes_the_room_of_an_idle_pool_sandbox(e
     assert await idle(nc, topology, pool_id) == []
     live = [s for s in await sandboxes(nc, topology) if s.status in ("requested", "running")]
     assert sorted(s.session_id or "" for s in live) == ["own-1", "own-2", "own-3"]
+
+
+async def test_at_max_running_a_session_waits_for_a_pool_sandbox_being_prepared(env):
+    """Sessions before the pool: at the limit with the pool's next sandbox still starting,
+    a new session waits for it and claims it instead of being refused."""
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, max_running=2)
+    slow = frozenset({"pool.slow_pool_start"})  # each pool sandbox starts 3 s after its request
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle), faults=slow)
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    pool_id = pools.configured(lifecycle)[0].pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 1), timeout=30)
+    assert (await ensure(nc, topology, "first")).ok  # claims it; the refill requests the next one
+
+    async def next_one_preparing():
+        return [s for s in await sandboxes(nc, topology) if s.pool == pool_id and s.status == "requested"]
+
+    (preparing,) = await support.eventually(next_one_preparing, timeout=30)
+    second = await ensure(nc, topology, "second")  # 2 running: its own cold start is refused
+    assert second.ok, second.error
+    assert second.session.sandbox_id == preparing.sandbox_id, "it waited for the pool's"
+    tags = [
+        s.event.__struct_config__.tag for s in await support.stream_events(nc, topology, subjects.SANDBOX)
+    ]
+    assert "sandbox.refused" in tags  # its own start was refused first, and recorded so
 
 
 async def test_two_pool_managers_admitting_at_once_never_exceed_max_running(env):
