@@ -197,6 +197,9 @@ def test_the_rendered_kustomization_is_valid(directory: Path):
         images = {c["image"] for d in docs if d["kind"] == "Deployment" for c in containers(d)}
         assert all(i.endswith(":dev") for i in images if "cloud-agent-sandbox" in i), images
         assert all(d["spec"]["replicas"] == 1 for d in docs if d["kind"] == "Deployment")
+        (nats,) = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "nats"]
+        assert nats["spec"]["replicas"] == 1 and "--routes" not in pod_spec(nats)["containers"][0]["args"]
+        assert env["SBX_NATS_REPLICAS"] == "1", "one server: one copy"
 
 
 # ---- (2) kustomizations -----------------------------------------------------------------------
@@ -419,9 +422,10 @@ def test_autoscalers_and_budgets_point_at_real_deployments():
             metric["resource"]["name"] == "cpu" and metric["resource"]["target"]["averageUtilization"] == 70
         )
     budgets = {d["metadata"]["name"]: d for d in objects() if d["kind"] == "PodDisruptionBudget"}
-    assert set(budgets) == {"gateway", "executor"}
+    assert set(budgets) == {"gateway", "executor", "nats"}
     for name, budget in budgets.items():
-        labels = find("Deployment", name, "sbx-system")["spec"]["template"]["metadata"]["labels"]
+        kind = "StatefulSet" if name == "nats" else "Deployment"
+        labels = find(kind, name, "sbx-system")["spec"]["template"]["metadata"]["labels"]
         assert selects(budget["spec"]["selector"], labels)
 
 
@@ -439,7 +443,7 @@ def test_nats_is_a_persistent_jetstream_server():
     nats = find("StatefulSet", "nats", "sbx-system")
     (container,) = pod_spec(nats)["containers"]
     assert container["image"] == "nats:2.11-alpine"
-    assert container["args"] == ["-js", "-sd", "/data", "-m", "8222"]
+    assert container["args"][:5] == ["-js", "-sd", "/data", "-m", "8222"]
     assert container["livenessProbe"]["httpGet"]["port"] in ("monitor", 8222)
     (claim,) = nats["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
@@ -450,6 +454,33 @@ def test_nats_is_a_persistent_jetstream_server():
     client = find("Service", "nats", "sbx-system")
     assert [p["port"] for p in client["spec"]["ports"]] == [4222]
     assert find("Service", "nats-headless", "sbx-system")["spec"]["clusterIP"] == "None"
+
+
+def test_nats_is_a_three_node_cluster_and_the_services_make_three_copies():
+    """Base: three servers routed to each other by their stable pod names, every stream
+    and bucket made with 3 copies, a disruption budget keeping the quorum."""
+    nats = find("StatefulSet", "nats", "sbx-system")
+    assert nats["spec"]["replicas"] == 3
+    (container,) = pod_spec(nats)["containers"]
+    args = container["args"]
+    flag = {args[i]: args[i + 1] for i in range(5, len(args), 2)}
+    assert flag["--server_name"] == "$(POD_NAME)"
+    assert {e["name"]: e for e in container["env"]}["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.name"
+    )
+    routes = flag["--routes"].split(",")
+    assert routes == [f"nats://nats-{n}.nats-headless:6222" for n in range(3)]
+    assert flag["--cluster"].endswith(":6222")
+    settings_env = (KUBE / "base" / "settings.env").read_text().splitlines()
+    assert "SBX_NATS_REPLICAS=3" in settings_env
+    assert (
+        settings.BusSettings.from_env(
+            dict(line.split("=", 1) for line in settings_env if "=" in line)
+        ).replicas
+        == 3
+    )
+    budget = find("PodDisruptionBudget", "nats", "sbx-system")
+    assert budget["spec"]["maxUnavailable"] == 1
 
 
 # ---- what the Kubernetes runtime relies on --------------------------------------------------

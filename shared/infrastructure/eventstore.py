@@ -76,6 +76,8 @@ TRANSIENT: tuple[type[Exception], ...] = (
 after a node died) or the connection is being re-established: retry, do not give up."""
 
 
+READ_PATIENCE = 30.0
+"""How long a reader of the stream waits for JetStream to answer before giving up."""
 _PATIENT_WITH: tuple[type[Exception], ...] = (*TRANSIENT, errors.Unavailable, errors.Timeout)
 
 
@@ -213,23 +215,30 @@ class EventStore:
             if isinstance(filter_subject, str)
             else filter_subject or [self.topology.events_all]
         )
-        try:
-            sub = await self._js.subscribe(
-                filters[0] if len(filters) == 1 else "",
-                stream=self.topology.events_stream,
-                ordered_consumer=True,
-                deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
-                config=api.ConsumerConfig(
-                    opt_start_seq=max(1, start_seq), filter_subjects=filters if len(filters) > 1 else None
+        config = api.ConsumerConfig(
+            opt_start_seq=max(1, start_seq), filter_subjects=filters if len(filters) > 1 else None
+        )
+        try:  # patiently: right after a leader election the consumer takes a moment
+            sub = await patiently(
+                lambda: self._js.subscribe(
+                    filters[0] if len(filters) == 1 else "",
+                    stream=self.topology.events_stream,
+                    ordered_consumer=True,
+                    deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+                    config=config,
+                    pending_msgs_limit=-1,
+                    pending_bytes_limit=-1,
                 ),
-                pending_msgs_limit=-1,
-                pending_bytes_limit=-1,
+                "reading the event stream",
+                timeout=READ_PATIENCE,
             )
         except Exception as exc:
             raise translate(exc, "reading the event stream") from exc
         try:
-            if not follow and nothing_to_read(await sub.consumer_info()):
-                return
+            if not follow:
+                info = await patiently(sub.consumer_info, "reading the event stream", timeout=READ_PATIENCE)
+                if nothing_to_read(info):
+                    return
             while True:
                 msg = await sub.next_msg(timeout=None)
                 meta = msg.metadata
