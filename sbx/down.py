@@ -53,14 +53,15 @@ class Released:
     deleted: int = 0
     proxies: int = 0
     recorded: bool = True
-    """False when NATS did not answer: nothing was recorded, nothing deleted."""
+    """False when NATS did not answer: nothing was recorded, nothing deleted (unless purged)."""
+    purged: bool = False
 
     def summary(self) -> str:
         text = (
             f"{self.stopped} session sandbox(es) stopped (files kept), {self.deleted} deleted, "
             f"{self.proxies} proxy(ies) stopped"
         )
-        if not self.recorded:
+        if not self.recorded and not self.purged:
             text += " (NATS did not answer: nothing recorded; the next `sbx up` does)"
         return text
 
@@ -157,7 +158,7 @@ async def release(
             records = await _Records.open(nc, namespace)
         except NotFoundError:  # no service ever made the buckets: nothing to record against
             nc = None
-    released = Released(recorded=nc is not None)
+    released = Released(recorded=nc is not None, purged=purge)
     gate = asyncio.Semaphore(CONCURRENCY)
 
     async def one(info: api.SandboxInfo) -> None:
