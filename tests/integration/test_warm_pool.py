@@ -43,7 +43,9 @@ async def env(nats_server, namespace, tmp_path):
     started = []
 
     async def start(name, setup, **overrides):
-        r = await support.start_in_process(nats_server.url, namespace, name, setup, state_dir=state, **overrides)
+        r = await support.start_in_process(
+            nats_server.url, namespace, name, setup, state_dir=state, **overrides
+        )
         started.append(r)
         return r
 
