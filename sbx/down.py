@@ -253,7 +253,11 @@ def _spawn_nats(state_dir: Path, token: str) -> tuple[subprocess.Popen[bytes], i
     config = natsd.write_config(state_dir, "127.0.0.1", port, token)
     with open(state_dir / "nats.log", "ab") as log:
         server = subprocess.Popen(
-            natsd.command_with_config(config), stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            natsd.command_with_config(config),
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=supervisor.die_with_parent,  # not left running if `sbx down` is killed
         )
     return server, port
 
@@ -265,6 +269,8 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False) -
     if not await asyncio.to_thread(state_dir.is_dir):
         supervisor.say(f"nothing to stop: {state_dir}/ does not exist")
         return 0
+    if purge:
+        await asyncio.to_thread(_check_removable, state_dir)
     backend = settings.RuntimeSettings.from_env(env).backend
     holder = stack.lock_holder(state_dir)
     if holder:
@@ -272,16 +278,38 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False) -
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder, signal.SIGTERM)
         await _wait_for_release_of(state_dir, holder)
-    lock = stack.lock(state_dir)  # no `sbx up` starts while this runs
+    lock = stack.lock(state_dir, role="down")  # no `sbx up` starts while this runs
+    doomed: Path | None = None
     try:
         async with _stack_nats(state_dir, env) as (nc, namespace):
             released = await release(state_dir, nc, namespace, backend, purge=purge)
         if not holder or released.stopped or released.deleted or released.proxies:
             supervisor.say(released.summary())
         stack.StackInfo.path(state_dir).unlink(missing_ok=True)
+        # Still under the lock: moved aside, so an `sbx up` starting now makes a new one.
+        if purge:
+            doomed = state_dir.parent / f".{state_dir.name}.removing.{os.getpid()}"
+            await asyncio.to_thread(state_dir.rename, doomed)
     finally:
         lock.close()
-    if purge:
-        await backends.remove_state(backend, state_dir)
+    if doomed is not None:
+        await backends.remove_state(backend, doomed)
         supervisor.say(f"removed {state_dir}/")
     return 0
+
+
+STATE_FILES = ("api-key", "nats-token", "nats", "sandboxes", "stack.json")
+
+
+def _check_removable(state_dir: Path) -> None:
+    """``--purge`` removes only what is a state dir of sbx: not a symlink, not a mount
+    point, holding some of sbx's own files."""
+    if state_dir.is_symlink():
+        raise errors.ConfigError(f"{state_dir} is a symlink: not removed (pass the directory itself)")
+    if os.path.ismount(state_dir):
+        raise errors.ConfigError(f"{state_dir} is a mount point: not removed (remove its contents yourself)")
+    if not any((state_dir / name).exists() for name in STATE_FILES):
+        raise errors.ConfigError(
+            f"{state_dir} does not look like a state dir of sbx "
+            f"(none of {', '.join(STATE_FILES)}): not removed"
+        )

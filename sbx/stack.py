@@ -62,41 +62,52 @@ class StackInfo:
 
 
 LOCK = "up.lock"
-"""Held (flock) by the running ``sbx up`` of a state dir, which writes its pid in it."""
+"""Held (flock) by the running ``sbx up`` (or ``sbx down``) of a state dir, which writes
+``<role> <pid>`` in it."""
 
 
-def lock_holder(directory: Path) -> int | None:
-    """The pid of the ``sbx up`` holding the state dir's lock (0 if it has not written it
-    yet), or None if none holds it."""
-    try:
-        handle = open(directory / LOCK)
+def _open_lock(directory: Path, flags: int) -> IO[str] | None:
+    try:  # never through a symlink planted in place of the lock
+        fd = os.open(directory / LOCK, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError:
+        return None
+    return os.fdopen(fd, "r+" if flags & os.O_RDWR else "r")
+
+
+def lock_holder(directory: Path, role: str = "up") -> int | None:
+    """The pid of the ``sbx <role>`` holding the state dir's lock (0 if it holds it but is
+    another command, or has not written its pid yet), or None if nothing holds it."""
+    handle = _open_lock(directory, os.O_RDONLY)
+    if handle is None:
         return None
     with handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            text = handle.read().strip()
-            return int(text) if text.isdigit() else 0
+            said = handle.read().split()
+            return int(said[1]) if len(said) == 2 and said[0] == role and said[1].isdigit() else 0
         fcntl.flock(handle, fcntl.LOCK_UN)
         return None
 
 
-def lock(state: Path) -> IO[str]:
+def lock(state: Path, role: str = "up") -> IO[str]:
     """One ``sbx up`` (or ``sbx down``) per state dir: the lock is held for as long as the
     file stays open."""
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
-    lock = open(state / LOCK, "a+")
+    lock = _open_lock(state, os.O_RDWR | os.O_CREAT)
+    if lock is None:
+        raise errors.ConfigError(f"cannot open {state / LOCK} (a symlink there is refused)")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        lock.close()
         holder = lock_holder(state)
         raise errors.Conflict(
-            f"another `sbx up` is already running with state dir {state}/"
+            f"another `sbx up` or `sbx down` is already running with state dir {state}/"
             + (f" (pid {holder})" if holder else "")
         ) from None
     lock.truncate(0)
-    lock.write(f"{os.getpid()}\n")  # for `sbx down`
+    lock.write(f"{role} {os.getpid()}\n")  # `sbx down` signals an `up` only
     lock.flush()
     return lock
 

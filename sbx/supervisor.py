@@ -33,7 +33,7 @@ def restart_delay(consecutive_failures: int) -> float:
     return min(0.25 * 2 ** min(consecutive_failures - 1, 16), MAX_DELAY_SECONDS)
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # runs in the child between fork and exec
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
@@ -79,7 +79,7 @@ class Supervisor:
             stdout=child.output,
             stderr=child.output,
             start_new_session=True,  # a terminal's Ctrl-C reaches only us; we stop children in order
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         child.started_at = time.monotonic()
 

@@ -223,6 +223,10 @@ def _banner(
 
 async def run(options: Options, env: dict[str, str]) -> int:
     state = options.state_dir
+    stop = asyncio.Event()  # from the start: a Ctrl-C or `sbx down` while starting stops cleanly too
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     lock = stack.lock(state)  # noqa: F841  (held until this process ends)
     key, generated = stack.api_key(state, env)
     settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": key})  # a bad key stops here
@@ -243,10 +247,6 @@ async def run(options: Options, env: dict[str, str]) -> int:
             supervisor.say("stopping sandboxes and proxies...")
             supervisor.say((await _release(state, bus_settings, env)).summary())
 
-    stop = asyncio.Event()  # from the start: a Ctrl-C while starting stops cleanly too
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     try:
         bus_settings, nats_child = await _start_nats(options, state, env, sup)
         publish("starting")

@@ -52,6 +52,8 @@ class SessionCommands:
         self.pool = pool
         self.warm = warm or []
         self.caches_at_create = caches_at_create
+        self._waiting: dict[str, int] = {}
+        """Sessions of this instance waiting for a pool sandbox being prepared, per pool."""
 
     async def handle(self, raw: bytes) -> bytes:
         """Answer one request; every failure becomes an error reply, never a crash."""
@@ -112,9 +114,19 @@ class SessionCommands:
             return None
         until = time.monotonic()
         if preparing:
-            if not pools.preparing((await self.sandboxes.all()).values(), pool.pool_id):
-                return None
+            coming = pools.preparing((await self.sandboxes.all()).values(), pool.pool_id)
+            if self._waiting.get(pool.pool_id, 0) >= coming:
+                return None  # each sandbox being prepared can serve one waiting session
             until += PREPARING_WAIT
+        self._waiting[pool.pool_id] = self._waiting.get(pool.pool_id, 0) + preparing
+        try:
+            return await self._take_and_claim(command, pool, org, until)
+        finally:
+            self._waiting[pool.pool_id] -= preparing
+
+    async def _take_and_claim(
+        self, command: commands.SessionCommand, pool: pools.PoolSpec, org: str | None, until: float
+    ) -> str | None:
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         for _ in range(CLAIM_ATTEMPTS):
             wait = max(0.0, until - time.monotonic())

@@ -66,12 +66,12 @@ class Replies:
         no ``who`` is running or the one handling it stops beating."""
         token = secrets.token_hex(8)
         heard: asyncio.Queue[Msg] = asyncio.Queue()
-        inbox = await self._inbox()
         self._waiting[token] = heard
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         silence = FIRST_SILENCE
         try:
+            inbox = await self._inbox()
             await self.nc.publish(subject, payload, reply=inbox + token, headers={HEADER: str(INTERVAL)})
             while True:
                 left = deadline - loop.time()
@@ -81,7 +81,7 @@ class Replies:
                     async with asyncio.timeout(min(left, silence)):
                         msg = await heard.get()
                 except TimeoutError:
-                    if loop.time() >= deadline:
+                    if left <= silence:  # the budget ran out (not the silence)
                         raise _timed_out(who) from None
                     raise errors.Unavailable(
                         f"the {who} handling this request stopped answering (nothing heard for "
@@ -94,7 +94,11 @@ class Replies:
                     silence = SILENCE
                     continue
                 return msg.data
-        except (nats.errors.ConnectionClosedError, nats.errors.ConnectionReconnectingError):
+        except (
+            nats.errors.ConnectionClosedError,
+            nats.errors.ConnectionReconnectingError,
+            nats.errors.ConnectionDrainingError,
+        ):
             raise errors.Unavailable("not connected to NATS; retry shortly") from None
         finally:
             self._waiting.pop(token, None)

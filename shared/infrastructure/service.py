@@ -134,6 +134,28 @@ async def _connect_with_retry(bus_settings: settings.BusSettings, name: str) -> 
             delay = min(delay * 2, 2.0)
 
 
+async def _record_start(
+    store: eventstore.EventStore, subject: str, started: events.InstanceStarted
+) -> list[eventstore.Stored]:
+    """Append ``instance.started`` (patiently: JetStream may be electing a leader). An
+    attempt whose acknowledgement was lost landed anyway: the retry is refused as a
+    duplicate, and the stored event is read back instead."""
+    patiently = eventstore.patiently
+    history = await patiently(lambda: store.load(subject), "reading this instance's events")
+    last = history[-1].seq if history else 0  # non-zero only for a reused SBX_INSTANCE_ID
+    try:
+        return await patiently(
+            lambda: store.append(subject, [started], expected_last_seq=last),
+            "recording this instance's start",
+        )
+    except errors.ConcurrencyError:
+        stored = await patiently(lambda: store.load(subject, after=last), "reading this instance's events")
+        mine = [e for e in stored if e.event.meta.event_id == started.meta.event_id]
+        if not mine:
+            raise
+        return mine
+
+
 # Long on purpose: a service's whole life in order (connect, join, serve, drain, leave);
 # its steps share what the ``finally`` cleans up.
 async def run(  # noqa: C901
@@ -192,13 +214,8 @@ async def run(  # noqa: C901
         host=s.hostname,
         version=VERSION,
     )
-    instance_subject = topology.aggregate_subject(subjects.INSTANCE, s.instance)
-    history = await patiently(lambda: store.load(instance_subject), "reading this instance's events")
-    for stored in await patiently(  # a retry of a landed append is de-duplicated by its event id
-        lambda: store.append(
-            instance_subject, [started], expected_last_seq=history[-1].seq if history else 0
-        ),
-        "recording this instance's start",
+    for stored in await _record_start(
+        store, topology.aggregate_subject(subjects.INSTANCE, s.instance), started
     ):
         await instances.apply(stored)
     ctx.status = "ok"

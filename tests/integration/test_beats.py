@@ -14,9 +14,23 @@ from shared.contract import errors
 from shared.infrastructure import beats
 
 
+async def reachable(nc, subject: str) -> None:
+    """Until the server routes ``subject`` to its new subscriber: right after a subscribe
+    (even flushed) nats-server may still answer "no responders" for a moment."""
+    for _ in range(100):
+        try:
+            await nc.request(subject + ".ping", b"", timeout=1)
+            return
+        except nats.errors.NoRespondersError:
+            await asyncio.sleep(0.02)
+    raise AssertionError(f"{subject} never became reachable")
+
+
 async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b"done"):
-    """A separate connection answering ``subject`` after ``work_for`` seconds, beating."""
+    """A separate connection answering ``subject`` after ``work_for`` seconds, beating
+    (and ``<subject>.ping`` at once, to know it is reachable)."""
     nc = await nats.connect(url)
+
 
     async def on_request(msg) -> None:
         async def work() -> bytes:
@@ -26,7 +40,11 @@ async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b
         answer = await beats.beating(nc, msg, work())
         await msg.respond(answer)
 
+    async def on_ping(msg) -> None:
+        await msg.respond(b"")
+
     await nc.subscribe(subject, cb=on_request)
+    await nc.subscribe(subject + ".ping", cb=on_ping)  # after: reachable once this is
     await nc.flush()
     return nc
 
@@ -34,6 +52,7 @@ async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b
 async def test_a_working_responder_is_waited_for_past_the_silence(bus, nats_server):
     nc, _ = bus
     them = await responder(nats_server.url, "beats.slow", beats.SILENCE + 2)
+    await reachable(nc, "beats.slow")
     try:
         got = await beats.for_connection(nc).request("beats.slow", b"", timeout=30, who="worker")
         assert got == b"done"
@@ -44,6 +63,7 @@ async def test_a_working_responder_is_waited_for_past_the_silence(bus, nats_serv
 async def test_a_dead_responder_is_noticed_within_the_silence(bus, nats_server):
     nc, _ = bus
     them = await responder(nats_server.url, "beats.dying", 60)
+    await reachable(nc, "beats.dying")
     call = asyncio.create_task(beats.for_connection(nc).request("beats.dying", b"", timeout=60, who="worker"))
     await asyncio.sleep(1)  # it took the request and beats
     assert not call.done()
@@ -58,6 +78,7 @@ async def test_a_dead_responder_is_noticed_within_the_silence(bus, nats_server):
 async def test_a_request_without_the_header_gets_the_reply_only(bus, nats_server):
     nc, _ = bus
     them = await responder(nats_server.url, "beats.plain", 1.2)  # at least two beats' time
+    await reachable(nc, "beats.plain")
     try:
         msg = await nc.request("beats.plain", b"", timeout=10)
         assert msg.data == b"done" and not msg.headers
@@ -71,6 +92,7 @@ async def test_no_responder_and_the_budget(bus, nats_server):
     with pytest.raises(errors.Unavailable, match="no worker is running"):
         await replies.request("beats.nobody", b"", timeout=10, who="worker")
     them = await responder(nats_server.url, "beats.long", 30)
+    await reachable(nc, "beats.long")
     try:
         with pytest.raises(errors.Timeout, match="did not answer in time"):
             await replies.request("beats.long", b"", timeout=1.5, who="worker")

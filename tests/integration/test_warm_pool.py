@@ -76,6 +76,7 @@ async def test_claims_take_warm_sandboxes_and_the_pool_refills(env):
     await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
     await start("scheduler", scheduler_app.make_setup(LIFECYCLE))
     await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 2), timeout=30)
     warm_ids = {s.sandbox_id for s in await idle(nc, topology, pool_id)}
 
     replies = await asyncio.gather(*(ensure(nc, topology, f"racer-{n}") for n in range(4)))

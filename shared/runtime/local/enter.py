@@ -113,9 +113,11 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
             check(-1, "fork")
         if pid > 0:
             _mirror(libc, pid)
-        # The second child (the command): its parent is outside its pid namespace, so there
-        # is no getppid() check; the first child dies only with the executor.
+        # The second child (the command): its parent is outside its pid namespace, where
+        # getppid() says 0 while that parent lives; anything else means it died first.
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != 0:
+            libc._exit(143)
 
     return child
 

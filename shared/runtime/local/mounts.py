@@ -42,13 +42,18 @@ def mounted_under(target: Path) -> bool:
 
 
 def detach_under(target: Path, rounds: int = 8) -> None:
-    """Lazily unmount everything on or below ``target`` (stacked mounts included); raises
-    if anything is still mounted there after that."""
+    """Lazily unmount everything strictly below ``target`` (stacked mounts included; not
+    ``target`` itself); raises if anything is still mounted below it after that."""
+
+    def below() -> list[Path]:
+        root = Path(os.path.realpath(target))
+        return [p for p in mounts_under(root) if p != root]
+
     for _ in range(rounds):
-        points = mounts_under(target)
+        points = below()
         if not points:
             return
         for point in points:
             _libc.umount2(os.fsencode(point), MNT_DETACH)
-    if left := mounts_under(target):
+    if left := below():
         raise errors.InfrastructureError(f"{left[0]} is still mounted: not removed")
