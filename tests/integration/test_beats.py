@@ -31,7 +31,6 @@ async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b
     (and ``<subject>.ping`` at once, to know it is reachable)."""
     nc = await nats.connect(url)
 
-
     async def on_request(msg) -> None:
         async def work() -> bytes:
             await asyncio.sleep(work_for)
