@@ -116,8 +116,13 @@ async def test_a_queued_request_is_not_taken_for_dead(bus, nats_server):
 
             await msg.respond(await beats.beating(them, msg, work()))
 
+    async def on_ping(msg) -> None:
+        await msg.respond(b"")
+
     await them.subscribe("beats.queue", cb=on_request)
+    await them.subscribe("beats.queue.ping", cb=on_ping)
     await them.flush()
+    await reachable(nc, "beats.queue")
     try:
         replies = beats.for_connection(nc)
         got = await asyncio.gather(
