@@ -37,6 +37,18 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _gateway_port(host: str, port: int) -> int:
+    """The port the gateway listens on for the whole life of this stack: ``0`` picks a free
+    one once (a restarted gateway must come back where agents connect), a taken one is refused."""
+    if port == 0:
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            return int(probe.getsockname()[1])
+    if not _port_free(host, port):
+        raise errors.ConfigError(f"port {port} on {host} is taken; pass --port (0 picks a free one)")
+    return port
+
+
 async def _wait_for_nats(
     bus_settings: settings.BusSettings, child: supervisor.Child | None, log_path: Path | None
 ) -> None:
@@ -248,6 +260,7 @@ async def run(options: Options, env: dict[str, str]) -> int:
             supervisor.say((await _release(state, bus_settings, env)).summary())
 
     try:
+        options = dataclasses.replace(options, port=_gateway_port(options.host, options.port))
         bus_settings, nats_child = await _start_nats(options, state, env, sup)
         publish("starting")
         leftovers = await _release(state, bus_settings, env)  # an earlier stack that did not stop

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from faststream.nats import NatsMessage
-
 from services.executor import caches, handlers, shells
 from shared.domain import projections
 from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import backends
 
-QUEUE = "executor"
 #: Requests served concurrently per instance: long shell calls wait, they do not block others.
 MAX_WORKERS = 256
 
@@ -33,13 +30,8 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         )
         ctx.details["runtime"] = runtime.name
 
-        @ctx.broker.subscriber(ctx.topology.exec_requests, queue=QUEUE, max_workers=MAX_WORKERS)
-        async def on_exec_request(msg: NatsMessage) -> bytes:
-            return await rpc.serve(ctx.nc, msg.raw_message, executor.handle(msg.body))
-
-        @ctx.broker.subscriber(ctx.topology.exec_prepare, queue=QUEUE)
-        async def on_prepare(msg: NatsMessage) -> bytes:
-            return await rpc.serve(ctx.nc, msg.raw_message, executor.prepare(msg.body))
+        ctx.answer(rpc.EXEC, executor.handle, workers=MAX_WORKERS)
+        ctx.answer(rpc.PREPARE, executor.prepare)
 
         return service.Workload(
             tasks=[servers.run_sweeps()],

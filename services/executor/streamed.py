@@ -149,11 +149,10 @@ class StreamedOps:
             with contextlib.suppress(Exception):
                 await process.kill()  # the work then ends as usual, with the killed exit status
 
-        # Subscribed before the reply leaves, so no input frame and no stop is missed. The
-        # reply leaves on the service's other connection (faststream's), so the server must
-        # have these subscriptions before it: the flush waits for its answer. (Without it, a
-        # caller could send its first input frame before the subscription existed there:
-        # the frame was lost and the upload given up 30 s later, under load.)
+        # Subscribed before the reply leaves, so no input frame and no stop is missed: the
+        # flush waits until the server has these subscriptions. (Without it, a caller could
+        # send its first input frame before the subscription existed there: the frame was
+        # lost and the upload given up 30 s later, under load.)
         stop = await self.nc.subscribe(request.stop, cb=on_stop, max_msgs=1)
         try:
             await self.nc.flush(timeout=10)

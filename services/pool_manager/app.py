@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from faststream.nats import NatsMessage
-
 from services.pool_manager import handlers, logic, refill
 from shared.contract import states
 from shared.domain import pools as pool_specs
@@ -14,7 +12,6 @@ from shared.domain import projections
 from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
-QUEUE = "pool-manager"
 MAX_WORKERS = 32
 
 
@@ -63,9 +60,7 @@ def make_setup(
 
         await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
 
-        @ctx.broker.subscriber(ctx.topology.pool_requests, queue=QUEUE, max_workers=MAX_WORKERS)
-        async def on_pool_request(msg: NatsMessage) -> bytes:
-            return await rpc.serve(ctx.nc, msg.raw_message, pool.handle(msg.body))
+        ctx.answer(rpc.POOL, pool.handle, workers=MAX_WORKERS)
 
         tasks = [projector.catch_up(ctx.js, sandboxes)]
         pools = pool_specs.configured(lifecycle)

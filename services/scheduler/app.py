@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from faststream.nats import NatsMessage
-
 from services.scheduler import handlers
 from shared.domain import pools, projections
 from shared.infrastructure import projector, rpc, service, settings, warmpool
 
-#: Queue group: every scheduler instance joins it, each command goes to one.
-QUEUE = "scheduler"
 #: Commands handled concurrently per instance (bounded: back-pressure).
 MAX_WORKERS = 64
 
@@ -32,9 +28,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
             caches_at_create=lifecycle.caches_at_create if lifecycle else False,
         )
 
-        @ctx.broker.subscriber(ctx.topology.session_commands, queue=QUEUE, max_workers=MAX_WORKERS)
-        async def on_session_command(msg: NatsMessage) -> bytes:
-            return await rpc.serve(ctx.nc, msg.raw_message, commands.handle(msg.body))
+        ctx.answer(rpc.SESSIONS, commands.handle, workers=MAX_WORKERS)
 
         return service.Workload(tasks=[projector.catch_up(ctx.js, sessions)])
 

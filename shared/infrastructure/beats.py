@@ -3,13 +3,13 @@ seconds, not after its whole budget, that the instance handling its request died
 
 The caller sends the request with the header ``Sbx-Beat`` to an inbox of its own
 (:class:`Replies`: one wildcard subscription per connection, as nats-py's own requests).
-The responder (:func:`beating`) publishes an empty message with ``Sbx-Beat: beat`` to that inbox
-when it takes the request and every :data:`INTERVAL` while it works; its reply ends the
-exchange. The caller gives up with a retriable ``Unavailable`` when it hears nothing for
-:data:`SILENCE` after a beat (the responder was SIGKILLed, its host or NATS went away), or
-for :data:`FIRST_SILENCE` before the first one (every instance is busy and the request
-waits in a queue: that is not a death). A request without the header (``nats req``, a
-test) gets the reply only, as before.
+The responder (:class:`shared.infrastructure.responders.Responder`) publishes an empty
+message with ``Sbx-Beat: beat`` (:func:`beat`) to that inbox the moment the request
+arrives and every :data:`INTERVAL` until its reply leaves, while the request waits for a
+worker too; the reply ends the exchange. The caller gives up with a retriable
+``Unavailable`` when it hears nothing for :data:`SILENCE` (the responder was SIGKILLed
+before or after taking it, its host or NATS went away). A request without the header
+(``nats req``, a test) gets the reply only.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import secrets
 import weakref
-from collections.abc import Awaitable
 
 import nats.errors
 from nats.aio.client import Client
@@ -30,9 +29,7 @@ HEADER = "Sbx-Beat"
 INTERVAL = 0.5
 """Seconds between a responder's beats."""
 SILENCE = 3.0
-"""Seconds without a beat after which the responder is taken for dead."""
-FIRST_SILENCE = 15.0
-"""Seconds to wait for the first beat: until then the request may be queued behind others."""
+"""Seconds without a beat (the first included) after which the responder is taken for dead."""
 BEAT = "beat"
 """The header's value on a beat (a reply may carry the request's headers back)."""
 _NO_RESPONDERS = "503"
@@ -69,7 +66,6 @@ class Replies:
         self._waiting[token] = heard
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        silence = FIRST_SILENCE
         try:
             inbox = await self._inbox()
             await self.nc.publish(subject, payload, reply=inbox + token, headers={HEADER: str(INTERVAL)})
@@ -78,20 +74,19 @@ class Replies:
                 if left <= 0:
                     raise _timed_out(who)
                 try:
-                    async with asyncio.timeout(min(left, silence)):
+                    async with asyncio.timeout(min(left, SILENCE)):
                         msg = await heard.get()
                 except TimeoutError:
-                    if left <= silence:  # the budget ran out (not the silence)
+                    if left <= SILENCE:  # the budget ran out (not the silence)
                         raise _timed_out(who) from None
                     raise errors.Unavailable(
                         f"the {who} handling this request stopped answering (nothing heard for "
-                        f"{silence:.0f} s; it may have been restarted): the outcome is unknown; retry"
+                        f"{SILENCE:.0f} s; it may have been restarted): the outcome is unknown; retry"
                     ) from None
                 headers = msg.headers or {}
                 if headers.get("Status") == _NO_RESPONDERS:
                     raise errors.Unavailable(f"no {who} is running; retry shortly")
                 if headers.get(HEADER) == BEAT and not msg.data:
-                    silence = SILENCE
                     continue
                 return msg.data
         except (
@@ -121,20 +116,8 @@ def for_connection(nc: Client) -> Replies:
     return replies
 
 
-async def beating(nc: Client, request: Msg, work: Awaitable[bytes]) -> bytes:
-    """Do ``work`` (answering ``request``); while it runs, beat to a caller that asked."""
-    reply = request.reply
-    if not reply or HEADER not in (request.headers or {}):
-        return await work
-
-    async def beat() -> None:
-        while True:
-            with contextlib.suppress(Exception):  # a lost beat only makes the caller wait
-                await nc.publish(reply, b"", headers={HEADER: BEAT})
-            await asyncio.sleep(INTERVAL)
-
-    beats = asyncio.create_task(beat())
-    try:
-        return await work
-    finally:
-        beats.cancel()  # not awaited: it ends at its next step, and nothing waits on it
+async def beat(nc: Client, reply: str) -> None:
+    """Tell the caller waiting on ``reply`` that its request is in hand (a lost beat only
+    makes it wait)."""
+    with contextlib.suppress(Exception):
+        await nc.publish(reply, b"", headers={HEADER: BEAT})

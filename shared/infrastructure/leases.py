@@ -4,17 +4,27 @@ proxy fleet), and :func:`lead`, the loop every such leader runs.
 A lease is a key in the leases bucket (TTL ``LEASE_TTL_SECONDS``) created by its holder
 and renewed with a revision CAS; if the holder dies, the key expires and another
 instance's ``hold()`` succeeds.
+
+The key's value says who holds it (:class:`Holder`: instance, and which process on which
+kernel and pid namespace). A contender that sees the holder is a process of its own pid
+namespace that no longer exists (SIGKILLed and restarted by its supervisor, the common
+case on one machine) takes the key over at once with a CAS on its revision instead of
+waiting for it to expire; a holder anywhere else, or one it cannot judge, is waited out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
+import msgspec
 import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
@@ -31,13 +41,71 @@ RENEW_SECONDS = subjects.LEASE_TTL_SECONDS / 4
 FRESH_SECONDS = RENEW_SECONDS / 2
 
 
+class Holder(msgspec.Struct, frozen=True):
+    """Who holds a lease: the instance, and the process it runs as."""
+
+    instance: str
+    place: str
+    """The kernel (boot id) and pid namespace the process runs in."""
+    pid: int
+    started: int
+    """The process's start time (clock ticks after boot): tells a reused pid apart."""
+
+
+def gone(holder: Holder, place: str, started_of: Callable[[int], int | None]) -> bool:
+    """Whether ``holder`` is surely dead, judged from ``place`` (this process's) with
+    ``started_of(pid)`` (a live process's start time, None if there is none): only a
+    process of this very pid namespace can be judged."""
+    return holder.place == place and started_of(holder.pid) != holder.started
+
+
+@functools.cache
+def here() -> str:
+    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+
+
+def started_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _decode(value: bytes | None) -> Holder | None:
+    try:
+        return msgspec.json.decode(value or b"", type=Holder)
+    except msgspec.DecodeError:  # empty, or written by an older version: wait it out
+        return None
+
+
 class Lease:
-    """Holds a KV key while renewing it; another instance gets it once this one stops renewing."""
+    """Holds a KV key while renewing it; another instance gets it once this one stops
+    renewing, or at once when its holder's process is gone (see the module)."""
 
     def __init__(self, kv: KeyValue, key: str, holder: str) -> None:
         self.kv, self.key, self.holder = kv, key, holder
         self.revision: int | None = None
         self._renewed = 0.0
+        try:
+            me = Holder(holder, here(), os.getpid(), started_of(os.getpid()) or 0)
+            self._value = msgspec.json.encode(me)
+        except OSError:  # no /proc: holders are only waited out
+            self._value = msgspec.json.encode({"instance": holder})
+
+    async def _take_over(self) -> int | None:
+        """The key's new revision if its holder is surely dead and this CAS won."""
+        try:
+            entry = await self.kv.get(self.key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        holder = _decode(entry.value)
+        if holder is None or holder.instance == self.holder or not gone(holder, here(), started_of):
+            return None
+        revision = await self.kv.update(self.key, self._value, last=entry.revision)
+        log.info("lease.taken_over", key=self.key, dead=holder.instance)
+        return revision
 
     async def hold(self, *, fresh_for: float = 0.0) -> bool:
         """Take or renew the lease; True while this instance holds it. ``fresh_for``: if
@@ -48,9 +116,14 @@ class Lease:
         asked = time.monotonic()  # the key lives TTL from its write, which is after this
         try:
             if self.revision is None:
-                self.revision = await self.kv.create(self.key, self.holder.encode())
+                try:
+                    self.revision = await self.kv.create(self.key, self._value)
+                except nats.js.errors.KeyWrongLastSequenceError:
+                    self.revision = await self._take_over()
+                    if self.revision is None:
+                        return False
             else:
-                self.revision = await self.kv.update(self.key, self.holder.encode(), last=self.revision)
+                self.revision = await self.kv.update(self.key, self._value, last=self.revision)
             self._renewed = asked
             return True
         except nats.js.errors.KeyWrongLastSequenceError:

@@ -7,8 +7,8 @@ decode, who answers, how a failure is written as a reply. The server side is
 and its typed subclasses (send, decode, raise the reply's error). Every reply carries
 ``ok`` and ``error``; an error reply becomes the product's error again on the caller's
 side (:func:`shared.contract.errors.from_code`), so a caller sees the same error the
-responder raised. Responders beat while they work (:mod:`shared.infrastructure.beats`,
-served with :func:`serve`): a caller whose responder died hears so within seconds.
+responder raised. Responders beat while they hold a request (:mod:`shared.infrastructure.beats`, served by
+:mod:`shared.infrastructure.responders`): a caller whose responder died hears so within seconds.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Generic, TypeVar
 import msgspec
 import structlog
 from nats.aio.client import Client as Nats
-from nats.aio.msg import Msg
 
 from shared.contract import codec, commands, errors, execution, provisioning, states, subjects
 from shared.infrastructure import beats
@@ -129,11 +128,6 @@ async def answer(
             on_error(info)
         reply = family.failed(info)
     return codec.encode(reply)
-
-
-async def serve(nc: Nats, request: Msg, work: Awaitable[bytes]) -> bytes:
-    """A subscriber's answer to ``request`` (``work``), with beats to a caller that asked."""
-    return await beats.beating(nc, request, work)
 
 
 # ---- the client side ---------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """The life of a service process: connect, join, serve, report health, drain.
 
 Every service's entry point is ``service.main(name, setup)``. ``setup`` gets a
-:class:`Context` (bus, event store, causation metadata), registers its
-subscribers on the faststream broker and returns a :class:`Workload` of
-long-running tasks. The runner then:
+:class:`Context` (bus, event store, causation metadata), registers the requests it
+answers (``ctx.answer``, :mod:`shared.infrastructure.responders`) and returns a
+:class:`Workload` of long-running tasks. The runner then:
 
 1. creates the stream and buckets if this is the first process (idempotent);
 2. appends ``instance.started`` and starts reporting health;
@@ -28,13 +28,23 @@ from datetime import UTC, datetime
 from typing import Any
 
 import structlog
-from faststream.nats import NatsBroker
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 
-from shared.contract import commands, errors, events, ids, subjects
+from shared.contract import codec, commands, errors, events, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import aio, bus, eventstore, health, logs, metrics, projector, settings
+from shared.infrastructure import (
+    aio,
+    bus,
+    eventstore,
+    health,
+    logs,
+    metrics,
+    projector,
+    responders,
+    rpc,
+    settings,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -55,7 +65,6 @@ class Context:
     """What a service's wiring gets from the runner."""
 
     settings: settings.ServiceSettings
-    broker: NatsBroker
     nc: Client
     js: JetStreamContext
     topology: subjects.Topology
@@ -64,6 +73,21 @@ class Context:
     details: dict[str, str] = field(default_factory=dict)
     """Free-form facts added to every health report (kept short)."""
     status: health.Status = "starting"
+    answering: list[responders.Responder] = field(default_factory=list)
+
+    def answer(self, family: rpc.Family[Any, Any], handle: responders.Handle, *, workers: int = 1) -> None:
+        """Answer ``family``'s requests with ``handle``, at most ``workers`` at once (from
+        the end of the setup until the drain)."""
+        self.answering.append(
+            responders.Responder(
+                self.nc,
+                family.subject(self.topology),
+                handle,
+                queue=family.responder,
+                workers=workers,
+                busy=lambda e: codec.encode(family.failed(e)),
+            )
+        )
 
     def meta(
         self,
@@ -107,7 +131,7 @@ class Context:
 
 @dataclass
 class Workload:
-    """What a service runs besides its broker subscribers."""
+    """What a service runs besides the requests it answers."""
 
     tasks: list[Coroutine[Any, Any, None]] = field(default_factory=list)
     """Run until cancelled; if one ends or fails, the process exits non-zero."""
@@ -175,8 +199,6 @@ async def run(  # noqa: C901
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
 
-    # Our own connection carries events and KV; the broker's carries subscribers,
-    # so draining the subscribers never cuts off the final events.
     nc = await _connect_with_retry(s.bus, name)
     js = nc.jetstream()
     # A node of a cluster may be electing leaders while we start: wait, do not exit.
@@ -185,16 +207,8 @@ async def run(  # noqa: C901
         lambda: bus.ensure_topology(js, topology, replicas=service_settings.bus.replicas),
         "checking the streams",
     )
-    broker = NatsBroker(
-        servers=s.bus.servers,
-        name=f"{name}/subscribers",
-        token=s.bus.nats_token,
-        logger=None,
-        graceful_timeout=s.drain_timeout,
-        max_reconnect_attempts=-1,
-    )
     store = eventstore.EventStore(js, topology)
-    ctx = Context(s, broker, nc, js, topology, store, started_at=now())
+    ctx = Context(s, nc, js, topology, store, started_at=now())
     instances = await patiently(
         lambda: projector.ProjectionStore.open(js, projections.INSTANCES, store), "opening the instances"
     )
@@ -205,7 +219,8 @@ async def run(  # noqa: C901
         shown = "127.0.0.1" if s.metrics_host in ("0.0.0.0", "::", "") else s.metrics_host  # noqa: S104
         ctx.details["metrics"] = f"http://{shown}:{port}/metrics"
     workload = await setup(ctx)
-    await broker.start()
+    for responder in ctx.answering:
+        await responder.start()
     started = events.InstanceStarted(
         meta=ctx.meta(),
         service=s.service,
@@ -245,11 +260,8 @@ async def run(  # noqa: C901
                 await callback()
         except Exception as exc:
             log.warning("service.drain_callback_failed", error=repr(exc))
-    try:
-        async with asyncio.timeout(s.drain_timeout + 1):
-            await broker.stop()
-    except Exception as exc:
-        log.warning("service.broker_stop_failed", error=repr(exc))
+    # Requests in hand finish (their replies and events leave on the open connection).
+    await asyncio.gather(*(r.stop(s.drain_timeout) for r in ctx.answering), return_exceptions=True)
     await aio.cancel_and_wait([stopper, *tasks])
     for callback in workload.on_stop:
         try:

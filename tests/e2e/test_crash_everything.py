@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,17 +20,18 @@ from tests.e2e.test_sbx_up import read_until, sbx, support_wait
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 
 
-def start(state, nats_port):
+def start(state, nats_port, log=None, **settings: str):
+    """A real `sbx up` on ``state`` (a pool of 2, the reaper every second, ``settings``);
+    its stderr (the services' logs) appended to ``log`` if given. (process, gateway URL)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    env.update(SBX_POOL_MIN_IDLE="2", SBX_REAPER_INTERVAL="1")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
-         "--nats-port", str(nats_port)],
-        env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
+    env.update(SBX_POOL_MIN_IDLE="2", SBX_REAPER_INTERVAL="1", **settings)
+    with open(log or os.devnull, "a") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
+             "--nats-port", str(nats_port)],
+            env=env, cwd=support.ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True,
+        )  # fmt: skip
     banner = read_until(proc, r"Stop with Ctrl-C")
-    import re
-
     return proc, re.search(r"REST API\s+(http://\S+)/v1/sessions", banner).group(1)
 
 

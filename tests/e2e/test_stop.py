@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from shared.runtime import backends
-from shared.runtime.local import mounts
+from shared.runtime.local import mounts, network
 from shared.runtime.local import runtime as local
 from tests import support
 from tests.e2e.test_crash_everything import runtime_sandboxes, start
@@ -24,9 +25,36 @@ from tests.e2e.test_sbx_up import sbx, support_wait
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 
 
-def leftovers(state: Path) -> dict[str, list[str]]:
+def network_links(state: Path) -> set[int]:
+    """The host-side interface indexes of the veths the stack's sandboxes on disk were given."""
+    found = set()
+    for net in (state / "sandboxes").glob("*/net.json"):
+        found.add(json.loads(net.read_text())["ifindex"])
+    return found
+
+
+def _routed() -> set[int]:
+    """Interface indexes in the host's sandbox → proxy map (nftables)."""
+    out = subprocess.run(
+        ["nft", "-j", "list", "map", "inet", network.NAT_TABLE, "proxy_of_link"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        return set()
+    return {
+        int(key)
+        for item in json.loads(out.stdout).get("nftables", [])
+        for key, _ in item.get("map", {}).get("elem", [])
+        if str(key).isdigit()
+    }
+
+
+def leftovers(state: Path, links: set[int] = frozenset()) -> dict[str, list[str]]:
     """What of the stack under ``state`` is still on the machine: processes naming it
-    (sandboxes, proxies, NATS, services), mounts below it, its sandboxes' cgroups."""
+    (sandboxes, proxies, NATS, services), mounts below it, its sandboxes' cgroups, and of
+    ``links`` (veths its sandboxes had, see :func:`network_links`) those still present or
+    still routed by nftables."""
     root = os.path.realpath(state)
     processes = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -47,6 +75,8 @@ def leftovers(state: Path) -> dict[str, list[str]]:
         "processes": processes,
         "mounts": [str(p) for p in mounts.mounts_under(Path(root))] if state.exists() else [],
         "cgroups": cgroups,
+        "links": sorted(i for i in links if i in {index for index, _ in socket.if_nameindex()}),
+        "routes": sorted(links & _routed()),
     }
     return {k: v for k, v in found.items() if v}
 

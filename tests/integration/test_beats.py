@@ -1,6 +1,8 @@
-"""Beating requests over a real nats-server: a working responder keeps its caller waiting as
-long as the budget allows, a dead one is noticed within seconds, a queued request is not
-taken for dead, and a caller that did not ask for beats hears only the reply."""
+"""Beating requests over a real nats-server, answered by the services' own Responder: a
+working responder keeps its caller waiting as long as the budget allows, a dead one is
+noticed within seconds (also when it died before working on the request), a request
+waiting for a worker is not taken for dead, too many in hand are refused at once, and a
+caller that did not ask for beats hears only the reply."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ import time
 import nats
 import pytest
 
-from shared.contract import errors
-from shared.infrastructure import beats
+from shared.contract import codec, commands, errors
+from shared.infrastructure import beats, responders
 
 
 async def reachable(nc, subject: str) -> None:
@@ -26,23 +28,23 @@ async def reachable(nc, subject: str) -> None:
     raise AssertionError(f"{subject} never became reachable")
 
 
-async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b"done"):
-    """A separate connection answering ``subject`` after ``work_for`` seconds, beating
-    (and ``<subject>.ping`` at once, to know it is reachable)."""
+def _busy(info: commands.ErrorInfo) -> bytes:
+    return codec.encode(commands.CommandReply(ok=False, error=info))
+
+
+async def responder(url: str, subject: str, work_for: float, *, reply: bytes = b"done", workers: int = 8):
+    """A separate connection answering ``subject`` (a Responder) after ``work_for``
+    seconds (and ``<subject>.ping`` at once, to know it is reachable)."""
     nc = await nats.connect(url)
 
-    async def on_request(msg) -> None:
-        async def work() -> bytes:
-            await asyncio.sleep(work_for)
-            return reply
-
-        answer = await beats.beating(nc, msg, work())
-        await msg.respond(answer)
+    async def work(_: bytes) -> bytes:
+        await asyncio.sleep(work_for)
+        return reply
 
     async def on_ping(msg) -> None:
         await msg.respond(b"")
 
-    await nc.subscribe(subject, cb=on_request)
+    await responders.Responder(nc, subject, work, queue="workers", workers=workers, busy=_busy).start()
     await nc.subscribe(subject + ".ping", cb=on_ping)  # after: reachable once this is
     await nc.flush()
     return nc
@@ -99,29 +101,11 @@ async def test_no_responder_and_the_budget(bus, nats_server):
         await them.close()
 
 
-async def test_a_queued_request_is_not_taken_for_dead(bus, nats_server):
-    """A responder that takes requests one at a time: the second waits longer than the
-    silence before its first beat, and still gets its answer."""
+async def test_a_request_waiting_for_a_worker_is_not_taken_for_dead(bus, nats_server):
+    """One worker: the second request waits longer than the silence for it, beaten all the
+    while, and gets its answer."""
     nc, _ = bus
-    them = await nats.connect(nats_server.url)
-    turn = asyncio.Lock()
-
-    async def on_request(msg) -> None:
-        async with turn:
-            await asyncio.sleep(0.2)  # not beating yet: queued in this process
-            await asyncio.sleep(beats.SILENCE + 0.5)
-
-            async def work() -> bytes:
-                return msg.data
-
-            await msg.respond(await beats.beating(them, msg, work()))
-
-    async def on_ping(msg) -> None:
-        await msg.respond(b"")
-
-    await them.subscribe("beats.queue", cb=on_request)
-    await them.subscribe("beats.queue.ping", cb=on_ping)
-    await them.flush()
+    them = await responder(nats_server.url, "beats.queue", beats.SILENCE + 0.5, workers=1)
     await reachable(nc, "beats.queue")
     try:
         replies = beats.for_connection(nc)
@@ -129,6 +113,48 @@ async def test_a_queued_request_is_not_taken_for_dead(bus, nats_server):
             replies.request("beats.queue", b"1", timeout=30, who="worker"),
             replies.request("beats.queue", b"2", timeout=30, who="worker"),
         )
-        assert sorted(got) == [b"1", b"2"]
+        assert got == [b"done", b"done"]
     finally:
+        await them.close()
+
+
+async def test_a_request_lost_before_any_work_is_noticed_within_the_silence(bus, nats_server):
+    """A responder process that took the request off the wire and died before working on
+    it (no beat ever sent): the caller hears the silence, not its whole budget."""
+    nc, _ = bus
+    them = await nats.connect(nats_server.url)
+
+    async def take(msg) -> None:  # takes it, never answers
+        pass
+
+    async def on_ping(msg) -> None:
+        await msg.respond(b"")
+
+    await them.subscribe("beats.lost", cb=take)
+    await them.subscribe("beats.lost.ping", cb=on_ping)
+    await them.flush()
+    await reachable(nc, "beats.lost")
+    try:  # heard as a death ("stopped answering"), not as the budget running out ("in time")
+        with pytest.raises(errors.Unavailable, match="stopped answering"):
+            await beats.for_connection(nc).request("beats.lost", b"", timeout=12, who="worker")
+    finally:
+        await them.close()
+
+
+async def test_too_many_requests_in_hand_are_refused_at_once(bus, nats_server):
+    nc, _ = bus
+    them = await responder(nats_server.url, "beats.full", 30, workers=1)  # holds 1 + 4 waiting
+    await reachable(nc, "beats.full")
+    replies = beats.for_connection(nc)
+    held = [asyncio.create_task(replies.request("beats.full", b"", timeout=60, who="w")) for _ in range(5)]
+    try:
+        await asyncio.sleep(0.5)
+        refused = codec.decode_reply(await replies.request("beats.full", b"", timeout=10, who="w"))
+        assert not refused.ok and refused.error.code == "unavailable", refused
+        assert "requests in hand; retry shortly" in refused.error.message
+        assert not any(t.done() for t in held)
+    finally:
+        for t in held:
+            t.cancel()
+        await asyncio.gather(*held, return_exceptions=True)
         await them.close()

@@ -4,9 +4,12 @@ loses its lease is cancelled."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 from shared.contract import errors
 from shared.infrastructure import leases
+from tests import support
 
 
 async def test_one_holder_and_renewal_while_working(bus):
@@ -125,3 +128,51 @@ async def test_lead_runs_rounds_only_while_it_holds_the_lease(bus):
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+HOLD_IN_A_PROCESS = """
+import asyncio, sys
+import nats
+from shared.infrastructure import leases
+
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    lease = leases.Lease(await nc.jetstream().key_value(sys.argv[2]), "crashy", "doomed")
+    assert await lease.hold()
+    print("held", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_lease_whose_holder_process_died_is_taken_over_at_once(bus, nats_server):
+    """The holder, another process here, is SIGKILLed: the next contender takes the key
+    on its first try instead of waiting out the key's time to live. A live holder in
+    another process is never taken over."""
+    nc, topology = bus
+    kv = await nc.jetstream().key_value(topology.leases_bucket)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_IN_A_PROCESS, nats_server.url, topology.leases_bucket],
+        cwd=support.ROOT, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        contender = leases.Lease(kv, "crashy", "next")
+        assert not await contender.hold()  # alive: it keeps it
+        holder.kill()
+        holder.wait(10)
+        assert await contender.hold()  # dead: taken over, not waited out
+        assert (await kv.get("crashy")).revision == contender.revision
+        assert not await leases.Lease(kv, "crashy", "third").hold()  # and it is the new holder's
+    finally:
+        holder.kill()
+
+
+def test_only_a_process_of_this_pid_namespace_is_judged():
+    me = leases.Holder("me", "boot/1", 10, 500)
+    assert not leases.gone(me, "boot/1", lambda pid: 500)  # alive
+    assert leases.gone(me, "boot/1", lambda pid: None)  # no such process
+    assert leases.gone(me, "boot/1", lambda pid: 900)  # the pid was reused
+    assert not leases.gone(me, "boot/2", lambda pid: None)  # another namespace: wait it out
+    assert not leases.gone(me, "other-boot/1", lambda pid: None)  # another machine

@@ -84,7 +84,7 @@ async def harness(nats_server, namespace, tmp_path):
     store = eventstore.EventStore(js, topology)
     ctx = service.Context(
         support.service_settings(nats_server.url, namespace, "reaper", state_dir=state),
-        None, nc, js, topology, store, started_at=datetime.now(UTC),  # type: ignore[arg-type]
+        nc, js, topology, store, started_at=datetime.now(UTC),
     )  # fmt: skip
     reaper = reaper_handlers.Reaper(
         ctx,

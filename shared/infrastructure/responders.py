@@ -1,0 +1,118 @@
+"""The server side of requests: one subscription per request subject and instance, in the
+responder's queue group, answering at most ``workers`` requests at once.
+
+Every request is beaten (:mod:`shared.infrastructure.beats`) from the moment it arrives,
+waiting ones too, until its reply leaves. So a caller hears from a live instance within a
+beat's time, whether its request is being worked on or waits for a free worker, and a
+request lost with its instance (SIGKILLed between delivery and reply) is noticed after
+:data:`beats.SILENCE`, not after its budget. Past ``workers + backlog`` requests in hand,
+a new one is refused at once with a retriable "busy" error: memory stays bounded, and the
+caller's retry may reach another instance.
+
+Stopping takes no new requests, lets those in hand finish within the drain timeout, then
+cancels the rest (their callers hear the silence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import structlog
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from shared.contract import commands, errors
+from shared.infrastructure import aio, beats
+
+log = structlog.get_logger(__name__)
+
+Handle = Callable[[bytes], Awaitable[bytes]]
+"""A request's payload -> its reply's payload (errors already encoded as error replies)."""
+BACKLOG_PER_WORKER = 4
+"""Requests that may wait for a worker, per worker."""
+
+
+class Responder:
+    def __init__(
+        self,
+        nc: Client,
+        subject: str,
+        handle: Handle,
+        *,
+        queue: str,
+        workers: int,
+        busy: Callable[[commands.ErrorInfo], bytes],
+    ) -> None:
+        """``busy``: the error reply for a request refused because too many are in hand."""
+        self.nc, self.subject, self.handle, self.queue = nc, subject, handle, queue
+        self.workers = workers
+        self.limit = workers * (1 + BACKLOG_PER_WORKER)
+        self._slots = asyncio.Semaphore(workers)
+        self._busy = busy
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._beating: set[str] = set()
+        self._sub: Subscription | None = None
+        self._beater: asyncio.Task[None] | None = None
+
+    @property
+    def in_hand(self) -> int:
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._arrived)
+        self._beater = asyncio.create_task(self._beat(), name=f"beats:{self.subject}")
+
+    async def _arrived(self, msg: Msg) -> None:
+        """nats-py's callback (called for one message at a time): never waits for work."""
+        if len(self._tasks) >= self.limit:
+            if msg.reply:
+                info = commands.ErrorInfo(
+                    errors.Unavailable.code,
+                    f"this {self.queue} instance has {len(self._tasks)} requests in hand; retry shortly",
+                )
+                with contextlib.suppress(Exception):
+                    await self.nc.publish(msg.reply, self._busy(info))
+            return
+        beating = bool(msg.reply) and beats.HEADER in (msg.headers or {})
+        if beating:
+            self._beating.add(msg.reply)
+            await beats.beat(self.nc, msg.reply)
+        task = asyncio.create_task(self._serve(msg, beating))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, msg: Msg, beating: bool) -> None:
+        try:
+            async with self._slots:
+                data = await self.handle(msg.data)
+            if msg.reply:
+                await self.nc.publish(msg.reply, data)
+        except Exception:  # the handle encodes every error: this is a bug, or NATS went away
+            log.exception("responder.failed", subject=self.subject)
+        finally:
+            if beating:
+                self._beating.discard(msg.reply)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(beats.INTERVAL)
+            for reply in list(self._beating):
+                await beats.beat(self.nc, reply)
+
+    async def stop(self, timeout: float) -> None:
+        """Take no more requests; wait up to ``timeout`` for those in hand, cancel the rest."""
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+            self._sub = None
+        if self._tasks:
+            _, late = await asyncio.wait(list(self._tasks), timeout=timeout)
+            if late:
+                log.warning("responder.cancelled", subject=self.subject, requests=len(late))
+                await aio.cancel_and_wait(list(late))
+        if self._beater is not None:
+            await aio.cancel_and_wait([self._beater])
+            self._beater = None
