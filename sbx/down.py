@@ -231,13 +231,23 @@ async def _stack_nats(state_dir: Path, env: Mapping[str, str]) -> AsyncIterator[
             await asyncio.to_thread(server.wait)
 
 
+async def release_via(state: Path, bus_settings: settings.BusSettings, backend: str, *, who: str) -> Released:
+    """:func:`release`, recorded through the NATS of ``bus_settings`` if it answers."""
+    nc = await _connect(bus_settings, None, who)
+    try:
+        return await release(state, nc, bus_settings.namespace, backend)
+    finally:
+        if nc is not None:
+            await nc.close()
+
+
 async def _connect(
-    bus_settings: settings.BusSettings, server: subprocess.Popen[bytes] | None
+    bus_settings: settings.BusSettings, server: subprocess.Popen[bytes] | None, who: str = "sbx-down"
 ) -> Client | None:
     """Connected, or None if it does not answer (within 10 s of ``server`` starting)."""
     for _ in range(100 if server is not None else 1):
         try:
-            return await bus.connect(bus_settings, "sbx-down", connect_timeout=3 if server is None else 1)
+            return await bus.connect(bus_settings, who, connect_timeout=3 if server is None else 1)
         except errors.Unavailable:
             if server is not None and server.poll() is not None:
                 return None

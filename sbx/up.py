@@ -90,14 +90,7 @@ async def _release(state: Path, bus_settings: settings.BusSettings, env: dict[st
     """Stop this state dir's sandboxes and proxies (``sbx.down``), recording it through the
     stack's NATS if it answers."""
     backend = settings.RuntimeSettings.from_env(env).backend
-    try:
-        nc = await bus.connect(bus_settings, "sbx-up", connect_timeout=3)
-    except errors.Unavailable:
-        return await down.release(state, None, bus_settings.namespace, backend)
-    try:
-        return await down.release(state, nc, bus_settings.namespace, backend)
-    finally:
-        await nc.close()
+    return await down.release_via(state, bus_settings, backend, who="sbx-up")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -87,6 +87,11 @@ def serving(
 
 
 def preparing(sandboxes: Iterable[states.SandboxState], pool_id: str) -> int:
-    """How many of the pool's sandboxes are being prepared (requested, not yet ready): a
-    session refused a cold start at ``max_running`` waits for one of them instead."""
-    return sum(1 for s in sandboxes if s.pool == pool_id and s.session_id is None and s.status == "requested")
+    """How many of the pool's unclaimed sandboxes are requested or running (being started,
+    being warmed up before their offer, or offered): a session refused a cold start at
+    ``max_running`` waits for one of them instead."""
+    return sum(
+        1
+        for s in sandboxes
+        if s.pool == pool_id and s.session_id is None and s.status in ("requested", "running")
+    )

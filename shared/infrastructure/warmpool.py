@@ -20,6 +20,10 @@ from shared.contract import subjects
 from shared.infrastructure import eventstore
 
 NO_MESSAGES = ("404", "408", "409")
+OFFER_ACK_WAIT = 5.0
+"""Seconds after which an offer taken but not acknowledged (its scheduler died between
+taking and claiming, or it was delivered to the wait of one that died) is offered again.
+Short on purpose: offering a sandbox twice is harmless (the second claim fails its CAS)."""
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ async def ensure_consumer(js: JetStreamContext, topology: subjects.Topology, poo
         durable_name=topology.claims_consumer(pool_id),
         filter_subject=topology.pool_offers(pool_id),
         ack_policy=api.AckPolicy.EXPLICIT,
-        ack_wait=30,
+        ack_wait=OFFER_ACK_WAIT,
         max_ack_pending=10_000,
     )
     try:

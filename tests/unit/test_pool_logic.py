@@ -425,3 +425,16 @@ def test_a_change_leaves_room_when_an_idle_sandbox_is_claimed_or_a_live_one_goes
     assert not logic.leaves_room(idle_one, idle_one)
     assert not logic.leaves_room(claimed, claimed)
     assert not logic.leaves_room(stopped, None)
+
+
+def test_a_session_may_wait_for_the_pools_unclaimed_requested_and_running_sandboxes():
+    pid = DEFAULT.pool_id
+    sandboxes = [
+        sbx("requested", pool=pid),  # being started
+        sbx("running", pool=pid),  # being warmed up, or offered
+        sbx("running", pool=pid, session_id="taken"),  # claimed: not for a waiting session
+        sbx("stopped", pool=pid),
+        sbx("running", pool="another"),
+        sbx("running"),  # a session's own cold start
+    ]
+    assert pools.preparing(sandboxes, pid) == 2
