@@ -113,12 +113,32 @@ async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
     async with httpx2.AsyncClient(timeout=30) as http:
         r = await http.post(f"{url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer")
-    bad = Agent(url, key, "has.dot")
-    ok, text = await bad.call("shell", command="true")
-    assert not ok and "X-Session-Id" in text
+    # A bad or missing X-Session-Id is refused when the agent connects, with the reason.
+    for headers in ({"X-Session-Id": "has.dot"}, {}):
+        sent = {"Authorization": f"Bearer {key}", **headers}
+        async with httpx2.AsyncClient(headers=sent, timeout=30) as http:
+            with pytest.raises(Exception) as refused:
+                async with streamable_http_client(f"{url}/mcp", http_client=http) as (read, write):
+                    async with ClientSession(read, write) as mcp:
+                        await mcp.initialize()
+            assert "X-Session-Id header" in repr(refused.value), refused.value
+        async with httpx2.AsyncClient(timeout=30) as http:  # a client that starts with tools/list
+            r = await http.post(
+                f"{url}/mcp",
+                json={"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+                headers={"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream",
+                         "MCP-Protocol-Version": "2025-06-18", **headers},
+            )  # fmt: skip
+            assert "X-Session-Id header" in r.text and '"result"' not in r.text, r.text
+    # Arguments that do not fit a tool are told in our words (no validator text, no links).
     agent = Agent(url, key, "args")
     ok, text = await agent.call("shell", command="true", timeout=-1)
     assert not ok and "timeout" in text
+    ok, text = await agent.call("shell", command=5)
+    assert not ok and text.startswith("Invalid arguments for shell: `command`"), text
+    assert "pydantic" not in text and "http" not in text
+    ok, text = await agent.call("shell", cmd="true")
+    assert not ok and "`command` is required" in text and "`cmd` is not a parameter of shell" in text, text
     ok, text = await agent.call("shell_poll", job_id="not-a-job")
     assert not ok and "job" in text
 
@@ -209,6 +229,29 @@ async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack)
     assert len(re.findall(r"sandbox\.(?:claimed|requested) ", after)) == 1, after  # one sandbox got
     [assigned] = re.findall(r"sandbox_assigned .*sandbox_id=(\S+)", after)
     assert re.search(rf"exec\.completed .*sandbox_id={assigned} ", after), after
+
+
+async def test_a_client_that_starts_with_tools_list_is_claimed_for_too(stack):  # noqa: F811
+    """A client of the newer protocol revision may skip `initialize`: its `tools/list`
+    starts getting the session's sandbox the same way."""
+    import asyncio
+
+    proc, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    async with httpx2.AsyncClient(timeout=30) as http:
+        r = await http.post(
+            f"{url}/mcp",
+            json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+            headers={"Authorization": f"Bearer {key}", "X-Session-Id": "lister",
+                     "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"},
+        )  # fmt: skip
+        assert r.status_code == 200 and "shell_async" in r.text, r.text
+        for _ in range(200):  # no tool call: the listing alone got the sandbox
+            session = await http.get(f"{url}/v1/sessions/lister", headers={"Authorization": f"Bearer {key}"})
+            if session.status_code == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert session.status_code == 200 and session.json()["status"] == "active", session.text
 
 
 async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_connect(stack):  # noqa: F811

@@ -158,7 +158,9 @@ async def test_the_texts_say_what_the_sandboxes_can_reach(egress: str) -> None:
     """The server instructions and the tools that run commands say the deployment's egress
     (a model told there is no network would never try `pip install`), and only those
     tools are open-world, and only with proxy egress."""
-    server = mcp_tools.build_mcp(FakeCommands(), FakeExecutor(), headers=dict, egress=egress)  # type: ignore[arg-type]
+    server = mcp_tools.build_mcp(
+        FakeCommands(), FakeExecutor(), headers=lambda: {"x-session-id": "s1"}, egress=egress
+    )  # type: ignore[arg-type]
     async with fastmcp.Client(server) as client:
         said = client.instructions or ""
         tools = {t.name: t for t in await client.list_tools()}

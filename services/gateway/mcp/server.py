@@ -1,15 +1,20 @@
-"""The MCP server: the eight tools, claim-on-connect, and its streamable-HTTP app."""
+"""The MCP server: the eight tools, what connecting does, and its streamable-HTTP app."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import fastmcp
 import key_value.aio.adapters.pydantic  # noqa: F401  (see build_mcp: imported at start, not on a call)
+import pydantic
+from fastmcp.exceptions import ToolError
+from fastmcp.exceptions import ValidationError as FastMCPValidationError
 from fastmcp.server.http import StarletteWithLifespan
 from fastmcp.server.middleware import CallNext, Middleware, MiddlewareContext
+from fastmcp.tools.base import Tool, ToolResult
 from key_value.aio.stores.memory import MemoryStore
 from mcp import types as mt
+from mcp.shared.exceptions import MCPError
 
 from services.gateway import sessions
 from services.gateway.mcp import calls, edit, sandbox, shell, texts
@@ -17,6 +22,8 @@ from services.gateway.sessions import Identity
 from shared.contract import errors
 from shared.infrastructure import rpc, service
 
+INVALID_PARAMS = -32602
+"""JSON-RPC's code for a request whose parameters (here: headers) are wrong."""
 TOOL_NAMES: tuple[str, ...] = (
     "shell",
     "shell_async",
@@ -31,27 +38,58 @@ TOOL_NAMES: tuple[str, ...] = (
 MCP_PATH = "/mcp"
 
 
-class ClaimOnConnect(Middleware):
-    """When an agent connects (``initialize`` with its ``X-Session-Id``), start getting its
-    session's sandbox: claiming one takes the scheduler tens of milliseconds, which the
-    agent's first tool call then does not wait for (it waits for this instead of asking
-    again). A connection with bad identity headers starts nothing: its first call says why."""
+class Connect(Middleware):
+    """What happens when an agent connects. Its identity headers are checked on
+    ``initialize`` and ``tools/list`` (a client of the newer protocol revision may start
+    with either): a missing or malformed ``X-Session-Id`` is refused there, with the
+    reason, not at the first tool call. With ``claim``, the session's sandbox is then
+    fetched in the background: claiming one takes the scheduler tens of milliseconds,
+    which the agent's first tool call then does not wait for (it waits for this instead
+    of asking again)."""
 
-    def __init__(self, resolver: sessions.Resolver, identity: Callable[[], Identity]) -> None:
-        self.resolver, self.identity = resolver, identity
+    def __init__(self, resolver: sessions.Resolver, identity: Callable[[], Identity], *, claim: bool) -> None:
+        self.resolver, self.identity, self.claim = resolver, identity, claim
+
+    def _connected(self) -> None:
+        try:
+            who = self.identity()
+        except errors.SandboxError as exc:
+            raise MCPError(INVALID_PARAMS, exc.message) from None
+        if self.claim:
+            self.resolver.prefetch(who)
 
     async def on_initialize(
         self,
         context: MiddlewareContext[mt.InitializeRequest],
         call_next: CallNext[mt.InitializeRequest, mt.InitializeResult | None],
     ) -> mt.InitializeResult | None:
-        result = await call_next(context)
+        self._connected()
+        return await call_next(context)
+
+    async def on_list_tools(
+        self,
+        context: MiddlewareContext[mt.ListToolsRequest],
+        call_next: CallNext[mt.ListToolsRequest, Sequence[Tool]],
+    ) -> Sequence[Tool]:
+        self._connected()
+        return await call_next(context)
+
+
+class ArgumentErrors(Middleware):
+    """A tool call whose arguments do not fit the tool's schema is answered in our words
+    (which parameter, what is wrong with it), not with the validator's text and links."""
+
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[mt.CallToolRequestParams],
+        call_next: CallNext[mt.CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
         try:
-            who = self.identity()
-        except errors.SandboxError:
-            return result
-        self.resolver.prefetch(who)
-        return result
+            return await call_next(context)
+        except FastMCPValidationError as exc:
+            cause = exc.__cause__
+            problems = cause.errors() if isinstance(cause, pydantic.ValidationError) else []
+            raise ToolError(texts.invalid_arguments(context.message.name, problems)) from None
 
 
 def build_mcp(
@@ -70,8 +108,8 @@ def build_mcp(
     optional fast path: the session's sandbox id if the projections say it is active and
     running (then no scheduler round trip is needed; if the projection was stale, the
     executor refuses, ``forget`` is told, and the call falls back to the scheduler).
-    ``claim_on_connect``: an ``initialize`` starts getting the session's sandbox (see
-    ``ClaimOnConnect``). ``egress``: what the sandboxes can reach, said in the texts."""
+    ``claim_on_connect``: connecting starts getting the session's sandbox (see ``Connect``).
+    ``egress``: what the sandboxes can reach, said in the texts."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox",
         instructions=texts.instructions(egress),
@@ -84,8 +122,8 @@ def build_mcp(
     )
     resolver = resolver or sessions.Resolver(commands, running_sandbox, forget)
     tools = calls.Calls(commands, executor, headers, resolver, egress)
-    if claim_on_connect:
-        mcp.add_middleware(ClaimOnConnect(resolver, tools.identity))
+    mcp.add_middleware(Connect(resolver, tools.identity, claim=claim_on_connect))
+    mcp.add_middleware(ArgumentErrors())
     shell.register(mcp, tools)
     edit.register(mcp, tools)
     sandbox.register(mcp, tools)

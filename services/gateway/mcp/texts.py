@@ -3,6 +3,9 @@ and how results are written back."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from shared.contract import execution, states
 
 SHELL_TIMEOUT = execution.DEFAULT_TIMEOUT
@@ -30,6 +33,24 @@ def instructions(egress: str) -> str:
         "commands, `shell_async` + `shell_poll`/`shell_wait`/`shell_stop` for long-running ones, "
         "and `str_replace_based_edit_tool` to view and edit files."
     )
+
+
+def invalid_arguments(tool: str, problems: Sequence[Mapping[str, Any]]) -> str:
+    """A tool call's argument errors (pydantic's ``errors()``), in our words."""
+    said = []
+    for problem in problems:
+        name = ".".join(str(part) for part in problem.get("loc", ())) or "arguments"
+        kind = problem.get("type", "")
+        if kind == "missing_argument":
+            said.append(f"`{name}` is required")
+        elif kind == "unexpected_keyword_argument":
+            said.append(f"`{name}` is not a parameter of {tool}")
+        else:
+            shown = repr(problem.get("input"))
+            shown = shown if len(shown) <= 60 else shown[:57] + "..."
+            said.append(f"`{name}`: {problem.get('msg', 'invalid')} (got {shown})")
+    detail = "; ".join(said) or "they do not match the tool's parameters"
+    return f"Invalid arguments for {tool}: {detail}. Nothing was run; fix them and call again."
 
 
 SANDBOX_NOTE = "The sandbox is created automatically on first use; /workspace is the working directory."
