@@ -24,7 +24,7 @@ def start(state, nats_port, log=None, **settings: str):
     """A real `sbx up` on ``state`` (a pool of 2, the reaper every second, ``settings``);
     its stderr (the services' logs) appended to ``log`` if given. (process, gateway URL)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    env.update(SBX_POOL_MIN_IDLE="2", SBX_REAPER_INTERVAL="1", **settings)
+    env.update({"SBX_POOL_MIN_IDLE": "2", "SBX_REAPER_INTERVAL": "1", **settings})
     with open(log or os.devnull, "a") as stderr:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",

@@ -101,13 +101,15 @@ class Cgroups:
     def remove(self, name: str) -> None:
         self.kill_all(name)
         for d in self.dirs(name):
-            with contextlib.suppress(FileNotFoundError):
-                for _ in range(100):
-                    try:
-                        d.rmdir()
-                        break
-                    except OSError:  # busy for a moment after the last process exits
-                        time.sleep(0.01)
+            for _ in range(100):
+                try:
+                    d.rmdir()
+                except FileNotFoundError:  # gone already (a stopped sandbox): nothing to wait for
+                    break
+                except OSError:  # busy for a moment after the last process exits
+                    time.sleep(0.01)
+                    continue
+                break
 
 
 def _write(path: Path, value: str) -> None:
