@@ -17,7 +17,6 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -257,9 +256,7 @@ async def _connect(
 
 def _spawn_nats(state_dir: Path, token: str) -> tuple[subprocess.Popen[bytes], int]:
     """The embedded server on its store, on a free loopback port (its log appended to)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = stack.free_port()
     config = natsd.write_config(state_dir, "127.0.0.1", port, token)
     with open(state_dir / "nats.log", "ab") as log:
         server = subprocess.Popen(

@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import secrets
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -150,3 +151,10 @@ def _secret(path: Path, make: Callable[[], str]) -> tuple[str, bool]:
     with os.fdopen(fd, "w") as handle:
         handle.write(value + "\n")
     return value, True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])

@@ -41,9 +41,7 @@ def _gateway_port(host: str, port: int) -> int:
     """The port the gateway listens on for the whole life of this stack: ``0`` picks a free
     one once (a restarted gateway must come back where agents connect), a taken one is refused."""
     if port == 0:
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            return int(probe.getsockname()[1])
+        return stack.free_port(host)
     if not _port_free(host, port):
         raise errors.ConfigError(f"port {port} on {host} is taken; pass --port (0 picks a free one)")
     return port

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TypeVar
 
 import msgspec
@@ -30,7 +28,7 @@ import structlog
 from nats.js.kv import KeyValue
 
 from shared.contract import errors, subjects
-from shared.infrastructure import aio
+from shared.infrastructure import aio, processes
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -59,20 +57,6 @@ def gone(holder: Holder, place: str, started_of: Callable[[int], int | None]) ->
     return holder.place == place and started_of(holder.pid) != holder.started
 
 
-@functools.cache
-def here() -> str:
-    boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
-
-
-def started_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
-
-
 def _decode(value: bytes | None) -> Holder | None:
     try:
         return msgspec.json.decode(value or b"", type=Holder)
@@ -89,7 +73,7 @@ class Lease:
         self.revision: int | None = None
         self._renewed = 0.0
         try:
-            me = Holder(holder, here(), os.getpid(), started_of(os.getpid()) or 0)
+            me = Holder(holder, processes.place(), os.getpid(), processes.start_time(os.getpid()) or 0)
             self._value = msgspec.json.encode(me)
         except OSError:  # no /proc: holders are only waited out
             self._value = msgspec.json.encode({"instance": holder})
@@ -101,7 +85,9 @@ class Lease:
         except nats.js.errors.KeyNotFoundError:
             return None
         holder = _decode(entry.value)
-        if holder is None or holder.instance == self.holder or not gone(holder, here(), started_of):
+        if holder is None or holder.instance == self.holder:
+            return None
+        if not gone(holder, processes.place(), processes.start_time):
             return None
         revision = await self.kv.update(self.key, self._value, last=entry.revision)
         log.info("lease.taken_over", key=self.key, dead=holder.instance)

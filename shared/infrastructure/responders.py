@@ -48,7 +48,6 @@ class Responder:
     ) -> None:
         """``busy``: the error reply for a request refused because too many are in hand."""
         self.nc, self.subject, self.handle, self.queue = nc, subject, handle, queue
-        self.workers = workers
         self.limit = workers * (1 + BACKLOG_PER_WORKER)
         self._slots = asyncio.Semaphore(workers)
         self._busy = busy
@@ -56,10 +55,6 @@ class Responder:
         self._beating: set[str] = set()
         self._sub: Subscription | None = None
         self._beater: asyncio.Task[None] | None = None
-
-    @property
-    def in_hand(self) -> int:
-        return len(self._tasks)
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._arrived)

@@ -75,7 +75,6 @@ class Worker:
     jobs: dict[int, str] = field(default_factory=dict)  # step -> job id
     failed_calls: int = 0
     duplicates: list[int] = field(default_factory=list)
-    last_ok: float = 0.0
 
     async def call(self, tool: str, **arguments) -> tuple[bool, str] | None:
         """The call's result, or None if it raised (the gateway away, a dropped stream)."""
@@ -86,9 +85,7 @@ class Worker:
             raise AssertionError(f"{tool} hung for {CALL_LIMIT}s") from None
         except Exception:  # connection refused or reset while a process restarts
             result = None
-        if result and result[0]:
-            self.last_ok = time.monotonic()
-        else:
+        if not (result and result[0]):
             self.failed_calls += 1
         return result
 

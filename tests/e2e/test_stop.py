@@ -75,7 +75,7 @@ def leftovers(state: Path, links: set[int] = frozenset()) -> dict[str, list[str]
         "processes": processes,
         "mounts": [str(p) for p in mounts.mounts_under(Path(root))] if state.exists() else [],
         "cgroups": cgroups,
-        "links": sorted(i for i in links if i in {index for index, _ in socket.if_nameindex()}),
+        "links": sorted(links & {index for index, _ in socket.if_nameindex()}),
         "routes": sorted(links & _routed()),
     }
     return {k: v for k, v in found.items() if v}

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.contract import errors
-from shared.infrastructure import processenv
+from shared.infrastructure import processenv, processes
 from shared.runtime.local import network
-from shared.runtime.local.runtime import LocalRuntime, _starttime
+from shared.runtime.local.runtime import LocalRuntime
 
 START_TIMEOUT = 30.0
 
@@ -97,7 +97,7 @@ class LocalProxies:
         return found
 
     def alive(self, record: Record) -> bool:
-        return _starttime(record.pid) == record.starttime
+        return processes.start_time(record.pid) == record.starttime
 
     def _free_port(self) -> int:
         taken = {r.port for r in self.records()}
@@ -140,7 +140,7 @@ class LocalProxies:
             os.close(log)
         # Recorded at once, so a crash or cancellation from here on never leaves an
         # unknown process (the next round stops records that have no proxy.started).
-        starttime = _starttime(proc.pid)
+        starttime = processes.start_time(proc.pid)
         record = Record(proxy_id=proxy_id, port=port, pid=proc.pid, starttime=starttime or 0)
         (self.dir / f"{port}.json").write_text(json.dumps(record.__dict__))
         try:

