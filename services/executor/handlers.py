@@ -38,7 +38,7 @@ class Executor:
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
-        self.shells = shell_servers
+        self.shells = shell_servers or shells.ShellServers(runtime)
         self.sandboxes = sandboxes
         self.limit = output_limit
         self.activity_kv = activity_kv
@@ -107,8 +107,6 @@ class Executor:
             raise errors.NotFound(f"no running pool sandbox {request.sandbox_id!r}")
         if sandbox.session_id is not None:
             raise errors.Conflict(f"sandbox {request.sandbox_id!r} is already claimed")
-        if self.shells is None:
-            raise errors.NotBuiltYet("this executor keeps no shell servers")
         started = await self.shells.prepare(request.sandbox_id)
         return execution.Reply(ok=True, status="running" if started else None)
 
@@ -194,11 +192,11 @@ class Executor:
         checks.command(request.command)
         timeout = self._timeout(request.timeout, execution.DEFAULT_TIMEOUT)
         capture = output.Capture(self.limit)
-        result = await self._shell_fast(request, capture, timeout)
-        if result is None:
+        result: shells.Result | api.ExecResult | None = await self._shell_session(request, capture, timeout)
+        if result is None:  # no bash here: sh, with the cwd and exports kept in files
             running = await self.runtime.exec(
                 request.sandbox_id,
-                scripts.argv(scripts.SHELL),
+                ["/bin/sh", "-c", scripts.SHELL, "sbx"],
                 stdin=request.command.encode(),
                 timeout=timeout,
             )
@@ -217,26 +215,37 @@ class Executor:
             duration=result.duration,
         )
 
-    async def _shell_fast(
+    async def _shell_session(
         self, request: execution.Shell, capture: output.Capture, timeout: float
-    ) -> shells.Result | api.ExecResult | None:
-        """Through the sandbox's persistent shell server; None: use the one-off path."""
-        if self.shells is None:
-            return None
+    ) -> shells.Result | None:
+        """Through the session's bash (see ``bashsession``); None where the sandbox has no
+        bash. This executor's helper for the sandbox serves the call; while it is being
+        started, or busy with another call of the session, a helper of this call's own
+        does (it waits on the session's lock, with this call's timeout counting)."""
         server = self.shells.ready(request.sandbox_id)
-        if server is None or server.lock.locked():
-            # Busy with another call of this session: the one-off path waits on the
-            # session's lock with this call's own timeout counting.
+        if server is not None and not server.lock.locked():
+            try:
+                return await server.run(request.command, capture, timeout)
+            except shells.ServerGone as gone:
+                if gone.started:
+                    raise _killed_mid_call() from gone
+                # It ended between two calls: this call gets a helper of its own.
+        if self.shells.unsupported(request.sandbox_id):
+            return None
+        own = await shells.start(self.runtime, request.sandbox_id)
+        if own is None:
+            self.shells.mark_unsupported(request.sandbox_id)
             return None
         try:
-            return await server.run(request.command, capture, timeout)
+            return await own.run(request.command, capture, timeout)
         except shells.ServerGone as gone:
             if gone.started:
-                raise errors.InfrastructureError(
-                    "the shell running this command was killed before it answered "
-                    "(did the command kill every process in the sandbox?)"
-                ) from gone
-            return None
+                raise _killed_mid_call() from gone
+            raise errors.InfrastructureError(
+                "the sandbox's shell helper ended before the command started"
+            ) from gone
+        finally:
+            await own.close()
 
     async def shell_async(self, request: execution.ShellAsync) -> execution.Reply:
         checks.command(request.command)
@@ -455,3 +464,10 @@ def _unaudited(reply: execution.Reply, problem: str) -> execution.Reply:
 def _error_reply(exc: Exception, crashed: str) -> execution.Reply:
     """A failed request's reply (see :func:`shared.infrastructure.rpc.error_info`)."""
     return execution.Reply(ok=False, error=rpc.error_info(exc, crashed))
+
+
+def _killed_mid_call() -> errors.InfrastructureError:
+    return errors.InfrastructureError(
+        "the shell running this command was killed before it answered "
+        "(did the command kill every process in the sandbox?)"
+    )

@@ -1,10 +1,11 @@
 """The shell programs the executor runs inside a sandbox, and the parsing of their answers.
 
-All session state lives *inside the sandbox* (``/.sbx``): the shell's cwd and exported
-variables after each call, and each async job's command, process group, output and
-exit code. So any executor instance can serve any session, and an executor killed
-mid-session loses neither shell state nor jobs. Calls of one session are serialized
-by ``flock`` on a file in the sandbox, which the kernel releases if a holder dies.
+All session state lives *inside the sandbox* (``/.sbx``): the session's bash
+(:mod:`services.executor.bashsession`), which also saves its cwd and exported variables
+after each call, and each async job's command, process group, output and exit code. So
+any executor instance can serve any session, and an executor killed mid-session loses
+neither shell state nor jobs. Calls of one session are serialized by ``flock`` on a file
+in the sandbox, which the kernel releases if a holder dies.
 
 Scripts are POSIX sh; the user's commands run under bash when the image has it.
 """
@@ -15,10 +16,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from services.executor import bashsession
 from shared.contract import execution
-from shared.runtime import api
 
-STATE = "/.sbx/shell"
+STATE = bashsession.STATE
 JOBS = "/.sbx/jobs"
 
 #: Re-executes the given program under bash if present (else sh). $1 is the program.
@@ -44,57 +45,13 @@ trap __sbx_save EXIT
 eval "$__sbx_cmd" 9>&-  # the lock fd stays with this shell, never with what the command starts
 """
 
-# Builtins only on the hot path under bash (each fork/exec costs ~1 ms in a sandbox).
+#: A ``shell`` call in a sandbox without bash (run by sh; the command on stdin): the cwd and
+#: exported variables carry over, through the same files the session's bash saves.
 SHELL = f"""
 {_LOCK}
-if [ -n "$BASH_VERSION" ]; then IFS= read -r -d '' __sbx_cmd; else __sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}; fi
+__sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}
 exec </dev/null 2>&1
 {_RUN}"""
-
-SERVER_HELLO = b"sbx-shell-server 1\n"
-OUTPUT_DIR = api.OUTPUT_DIR
-
-#: The persistent shell server (bash only; exit 3 means "not here, use SHELL").
-#: Reads requests ``<nonce>\n<command>\0`` from stdin; runs each as a background job
-#: (its own process group, so a timeout kills exactly that call), with stdin from
-#: /dev/null and output to a file of its own in ``OUTPUT_DIR`` where the runtime gives
-#: one (local: a small tmpfs of its own, so a full /tmp or disk does not swallow the
-#: output, and output beyond its size is cut there), else in /tmp; so processes the
-#: command leaves behind neither hold this channel nor write into a later call's output. Answers
-#: ``<nonce> started <pgid>\n``, then the output, then ``<nonce> exited <status>\n``.
-SHELL_SERVER = f"""
-[ -n "$BASH_VERSION" ] && command -v cat >/dev/null 2>&1 && [ -d /tmp ] && [ -w /tmp ] || exit 3
-exec 2>/dev/null
-set -m
-[ -d {STATE} ] || mkdir -p {STATE} || exit 3
-__sbx_dir=/tmp; [ -d {OUTPUT_DIR} ] && [ -w {OUTPUT_DIR} ] && __sbx_dir={OUTPUT_DIR}
-__sbx_n=0
-__sbx_job=
-# Its executor died (SIGTERM, see runtime enter): the running call's caller is gone, so the
-# call is killed, and with it the session's lock.
-trap '[ -n "$__sbx_job" ] && kill -KILL -- "-$__sbx_job" 2>/dev/null; exit 143' TERM HUP
-printf 'sbx-shell-server 1\\n'
-while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
-  __sbx_n=$((__sbx_n + 1))
-  # This server's empty output files (silent calls): cleared now and then, one exec per 200 calls.
-  [ $((__sbx_n % 200)) -eq 0 ] && rm -f "$__sbx_dir"/.sbx-out-$$-*
-  __sbx_out=$__sbx_dir/.sbx-out-$$-$__sbx_nonce
-  (
-    {_LOCK}
-    {_RUN}  ) </dev/null >"$__sbx_out" 2>&1 &
-  __sbx_job=$!
-  printf '%s started %d\\n' "$__sbx_nonce" "$__sbx_job"
-  wait "$__sbx_job"
-  __sbx_rc=$?
-  __sbx_job=
-  if [ -s "$__sbx_out" ]; then cat -- "$__sbx_out"; rm -f -- "$__sbx_out"; fi
-  printf '%s exited %d\\n' "$__sbx_nonce" "$__sbx_rc"
-done
-rm -f "$__sbx_dir"/.sbx-out-$$-*
-"""
-
-#: Kills one shell server job's process group ($1 is the pgid the server reported).
-KILL_GROUP = 'kill -KILL -- "-$1" 2>/dev/null; exit 0'
 
 JOB_START = f"""
 J={JOBS}/$1

@@ -2,12 +2,12 @@
 
 Starting a command from the host costs a fork of the executor, an entry into seven
 namespaces and two shells (~5-8 ms). Instead, an executor keeps one long-lived
-helper per sandbox it serves (``scripts.SHELL_SERVER``, started through the runtime's
-ordinary exec with stdin kept open) and each ``shell`` call is a fork inside the
-sandbox. Nothing about the session lives in the helper: cwd and exports are saved in
-``/.sbx`` after every call exactly as on the slow path, calls of one session are
-serialized by the same lock file, so any executor (with or without a helper) can serve
-any call, and a helper that dies loses nothing.
+helper per sandbox it serves (the relay of :mod:`services.executor.bashsession`, started
+through the runtime's ordinary exec with stdin kept open), which passes each call to
+the session's bash in the sandbox. Nothing about the session lives in the helper: the
+state is in that bash, which the sandbox owns, calls of one session are serialized by a
+lock file in the sandbox, so any executor can serve any call, and a helper that dies
+loses nothing.
 
 The helper's answers come from inside the sandbox and are treated as untrusted: a
 malformed answer retires the helper, and everything it can say affects only the
@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from services.executor import output, scripts
+from services.executor import bashsession, output, scripts
 from shared.contract import errors, ids
 from shared.infrastructure import bounded
 from shared.runtime import api
@@ -44,7 +44,7 @@ KILL_GRACE = 10.0
 """How long to wait for a killed command's answer before retiring the helper."""
 QUICK = 30.0
 _LINE_MAX = 200
-_STARTED = re.compile(rb"([0-9a-f]{32}) started ([0-9]{1,9})")
+_STARTED = re.compile(rb"([0-9a-f]{32}) started ([0-9]{1,9} [0-9]{1,9} [0-9]{1,15})")
 _EXITED = re.compile(rb"([0-9a-f]{32}) exited ([0-9]{1,3})\n")
 
 
@@ -126,7 +126,7 @@ class ShellServer:
             line = await self._line(time.monotonic() + QUICK)
         except TimeoutError:
             line = None
-        if line is None or line + b"\n" != scripts.SERVER_HELLO:
+        if line is None or line + b"\n" != bashsession.HELLO:
             self.retire("no greeting")
             return False
         return True
@@ -169,7 +169,7 @@ class ShellServer:
             except errors.Unavailable as exc:
                 self.retire("stdin closed")
                 raise ServerGone(started=False) from exc
-            pgid: str | None = None
+            call: list[str] | None = None
             try:
                 try:
                     line = await self._line(time.monotonic() + QUICK)
@@ -180,13 +180,13 @@ class ShellServer:
                 if match is None or match.group(1) != nonce:
                     self.retire("no start report")
                     raise ServerGone(started=line is not None)
-                pgid = match.group(2).decode()
+                call = match.group(2).decode().split()
                 timed_out = False
                 try:
                     status = await self._output(nonce, capture, deadline)
                 except TimeoutError:
                     timed_out = True
-                    await self._kill_group(pgid)
+                    await self._kill(call)
                     try:
                         status = await self._output(nonce, capture, time.monotonic() + KILL_GRACE)
                     except TimeoutError:
@@ -194,11 +194,12 @@ class ShellServer:
                         status = None
                 if status is None and not timed_out:
                     self.retire("ended mid-command")
+                    self._spawn(self._kill(call))  # nobody is left to wait for it
                     raise ServerGone(started=True)
             except asyncio.CancelledError:
                 self.retire("call cancelled")
-                if pgid is not None:
-                    self._spawn(self._kill_group(pgid))
+                if call is not None:
+                    self._spawn(self._kill(call))
                 raise
             finally:
                 if self.broken:  # closed or retired meanwhile: end the helper now
@@ -210,9 +211,10 @@ class ShellServer:
                 duration=self.used - started_at,
             )
 
-    async def _kill_group(self, pgid: str) -> None:
+    async def _kill(self, call: list[str]) -> None:
+        """Kills what the running call started (``call``: what its start report said)."""
         try:
-            await self.runtime.run(self.sandbox_id, scripts.argv(scripts.KILL_GROUP, pgid), timeout=QUICK)
+            await self.runtime.run(self.sandbox_id, scripts.argv(bashsession.KILL, *call), timeout=QUICK)
         except errors.SandboxError as exc:
             log.warning("executor.shell_kill_failed", sandbox_id=self.sandbox_id, error=exc.message)
 
@@ -250,6 +252,15 @@ class ShellServer:
         self._pump_task.cancel()
 
 
+async def start(runtime: api.Runtime, sandbox_id: str) -> ShellServer | None:
+    """A new helper in this sandbox; None where none can run (no bash: use ``scripts.SHELL``)."""
+    process = await runtime.exec(
+        sandbox_id, scripts.argv(bashsession.SERVER, *bashsession.SERVER_ARGS), keep_stdin_open=True
+    )
+    server = ShellServer(runtime, sandbox_id, process)
+    return server if await server.hello() else None
+
+
 class ShellServers:
     """The helpers of one executor, by sandbox: started on first use, closed when idle."""
 
@@ -267,6 +278,13 @@ class ShellServers:
 
     def __len__(self) -> int:
         return sum(1 for s in self._servers.values() if s.alive)
+
+    def unsupported(self, sandbox_id: str) -> bool:
+        """This sandbox was found to have no bash (recently)."""
+        return sandbox_id in self._unsupported
+
+    def mark_unsupported(self, sandbox_id: str) -> None:
+        self._unsupported[sandbox_id] = time.monotonic()
 
     def ready(self, sandbox_id: str) -> ShellServer | None:
         """This sandbox's helper if it is up; otherwise None, and one is started in the
@@ -302,11 +320,8 @@ class ShellServers:
                 server = self._servers.get(sandbox_id)
                 if server is not None and server.alive:
                     return server
-                process = await self.runtime.exec(
-                    sandbox_id, scripts.argv(scripts.SHELL_SERVER), keep_stdin_open=True
-                )
-                server = ShellServer(self.runtime, sandbox_id, process)
-                if not await server.hello():
+                server = await start(self.runtime, sandbox_id)
+                if server is None:
                     self._unsupported[sandbox_id] = time.monotonic()
                     return None
                 self._servers[sandbox_id] = server

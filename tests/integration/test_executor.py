@@ -89,10 +89,10 @@ async def test_first_use_creates_the_sandbox_and_records_it(stack):
     assert types == ["sandbox.requested", "sandbox.started", "session.created", "session.sandbox_assigned"]
 
 
-async def test_the_shell_keeps_cwd_and_exports_between_calls(stack):
+async def test_the_shell_keeps_cwd_and_variables_between_calls(stack):
     await stack.sh("s", "mkdir -p /workspace/proj && cd /workspace/proj && export GREETING=hello && LOCAL=x")
-    reply = await stack.sh("s", 'pwd; echo "$GREETING"; echo "[$LOCAL]"')
-    assert reply.output.splitlines() == ["/workspace/proj", "hello", "[]"]
+    reply = await stack.sh("s", 'pwd; echo "$GREETING"; echo "[$LOCAL]"; env | grep -c "^LOCAL=" || true')
+    assert reply.output.splitlines() == ["/workspace/proj", "hello", "[x]", "0"]  # LOCAL stays unexported
     assert reply.exit_code == 0
 
 
@@ -264,7 +264,8 @@ async def test_stop_keeps_the_workspace_and_delete_removes_the_sandbox(stack, tm
     rt = local.LocalRuntime(tmp_path / "state")
     assert (await rt.get(sandbox)).status == "stopped"
     resumed = await stack.sh("life", "cat /workspace/kept; pwd")
-    assert resumed.output == "kept\n/tmp\n"
+    note, _, rest = resumed.output.partition("\n")
+    assert rest == "kept\n/tmp\n" and note.startswith("[a new shell: the sandbox was restarted")
     assert (await stack.ensure("life")).session.sandbox_id == sandbox
     deleted = await support.send(
         stack.nc, stack.topology, commands.DeleteSession(command_id=ids.new_id(), session_id="life")
@@ -310,7 +311,8 @@ async def test_a_sandbox_that_stopped_behind_our_back_is_started_again(stack, tm
     assert not refused.ok and refused.error.code == "not_running"
     again = await stack.ensure("revive")  # what the gateway does after such a refusal
     assert again.session.sandbox_id == sandbox
-    assert (await stack.sh("revive", "cat /workspace/f")).output == "kept\n"
+    text = (await stack.sh("revive", "cat /workspace/f")).output
+    assert text.endswith("were kept, the rest of the shell state was not]\nkept\n")
 
 
 async def test_a_sandbox_showing_an_organisations_cache_never_runs_a_call_of_a_session_of_none(stack):

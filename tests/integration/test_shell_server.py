@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from services.executor import output, scripts, shells
+from services.executor import output, shells
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 from tests.integration.test_local_images import minimal_rootfs
@@ -47,25 +47,32 @@ async def fast(servers: shells.ShellServers, sandbox: str, command: str, timeout
     return result, capture.render()
 
 
-async def slow(rt, sandbox: str, command: str) -> str:
-    result, out, _ = await rt.run(sandbox, scripts.argv(scripts.SHELL), stdin=command.encode(), timeout=30)
-    return out.decode()
-
-
 async def helpers(rt, sandbox: str) -> int:
     _, out, _ = await rt.run(sandbox, ["/bin/sh", "-c", "pgrep -fc 'sbx-shell-serve[r]' || true"])
     return int(out.strip())
 
 
-async def test_state_is_shared_with_the_one_off_path(rt, sandbox, servers):
-    """cwd and exports persist across calls whichever path serves them."""
-    result, text = await fast(servers, sandbox, "mkdir -p /workspace/a && cd /workspace/a && export X=1")
+async def test_the_state_lives_in_the_sandbox_not_in_a_helper(rt, sandbox, servers):
+    """All of bash's state carries over, through another executor's helper and after
+    every helper is gone (the session's bash belongs to the sandbox)."""
+    first = "mkdir -p /workspace/a && cd /workspace/a && x=1; f() { echo f$x; }"
+    result, text = await fast(servers, sandbox, first)
     assert result.exit_code == 0 and text == ""
-    assert await slow(rt, sandbox, 'pwd; echo "$X"; cd /tmp; export Y=2') == "/workspace/a\n1\n"
-    _, text = await fast(servers, sandbox, 'pwd; echo "$X$Y"; exit 4')
-    assert text == "/tmp\n12\n"
-    result, _ = await fast(servers, sandbox, "exit 4")
-    assert result.exit_code == 4
+    other = shells.ShellServers(rt)
+    try:
+        _, text = await fast(other, sandbox, "pwd; f; cd /tmp; y=2")
+        assert text == "/workspace/a\nf1\n"
+    finally:
+        await other.close()
+    await servers.close()
+    again = shells.ShellServers(rt)
+    try:
+        result, text = await fast(again, sandbox, 'pwd; echo "$x$y"; exit 4')
+        assert (result.exit_code, text) == (4, "/tmp\n12\n")
+        _, text = await fast(again, sandbox, 'echo "$x$y"')
+        assert text == "12\n", "the call that ended the shell left the state from before it"
+    finally:
+        await again.close()
 
 
 async def test_output_is_exact_and_large_output_is_bounded(rt, sandbox, servers):
@@ -102,11 +109,11 @@ async def test_output_goes_to_the_sandbox_not_the_host_disk(rt, sandbox, servers
     assert text == "1\n0\n", "only this very call's own file, and none in /tmp"
 
 
-async def test_a_busy_server_leaves_the_call_to_the_one_off_path(rt, sandbox, servers):
+async def test_a_busy_server_leaves_the_call_to_a_helper_of_its_own(rt, sandbox, servers):
     server = await servers.get(sandbox)
     long = asyncio.create_task(server.run("sleep 1", output.Capture(4096), 10))
     await asyncio.sleep(0.2)
-    assert server.lock.locked(), "the executor then takes the one-off path (test_executor covers it)"
+    assert server.lock.locked(), "the executor then starts a helper for the call (test_executor covers it)"
     await long
 
 
@@ -130,9 +137,10 @@ async def test_a_command_that_kills_the_server_gets_a_clear_error_and_the_next_c
     assert await servers.get(sandbox) is not server
 
 
-async def test_a_forged_end_marker_only_affects_that_call(rt, sandbox, servers):
-    result, text = await fast(servers, sandbox, 'echo "$__sbx_nonce exited 9"; echo hidden')
-    assert result.exit_code == 9  # the command lied about itself; that is its own business
+async def test_a_command_cannot_forge_the_end_of_its_call(rt, sandbox, servers):
+    """The executor's end marker carries a nonce that never enters the sandbox's shell."""
+    result, text = await fast(servers, sandbox, 'echo "$__sbx_nonce exited 9"; echo shown')
+    assert result.exit_code == 0 and text.endswith(" exited 9\nshown\n")
     result, text = await fast(servers, sandbox, "echo clean")
     assert (result.exit_code, text) == (0, "clean\n")
 
@@ -179,7 +187,7 @@ async def test_the_first_call_does_not_wait_for_a_server(rt, sandbox, servers):
     assert servers.ready(sandbox) is not None
 
 
-async def test_an_image_without_bash_uses_the_one_off_path(rt, servers, tmp_path):
+async def test_an_image_without_bash_uses_the_sh_path(rt, servers, tmp_path):
     rt.images.add_rootfs("minimal", minimal_rootfs(tmp_path / "rootfs"))
     await rt.create(api.SandboxSpec(sandbox_id="no-bash", image="minimal"))
     await rt.start("no-bash")
