@@ -7,6 +7,7 @@ import re
 import time
 
 import structlog
+from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
@@ -45,6 +46,9 @@ class Executor:
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
         self.tenant_caches = tenant_caches
         self._owners: bounded.Bounded[str, str] = bounded.Bounded(OWNERS_REMEMBERED)
+        self._calls: dict[str, tuple[str, asyncio.Future[execution.Reply]]] = {}
+        """Calls running here that a cancellation may stop: call id → (session token, task)."""
+        self._cancelled: set[str] = set()
         self._audit_problem: str | None = None
         """Why the last audit record could not be written, until one can be again: while
         set, a call is run only once a record of its start is written (fails closed)."""
@@ -76,7 +80,7 @@ class Executor:
                 if isinstance(request, execution.Streamed):
                     # Started, not finished: its end is touched and audited when it ends.
                     return codec.encode(await self.streamed.start(request))
-                reply = await self.dispatch(request)
+                reply = await self._cancellable(request)
             finally:
                 await busy
         except Exception as exc:
@@ -93,6 +97,41 @@ class Executor:
             if problem is not None:
                 reply = _unaudited(reply, problem)
         return codec.encode(reply)
+
+    async def _cancellable(self, request: execution.AnyRequest) -> execution.Reply:
+        """The request dispatched in a task of its own, which a cancellation stops."""
+        if request.call_id is None:
+            return await self.dispatch(request)
+        task = asyncio.ensure_future(self.dispatch(request))
+        self._calls[request.call_id] = (ids.token(request.session_id), task)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.cancelled() or request.call_id not in self._cancelled:
+                task.cancel()  # this executor is stopping
+                raise
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():  # also stopping
+                raise
+            metrics.exec_cancelled.labels(events.tag_of(type(request))).inc()
+            raise errors.Cancelled("cancelled by the client; the command was killed") from None
+        finally:
+            self._calls.pop(request.call_id, None)
+            self._cancelled.discard(request.call_id)
+
+    async def cancel(self, msg: Msg) -> None:
+        """A gateway's client cancelled a call or went away (``<ns>.exec.cancel.<token>.<call>``):
+        the call is stopped if this executor runs it (a shell call's command is killed)."""
+        parts = msg.subject.rsplit(".", 2)
+        if len(parts) != 3:
+            return
+        _, token, call_id = parts
+        found = self._calls.get(call_id)
+        if found is None or found[0] != token:
+            return
+        log.info("executor.call_cancelled", call_id=call_id)
+        self._cancelled.add(call_id)
+        found[1].cancel()
 
     async def prepare(self, raw: bytes) -> bytes:
         """Start the shell server of an unclaimed pool sandbox (asked by the pool-manager
@@ -404,7 +443,9 @@ class Executor:
             case _:
                 what = ""
         outcome = outcome or (
-            "error"
+            "cancelled"
+            if reply.error is not None and reply.error.code == errors.Cancelled.code
+            else "error"
             if not reply.ok
             else "timeout"
             if reply.timed_out

@@ -70,6 +70,13 @@ class NotRunning(Conflict):
     code = "not_running"
 
 
+class Cancelled(SandboxError):
+    """The caller cancelled the call (or went away); what it ran was stopped."""
+
+    code = "cancelled"
+    status = 499
+
+
 class LimitExceeded(SandboxError):
     code = "limit_exceeded"
     status = 429
@@ -145,6 +152,7 @@ BY_CODE: dict[str, type[SandboxError]] = {
         SandboxChanged,
         NotRunning,
         LimitExceeded,
+        Cancelled,
         NotBuiltYet,
         InvalidTransition,
         InfrastructureError,

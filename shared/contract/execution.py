@@ -27,6 +27,9 @@ class Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
     sandbox_id: str
     actor: commands.Actor = commands.Actor()
     correlation_id: str | None = None
+    call_id: str | None = None
+    """Names the call for a cancellation (``subjects.exec_cancel``): the gateway's client
+    cancelled or went away, so the executor stops it."""
 
 
 class Shell(Request, frozen=True, kw_only=True, tag="shell"):

@@ -17,6 +17,7 @@ Subjects (``<ns>`` is the namespace):
                                    group ``executor``
 ``<ns>.exec.prepare``              start a pool sandbox's shell server
 ``<ns>.exec.stop.<token>.<run>``   stop a streamed operation
+``<ns>.exec.cancel.<token>.<call>`` cancel a tool call (every executor listens)
 ``<ns>.pool.idle.<pool token>``    offers of idle pool sandboxes (work queue)
 =================================  =============================================
 
@@ -105,6 +106,15 @@ class Topology:
     def exec_stop(self, session_id: str, run_id: str) -> str:
         """Where to publish to stop one streamed operation (any gateway can)."""
         return f"{self.namespace}.exec.stop.{ids.token(session_id)}.{run_id}"
+
+    def exec_cancel(self, session_id: str, call_id: str) -> str:
+        """Where to publish to cancel one tool call (its client cancelled or went away)."""
+        return f"{self.namespace}.exec.cancel.{ids.token(session_id)}.{call_id}"
+
+    @property
+    def exec_cancels(self) -> str:
+        """What every executor subscribes to for cancellations."""
+        return f"{self.namespace}.exec.cancel.>"
 
     @property
     def pool_requests(self) -> str:

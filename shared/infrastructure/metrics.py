@@ -61,6 +61,12 @@ exec_seconds = Histogram(
     buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )
+exec_cancelled = Counter(
+    "sbx_exec_cancelled_total",
+    "Tool calls stopped because their client cancelled or went away, by tool.",
+    ["tool"],
+    registry=REGISTRY,
+)
 
 
 def render() -> bytes:

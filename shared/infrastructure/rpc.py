@@ -13,6 +13,7 @@ responder raised. Responders beat while they hold a request (:mod:`shared.infras
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -191,7 +192,22 @@ class ExecClient(Client[execution.AnyRequest, execution.Reply]):
 
     def __init__(self, nc: Nats, topology: subjects.Topology) -> None:
         super().__init__(nc, topology, EXEC)
+        self._cancels: set[asyncio.Task[None]] = set()
 
     async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
-        """Send one request; return the reply, or raise its error."""
-        return await self.call(request, timeout=budget + self.MARGIN)
+        """Send one request; return the reply, or raise its error. Cancelled (the caller's
+        client cancelled or went away): the executor is told to stop the call."""
+        try:
+            return await self.call(request, timeout=budget + self.MARGIN)
+        except asyncio.CancelledError:
+            if request.call_id is not None:
+                self.cancel(request.session_id, request.call_id)
+            raise
+
+    def cancel(self, session_id: str, call_id: str) -> None:
+        """Tell the executors to stop this call, if one runs it (sent in the background:
+        the caller may be in a cancelled scope, where every await is cancelled)."""
+        subject = self.topology.exec_cancel(session_id, call_id)
+        task = asyncio.get_running_loop().create_task(self.nc.publish(subject, b""))
+        self._cancels.add(task)  # a reference until it is sent
+        task.add_done_callback(self._cancels.discard)

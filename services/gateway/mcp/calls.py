@@ -5,16 +5,17 @@ sandbox (got or claimed first)."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 from fastmcp.exceptions import ToolError
-from fastmcp.server.dependencies import get_http_headers
+from fastmcp.server.dependencies import get_context, get_http_headers
 
 from services.gateway import sessions
 from services.gateway.sessions import Identity, identity_from_headers
-from shared.contract import errors, execution
+from shared.contract import errors, execution, ids
 from shared.infrastructure import rpc
 
 REQUEST_BUDGET = 30.0
@@ -38,6 +39,23 @@ def tool_errors() -> Iterator[None]:
         # fastmcp logs a ToolError at its level: the caller's mistakes are not the gateway's errors.
         level = logging.WARNING if exc.status >= 500 else logging.INFO
         raise ToolError(exc.message, log_level=level) from None
+
+
+def current_request_id() -> str | None:
+    """The JSON-RPC id of the MCP request being served (None outside one)."""
+    try:
+        return get_context().request_id
+    except RuntimeError:
+        return None
+
+
+def mcp_call_id(session_id: str, request_id: str | None) -> str:
+    """The executor's name for a tool call, derived from the session and the MCP request id
+    so that a ``notifications/cancelled`` for that id, arriving as a request of its own at
+    any gateway instance, names the same call."""
+    if request_id is None:
+        return ids.new_id()
+    return hashlib.sha256(f"{session_id}\0{request_id}".encode()).hexdigest()[:32]
 
 
 def required(value: object, name: str, command: str) -> None:
@@ -65,8 +83,10 @@ class Calls:
         """Send the request ``build`` makes (given the session's fields) to the session's
         sandbox, getting or claiming the sandbox first."""
 
+        call_id = mcp_call_id(who.session_id, current_request_id())
+
         async def call(sandbox_id: str) -> execution.Reply:
-            request = build(**self.resolver.request_fields(who, sandbox_id))
+            request = build(**self.resolver.request_fields(who, sandbox_id), call_id=call_id)
             return await self.executor.run(request, budget=budget)
 
         return await self.resolver.with_sandbox(who, call)

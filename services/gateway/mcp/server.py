@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import fastmcp
 import key_value.aio.adapters.pydantic  # noqa: F401  (see build_mcp: imported at start, not on a call)
@@ -92,6 +94,32 @@ class ArgumentErrors(Middleware):
             raise ToolError(texts.invalid_arguments(context.message.name, problems)) from None
 
 
+class Cancellations(Middleware):
+    """``notifications/cancelled`` (clients of the older protocol revision cancel that way;
+    in stateless mode it arrives as a request of its own, at any gateway instance): the
+    executors are told to stop the named call of this session. (Clients of the newer
+    revision close the request's stream instead, which cancels the call's handler.)"""
+
+    def __init__(self, tools: calls.Calls) -> None:
+        self.tools = tools
+
+    async def on_notification(
+        self,
+        context: MiddlewareContext[mt.Notification[Any, Any]],
+        call_next: CallNext[mt.Notification[Any, Any], Any],
+    ) -> Any:
+        if context.method == "notifications/cancelled":
+            params = context.message  # the raw params at this hook
+            request_id = params.get("requestId") if isinstance(params, dict) else None
+            if isinstance(request_id, str | int):
+                with contextlib.suppress(errors.SandboxError):  # no valid session: nothing of its to stop
+                    who = self.tools.identity()
+                    self.tools.executor.cancel(
+                        who.session_id, calls.mcp_call_id(who.session_id, str(request_id))
+                    )
+        return await call_next(context)
+
+
 def build_mcp(
     commands: rpc.SessionClient,
     executor: rpc.ExecClient,
@@ -124,6 +152,7 @@ def build_mcp(
     tools = calls.Calls(commands, executor, headers, resolver, egress)
     mcp.add_middleware(Connect(resolver, tools.identity, claim=claim_on_connect))
     mcp.add_middleware(ArgumentErrors())
+    mcp.add_middleware(Cancellations(tools))
     shell.register(mcp, tools)
     edit.register(mcp, tools)
     sandbox.register(mcp, tools)
@@ -132,4 +161,4 @@ def build_mcp(
 
 def mcp_http_app(mcp: fastmcp.FastMCP) -> StarletteWithLifespan:
     """Streamable HTTP at ``/mcp``, stateless. Run its ``lifespan`` (see the package docstring)."""
-    return mcp.http_app(path=MCP_PATH, stateless_http=True, json_response=True)
+    return mcp.http_app(path=MCP_PATH, stateless_http=True, json_response=False)

@@ -32,8 +32,10 @@ def _shell(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
         description=(
             "Run a bash command synchronously in this session's persistent shell and return its combined "
             "stdout and stderr followed by a final line `[exit code: N]`. The shell persists between "
-            "calls: the current directory, exported variables carry over (e.g. `cd src` "
-            "then `ls` lists src); shell functions and unexported variables do not. "
+            "calls as one bash session: the directory, all variables and arrays, functions, aliases, "
+            "`set -o`/`shopt` options, umask, traps, ulimits and jobs carry over (e.g. `cd src` then `ls` "
+            "lists src; `source venv/bin/activate` stays active). `exit N` ends only this call; a call "
+            "that ends the shell or times out leaves the shell as it was before that call. "
             + texts.SANDBOX_NOTE
             + f" {texts.NETWORK[tools.egress]} The command is stopped after `timeout` seconds "
             f"(default {SHELL_TIMEOUT:g}, at most {MAX_TIMEOUT:g}); then `[timed out after T s]` is "
