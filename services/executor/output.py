@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -40,18 +41,30 @@ class Capture:
         )
 
 
+_ESCAPED = re.compile("[\udc80-\udcff\x00]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code - 0xDC00 if code else 0:02x}"
+
+
 def text(data: bytes) -> str:
-    """UTF-8 text, or a clear note for binary data (NUL bytes or mostly undecodable)."""
+    """UTF-8 text as it is. Bytes that are not UTF-8, and NULs, are shown as ``\\xNN`` with
+    a note saying so (faithful, and nothing a reader could take for text); output that is
+    mostly such bytes (a binary file) is replaced by a note on how to look at it."""
     if not data:
         return ""
-    decoded = data.decode("utf-8", errors="replace")
-    undecodable = decoded.count("\ufffd") - data.count("\ufffd".encode())
-    if b"\x00" in data or undecodable > max(8, len(decoded) // 10):
+    decoded = data.decode("utf-8", errors="surrogateescape")  # invalid byte b -> U+DC00+b
+    odd = len(_ESCAPED.findall(decoded))
+    if not odd:
+        return decoded
+    if odd > max(8, len(data) // 10):
         return (
             f"[binary output: {len(data)} bytes not shown; "
             "pipe it through `xxd | head` or `base64` to inspect]"
         )
-    return decoded
+    return _ESCAPED.sub(_escape, decoded) + f"\n[{odd} byte(s) that are not UTF-8 text shown as \\xNN]"
 
 
 def tail_note(total: int, shown: int) -> str:

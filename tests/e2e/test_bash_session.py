@@ -6,13 +6,18 @@ next, as in a persistent bash, also when the executor was SIGKILLed between the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from tests import support
+from tests.e2e.bash_cases import CASES, Case, checked
 from tests.e2e.test_chaos import children
 from tests.e2e.test_mcp import Agent
 from tests.e2e.test_sbx_up import running_stack
@@ -24,105 +29,12 @@ pytestmark = [
 ]
 
 
-@dataclass(frozen=True)
-class Case:
-    name: str
-    setup: tuple[str | tuple[str, float], ...]
-    """Calls made first: a command, or (command, timeout)."""
-    check: str
-    expect: tuple[str, ...]
-    absent: tuple[str, ...] = field(default=())
-
-
-CASES = (
-    Case("variable", ("x=41",), "echo $((x+1))", ("42",)),
-    Case("function", ('greet() { echo "hi $1"; }',), "greet bob", ("hi bob",)),
-    Case("alias", ("alias ll='echo listing'",), "ll", ("listing",)),
-    Case("array", ('arr=(a "b c" d)',), 'echo "${arr[1]}|${#arr[@]}"', ("b c|3",)),
-    Case("assoc", ("declare -A m=([k]=v [two words]=w)",), 'echo "${m[k]}${m[two words]}"', ("vw",)),
-    Case("integer", ("declare -i n=5",), "n+=2; echo $n", ("7",)),
-    Case("pipefail", ("set -o pipefail",), "false | true; echo rc=$?", ("rc=1",)),
-    Case("umask", ("umask 077",), "umask; touch /tmp/u; stat -c %a /tmp/u", ("0077", "600")),
-    Case("pushd", ("cd /tmp && pushd /usr >/dev/null",), "popd >/dev/null; pwd", ("/tmp",)),
-    Case(
-        "venv",
-        ("python3 -m venv --without-pip /tmp/v && source /tmp/v/bin/activate",),
-        'echo "$VIRTUAL_ENV"; type -t deactivate; deactivate; echo "[${VIRTUAL_ENV-}]"',
-        ("/tmp/v", "function", "[]"),
-    ),
-    Case("errexit", ("set -e",), "false; echo after", ("[exit code: 1]",), absent=("after",)),
-    Case("trap", ("trap 'echo caught' USR1",), "kill -USR1 $$; sleep 0.2", ("caught",)),
-    Case("ulimit", ("ulimit -n 256",), "ulimit -n", ("256",)),
-    Case(
-        "export -n",
-        ("export FOO=1; export -n FOO",),
-        "echo \"[$FOO]\"; env | grep -c '^FOO=' || true",
-        ("[1]", "\n0\n"),
-    ),
-    Case("unset -f", ("f() { :; }", "unset -f f"), "type -t f || echo gone", ("gone",)),
-    Case("readonly", ("declare -r RO=1",), "echo RO=$RO; RO=2", ("RO=1", "readonly variable")),
-    Case(
-        "globstar",
-        ("shopt -s globstar; mkdir -p /tmp/g/a/b && touch /tmp/g/a/b/z.txt",),
-        "cd /tmp/g && echo **/*.txt",
-        ("a/b/z.txt",),
-    ),
-    Case("cd -", ("cd /tmp; cd /usr",), "cd - >/dev/null; pwd", ("/tmp",)),
-    Case("OLDPWD", ("cd /etc; cd /usr",), 'echo "$OLDPWD"', ("/etc",)),
-    Case(
-        "PATH",
-        (
-            "mkdir -p /tmp/bin && printf '#!/bin/sh\\necho mytool\\n' > /tmp/bin/mytool",
-            "chmod +x /tmp/bin/mytool; PATH=/tmp/bin:$PATH",
-        ),
-        "mytool",
-        ("mytool",),
-    ),
-    Case(
-        "nvm-style",
-        ('nvm_use() { export NODE_VERSION=$1; PATH="/opt/node-$1/bin:$PATH"; }; nvm_use 20',),
-        'echo "$NODE_VERSION"; type -t nvm_use; echo "${PATH%%:*}"',
-        ("20", "function", "/opt/node-20/bin"),
-    ),
-    Case(
-        "background server",
-        ("python3 -m http.server 8765 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1; echo started",),
-        "python3 -c \"import urllib.request as u; print(u.urlopen('http://127.0.0.1:8765/').status)\"",
-        ("200",),
-    ),
-    # A call that ends the shell (exit, set -e, a fatal signal, a timeout) leaves the
-    # state from before that call.
-    Case("exit", ("y=1", "y=2; exit 7"), 'echo "y=$y"', ("y=1",)),
-    Case("timeout", ("z=before", ("z=changed; sleep 30", 1.0)), 'echo "z=$z"', ("z=before",)),
-    Case("read", (), 'read x; echo "rc=$?"', ("rc=1",)),
-    Case("nounset", ("set -u",), 'echo "${nope:-default}"; echo $nope; echo after', ("default",), ("after",)),
-    Case("xtrace", ("set -x",), "echo traced", ("+ echo traced", "traced")),
-    Case("positional", ('set -- a "b c"',), 'echo "$#|$2"', ("2|b c",)),
-    Case(
-        "removed cwd",
-        ("mkdir -p /tmp/gone && cd /tmp/gone && rmdir /tmp/gone",),
-        "pwd",
-        ("no longer exists", "/workspace"),
-    ),
-    Case("heredoc", ("cat > /tmp/h.txt <<'EOF'\nline1\nEOF",), "cat /tmp/h.txt", ("line1",)),
-)
-
-
 async def _calls(agent: Agent, case: Case) -> list[tuple[bool, str]]:
     out = []
     for step in case.setup:
         command, timeout = step if isinstance(step, tuple) else (step, None)
         out.append(await agent.call("shell", command=command, **({"timeout": timeout} if timeout else {})))
     return out
-
-
-def _checked(case: Case, ok: bool, text: str) -> str | None:
-    """What is wrong with a check's answer (None if right)."""
-    if not ok:
-        return f"{case.name}: the call failed: {text}"
-    missing = [e for e in case.expect if e not in text]
-    present = [a for a in (*case.absent, "__sbx") if a in text]
-    return f"{case.name}: missing {missing}, present {present} in {text!r}" if missing or present else None
 
 
 async def _until_a_call_works(agent: Agent, timeout: float = 60) -> None:
@@ -138,22 +50,59 @@ async def _until_a_call_works(agent: Agent, timeout: float = 60) -> None:
     raise AssertionError("no call worked after the executor's restart")
 
 
+MODES = ("nothing", "executor SIGKILL", "two executors")
+"""What happens between a case's calls: nothing; the executor is SIGKILLed (the next call
+lands on a new executor process with no memory of the session); a second executor
+instance serves too (each call lands on either, at random)."""
+
+
 def test_the_shell_keeps_everything_a_bash_session_keeps(tmp_path):
-    """Every case twice on one stack: with nothing between its calls, then (new sessions)
-    with the executor SIGKILLed between them."""
-    with running_stack(tmp_path / "state", SBX_POOL_MIN_IDLE="8") as (proc, url):
-        key = (tmp_path / "state" / "api-key").read_text().strip()
+    """Every case in each mode on one stack (new sessions per mode)."""
+    state = tmp_path / "state"
+    with running_stack(state, SBX_POOL_MIN_IDLE="8") as (proc, url):
+        key = (state / "api-key").read_text().strip()
         wrong = {}
-        for between in ("nothing", "executor SIGKILL"):
-            wrong[between] = asyncio.run(_run_cases(proc, url, key, between))
+        for between in MODES:
+            second = _second_executor(state) if between == "two executors" else None
+            try:
+                wrong[between] = asyncio.run(_run_cases(proc, url, key, between))
+            finally:
+                if second is not None:
+                    second.terminate()
+                    second.wait(30)
             passed = len(CASES) - len(wrong[between])
             print(f"\nbash session, {between} between the calls: {passed}/{len(CASES)} cases")
     assert not any(wrong.values()), wrong
 
 
+def _second_executor(state: Path) -> subprocess.Popen[bytes]:
+    """Another executor instance on the stack's bus, sharing its runtime (as a second
+    replica would); serving once it reports healthy."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
+    env |= {
+        "NATS_URL": json.loads((state / "stack.json").read_text())["nats_url"],
+        "NATS_TOKEN": (state / "nats-token").read_text().strip(),
+        "SBX_STATE_DIR": str(state.resolve()),
+        "SBX_METRICS_PORT": "0",
+    }
+    proc = subprocess.Popen([sys.executable, "-m", "services.executor"], env=env, cwd=support.ROOT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        report = subprocess.run(
+            [sys.executable, "-m", "sbx.cli", "status", "--json", "--state-dir", str(state)],
+            capture_output=True, text=True, cwd=support.ROOT,
+        )  # fmt: skip
+        services = json.loads(report.stdout or "{}").get("services", [])
+        if sum(s["service"] == "executor" and s["status"] == "ok" for s in services) >= 2:
+            return proc
+        time.sleep(0.5)
+    proc.kill()
+    raise AssertionError("the second executor did not come up")
+
+
 async def _run_cases(proc, url: str, key: str, between: str) -> list[str]:
     """Every case's first calls, then (after ``between``) its check; what went wrong."""
-    mode = "k" if between != "nothing" else "n"
+    mode = {"nothing": "n", "executor SIGKILL": "k", "two executors": "t"}[between]
     agents = {c.name: Agent(url, key, f"{mode}-" + c.name.replace(" ", "-")) for c in CASES}
     limit = asyncio.Semaphore(12)
 
@@ -174,7 +123,7 @@ async def _run_cases(proc, url: str, key: str, between: str) -> list[str]:
         async with limit:
             agent = agents[case.name]
             ok, text = await agent.call("shell", command=case.check)
-            wrong = _checked(case, ok, text)
+            wrong = checked(case, ok, text)
             ok, alive = await agent.call("shell", command="echo alive")  # and the session goes on
             return wrong or (None if ok and "alive" in alive else f"{case.name}: unusable after: {alive}")
 

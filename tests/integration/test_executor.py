@@ -106,6 +106,11 @@ async def test_exit_codes_timeouts_truncation_and_binary(stack):
     assert len(big.output) < 6000
     binary = await stack.sh("s", "head -c 3000 /dev/urandom")
     assert "binary output" in binary.output
+    odd = await stack.sh("s", r"printf 'caf\351 \000 ok\n'")  # latin-1 and a NUL in text
+    assert odd.output == "caf\\xe9 \\x00 ok\n\n[2 byte(s) that are not UTF-8 text shown as \\xNN]"
+    long_line = await stack.sh("s", "head -c 400000 /dev/zero | tr '\\0' a; echo; echo end")
+    assert long_line.truncated and long_line.output.startswith("aaa")
+    assert long_line.output.endswith("a\nend\n")
     merged = await stack.sh("s", "echo out; echo err >&2")
     assert merged.output == "out\nerr\n"
 

@@ -17,6 +17,7 @@ from services.executor import output, scripts
 from services.executor.output import Capture
 
 BINARY_NOTE = "[binary output: {n} bytes not shown; pipe it through `xxd | head` or `base64` to inspect]"
+ESCAPE_NOTE = "\n[{n} byte(s) that are not UTF-8 text shown as \\xNN]"
 
 
 def marker(dropped: int, total: int) -> str:
@@ -94,9 +95,9 @@ def test_binary_halves_render_as_notes() -> None:
     assert capture.render() == BINARY_NOTE.format(n=10) + marker(80, 100) + BINARY_NOTE.format(n=10)
 
 
-def test_cut_inside_a_utf8_character_renders_a_replacement() -> None:
+def test_cut_inside_a_utf8_character_renders_an_escape() -> None:
     capture = captured(9, "é".encode() * 10)  # head keeps 4 bytes = 2 chars, tail 5 bytes = half + 2 chars
-    assert capture.render() == "éé" + marker(11, 20) + "\ufffdéé"
+    assert capture.render() == "éé" + marker(11, 20) + "\\xa9éé" + ESCAPE_NOTE.format(n=1)
 
 
 @st.composite
@@ -138,12 +139,8 @@ def test_text_passes_utf8_through(value: str) -> None:
     assert output.text(value.encode()) == value
 
 
-@pytest.mark.parametrize(
-    "data",
-    [b"\x00", b"text with a NUL\x00 in the middle", b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 100],
-    ids=["nul", "nul-in-text", "elf"],
-)
-def test_text_with_nul_is_binary(data: bytes) -> None:
+def test_a_binary_file_is_a_note() -> None:
+    data = b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 100
     assert output.text(data) == BINARY_NOTE.format(n=len(data))
 
 
@@ -159,15 +156,18 @@ def test_text_mostly_undecodable_is_binary(data: bytes) -> None:
 @pytest.mark.parametrize(
     ("data", "want"),
     [
-        (b"caf\xe9 au lait", "caf\ufffd au lait"),
-        (b"\xff" * 8, "\ufffd" * 8),
-        (b"a" * 1000 + b"\xff" * 50, "a" * 1000 + "\ufffd" * 50),
-        ("naïve".encode()[:3] + b"\n", "na\ufffd\n"),  # a cut multi-byte character
+        (b"\x00", "\\x00"),
+        (b"text with a NUL\x00 in the middle", "text with a NUL\\x00 in the middle"),
+        (b"a\x00b\x00", "a\\x00b\\x00"),  # find -print0
+        (b"caf\xe9 au lait", "caf\\xe9 au lait"),
+        (b"\xff" * 8, "\\xff" * 8),
+        (b"a" * 1000 + b"\xff" * 50, "a" * 1000 + "\\xff" * 50),
+        ("naïve".encode()[:3] + b"\n", "na\\xc3\n"),  # a cut multi-byte character
     ],
-    ids=["latin1-byte", "eight-invalid", "under-a-tenth", "cut-character"],
+    ids=["nul", "nul-in-text", "print0", "latin1-byte", "eight-invalid", "under-a-tenth", "cut-character"],
 )
-def test_text_with_a_few_invalid_bytes_uses_replacement_chars(data: bytes, want: str) -> None:
-    assert output.text(data) == want
+def test_text_with_a_few_odd_bytes_escapes_them_faithfully(data: bytes, want: str) -> None:
+    assert output.text(data) == want + ESCAPE_NOTE.format(n=want.count("\\x"))
 
 
 def test_text_with_literal_replacement_characters_is_still_text() -> None:
@@ -184,9 +184,8 @@ def test_text_round_trips_any_nul_free_text_without_replacements(value: str) -> 
 @given(st.binary(max_size=500))
 def test_text_never_raises(data: bytes) -> None:
     rendered = output.text(data)
-    assert isinstance(rendered, str)
-    if b"\x00" in data:
-        assert rendered == BINARY_NOTE.format(n=len(data))
+    rendered.encode()  # valid text: no NUL, no lone surrogate
+    assert "\x00" not in rendered
 
 
 # ---- tail_note ------------------------------------------------------------------------

@@ -12,9 +12,11 @@ the execution request to the executor with the sandbox id from that answer. Ever
 other exceptions are masked (``mask_error_details``) and logged by fastmcp.
 
 Transport: :func:`mcp_http_app` returns fastmcp's streamable-HTTP Starlette app serving
-``/mcp`` in **stateless** mode (``stateless_http=True``) with plain JSON responses
-(``json_response=True``: each tool answers once, so an SSE stream only costs time;
-measured about 4 ms less per call here): every POST gets a fresh transport
+``/mcp`` in **stateless** mode (``stateless_http=True``), answering on the stream path
+(``json_response=False``): a call that ends soon is still answered with plain JSON, and the
+transport watches each request's connection, so a client that cancels (newer revision:
+it closes the request's stream) or goes away cancels the tool's handler, which stops
+the executor's call (``rpc.ExecClient.run``). Every POST gets a fresh transport
 and no ``Mcp-Session-Id`` is issued, so any gateway instance can serve any request (the
 MCP session lives nowhere; our own session is the ``X-Session-Id`` header). Stateful mode
 would pin each client to the instance holding its in-memory transport (others answer 404
