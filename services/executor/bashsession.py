@@ -158,7 +158,7 @@ HOLD = _fill(_HOLD)
 #: (``setsid``) is not touched.
 _KILL = r"""
 __sbx_kill() {
-  local b=$1 l=$2 t=$3 sid= line p f pass
+  local b=$1 l=$2 t=$3 sid= line p f pass IFS=$' \t\n'
   case $b in ''|0|*[!0-9]*) return 0 ;; esac
   if IFS= read -r line < "/proc/$b/stat" 2>/dev/null; then
     line=${line##*) }; set -f; set -- $line; set +f; sid=$4
@@ -205,13 +205,13 @@ exec {__sbx_rq}<>"$__sbx_s/req" {__sbx_rp}<>"$__sbx_s/reply" {__sbx_an}<>"$__sbx
 __sbx_flock=; command -v flock >/dev/null 2>&1 && __sbx_flock=1
 __sbx_setsid=$(command -v setsid)
 __sbx_prog=("$1" bash "$__sbx_dir" "$2" "$3" "$4")
-__sbx_job=
+__sbx_jb= __sbx_jl= __sbx_jt=
 __sbx_n=0
 __sbx_restarted='[a new shell: the sandbox was restarted or its shell had ended; the working'
 __sbx_restarted+=' directory and exported variables were kept, the rest of the shell state was not]'
 
 __sbx_up() {  # the session's anchor runs
-  local p t line
+  local p t line IFS=$' \t\n'
   IFS=' ' read -r p t < "$__sbx_s/session" 2>/dev/null || return 1
   IFS= read -r line < "/proc/$p/stat" 2>/dev/null || return 1
   line=${line##*) }; set -f; set -- $line; set +f
@@ -219,7 +219,7 @@ __sbx_up() {  # the session's anchor runs
 }
 
 __sbx_stop_session() {  # what is left of a session whose anchor is gone or stuck
-  local p t line f
+  local p t line f IFS=$' \t\n'
   IFS=' ' read -r p t < "$__sbx_s/session" 2>/dev/null || return 0
   rm -f "$__sbx_s/session"
   case $p in ''|*[!0-9]*) return 0 ;; esac
@@ -281,7 +281,7 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
     printf '%s\n%s\0' "$k" "$2" >&"$__sbx_rq"
   done
   if [ -z "$b" ]; then __sbx_failed "$1" 'the session shell does not answer'; return; fi
-  __sbx_job=$b
+  IFS=' ' read -r __sbx_jb __sbx_jl __sbx_jt <<<"$b"
   printf '%s started %s\n' "$1" "$b"
   [ -n "$note" ] && printf '%s\n' "$__sbx_restarted"
   b=${b%% *}
@@ -291,7 +291,7 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
       "$b ended "*) rc=${line#"$b ended "}; break ;;
     esac
   done
-  __sbx_job=
+  __sbx_jb=
   line=$__sbx_dir/.sbx-out-$k
   if [ -s "$line" ]; then cat -- "$line"; rm -f -- "$line"; fi
   printf '%s exited %d\n' "$1" "$rc"
@@ -305,7 +305,8 @@ SERVER = _fill(
     + r"""
 # Its executor died (SIGTERM, see runtime enter): the running call's caller is gone, so the
 # call is killed, and with it the session's lock.
-trap '[ -n "$__sbx_job" ] && __sbx_kill $__sbx_job; exit 143' TERM HUP
+# (Its three numbers are kept apart: the trap may run inside an ``IFS= read``.)
+trap '[ -n "$__sbx_jb" ] && __sbx_kill "$__sbx_jb" "$__sbx_jl" "$__sbx_jt"; exit 143' TERM HUP
 printf 'sbx-shell-server 2\n'
 while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   __sbx_call "$__sbx_nonce" "$__sbx_cmd"
