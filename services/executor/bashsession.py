@@ -33,6 +33,8 @@ from shared.runtime import api
 STATE = "/.sbx/shell"
 OUTPUT_DIR = api.OUTPUT_DIR
 HELLO = b"sbx-shell-server 2\n"
+PREPARE = ": sbx-prepare"
+"""The warm-up call of a pool sandbox's shell: answered, not run, not a user's call."""
 
 
 def _fill(text: str) -> str:
@@ -102,6 +104,14 @@ while :; do
   if [ -n "${PWD-}" ] && ! [ -d "$PWD" ]; then
     builtin printf '[the working directory %s no longer exists; now in /workspace]\n' "$PWD" >>"$__sbx_out"
     builtin cd /workspace 2>/dev/null || builtin cd /
+  fi
+  if [ "$__sbx_cmd" = ': sbx-prepare' ]; then  # (the pool's warm-up call: no user's yet)
+    builtin printf '%s exited 0\n' "$__sbx_nonce" >&"$__sbx_rp"
+    continue
+  fi
+  if [ -z "${__sbx_used-}" ]; then
+    __sbx_used=1
+    : >| @S@/used  # a user's call ran in this shell: losing it loses state
   fi
   builtin shopt -s expand_aliases
   case ${__sbx_f-} in *e*) builtin set -e ;; esac
@@ -183,7 +193,7 @@ __sbx_kill() {
 
 KILL = _KILL + '__sbx_kill "$1" "$2" "$3"; exit 0\n'
 
-#: The relay: $1-$4 the session's programs. Reads requests ``<nonce>\n<command>\0``;
+#: The relay: $1-$4 the session's programs (see ``BOOT``). Reads requests ``<nonce>\n<command>\0``;
 #: answers ``<nonce> started <B> <last pid> <start ticks>\n``, then the output, then
 #: ``<nonce> exited <status>\n``. Exit 3: no session shell can run here (use ``sh``).
 _SERVER = (
@@ -233,6 +243,7 @@ __sbx_stop_session() {  # what is left of a session whose anchor is gone or stuc
 __sbx_start() {
   local i=0
   __sbx_stop_session
+  rm -f "$__sbx_s/used"
   while IFS= read -r -t 0 -u "$__sbx_rq"; do IFS= read -r -d '' -u "$__sbx_rq" _ || break; done
   # (As a job: a background command without job control would ignore SIGINT and SIGQUIT,
   # and so would every process of the session.)
@@ -261,7 +272,7 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   # Empty output files (silent calls) are cleared now and then: one exec per 200 calls.
   [ $((__sbx_n % 200)) -eq 0 ] && rm -f "$__sbx_dir"/.sbx-out-*
   if ! __sbx_up; then
-    [ -f "$__sbx_s/session" ] && note=1
+    [ -f "$__sbx_s/used" ] && note=1
     __sbx_start || { __sbx_failed "$1" 'the session shell did not start'; return; }
   fi
   while IFS= read -r -t 0 -u "$__sbx_rp"; do IFS= read -r -u "$__sbx_rp" _ || break; done
@@ -277,7 +288,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
       continue
     fi
     # No answer: the session is stuck or half gone. A new one runs this request.
-    note=1; __sbx_start || break
+    [ -f "$__sbx_s/used" ] && note=1
+    __sbx_start || break
     printf '%s\n%s\0' "$k" "$2" >&"$__sbx_rq"
   done
   if [ -z "$b" ]; then __sbx_failed "$1" 'the session shell does not answer'; return; fi
@@ -314,5 +326,12 @@ done
 """
 )
 
-SERVER_ARGS = (ANCHOR, LOOP, BACKUP, HOLD)
-"""The arguments the relay is started with."""
+#: How the relay starts: a few bytes of argv (an exec's command line may be short: on
+#: Kubernetes it travels in the URL), then its program and its four arguments read from
+#: stdin, each ended by a NUL (``BOOT_INPUT``), before the requests.
+BOOT = (
+    ": sbx-shell-server; IFS= read -r -d '' __sbx_p || exit 3; set --; "
+    'for __sbx_i in 1 2 3 4; do IFS= read -r -d \'\' __sbx_a || exit 3; set -- "$@" "$__sbx_a"; done; '
+    'unset __sbx_i __sbx_a; eval "$__sbx_p"'
+)
+BOOT_INPUT = "".join(part + "\0" for part in (SERVER, ANCHOR, LOOP, BACKUP, HOLD)).encode()

@@ -254,10 +254,13 @@ class ShellServer:
 
 async def start(runtime: api.Runtime, sandbox_id: str) -> ShellServer | None:
     """A new helper in this sandbox; None where none can run (no bash: use ``scripts.SHELL``)."""
-    process = await runtime.exec(
-        sandbox_id, scripts.argv(bashsession.SERVER, *bashsession.SERVER_ARGS), keep_stdin_open=True
-    )
+    process = await runtime.exec(sandbox_id, scripts.argv(bashsession.BOOT), keep_stdin_open=True)
     server = ShellServer(runtime, sandbox_id, process)
+    try:
+        await process.send(bashsession.BOOT_INPUT)
+    except errors.SandboxError:
+        server.retire("its program could not be sent")
+        return None
     return server if await server.hello() else None
 
 
@@ -344,11 +347,10 @@ class ShellServers:
             self._preparing -= 1
         if server is None:
             return False
-        # One call now: the first command in a fresh sandbox creates its lock and state
-        # files and fills caches (~3 ms on a small machine), which the session's first
-        # call then skips. It leaves the state a first call would find: cwd /workspace,
-        # the image's environment.
-        await server.run("true", output.Capture(1024), QUICK)
+        # One call now: it starts the session's bash (with its backup) and creates the
+        # lock and state files, which the session's first call then finds ready. The bash
+        # answers it without running anything, so it is not taken for a user's call.
+        await server.run(bashsession.PREPARE, output.Capture(1024), QUICK)
         server.pinned = True
         server.used = time.monotonic()
         return True

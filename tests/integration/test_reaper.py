@@ -118,7 +118,8 @@ async def test_idle_and_lifetime_stop_sessions_and_retention_purges_them(harness
                if s.event.__struct_config__.tag == "session.stopped"]  # fmt: skip
     assert {s.event.reason for s in stopped} == {"idle"}
     # A stopped session comes back with its workspace when used again...
-    assert (await harness.shell("busy", "echo back")).output == "back\n"
+    back = (await harness.shell("busy", "echo back")).output  # in a new shell, which says so
+    assert back.startswith("[a new shell: the sandbox was restarted") and back.endswith("]\nback\n")
     # ...and one left stopped is purged after the retention period.
     report = await harness.reaper.pass_once(later(hours=25))
     assert report.reaps["retention"] == 1 and report.reaps["lifetime"] == 1

@@ -8,11 +8,13 @@ the way app.py mounts it, to show that real request headers reach the tools.
 from __future__ import annotations
 
 import math
+import re
 from datetime import UTC, datetime
 from typing import Any
 
 import fastmcp
 import httpx2
+import msgspec
 import pytest
 from fastmcp.client.transports import StreamableHttpTransport
 from starlette.applications import Starlette
@@ -66,14 +68,22 @@ class FakeExecutor:
 
     def __init__(self, reply: execution.Reply | None = None, error: Exception | None = None) -> None:
         self.sent: list[tuple[execution.AnyRequest, float]] = []
+        self.call_ids: list[str] = []
+        self.cancelled: list[tuple[str, str]] = []
         self.reply = reply if reply is not None else execution.Reply(ok=True, output="", exit_code=0)
         self.error = error
 
     async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
-        self.sent.append((request, budget))
+        # Every call is named for a cancellation (random outside an MCP request); kept apart.
+        assert request.call_id is not None and re.fullmatch(r"[0-9a-f]{32}", request.call_id)
+        self.call_ids.append(request.call_id)
+        self.sent.append((msgspec.structs.replace(request, call_id=None), budget))
         if self.error is not None:
             raise self.error
         return self.reply
+
+    def cancel(self, session_id: str, call_id: str) -> None:
+        self.cancelled.append((session_id, call_id))
 
 
 class Harness:
