@@ -1,7 +1,8 @@
 """A `shell` call whose client cancels it (`notifications/cancelled`) or goes away (the HTTP
 connection closes) is stopped: its command is killed, the session's lock is released, the
-next call runs, and the shell is as it was before the cancelled call. A real `sbx up`,
-real sandboxes, the official MCP client over HTTP."""
+next call runs, and the shell is as it was before the cancelled call; a REST run whose
+client goes away is stopped too. A real `sbx up`, real sandboxes, the official MCP client
+over HTTP."""
 
 from __future__ import annotations
 
@@ -113,9 +114,34 @@ async def _cancelled_by_notification(url: str, key: str) -> None:
     await _after(agent)
 
 
+async def _rest_run_abandoned(url: str, key: str) -> None:
+    """The REST run (a one-off command, streamed): a client that goes away stops it."""
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+        run = f"{url}/v1/sessions/cancel-rest/run"
+        assert (await http.post(run, json={"command": "true"})).status_code == 200
+
+        async def long_run() -> None:
+            async with http.stream("POST", run, json={"command": f"sleep {MARK}"}) as response:
+                async for _ in response.aiter_bytes():
+                    pass
+
+        call = asyncio.create_task(long_run())
+        await _started()
+        call.cancel()  # the connection closes under the stream
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    for _ in range(200):
+        if not _sleeps():
+            break
+        await asyncio.sleep(0.05)
+    assert _sleeps() == 0, "the abandoned run's command is gone"
+
+
 def test_a_cancelled_or_abandoned_shell_call_is_stopped(tmp_path):
     with running_stack(tmp_path / "state") as (_, url):
         key = (tmp_path / "state" / "api-key").read_text().strip()
         asyncio.run(_cancelled_by_the_client(url, key))
         asyncio.run(_client_gone(url, key))
         asyncio.run(_cancelled_by_notification(url, key))
+        asyncio.run(_rest_run_abandoned(url, key))
