@@ -167,21 +167,33 @@ HOLD = _fill(_HOLD)
 #: must not be taken for the call's. What the command detached into a session of its own
 #: (``setsid``) is not touched.
 _KILL = r"""
+__sbx_stat() {  # $1 a pid: its /proc stat fields after the name in __sbx_st (3 session, 19 start)
+  local line IFS=$' \t\n'
+  IFS= read -r line 2>/dev/null < "/proc/$1/stat" || return 1
+  line=${line##*) }; set -f; __sbx_st=($line); set +f
+}
+
+__sbx_each() {  # $1 a session id: the pids of its processes, but its leader, in __sbx_in
+  local f p
+  __sbx_in=()
+  for f in /proc/[0-9]*/stat; do
+    p=${f#/proc/}; p=${p%/stat}
+    __sbx_stat "$p" && [ "${__sbx_st[3]}" = "$1" ] && [ "$p" != "$1" ] && __sbx_in+=("$p")
+  done
+  return 0
+}
+
 __sbx_kill() {
-  local b=$1 l=$2 t=$3 sid= line p f pass IFS=$' \t\n'
+  local b=$1 l=$2 t=$3 sid= p pass
   case $b in ''|0|*[!0-9]*) return 0 ;; esac
-  if IFS= read -r line < "/proc/$b/stat" 2>/dev/null; then
-    line=${line##*) }; set -f; set -- $line; set +f; sid=$4
-  fi
+  __sbx_stat "$b" && sid=${__sbx_st[3]}
   kill -STOP "$b" 2>/dev/null
   if [ -n "$sid" ] && [ "$sid" != 0 ]; then
     for pass in 1 2; do
-      for f in /proc/[0-9]*/stat; do
-        IFS= read -r line < "$f" 2>/dev/null || continue
-        p=${f#/proc/}; p=${p%/stat}
-        line=${line##*) }; set -f; set -- $line; set +f
-        [ "$4" = "$sid" ] && [ "$p" != "$sid" ] && [ "$p" != "$b" ] || continue
-        if [ "${20}" -gt "$t" ] || { [ "${20}" -eq "$t" ] && [ "$p" -gt "$l" ]; }; then
+      __sbx_each "$sid"
+      for p in "${__sbx_in[@]}"; do
+        [ "$p" != "$b" ] && __sbx_stat "$p" || continue
+        if [ "${__sbx_st[19]}" -gt "$t" ] || { [ "${__sbx_st[19]}" -eq "$t" ] && [ "$p" -gt "$l" ]; }; then
           kill -KILL "$p" 2>/dev/null
         fi
       done
@@ -221,23 +233,18 @@ __sbx_restarted='[a new shell: the sandbox was restarted or its shell had ended;
 __sbx_restarted+=' directory and exported variables were kept, the rest of the shell state was not]'
 
 __sbx_up() {  # the session's anchor runs
-  local p t line IFS=$' \t\n'
-  IFS=' ' read -r p t < "$__sbx_s/session" 2>/dev/null || return 1
-  IFS= read -r line < "/proc/$p/stat" 2>/dev/null || return 1
-  line=${line##*) }; set -f; set -- $line; set +f
-  [ "${20}" = "$t" ]
+  local p t
+  IFS=' ' read -r p t 2>/dev/null < "$__sbx_s/session" || return 1
+  __sbx_stat "$p" && [ "${__sbx_st[19]}" = "$t" ]
 }
 
 __sbx_stop_session() {  # what is left of a session whose anchor is gone or stuck
-  local p t line f IFS=$' \t\n'
-  IFS=' ' read -r p t < "$__sbx_s/session" 2>/dev/null || return 0
+  local p t
+  IFS=' ' read -r p t 2>/dev/null < "$__sbx_s/session" || return 0
   rm -f "$__sbx_s/session"
   case $p in ''|*[!0-9]*) return 0 ;; esac
-  for f in /proc/[0-9]*/stat; do
-    IFS= read -r line < "$f" 2>/dev/null || continue
-    line=${line##*) }; set -f; set -- $line; set +f
-    [ "$4" = "$p" ] && { f=${f#/proc/}; kill -KILL "${f%/stat}" 2>/dev/null; }
-  done
+  __sbx_each "$p"
+  [ ${#__sbx_in[@]} -eq 0 ] || kill -KILL "${__sbx_in[@]}" 2>/dev/null
 }
 
 __sbx_start() {
@@ -281,7 +288,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
     while IFS= read -r -t 5 -u "$__sbx_rp" line; do
       case $line in "$k started "*) b=${line#"$k started "}; break 2 ;; esac
     done
-    if [ $i -eq 1 ] && IFS= read -r line < "$__sbx_dir/.sbx-live" && kill -0 "$line"; then
+    if [ $i -eq 1 ] && IFS= read -r line 2>/dev/null < "$__sbx_dir/.sbx-live" &&
+      kill -0 "$line" 2>/dev/null; then
       # Still busy with a call whose caller is gone (this relay holds the lock): that
       # call ends; its backup serves this one.
       kill -KILL "$line"
