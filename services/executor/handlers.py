@@ -12,7 +12,7 @@ from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
 from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
-from shared.infrastructure import activity, bounded, metrics, projector, rpc, service
+from shared.infrastructure import activity, bounded, metrics, projector, responders, rpc, service
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -231,6 +231,7 @@ class Executor:
         checks.command(request.command)
         timeout = self._timeout(request.timeout, execution.DEFAULT_TIMEOUT)
         capture = output.Capture(self.limit)
+        responders.report_progress(lambda: f"output={capture.total}")  # said by the call's beats
         result: shells.Result | api.ExecResult | None = await self._shell_session(request, capture, timeout)
         if result is None:  # no bash here: sh, with the cwd and exports kept in files
             running = await self.runtime.exec(

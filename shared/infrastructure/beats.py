@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import secrets
 import weakref
+from collections.abc import Awaitable, Callable
 
 import nats.errors
 from nats.aio.client import Client
@@ -26,6 +27,8 @@ from nats.aio.msg import Msg
 from shared.contract import errors
 
 HEADER = "Sbx-Beat"
+PROGRESS = "Sbx-Progress"
+"""A beat's header saying how far the work got, when the handler says (e.g. bytes of output)."""
 INTERVAL = 0.5
 """Seconds between a responder's beats."""
 SILENCE = 3.0
@@ -58,9 +61,18 @@ class Replies:
         if waiting is not None:
             waiting.put_nowait(msg)
 
-    async def request(self, subject: str, payload: bytes, *, timeout: float, who: str) -> bytes:
+    async def request(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        timeout: float,
+        who: str,
+        on_progress: Callable[[str], Awaitable[None]] | None = None,
+    ) -> bytes:
         """The reply's payload; ``Timeout`` after ``timeout`` in all, ``Unavailable`` when
-        no ``who`` is running or the one handling it stops beating."""
+        no ``who`` is running or the one handling it stops beating. ``on_progress`` gets
+        what beats say of the work's progress."""
         token = secrets.token_hex(8)
         heard: asyncio.Queue[Msg] = asyncio.Queue()
         self._waiting[token] = heard
@@ -87,6 +99,9 @@ class Replies:
                 if headers.get("Status") == _NO_RESPONDERS:
                     raise errors.Unavailable(f"no {who} is running; retry shortly")
                 if headers.get(HEADER) == BEAT and not msg.data:
+                    progress = headers.get(PROGRESS)
+                    if progress and on_progress is not None:
+                        await on_progress(progress)
                     continue
                 return msg.data
         except (
@@ -116,8 +131,9 @@ def for_connection(nc: Client) -> Replies:
     return replies
 
 
-async def beat(nc: Client, reply: str) -> None:
-    """Tell the caller waiting on ``reply`` that its request is in hand (a lost beat only
-    makes it wait)."""
+async def beat(nc: Client, reply: str, progress: str | None = None) -> None:
+    """Tell the caller waiting on ``reply`` that its request is in hand, and how far it got
+    if ``progress`` says (a lost beat only makes it wait)."""
+    headers = {HEADER: BEAT} if progress is None else {HEADER: BEAT, PROGRESS: progress}
     with contextlib.suppress(Exception):
-        await nc.publish(reply, b"", headers={HEADER: BEAT})
+        await nc.publish(reply, b"", headers=headers)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import Awaitable, Callable
 
 import structlog
@@ -33,6 +34,19 @@ Handle = Callable[[bytes], Awaitable[bytes]]
 """A request's payload -> its reply's payload (errors already encoded as error replies)."""
 BACKLOG_PER_WORKER = 4
 """Requests that may wait for a worker, per worker."""
+
+
+_progress: contextvars.ContextVar[Callable[[Callable[[], str | None]], None] | None] = contextvars.ContextVar(
+    "responder_progress", default=None
+)
+
+
+def report_progress(provider: Callable[[], str | None]) -> None:
+    """Have the beats of the request being handled (in this task or one it started) say how
+    far its work got: ``provider()``, asked at each beat (a no-op outside a beaten request)."""
+    register = _progress.get()
+    if register is not None:
+        register(provider)
 
 
 class Responder:
@@ -53,6 +67,7 @@ class Responder:
         self._busy = busy
         self._tasks: set[asyncio.Task[None]] = set()
         self._beating: set[str] = set()
+        self._progress: dict[str, Callable[[], str | None]] = {}
         self._sub: Subscription | None = None
         self._beater: asyncio.Task[None] | None = None
 
@@ -80,6 +95,9 @@ class Responder:
         task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, msg: Msg, beating: bool) -> None:
+        reply = msg.reply
+        if beating:
+            _progress.set(lambda provider: self._progress.__setitem__(reply, provider))
         try:
             async with self._slots:
                 data = await self.handle(msg.data)
@@ -90,12 +108,18 @@ class Responder:
         finally:
             if beating:
                 self._beating.discard(msg.reply)
+                self._progress.pop(msg.reply, None)
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(beats.INTERVAL)
             for reply in list(self._beating):
-                await beats.beat(self.nc, reply)
+                provider = self._progress.get(reply)
+                progress = None
+                if provider is not None:
+                    with contextlib.suppress(Exception):
+                        progress = provider()
+                await beats.beat(self.nc, reply, progress)
 
     async def stop(self, timeout: float) -> None:
         """Take no more requests; wait up to ``timeout`` for those in hand, cancel the rest."""

@@ -145,19 +145,32 @@ class Client(Generic[Req, Rep]):
         self.family: Family[Req, Rep] = family
         self.timeout = family.timeout if timeout is None else timeout
 
-    async def ask(self, request: Req, *, timeout: float | None = None) -> Rep:
+    async def ask(
+        self,
+        request: Req,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Rep:
         """The reply, whether it says ok or not (unreachable responders raise)."""
         raw = await beats.for_connection(self.nc).request(
             self.family.subject(self.topology),
             codec.encode(request),
             timeout=self.timeout if timeout is None else timeout,
             who=self.family.responder,
+            on_progress=on_progress,
         )
         return self.family.decode_reply(raw)
 
-    async def call(self, request: Req, *, timeout: float | None = None) -> Rep:
+    async def call(
+        self,
+        request: Req,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[str], Awaitable[None]] | None = None,
+    ) -> Rep:
         """The reply of a request that succeeded; a failed one raises its error."""
-        reply = await self.ask(request, timeout=timeout)
+        reply = await self.ask(request, timeout=timeout, on_progress=on_progress)
         if not reply.ok:
             error = reply.error or commands.ErrorInfo("internal", f"the {self.family.responder} failed")
             raise errors.from_code(error.code, error.message)
@@ -194,11 +207,18 @@ class ExecClient(Client[execution.AnyRequest, execution.Reply]):
         super().__init__(nc, topology, EXEC)
         self._cancels: set[asyncio.Task[None]] = set()
 
-    async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
+    async def run(
+        self,
+        request: execution.AnyRequest,
+        *,
+        budget: float,
+        on_progress: Callable[[str], Awaitable[None]] | None = None,
+    ) -> execution.Reply:
         """Send one request; return the reply, or raise its error. Cancelled (the caller's
-        client cancelled or went away): the executor is told to stop the call."""
+        client cancelled or went away): the executor is told to stop the call.
+        ``on_progress`` gets what the executor says of the call's progress while it runs."""
         try:
-            return await self.call(request, timeout=budget + self.MARGIN)
+            return await self.call(request, timeout=budget + self.MARGIN, on_progress=on_progress)
         except asyncio.CancelledError:
             if request.call_id is not None:
                 self.cancel(request.session_id, request.call_id)

@@ -1,7 +1,8 @@
 """A `shell` call whose client cancels it (`notifications/cancelled`) or goes away (the HTTP
 connection closes) is stopped: its command is killed, the session's lock is released, the
 next call runs, and the shell is as it was before the cancelled call; a REST run whose
-client goes away is stopped too. A real `sbx up`, real sandboxes, the official MCP client
+client goes away is stopped too; a long call tells a client that asks how it is going. A
+real `sbx up`, real sandboxes, the official MCP client
 over HTTP."""
 
 from __future__ import annotations
@@ -138,6 +139,27 @@ async def _rest_run_abandoned(url: str, key: str) -> None:
     assert _sleeps() == 0, "the abandoned run's command is gone"
 
 
+async def _progress_of_a_long_call(url: str, key: str) -> None:
+    """A client that asks for progress (a progress token) hears, while a long `shell` runs,
+    how long it has run and how much output it made so far."""
+    agent = Agent(url, key, "progress")
+    heard: list[tuple[float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.append((progress, message))
+
+    async with httpx2.AsyncClient(headers=agent.headers, timeout=120) as http:
+        async with streamable_http_client(agent.url, http_client=http) as (read, write):
+            async with ClientSession(read, write) as mcp:
+                await mcp.initialize()
+                command = "for i in 1 2 3 4 5 6; do echo tick$i; sleep 1; done"
+                result = await mcp.call_tool("shell", {"command": command}, progress_callback=on_progress)
+    assert not result.is_error and "tick6" in "".join(getattr(c, "text", "") for c in result.content)
+    assert len(heard) >= 2, heard
+    assert [p for p, _ in heard] == sorted(p for p, _ in heard)  # it only grows
+    assert all(m and m.startswith("running for ") and "bytes of output so far" in m for _, m in heard), heard
+
+
 def test_a_cancelled_or_abandoned_shell_call_is_stopped(tmp_path):
     with running_stack(tmp_path / "state") as (_, url):
         key = (tmp_path / "state" / "api-key").read_text().strip()
@@ -145,3 +167,4 @@ def test_a_cancelled_or_abandoned_shell_call_is_stopped(tmp_path):
         asyncio.run(_client_gone(url, key))
         asyncio.run(_cancelled_by_notification(url, key))
         asyncio.run(_rest_run_abandoned(url, key))
+        asyncio.run(_progress_of_a_long_call(url, key))

@@ -73,7 +73,7 @@ class FakeExecutor:
         self.reply = reply if reply is not None else execution.Reply(ok=True, output="", exit_code=0)
         self.error = error
 
-    async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
+    async def run(self, request: execution.AnyRequest, *, budget: float, on_progress=None) -> execution.Reply:
         # Every call is named for a cancellation (random outside an MCP request); kept apart.
         assert request.call_id is not None and re.fullmatch(r"[0-9a-f]{32}", request.call_id)
         self.call_ids.append(request.call_id)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -58,6 +59,32 @@ def mcp_call_id(session_id: str, request_id: str | None) -> str:
     return hashlib.sha256(f"{session_id}\0{request_id}".encode()).hexdigest()[:32]
 
 
+class Progress:
+    """MCP progress notifications for a long call, from what the executor's beats say: the
+    seconds it has run (the progress value) and the bytes of output so far, at most every
+    ``EVERY`` seconds; nothing for a client that sent no progress token."""
+
+    EVERY = 2.0
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.last = self.started
+
+    async def report(self, said: str) -> None:
+        now = time.monotonic()
+        if now - self.last < self.EVERY:
+            return
+        self.last = now
+        fields = dict(part.partition("=")[::2] for part in said.split())
+        elapsed = now - self.started
+        output = fields.get("output", "")
+        message = f"running for {elapsed:.0f} s" + (
+            f", {output} bytes of output so far" if output.isdigit() else ""
+        )
+        with contextlib.suppress(Exception):  # progress is a courtesy: never fails the call
+            await get_context().report_progress(progress=round(elapsed, 1), message=message)
+
+
 def required(value: object, name: str, command: str) -> None:
     if value is None:
         raise errors.InvalidInput(f"Parameter `{name}` is required for command: {command}")
@@ -78,15 +105,22 @@ class Calls:
         return identity_from_headers(self.headers())
 
     async def run(
-        self, who: Identity, build: Callable[..., execution.AnyRequest], budget: float
+        self,
+        who: Identity,
+        build: Callable[..., execution.AnyRequest],
+        budget: float,
+        *,
+        progress: bool = False,
     ) -> execution.Reply:
         """Send the request ``build`` makes (given the session's fields) to the session's
-        sandbox, getting or claiming the sandbox first."""
+        sandbox, getting or claiming the sandbox first. ``progress``: a client that asked
+        for progress notifications gets them while the call runs (see ``Progress``)."""
 
         call_id = mcp_call_id(who.session_id, current_request_id())
+        on_progress = Progress().report if progress else None
 
         async def call(sandbox_id: str) -> execution.Reply:
             request = build(**self.resolver.request_fields(who, sandbox_id), call_id=call_id)
-            return await self.executor.run(request, budget=budget)
+            return await self.executor.run(request, budget=budget, on_progress=on_progress)
 
         return await self.resolver.with_sandbox(who, call)

@@ -59,7 +59,7 @@ def _shell(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
             checks.timeout(timeout)
             budget = timeout or SHELL_TIMEOUT
             reply = await tools.run(
-                who, lambda **f: execution.Shell(command=command, timeout=timeout, **f), budget
+                who, lambda **f: execution.Shell(command=command, timeout=timeout, **f), budget, progress=True
             )
             return texts.format_shell(reply, budget)
 
