@@ -229,8 +229,7 @@ __sbx_setsid=$(command -v setsid)
 __sbx_prog=("$1" bash "$__sbx_dir" "$2" "$3" "$4")
 __sbx_jb= __sbx_jl= __sbx_jt=
 __sbx_n=0
-__sbx_restarted='[a new shell: the sandbox was restarted or its shell had ended; the working'
-__sbx_restarted+=' directory and exported variables were kept, the rest of the shell state was not]'
+__sbx_restarted='the working directory and exported variables were kept, the rest of the shell state was not'
 
 __sbx_up() {  # the session's anchor runs
   local p t
@@ -247,8 +246,9 @@ __sbx_stop_session() {  # what is left of a session whose anchor is gone or stuc
   [ ${#__sbx_in[@]} -eq 0 ] || kill -KILL "${__sbx_in[@]}" 2>/dev/null
 }
 
-__sbx_start() {
+__sbx_start() {  # $1 why (kept in STATE/restarts, with the time, for whoever looks into it)
   local i=0
+  [ -f "$__sbx_s/session" ] && printf '%s %s\n' "${EPOCHREALTIME%.*}" "$1" >> "$__sbx_s/restarts"
   __sbx_stop_session
   rm -f "$__sbx_s/used"
   while IFS= read -r -t 0 -u "$__sbx_rq"; do IFS= read -r -d '' -u "$__sbx_rq" _ || break; done
@@ -271,39 +271,43 @@ __sbx_failed() {  # $1 nonce, $2 why
 }
 
 __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
-  local line b= rc=1 note= i k
+  local line b= rc=1 note= i k busy gone
   # The session's own nonce: the command can see it, never the executor's.
   k=${EPOCHREALTIME/./}$RANDOM$RANDOM$BASHPID
   if [ -n "$__sbx_flock" ]; then exec 9>"$__sbx_s/lock"; flock 9; fi
   __sbx_n=$((__sbx_n + 1))
   # Empty output files (silent calls) are cleared now and then: one exec per 200 calls.
   [ $((__sbx_n % 200)) -eq 0 ] && rm -f "$__sbx_dir"/.sbx-out-*
-  if ! __sbx_up; then
-    [ -f "$__sbx_s/used" ] && note=1
-    __sbx_start || { __sbx_failed "$1" 'the session shell did not start'; return; }
+  if ! __sbx_up && ! { read -r -t 0.05 -u "$__sbx_an" _; __sbx_up; }; then  # (a second look)
+    [ -f "$__sbx_s/used" ] && note='the sandbox was restarted or its shell was killed'
+    __sbx_start "${note:-not started yet}" || { __sbx_failed "$1" 'the session shell did not start'; return; }
   fi
   while IFS= read -r -t 0 -u "$__sbx_rp"; do IFS= read -r -u "$__sbx_rp" _ || break; done
   printf '%s\n%s\0' "$k" "$2" >&"$__sbx_rq"
-  for i in 1 2 3; do
+  # Its start report, within 2 minutes. A shell that is alive is waited for (a loaded
+  # machine); one busy for 30 s is still running a call whose relay died unseen, which
+  # ends (its backup serves this one); none alive for 10 s means a new shell.
+  busy=0 gone=0
+  for ((i = 1; i <= 24; i++)); do
     while IFS= read -r -t 5 -u "$__sbx_rp" line; do
       case $line in "$k started "*) b=${line#"$k started "}; break 2 ;; esac
     done
-    if [ $i -eq 1 ] && IFS= read -r line 2>/dev/null < "$__sbx_dir/.sbx-live" &&
-      kill -0 "$line" 2>/dev/null; then
-      # Still busy with a call whose caller is gone (this relay holds the lock): that
-      # call ends; its backup serves this one.
-      kill -KILL "$line"
+    if IFS= read -r line 2>/dev/null < "$__sbx_dir/.sbx-live" && kill -0 "$line" 2>/dev/null; then
+      gone=0 busy=$((busy + 1))
+      [ $busy -eq 6 ] && kill -KILL "$line"
       continue
     fi
-    # No answer: the session is stuck or half gone. A new one runs this request.
-    [ -f "$__sbx_s/used" ] && note=1
-    __sbx_start || break
+    gone=$((gone + 1))
+    [ $gone -lt 2 ] && continue
+    [ -f "$__sbx_s/used" ] && note='its shell stopped answering'
+    __sbx_start "${note:-its shell stopped answering}" || break
+    gone=0
     printf '%s\n%s\0' "$k" "$2" >&"$__sbx_rq"
   done
   if [ -z "$b" ]; then __sbx_failed "$1" 'the session shell does not answer'; return; fi
   IFS=' ' read -r __sbx_jb __sbx_jl __sbx_jt <<<"$b"
   printf '%s started %s\n' "$1" "$b"
-  [ -n "$note" ] && printf '%s\n' "$__sbx_restarted"
+  [ -n "$note" ] && printf '[a new shell: %s; %s]\n' "$note" "$__sbx_restarted"
   b=${b%% *}
   while IFS= read -r -u "$__sbx_rp" line; do
     case $line in

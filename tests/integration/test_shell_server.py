@@ -258,3 +258,18 @@ async def test_a_prepared_server_whose_first_call_never_comes_is_closed_in_the_e
         assert len(pool) == 0
     finally:
         await pool.close()
+
+
+async def test_a_shell_killed_from_inside_is_replaced_and_says_what_was_lost(rt, sandbox, servers):
+    """A command that kills the session's bash and its backup (here: each of their
+    processes, once the call has returned): the next call runs in a new shell that keeps
+    the directory and exports, says so, and the restart is recorded in the sandbox for
+    whoever looks into it."""
+    _, text = await fast(servers, sandbox, "cd /tmp; export KEPT=1; LOST=1")
+    await fast(servers, sandbox, "(sleep 0.3; kill -9 $(pgrep -f __sbx_hold)) >/dev/null 2>&1 &")
+    await asyncio.sleep(1)
+    _, text = await fast(servers, sandbox, 'pwd; echo "$KEPT[$LOST]"; cat /.sbx/shell/restarts')
+    note, pwd, values, recorded = text.splitlines()
+    assert note.startswith("[a new shell: the sandbox was restarted or its shell was killed;")
+    assert (pwd, values) == ("/tmp", "1[]")
+    assert recorded.endswith(" the sandbox was restarted or its shell was killed")
