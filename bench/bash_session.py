@@ -166,10 +166,10 @@ def report(name: str, run: dict) -> None:
 
 async def main(calls: int) -> None:
     state = Path(tempfile.mkdtemp(prefix="sbx-bench-bash-")) / "state"
-    proc, url = start_stack(state, pool=4)
+    proc, base = start_stack(state, pool=4)
     try:
         key = (state / "api-key").read_text().strip()
-        ours = await run_ours(url, key, calls)
+        ours = await run_ours(f"{base}/mcp", key, calls)
     finally:
         stop_stack(proc, state)
     theirs = run_swerex(calls)
