@@ -134,7 +134,7 @@ class Executor:
         found[1].cancel()
 
     async def prepare(self, raw: bytes) -> bytes:
-        """Start the shell server of an unclaimed pool sandbox (asked by the pool-manager
+        """Start the shell relay and bash of an unclaimed pool sandbox (asked by the pool-manager
         before it offers the sandbox); refused for any sandbox a session has."""
         return await rpc.answer(rpc.PREPARE, raw, self._prepare, crashed="executor.prepare_crashed")
 

@@ -1,4 +1,4 @@
-"""Persistent shell servers: the fast path of the ``shell`` tool.
+"""Shell helpers (relays): how the executor reaches each session's bash.
 
 Starting a command from the host costs a fork of the executor, an entry into seven
 namespaces and two shells (~5-8 ms). Instead, an executor keeps one long-lived
@@ -291,7 +291,7 @@ class ShellServers:
 
     def ready(self, sandbox_id: str) -> ShellServer | None:
         """This sandbox's helper if it is up; otherwise None, and one is started in the
-        background (the caller uses the one-off path meanwhile). Starting takes several
+        background (the caller starts a helper of its own meanwhile). Starting takes several
         process spawns, so a session's first call does not wait for it."""
         server = self._servers.get(sandbox_id)
         if server is not None and server.alive:
