@@ -66,7 +66,7 @@ class RefusingOnce:
     def __init__(self) -> None:
         self.sandboxes: list[str] = []
 
-    async def run(self, request: execution.AnyRequest, *, budget: float) -> execution.Reply:
+    async def run(self, request: execution.AnyRequest, *, budget: float, on_progress=None) -> execution.Reply:
         self.sandboxes.append(request.sandbox_id)
         if request.sandbox_id == "stale":
             raise errors.NotRunning("sandbox stale is stopped, not running")
