@@ -41,6 +41,10 @@ RETRY_SECONDS = 0.5
 """How long a projector waits before fetching again while JetStream is unavailable."""
 
 
+OPEN_ATTEMPTS = 5
+"""How often opening a projection's bucket is tried when the JetStream API times out."""
+
+
 class ProjectionStore(Generic[projections.S]):
     """One kind's KV bucket, read and written through its projection."""
 
@@ -65,7 +69,17 @@ class ProjectionStore(Generic[projections.S]):
         projection: projections.Projection[projections.S],
         store: eventstore.EventStore,
     ) -> ProjectionStore[projections.S]:
-        kv = await js.key_value(store.topology.bucket(projection.kind))
+        bucket = store.topology.bucket(projection.kind)
+        for attempt in range(OPEN_ATTEMPTS):
+            try:
+                kv = await js.key_value(bucket)
+                break
+            except nats.errors.TimeoutError:
+                # The JetStream API does not answer while a cluster elects a leader (a node
+                # was lost): a read-only request, asked again a few times.
+                if attempt == OPEN_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(1.0)
         return cls(js, kv, projection, store)
 
     async def get_entry(self, key: str) -> tuple[projections.S | None, int | None]:
