@@ -259,23 +259,23 @@ class Executor:
         self, request: execution.Shell, capture: output.Capture, timeout: float
     ) -> shells.Result | None:
         """Through the session's bash (see ``bashsession``); None where the sandbox has no
-        bash. This executor's helper for the sandbox serves the call; while it is being
-        started, or busy with another call of the session, a helper of this call's own
-        does (it waits on the session's lock, with this call's timeout counting)."""
-        server = self.shells.ready(request.sandbox_id)
-        if server is not None and not server.lock.locked():
+        bash. This executor's helper for the sandbox serves the call (started now if it is
+        not running, or joined if it is being started); while it is busy with another call
+        of the session, a helper of this call's own does (it waits on the session's lock,
+        with this call's timeout counting)."""
+        server = await self.shells.get(request.sandbox_id)
+        if server is None:
+            return None
+        if not server.lock.locked():
             try:
                 return await server.run(request.command, capture, timeout)
             except shells.ServerGone as gone:
                 if gone.started:
                     raise _killed_mid_call() from gone
                 # It ended between two calls: this call gets a helper of its own.
-        if self.shells.unsupported(request.sandbox_id):
-            return None
         own = await shells.start(self.runtime, request.sandbox_id)
         if own is None:
-            self.shells.mark_unsupported(request.sandbox_id)
-            return None
+            raise errors.InfrastructureError("the sandbox's shell helper did not start")
         try:
             return await own.run(request.command, capture, timeout)
         except shells.ServerGone as gone:

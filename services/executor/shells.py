@@ -282,17 +282,9 @@ class ShellServers:
     def __len__(self) -> int:
         return sum(1 for s in self._servers.values() if s.alive)
 
-    def unsupported(self, sandbox_id: str) -> bool:
-        """This sandbox was found to have no bash (recently)."""
-        return sandbox_id in self._unsupported
-
-    def mark_unsupported(self, sandbox_id: str) -> None:
-        self._unsupported[sandbox_id] = time.monotonic()
-
     def ready(self, sandbox_id: str) -> ShellServer | None:
         """This sandbox's helper if it is up; otherwise None, and one is started in the
-        background (the caller starts a helper of its own meanwhile). Starting takes several
-        process spawns, so a session's first call does not wait for it."""
+        background."""
         server = self._servers.get(sandbox_id)
         if server is not None and server.alive:
             return server
