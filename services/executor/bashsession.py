@@ -133,7 +133,7 @@ command exec </dev/null >/dev/null 2>&1
 __sbx_dir=$1 __sbx_loop=$2 __sbx_backup=$3 __sbx_hold=$4
 builtin set --
 command exec {__sbx_rq}<>@S@/req {__sbx_rp}<>@S@/reply {__sbx_an}<>@S@/anchor || builtin exit 3
-builtin cd /workspace 2>/dev/null || builtin cd /
+builtin cd -- "${SBX_WORKDIR:-/workspace}" 2>/dev/null || builtin cd /workspace 2>/dev/null || builtin cd /
 if [ -f @S@/cwd ]; then IFS= builtin read -r __sbx_d < @S@/cwd && builtin cd -- "$__sbx_d" 2>/dev/null; fi
 if [ -f @S@/env ]; then . @S@/env; fi
 builtin unset __sbx_d

@@ -32,7 +32,8 @@ _LOCK = (
 
 #: Runs $__sbx_cmd with the session's cwd and exports, and saves them when it ends.
 _RUN = f"""
-if [ -f {STATE}/cwd ]; then IFS= read -r __sbx_d < {STATE}/cwd; cd "$__sbx_d" 2>/dev/null || cd /workspace; fi
+if [ -f {STATE}/cwd ]; then IFS= read -r __sbx_d < {STATE}/cwd; cd "$__sbx_d" 2>/dev/null || cd /workspace
+else cd "${{SBX_WORKDIR:-/workspace}}" 2>/dev/null || cd /workspace; fi
 [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
 __sbx_save() {{
   __sbx_rc=$?
@@ -58,7 +59,7 @@ J={JOBS}/$1
 mkdir -p "$J" || exit 97
 cat > "$J/cmd"
 B=$(command -v bash || command -v sh)
-cd "$(cat {STATE}/cwd 2>/dev/null || echo /workspace)" 2>/dev/null || cd /workspace
+cd "$(cat {STATE}/cwd 2>/dev/null || echo "${{SBX_WORKDIR:-/workspace}}")" 2>/dev/null || cd /workspace
 S=$(command -v setsid || true)
 $S "$B" -c '
   J=$1; echo $$ > "$J/pgid"

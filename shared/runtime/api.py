@@ -87,10 +87,28 @@ class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     backend: str
     """Which backend holds it (``local``, ``kubernetes``)."""
+    image_digest: str | None = None
+    """The manifest digest of the image it runs, where the backend knows it (local: the
+    digest its image's tag was resolved to when it was created; it keeps that one)."""
 
     @property
     def sandbox_id(self) -> str:
         return self.spec.sandbox_id
+
+
+@dataclass(frozen=True)
+class PulledImage:
+    """An image made available on a backend's machine."""
+
+    reference: str
+    """Its normalised reference (``docker.io/library/python:3.12``)."""
+    digest: str
+    size: int
+    """Bytes of its layers (compressed, as downloaded)."""
+    layers: int
+    fetched: int
+    """Layers downloaded now (the rest were in the store already)."""
+    seconds: float
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,17 @@ class Runtime(abc.ABC):
     """Whether each sandbox reaches only the one proxy the proxy-scaler assigns it (local),
     so it has no way out until it is assigned; else it reaches the fleet through a
     load-balanced address (Kubernetes: the proxies' Service)."""
+
+    async def image_present(self, image: str) -> bool:
+        """Whether ``image`` can start a sandbox without a pull first (a backend whose
+        nodes pull on their own, as Kubernetes's kubelets do, says True)."""
+        return True
+
+    async def pull(self, image: str, *, refresh: bool = False) -> PulledImage | None:
+        """Fetch ``image`` from its registry unless it is here (``refresh``: resolve its
+        tag again). None where there is nothing to fetch (a built-in or registered image,
+        or a backend whose nodes pull). Raises a SandboxError saying why a pull failed."""
+        return None
 
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> SandboxInfo:

@@ -90,7 +90,10 @@ async def test_bad_images_are_refused_clearly(rt, tmp_path):
         rt.images.add_rootfs(
             "empty", (tmp_path / "empty").resolve() if (tmp_path / "empty").mkdir() is None else tmp_path
         )
-    with pytest.raises(errors.InvalidInput, match="unknown image"):
-        await rt.create(api.SandboxSpec(sandbox_id="x1", image="ghost"))
+    with pytest.raises(
+        errors.Unavailable, match=r"pulling 127.0.0.1:1/ghost:latest: registry 127.0.0.1:1 cannot be"
+    ):
+        await rt.create(api.SandboxSpec(sandbox_id="x1", image="127.0.0.1:1/ghost"))
+    assert not list(rt.root.iterdir())  # nothing written
     with pytest.raises(errors.InvalidInput):
         rt.images.add_rootfs("Bad Name", tmp_path)

@@ -59,6 +59,9 @@ class Layer:
 
     source: Path
     dest: str
+    lower: tuple[Path, ...] = ()
+    """More read-only directories below ``source``, bottom first (an image's layers:
+    ``source`` is then the image's top directory); all stacked as one overlay."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class Plan:
     hold: Path
     run_as_root: bool
     writable_root: bool
+    uid: int = SANDBOX_UID
+    """Who it runs as without ``run_as_root`` (the image's ``User``, else the sandbox user)."""
+    home: str = f"/home/{SANDBOX_USER}"
     hostname: str = "sandbox"
     env: dict[str, str] = field(default_factory=dict)
     files: tuple[tuple[Path, str], ...] = ()
@@ -102,7 +108,7 @@ def home(run_as_root: bool) -> str:
 # tests/unit/test_bwrap_plan.py checks it field by field.
 def argv(plan: Plan, main: list[str]) -> list[str]:
     """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
-    uid = 0 if plan.run_as_root else SANDBOX_UID
+    uid = 0 if plan.run_as_root else plan.uid
     args = [
         plan.bwrap,
         # The runtime's user namespace (userns.py), given at USERNS_FD; bwrap makes the
@@ -127,10 +133,13 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         "--clearenv",
     ]
     for index, layer in enumerate(plan.layers):
+        sources = [arg for lower in (*layer.lower, layer.source) for arg in ("--overlay-src", str(lower))]
         if plan.writable_root:
             upper = plan.upper / "upper" / str(index)
             work = plan.upper / "work" / str(index)
-            args += ["--overlay-src", str(layer.source), "--overlay", str(upper), str(work), layer.dest]
+            args += [*sources, "--overlay", str(upper), str(work), layer.dest]
+        elif layer.lower:
+            args += [*sources, "--ro-overlay", layer.dest]
         else:
             args += ["--ro-bind", str(layer.source), layer.dest]
     for target, link in plan.symlinks:
@@ -178,7 +187,13 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         for cap in ROOT_CAPS:
             args += ["--cap-add", cap]
     args += ["--seccomp", str(SECCOMP_FD)]
-    env = {"PATH": PATH, "HOME": home(plan.run_as_root), "TERM": "dumb", "LANG": "C.UTF-8", **plan.env}
+    env = {
+        "PATH": PATH,
+        "HOME": "/root" if plan.run_as_root else plan.home,
+        "TERM": "dumb",
+        "LANG": "C.UTF-8",
+        **plan.env,
+    }
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *main]

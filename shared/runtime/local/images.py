@@ -6,12 +6,17 @@ synthetic ``/etc`` made of an allowlist of harmless host files plus our own
 ``passwd``/``group``/``hosts``. Nothing from ``/root``, ``/home``, ``/etc/shadow``,
 ``/etc/ssh``, other secrets or the state directory is ever shown.
 
-Other images are root filesystem directories, registered by name, either given as a
-directory or unpacked from a ``docker save`` / OCI layout archive (``oci.unpack``).
+Registered images are root filesystem directories, registered by name, either given
+as a directory or unpacked from a ``docker save`` / OCI layout archive (``oci.unpack``).
+
+Any other name is an OCI reference (``python:3.12-slim``, ``ghcr.io/org/img@sha256:...``),
+pulled from its registry into the layer store (``layers.py``) and shown as its layers
+stacked under one overlay. A registered name is looked up before a registry is asked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,8 +24,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors
-from shared.runtime.local import bwrap
+from shared.contract import errors, ids, references
+from shared.runtime.local import bwrap, layers, oci
 
 DEFAULT = "default"
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -41,6 +46,12 @@ class Image:
     layers: tuple[bwrap.Layer, ...]
     symlinks: tuple[tuple[str, str], ...] = ()
     dirs: tuple[str, ...] = ()
+    config: oci.ImageConfig | None = None
+    """What the image declares (``Env``, ``WorkingDir``, ``User``); None for ``default``."""
+    digest: str | None = None
+    """The manifest digest of a pulled image."""
+    trust_store: bool = False
+    """Whether it has ``/etc/ssl/certs/ca-certificates.crt`` (shown with the proxy's CA added)."""
 
 
 def _synthetic_etc(target: Path) -> None:
@@ -81,59 +92,129 @@ def _synthetic_etc(target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-class ImageStore:
-    """Registered images under ``<state>/images/<name>/``."""
+def user_of(image: Image) -> tuple[int, str]:
+    """Who a sandbox of ``image`` runs as when not root: the uid and home of the image's
+    ``User`` if that names someone other than root (a number, or a name in its
+    ``/etc/passwd``), else our sandbox user (uid 1000)."""
+    fallback = (bwrap.SANDBOX_UID, bwrap.home(False))
+    wanted = (image.config.user or "").split(":", 1)[0] if image.config else ""
+    if not wanted or wanted in ("0", "root"):
+        return fallback
+    passwd = (
+        image.layers[0].source / "etc" / "passwd" if image.layers and image.layers[0].dest == "/" else None
+    )
+    rows = []
+    with contextlib.suppress(OSError, UnicodeDecodeError):
+        if passwd is not None and passwd.stat().st_size < 1024**2:
+            rows = [row.split(":") for row in passwd.read_text().splitlines()]
+    for row in rows:
+        if len(row) >= 6 and wanted in (row[0], row[2]) and row[2].isdigit() and row[2] != "0":
+            return int(row[2]), row[5] or fallback[1]
+    if wanted.isdigit() and 0 < int(wanted) < 2**31:
+        return int(wanted), fallback[1]
+    return fallback
 
-    def __init__(self, root: Path) -> None:
+
+class ImageStore:
+    """Registered images under ``<state>/images/<name>/``; pulled ones in ``layers``."""
+
+    def __init__(self, root: Path, pulled: layers.LayerStore | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
+        self.pulled = pulled or layers.LayerStore(root)
         self._default: Image | None = None
 
     def default(self) -> Image:
         if self._default is None:
             etc = self.root / DEFAULT / "etc"
             _synthetic_etc(etc)
-            layers: list[bwrap.Layer] = []
+            layers_: list[bwrap.Layer] = []
             symlinks: list[tuple[str, str]] = []
             for name in SYSTEM_DIRS:
                 host = Path("/") / name
                 if host.is_symlink():
                     symlinks.append((os.readlink(host), f"/{name}"))
                 elif host.is_dir():
-                    layers.append(bwrap.Layer(host, f"/{name}"))
-            layers.append(bwrap.Layer(etc, "/etc"))
+                    layers_.append(bwrap.Layer(host, f"/{name}"))
+            layers_.append(bwrap.Layer(etc, "/etc"))
             self._default = Image(
-                DEFAULT, tuple(layers), tuple(symlinks), ("/root", f"/home/{bwrap.SANDBOX_USER}", "/var/tmp")
+                DEFAULT,
+                tuple(layers_),
+                tuple(symlinks),
+                ("/root", f"/home/{bwrap.SANDBOX_USER}", "/var/tmp"),
+                trust_store=True,
             )
         return self._default
 
-    def resolve(self, name: str) -> Image:
+    def registered(self, name: str) -> Image | None:
+        """The registered image of that name, if there is one (None for a reference)."""
+        record = self._record_of(name)
+        if record is None:
+            return None
+        rootfs = Path(record["rootfs"])
+        if not (rootfs / "bin" / "sh").exists() and not (rootfs / "bin" / "sh").is_symlink():
+            raise errors.InvalidInput(f"image {name!r} has no /bin/sh; sandboxes need a POSIX shell")
+        config = record.get("config")
+        return Image(
+            name,
+            (bwrap.Layer(rootfs, "/"),),
+            config=oci.ImageConfig.from_json({"config": config}) if isinstance(config, dict) else None,
+            trust_store=(rootfs / layers.TRUST_STORE).is_file(),
+        )
+
+    def resolve(self, name: str, digest: str | None = None) -> Image:
+        """The image ``name`` stands for: ``default``, a registered one, or a pulled one
+        (``digest``: the one a sandbox is pinned to). A reference not pulled yet is an
+        error here: ``LocalRuntime.pull`` fetches it."""
         if name == DEFAULT:
             return self.default()
-        rootfs = self._rootfs(name)
-        if rootfs is None:
-            known = ", ".join([DEFAULT, *self.names()])
-            raise errors.InvalidInput(
-                f"unknown image {name!r}: this local runtime knows {known}. Register one with "
-                "`sbx image import NAME ARCHIVE.tar` or `sbx image add NAME ROOTFS_DIR`; pulling from "
-                "registries is not built yet"
+        if (image := self.registered(name)) is not None:
+            return image
+        ref = references.parse(name)
+        pulled = self.pulled.get(digest) if digest else self.pulled.cached(ref)
+        if pulled is None:
+            raise errors.NotFound(
+                f"image {name!r} is not on this machine yet (the runtime pulls it on first use)"
             )
-        for needed in ("bin/sh",):
-            if not (rootfs / needed).exists() and not (rootfs / needed).is_symlink():
-                raise errors.InvalidInput(f"image {name!r} has no /{needed}; sandboxes need a POSIX shell")
-        return Image(name, (bwrap.Layer(rootfs, "/"),))
+        return self.of_pulled(name, pulled)
+
+    def of_pulled(self, name: str, pulled: layers.Pulled) -> Image:
+        if not pulled.has_sh:
+            raise errors.InvalidInput(f"image {name!r} has no /bin/sh; sandboxes need a POSIX shell")
+        lower = self.pulled.lower_dirs(pulled)
+        return Image(
+            name,
+            (bwrap.Layer(lower[-1], "/", lower=lower[:-1]),),
+            config=pulled.config,
+            digest=pulled.digest,
+            trust_store=pulled.trust_store,
+        )
 
     def names(self) -> list[str]:
-        return sorted(p.name for p in self.root.iterdir() if p.name != DEFAULT and self._rootfs(p.name))
+        out = []
+        for path in self.root.iterdir():
+            if path.name == DEFAULT or not (path / "image.json").exists():
+                continue
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                out.append(str(json.loads((path / "image.json").read_text()).get("name") or path.name))
+        return sorted(out)
 
-    def _rootfs(self, name: str) -> Path | None:
-        if not _NAME.fullmatch(name):
-            return None
-        meta = self.root / name / "image.json"
+    @staticmethod
+    def _dir_name(name: str) -> str:
+        """Simple names keep their own directory; a reference-shaped name gets a token."""
+        return name if _NAME.fullmatch(name) else "ref-" + ids.token(str(references.parse(name)))
+
+    def _record_of(self, name: str) -> dict | None:
         try:
-            return Path(json.loads(meta.read_text())["rootfs"])
-        except (OSError, ValueError, KeyError):
+            directory = self._dir_name(name)
+        except errors.InvalidInput:
             return None
+        try:
+            record = json.loads((self.root / directory / "image.json").read_text())
+            Path(record["rootfs"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return record
 
     def add_rootfs(self, name: str, rootfs: Path) -> None:
         """Register an existing root filesystem directory (used in place, never modified)."""
@@ -145,22 +226,23 @@ class ImageStore:
 
     def import_archive(self, name: str, archive: Path) -> None:
         """Unpack a ``docker save`` or OCI layout archive and register it."""
-        from shared.runtime.local import oci
-
         self._check_name(name)
-        dest = self.root / name / "rootfs"
+        dest = self.root / self._dir_name(name) / "rootfs"
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        oci.unpack(archive, dest)
-        self._record(name, dest, source=str(archive))
+        config = oci.unpack(archive, dest)
+        self._record(name, dest, source=str(archive), config=config)
 
     def _check_name(self, name: str) -> None:
-        if name == DEFAULT or not _NAME.fullmatch(name):
-            raise errors.InvalidInput(
-                f"image name {name!r} must be 1-64 of a-z 0-9 . _ - (and not {DEFAULT!r})"
-            )
+        if name == DEFAULT:
+            raise errors.InvalidInput(f"{DEFAULT!r} is the built-in image; choose another name")
+        references.parse(name)  # a name is anything an image reference may be
 
-    def _record(self, name: str, rootfs: Path, *, source: str) -> None:
-        (self.root / name).mkdir(parents=True, exist_ok=True)
-        (self.root / name / "image.json").write_text(json.dumps({"rootfs": str(rootfs), "source": source}))
+    def _record(self, name: str, rootfs: Path, *, source: str, config: oci.ImageConfig | None = None) -> None:
+        directory = self.root / self._dir_name(name)
+        directory.mkdir(parents=True, exist_ok=True)
+        record: dict = {"name": name, "rootfs": str(rootfs), "source": source}
+        if config is not None:
+            record["config"] = {"Env": config.env, "WorkingDir": config.working_dir, "User": config.user}
+        (directory / "image.json").write_text(json.dumps(record))

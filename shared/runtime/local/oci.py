@@ -62,12 +62,12 @@ _MANIFEST_TYPES = {
     "application/vnd.docker.distribution.manifest.v2+json",
 }
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
-_WHITEOUT = ".wh."
-_OPAQUE = ".wh..wh..opq"
+WHITEOUT = ".wh."
+OPAQUE = ".wh..wh..opq"
 #: Directory modes always keep the owner's rwx so later layers and cleanup work without root.
-_DIR_OWNER = 0o700
+DIR_OWNER = 0o700
 #: Permission bits kept: everything except setuid and setgid.
-_KEEP_BITS = 0o1777
+KEEP_BITS = 0o1777
 
 
 class ImageError(errors.InvalidInput):
@@ -138,7 +138,7 @@ def unpack(
     try:
         with _open_source(archive, max_members) as source:
             config, layers = _read_image(source)
-            budget = _Budget(max_bytes=max_bytes, max_members=max_members)
+            budget = Budget(max_bytes=max_bytes, max_members=max_members)
             for layer in layers:
                 _apply_layer(source, layer, dest, budget)
         _ensure_mount_points(dest)
@@ -172,7 +172,7 @@ def _discard(dest: Path, created: bool) -> None:
         return
     with contextlib.suppress(OSError):
         for child in dest.iterdir():
-            _remove(str(child))
+            remove_path(str(child))
 
 
 # ---- reading the archive --------------------------------------------------------
@@ -443,7 +443,7 @@ def _read_oci_layout(source: _Source) -> tuple[ImageConfig, list[_Layer]]:
 
 
 @dataclass
-class _Budget:
+class Budget:
     max_bytes: int
     max_members: int
     bytes: int = 0
@@ -462,7 +462,7 @@ class _Budget:
             raise ImageError(f"image unpacks to more than {self.max_bytes} bytes")
 
 
-def _apply_layer(source: _Source, layer: _Layer, dest: Path, budget: _Budget) -> None:
+def _apply_layer(source: _Source, layer: _Layer, dest: Path, budget: Budget) -> None:
     if layer.digest is not None:
         _verify(source, layer.name, layer.digest, layer.size)
     with source.open(layer.name) as raw:
@@ -475,10 +475,10 @@ def _apply_layer(source: _Source, layer: _Layer, dest: Path, budget: _Budget) ->
         except tarfile.TarError as exc:
             raise ImageError(f"layer {layer.name} is not a (compressed) tar: {exc}") from exc
         with tar:
-            _Extractor(str(dest), budget).run(tar)
+            Extractor(str(dest), budget).run(tar)
 
 
-def _clean_member_name(name: str) -> str:
+def clean_member_name(name: str) -> str:
     """A member path relative to the rootfs; absolute paths and ``..`` are refused."""
     if "\x00" in name:
         raise ImageError(f"layer entry name contains a NUL byte: {name!r}")
@@ -490,7 +490,7 @@ def _clean_member_name(name: str) -> str:
     return "/".join(parts)
 
 
-def _remove(path: str) -> None:
+def remove_path(path: str) -> None:
     """Remove whatever is at ``path`` without following a symlink there."""
     st = os.lstat(path)
     if stat.S_ISDIR(st.st_mode):
@@ -499,10 +499,10 @@ def _remove(path: str) -> None:
         os.unlink(path)
 
 
-class _Extractor:
+class Extractor:
     """Apply one layer's entries onto the rootfs at ``root``."""
 
-    def __init__(self, root: str, budget: _Budget) -> None:
+    def __init__(self, root: str, budget: Budget) -> None:
         self.root = root
         self.budget = budget
         #: Paths this layer wrote, plus all their ancestors: whiteouts must keep them.
@@ -549,12 +549,12 @@ class _Extractor:
     # -- entries
 
     def entry(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
-        rel = _clean_member_name(member.name)
+        rel = clean_member_name(member.name)
         if not rel:
             return  # the root directory itself
         parts = rel.split("/")
         base = parts[-1]
-        if base.startswith(_WHITEOUT):
+        if base.startswith(WHITEOUT):
             self.whiteout(parts)
             return
         if not (member.isreg() or member.isdir() or member.issym() or member.islnk()):
@@ -569,17 +569,17 @@ class _Extractor:
             existing = os.lstat(path)
         except FileNotFoundError:
             existing = None
-        mode = member.mode & _KEEP_BITS
+        mode = member.mode & KEEP_BITS
         if member.isdir():
             if existing is not None and not stat.S_ISDIR(existing.st_mode):
                 os.unlink(path)
                 existing = None
             if existing is None:
                 os.mkdir(path, 0o700)
-            os.chmod(path, mode | _DIR_OWNER)
+            os.chmod(path, mode | DIR_OWNER)
         else:
             if existing is not None:
-                _remove(path)
+                remove_path(path)
             if member.issym():
                 os.symlink(member.linkname, path)
             else:
@@ -601,7 +601,7 @@ class _Extractor:
                     os.utime(out.fileno(), (member.mtime, member.mtime))
 
     def hardlink(self, rel: str, path: str, member: tarfile.TarInfo) -> None:
-        target_rel = _clean_member_name(member.linkname)
+        target_rel = clean_member_name(member.linkname)
         if not target_rel:
             raise ImageError(f"hard link {rel!r} points at the root directory")
         if target_rel == rel:
@@ -618,13 +618,13 @@ class _Extractor:
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
             raise ImageError(f"hard link {rel!r} points at {target_rel!r}, which is not a file")
         with contextlib.suppress(FileNotFoundError):
-            _remove(path)
+            remove_path(path)
         os.link(target, path, follow_symlinks=False)
         self._mark(rel)
 
     def whiteout(self, parts: list[str]) -> None:
         base = parts[-1]
-        if base == _OPAQUE:
+        if base == OPAQUE:
             # ``_parent`` of a child of the directory checks the directory itself too.
             directory = self._parent([*parts[:-1], ""], create=False)
             if directory is None:
@@ -633,9 +633,9 @@ class _Extractor:
             for child in os.listdir(directory):
                 self._remove_lower(posixpath.join(prefix, child) if prefix else child)
             return
-        if base.startswith(_WHITEOUT + _WHITEOUT):
+        if base.startswith(WHITEOUT + WHITEOUT):
             return  # other aufs metadata (.wh..wh.plnk, ...): not part of the filesystem
-        name = base[len(_WHITEOUT) :]
+        name = base[len(WHITEOUT) :]
         if name in ("", ".", ".."):
             raise ImageError(f"invalid whiteout entry {'/'.join(parts)!r}")
         target = [*parts[:-1], name]
@@ -654,7 +654,7 @@ class _Extractor:
             except FileNotFoundError:
                 continue
             if current not in self.touched:
-                _remove(path)
+                remove_path(path)
             elif stat.S_ISDIR(st.st_mode):
                 pending.extend(posixpath.join(current, child) for child in os.listdir(path))
 
@@ -671,4 +671,4 @@ def _ensure_mount_points(dest: Path) -> None:
         if st is not None:
             os.unlink(path)
         os.mkdir(path, 0o700)
-        os.chmod(path, mode | _DIR_OWNER)
+        os.chmod(path, mode | DIR_OWNER)

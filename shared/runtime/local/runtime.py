@@ -3,7 +3,8 @@
 Layout under ``<state>/sandboxes/<token>/`` (the token is derived from the sandbox
 id, never the raw id): ``spec.json`` (what was asked), ``state.json`` (the host pid
 and start time of the sandbox's init while it runs), ``workspace/`` (``/workspace``),
-``control/`` (``/.sbx``), ``upper/`` (copy-on-write root changes), ``hold`` (FIFO).
+``control/`` (``/.sbx``), ``upper/`` (copy-on-write root changes), ``hold`` (FIFO),
+``image.json`` (the digest of a pulled image it was made from, and who it runs as).
 
 The sandbox is started detached (``setsid --fork``): it is not a child of the
 service that created it and survives that service; any process holding the same
@@ -28,10 +29,11 @@ from pathlib import Path
 
 import msgspec
 
-from shared.contract import errors, ids
+from shared.contract import errors, ids, references
 from shared.infrastructure import processes
 from shared.runtime import api
-from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, network, seccomp, userns
+from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, layers, network, seccomp, userns
+from shared.runtime.local.registries import RegistryConfig
 
 START_TIMEOUT = 10.0
 READ_CHUNK = 64 * 1024
@@ -189,6 +191,9 @@ class LocalRuntime(api.Runtime):
         egress: str = "none",
         proxy_ca: Path | None = None,
         disk_reserve: int | None = None,
+        registries: RegistryConfig | None = None,
+        image_max_bytes: int | None = None,
+        pull_timeout: float | None = None,
     ) -> None:
         """``egress``: ``none`` (only loopback) or ``proxy`` (the proxy address and nothing
         else; see network.py). Where proxy egress cannot work here, sandboxes get no
@@ -201,8 +206,15 @@ class LocalRuntime(api.Runtime):
         self.proxy_ca = proxy_ca or state_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.images = images.ImageStore(state_dir / "images")
         self.disk = disk.Disk() if disk_reserve is None else disk.Disk(reserve_bytes=disk_reserve)
+        store = layers.LayerStore(
+            state_dir / "images",
+            registries or RegistryConfig(),
+            max_bytes=image_max_bytes or layers.oci.DEFAULT_MAX_BYTES,
+            timeout=pull_timeout or 600.0,
+            reserve=self.disk.reserve_bytes,
+        )
+        self.images = images.ImageStore(state_dir / "images", store)
         self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
         # What this kernel has of the /proc entries bwrap covers (it cannot cover the rest).
@@ -265,7 +277,9 @@ class LocalRuntime(api.Runtime):
             status = "stopped"
         else:
             status = "created"
-        return api.SandboxInfo(spec=spec, status=status, created_at=created_at, backend=self.name)
+        return api.SandboxInfo(
+            spec=spec, status=status, created_at=created_at, backend=self.name, image_digest=_pin(d).digest
+        )
 
     async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
         return self._info(self._dir(sandbox_id))
@@ -286,6 +300,46 @@ class LocalRuntime(api.Runtime):
 
     # ---- lifecycle -------------------------------------------------------------
 
+    # ---- images --------------------------------------------------------------
+
+    def _reference(self, image: str) -> references.Reference | None:
+        """The registry reference ``image`` is, or None for ``default`` or a registered name."""
+        if image == images.DEFAULT or self.images.registered(image) is not None:
+            return None
+        return references.parse(image)
+
+    async def image_present(self, image: str) -> bool:
+        ref = await asyncio.to_thread(self._reference, image)
+        return ref is None or self.images.pulled.cached(ref) is not None
+
+    async def pull(
+        self, image: str, *, refresh: bool = False, progress: layers.Progress | None = None
+    ) -> api.PulledImage | None:
+        ref = await asyncio.to_thread(self._reference, image)
+        if ref is None:
+            return None
+        started = time.monotonic()
+        pulled = await asyncio.to_thread(self.images.pulled.pull, ref, refresh=refresh, progress=progress)
+        return api.PulledImage(
+            reference=str(ref),
+            digest=pulled.digest,
+            size=pulled.size,
+            layers=len(pulled.layers),
+            fetched=pulled.fetched,
+            seconds=time.monotonic() - started,
+        )
+
+    def images_in_use(self) -> set[str]:
+        """Digests of the pulled images some sandbox here (or one being made) is pinned to."""
+        used = set()
+        for d in self.root.iterdir():
+            if (digest := _pin(d).digest) is not None:
+                used.add(digest)
+        return used
+
+    def _pinned(self, spec: api.SandboxSpec, d: Path) -> images.Image:
+        return self.images.resolve(spec.image, _pin(d).digest)
+
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
         if spec.isolation == "strong":
@@ -301,7 +355,10 @@ class LocalRuntime(api.Runtime):
             raise errors.InvalidInput("disk limits too small: at least 64 MiB and 1024 inodes")
         if spec.limits.disk_bytes and (problem := self.disk.unavailable()):
             raise errors.ConfigError(f"sandboxes with a disk limit cannot be made here: {problem}")
-        self.images.resolve(spec.image)  # unknown image: clear error before anything is written
+        await self.pull(spec.image)  # a reference not here yet is pulled first
+        image = await asyncio.to_thread(
+            self.images.resolve, spec.image
+        )  # a bad image: said before anything is written
         d = self._dir(spec.sandbox_id)
         existing = self._read_spec(d)
         if existing is not None:
@@ -323,6 +380,7 @@ class LocalRuntime(api.Runtime):
             for sub in ("workspace", "control", "upper/upper", "upper/work"):
                 (rw / sub).mkdir(parents=True)
             os.mkfifo(tmp / "hold", 0o600)
+            _write_pin(tmp, image)
             created_at = datetime.now(UTC)
             record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
             (tmp / "spec.json").write_text(json.dumps(record))
@@ -334,11 +392,26 @@ class LocalRuntime(api.Runtime):
         except OSError:  # another process created it first
             await asyncio.to_thread(self._discard, tmp)
             return await self.create(spec)
-        return api.SandboxInfo(spec=spec, status="created", created_at=created_at, backend=self.name)
+        if image.digest is not None:  # pinned now: a prune that ran since the pull may have taken it
+            await asyncio.to_thread(self._repull_if_pruned, spec.image, image.digest)
+        return api.SandboxInfo(
+            spec=spec, status="created", created_at=created_at, backend=self.name, image_digest=image.digest
+        )
 
-    def _env(self, spec: api.SandboxSpec) -> dict[str, str]:
-        """What every process in the sandbox gets besides PATH/HOME/TERM/LANG."""
-        env = {"GIT_TERMINAL_PROMPT": "0", **caches.ENV}  # git: an expired credential fails, never hangs
+    def _repull_if_pruned(self, image: str, digest: str) -> None:
+        with self.images.pulled.using():  # waits for a prune under way to finish
+            if self.images.pulled.get(digest) is not None:
+                self.images.pulled.touch(self.images.pulled.get(digest))  # type: ignore[arg-type]
+                return
+        self.images.pulled.pull(references.parse(image).at(digest))
+
+    def _env(self, spec: api.SandboxSpec, pin: _Pin | None = None) -> dict[str, str]:
+        """What every process in the sandbox gets besides PATH/HOME/TERM/LANG: the image's
+        own ``Env`` (its ``PATH`` too), then ours, which no image can change."""
+        env = dict(pin.env) if pin is not None else {}
+        if pin is not None and pin.workdir:
+            env["SBX_WORKDIR"] = pin.workdir  # where the shell starts (the image's WorkingDir)
+        env |= {"GIT_TERMINAL_PROMPT": "0", **caches.ENV}  # git: an expired credential fails, never hangs
         if self.egress == "proxy":
             url = network.proxy_url()
             bundle, ca = f"{CA_DIR}/ca-bundle.pem", f"{CA_DIR}/proxy-ca.pem"
@@ -350,7 +423,7 @@ class LocalRuntime(api.Runtime):
             }  # fmt: skip
         return env
 
-    def _ca_files(self, spec: api.SandboxSpec) -> tuple[tuple[Path, str], ...]:
+    def _ca_files(self, image: images.Image) -> tuple[tuple[Path, str], ...]:
         """The proxy's CA (public certificate only) and a bundle with the host's roots."""
         if self.egress != "proxy":
             return ()
@@ -373,7 +446,7 @@ class LocalRuntime(api.Runtime):
             tmp.write_bytes(wanted)
             tmp.rename(bundle)
         files = [(self.proxy_ca, f"{CA_DIR}/proxy-ca.pem"), (bundle, f"{CA_DIR}/ca-bundle.pem")]
-        if spec.image == images.DEFAULT:  # the image's own trust store, where we know it exists
+        if image.trust_store:  # the image's own trust store, where it has one
             files.append((bundle, str(HOST_CA_BUNDLE)))
         return tuple(files)
 
@@ -401,7 +474,14 @@ class LocalRuntime(api.Runtime):
         return tuple(out)
 
     def _plan(self, spec: api.SandboxSpec, d: Path) -> bwrap.Plan:
-        image = self.images.resolve(spec.image)
+        image = self._pinned(spec, d)
+        pin = _pin(d)
+        for layer in image.layers:
+            if layer.lower and sum(len(str(p)) + 9 for p in (*layer.lower, layer.source)) > LOWERDIR_MAX:
+                raise errors.ConfigError(
+                    f"image {spec.image!r} has {len(layer.lower)} layers: too many to stack under a state "
+                    f"directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
+                )
         rw = disk.Disk.root(d)
         writable = self._writable_dirs(image, rw, spec.writable_root)
         inside = {dest for _, dest in writable}
@@ -417,8 +497,10 @@ class LocalRuntime(api.Runtime):
             hold=d / "hold",
             run_as_root=spec.run_as_root,
             writable_root=spec.writable_root,
-            env=self._env(spec),
-            files=self._ca_files(spec),
+            uid=pin.uid,
+            home=pin.home,
+            env=self._env(spec, pin),
+            files=self._ca_files(image),
             cache=self.caches.slot(d.name),
             cache_dir=caches.CACHE_DIR,
             tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
@@ -452,7 +534,7 @@ class LocalRuntime(api.Runtime):
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
-        image_dirs = self.images.resolve(spec.image).dirs if plan.writable else ()
+        image_dirs = self._pinned(spec, d).dirs if plan.writable else ()
         for source, dest in plan.writable:  # with the image's directories below them
             source.mkdir(parents=True, exist_ok=True)
             for directory in image_dirs:
@@ -473,7 +555,7 @@ class LocalRuntime(api.Runtime):
         os.write(filter_fd, seccomp.compile_bpf())
         os.lseek(filter_fd, 0, os.SEEK_SET)
         cg, limit = self.cgroups, self._nofile(spec)
-        inside = 0 if spec.run_as_root else bwrap.SANDBOX_UID
+        inside = _pin(d).uid if not spec.run_as_root else 0
         userns_fd = await asyncio.to_thread(userns.create, userns.owner_uid(d), inside)
 
         def child() -> None:  # between fork and exec: cgroup, fds 3 (info) and 4 (filter), limits
@@ -620,13 +702,14 @@ class LocalRuntime(api.Runtime):
         running = self._running(d)
         if running is None:
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
-        uid = 0 if info.spec.run_as_root else bwrap.SANDBOX_UID
+        pin = _pin(d)
+        uid = 0 if info.spec.run_as_root else pin.uid
         full_env = {
             "PATH": bwrap.PATH,
-            "HOME": bwrap.home(info.spec.run_as_root),
+            "HOME": "/root" if info.spec.run_as_root else pin.home,
             "TERM": "dumb",
             "LANG": "C.UTF-8",
-            **self._env(info.spec),
+            **self._env(info.spec, pin),
             **(env or {}),
         }
         name, cg = self._cgroup(sandbox_id), self.cgroups
@@ -647,3 +730,53 @@ class LocalRuntime(api.Runtime):
             preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
         )
         return LocalExec(proc, timeout, stdin, keep_stdin_open)
+
+
+LOWERDIR_MAX = 3800
+"""How long the overlay's list of lower directories may be (the kernel takes one page of
+mount options; bwrap adds the rest)."""
+
+
+class _Pin(msgspec.Struct, frozen=True):
+    """What a sandbox was made from (``image.json`` in its directory)."""
+
+    digest: str | None = None
+    uid: int = bwrap.SANDBOX_UID
+    """Who it runs as without ``run_as_root``: the image's ``User`` when that is not root."""
+    home: str = bwrap.home(False)
+    workdir: str | None = None
+    env: dict[str, str] = {}
+
+
+_pin_decoder = msgspec.json.Decoder(_Pin)
+
+
+def _pin(d: Path) -> _Pin:
+    try:
+        return _pin_decoder.decode((d / "image.json").read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return _Pin()
+
+
+def _write_pin(d: Path, image: images.Image) -> None:
+    config = image.config
+    env = {}
+    for item in config.env if config else ():
+        key, sep, value = item.partition("=")
+        if sep and key and key not in ("HOME", "HOSTNAME"):
+            env[key] = value
+    uid, home = images.user_of(image)
+    workdir = config.working_dir if config else None
+    if not (workdir and workdir.startswith("/")):
+        workdir = None
+    (d / "image.json").write_bytes(
+        msgspec.json.encode(
+            _Pin(
+                digest=image.digest,
+                uid=uid,
+                home=home,
+                workdir=workdir,
+                env=env,
+            )
+        )
+    )

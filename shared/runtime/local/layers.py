@@ -1,0 +1,527 @@
+"""The content-addressed layer store: images pulled from registries, each layer once.
+
+Under ``<state>/images/``:
+
+* ``layers/<hex>/`` one layer, unpacked as an overlay lower directory (``layerfs``),
+  named by the digest of its blob; ``layers/<hex>.json`` its sizes. Shared read-only by
+  every sandbox of every image that has it: nothing is copied per sandbox.
+* ``manifests/<hex>.json`` one pulled image (by manifest digest): its reference, its
+  layers bottom to top, its config; ``manifests/<hex>.top/`` the small directory every
+  sandbox of it has on top (mount points, our ``/etc/hosts``, the sandbox user).
+  Its modification time is when a sandbox last used it.
+* ``tags/<token>.json`` which digest a tag was resolved to, once (``sbx image pull``
+  resolves it again).
+* ``locks/`` flocks: one pull per reference and one download per layer at a time across
+  every process on this machine; ``store.lock`` held shared by pulls and sandbox
+  creation, exclusively by prune, so prune never takes what is being used.
+
+Blobs are downloaded next to the store, checked against their digest, unpacked, and
+removed; a layer directory or an image record only ever appears complete (renamed into
+place), so a crash or a full disk leaves nothing half-registered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.contract import errors, ids, references
+from shared.runtime.local import bwrap, layerfs, oci, registry
+from shared.runtime.local.registries import RegistryConfig
+
+LAYER_TYPES = (
+    "application/vnd.oci.image.layer.v1.tar",
+    "application/vnd.oci.image.layer.v1.tar+gzip",
+    "application/vnd.docker.image.rootfs.diff.tar.gzip",
+    "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
+    "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+)
+DOWNLOADS = 4
+"""Layers downloaded at once for one pull."""
+TRUST_STORE = "etc/ssl/certs/ca-certificates.crt"
+#: Mount points and our own files every sandbox of a pulled image has on top.
+TOP_DIRS = {
+    "proc": 0o555,
+    "dev": 0o755,
+    "sys": 0o555,
+    "tmp": 0o1777,
+    "workspace": 0o755,
+    ".sbx": 0o700,
+    ".sbx-out": 0o1777,
+    "root": 0o700,
+    f"home/{bwrap.SANDBOX_USER}": 0o755,
+    "etc/sbx": 0o755,
+}
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """One image in the store."""
+
+    reference: str
+    """The normalised reference it was pulled by (``docker.io/library/python:3.12``)."""
+    digest: str
+    """Its manifest digest (what sandboxes of it are pinned to)."""
+    layers: tuple[str, ...]
+    """Layer digests, bottom first."""
+    config: oci.ImageConfig
+    size: int
+    """Compressed bytes of its layers (what was downloaded)."""
+    unpacked: int
+    trust_store: bool = False
+    """Whether it has Debian's/Alpine's trust store file (the proxy's CA is shown there)."""
+    has_bash: bool = True
+    has_sh: bool = True
+    fetched: int = 0
+    """Layers downloaded by the pull that returned this (0: all were in the store)."""
+
+    @property
+    def hex(self) -> str:
+        return self.digest.split(":", 1)[1]
+
+
+class Progress:
+    """What a pull reports as it goes (all from worker threads; the default ignores it)."""
+
+    def layers(self, layers: Sequence[tuple[str, int | None, bool]]) -> None:
+        """Every layer: digest, size, whether it is in the store already."""
+
+    def advanced(self, digest: str, count: int) -> None:
+        """``count`` more bytes of a layer arrived (negative: a retry starts it again)."""
+
+    def unpacked(self, digest: str) -> None:
+        """A layer is ready."""
+
+
+@dataclass
+class _Deadline:
+    at: float
+    what: str
+
+    def check(self) -> None:
+        if time.monotonic() > self.at:
+            raise errors.Timeout(
+                f"pulling {self.what} took too long (SBX_IMAGE_PULL_TIMEOUT); nothing was kept"
+            )
+
+
+@dataclass
+class LayerStore:
+    root: Path
+    config: RegistryConfig = field(default_factory=RegistryConfig)
+    max_bytes: int = oci.DEFAULT_MAX_BYTES
+    """Most bytes one image may download, and most it may unpack to."""
+    timeout: float = 600.0
+    reserve: int = 0
+    """Free space the filesystem keeps: a pull that would go below it is refused."""
+
+    def __post_init__(self) -> None:
+        for sub in ("layers", "manifests", "tags", "locks", "blobs"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    # ---- reading ---------------------------------------------------------------
+
+    def cached(self, ref: references.Reference) -> Pulled | None:
+        """The image ``ref`` names if it is in the store (a tag: as resolved last)."""
+        digest = ref.digest or self._tag(ref)
+        return self.get(digest) if digest else None
+
+    def get(self, digest: str) -> Pulled | None:
+        try:
+            raw = json.loads((self.root / "manifests" / f"{digest.split(':', 1)[1]}.json").read_text())
+        except (OSError, ValueError, IndexError):
+            return None
+        config = oci.ImageConfig(
+            env=raw["env"],
+            cmd=None,
+            entrypoint=None,
+            working_dir=raw.get("working_dir"),
+            user=raw.get("user"),
+        )
+        return Pulled(
+            reference=raw["reference"],
+            digest=raw["digest"],
+            layers=tuple(raw["layers"]),
+            config=config,
+            size=raw["size"],
+            unpacked=raw["unpacked"],
+            trust_store=raw.get("trust_store", False),
+            has_bash=raw.get("has_bash", True),
+            has_sh=raw.get("has_sh", True),
+        )
+
+    def all(self) -> list[Pulled]:
+        out = []
+        for path in sorted((self.root / "manifests").glob("*.json")):
+            if (image := self.get(f"sha256:{path.stem}")) is not None:
+                out.append(image)
+        return out
+
+    def last_used(self, image: Pulled) -> float:
+        try:
+            return (self.root / "manifests" / f"{image.hex}.json").stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def touch(self, image: Pulled) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.root / "manifests" / f"{image.hex}.json")
+
+    def lower_dirs(self, image: Pulled) -> tuple[Path, ...]:
+        """The overlay lower directories of a sandbox of ``image``, bottom first."""
+        layers = [self.root / "layers" / d.split(":", 1)[1] for d in image.layers]
+        return (*layers, self.root / "manifests" / f"{image.hex}.top")
+
+    def _tag(self, ref: references.Reference) -> str | None:
+        try:
+            return json.loads((self.root / "tags" / f"{ids.token(str(ref))}.json").read_text())["digest"]
+        except (OSError, ValueError, KeyError):
+            return None
+
+    # ---- locks -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _flock(self, name: str, mode: int = fcntl.LOCK_EX) -> Iterator[None]:
+        fd = os.open(self.root / "locks" / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, mode)
+            yield
+        finally:
+            os.close(fd)
+
+    def using(self) -> contextlib.AbstractContextManager[None]:
+        """Held (shared) while an image is pulled or a sandbox is pinned to one."""
+        return self._flock("store.lock", fcntl.LOCK_SH)
+
+    # ---- pulling -----------------------------------------------------------------
+
+    def pull(
+        self, ref: references.Reference, *, refresh: bool = False, progress: Progress | None = None
+    ) -> Pulled:
+        """The image in the store, pulled first unless there (``refresh``: resolve its
+        tag at the registry again). Blocking: call from a thread."""
+        progress = progress or Progress()
+        with self.using(), self._flock(f"pull-{ids.token(ref.name + '@' + (ref.digest or ref.tag or ''))}"):
+            if not refresh and (have := self.cached(ref)) is not None:
+                return have
+            deadline = _Deadline(time.monotonic() + self.timeout, str(ref))
+            client = registry.Client(self.config)
+            try:
+                return self._pull(client, ref, progress, deadline)
+            except errors.SandboxError as exc:
+                if str(ref) in exc.message:
+                    raise
+                raise type(exc)(f"pulling {ref}: {exc.message}") from None
+            finally:
+                client.close()
+
+    def _pull(
+        self, client: registry.Client, ref: references.Reference, progress: Progress, deadline: _Deadline
+    ) -> Pulled:
+        manifest = client.resolve(ref)
+        deadline.check()
+        if (have := self.get(manifest.digest)) is not None:
+            self._record_tag(ref, manifest.digest)
+            return have
+        config_json = client.blob_json(ref, manifest.config)
+        config = oci.ImageConfig.from_json(config_json)
+        layers = [_layer(ref, descriptor) for descriptor in manifest.layers]
+        size = sum(s or 0 for _, s in layers)
+        if size > self.max_bytes:
+            raise oci.ImageError(
+                f"{ref} is {size} bytes to download, more than the limit of {self.max_bytes} "
+                "(SBX_IMAGE_MAX_BYTES)"
+            )
+        present = {d for d, _ in layers if self._layer_ready(d)}
+        self._check_space(sum(s or 0 for d, s in layers if d not in present), ref)
+        progress.layers([(d, s, d in present) for d, s in layers])
+        budget = oci.Budget(max_bytes=self.max_bytes, max_members=oci.DEFAULT_MAX_MEMBERS)
+        fetched = 0
+        with concurrent.futures.ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="sbx-pull") as pool:
+            stop = threading.Event()
+            downloads = {
+                digest: pool.submit(self._download, client, ref, digest, size, progress, deadline, stop)
+                for digest, size in layers
+                if digest not in present
+            }
+            try:
+                lowers: list[Path] = []
+                for digest, _ in layers:
+                    layer_dir = self.root / "layers" / digest.split(":", 1)[1]
+                    if digest in downloads:
+                        blob = downloads[digest].result()
+                        if blob is not None:
+                            self._unpack(digest, blob, layer_dir, lowers, budget)
+                            fetched += 1
+                    else:
+                        budget.take(self._unpacked_size(digest))
+                    progress.unpacked(digest)
+                    lowers.insert(0, layer_dir)
+                    deadline.check()
+            except BaseException:
+                stop.set()
+                for future in downloads.values():
+                    future.cancel()
+                raise
+        pulled = self._register(ref, manifest.digest, [d for d, _ in layers], config, size, budget.bytes)
+        self._record_tag(ref, manifest.digest)
+        return dataclasses.replace(pulled, fetched=fetched)
+
+    def _layer_ready(self, digest: str) -> bool:
+        return (self.root / "layers" / f"{digest.split(':', 1)[1]}.json").exists()
+
+    def _unpacked_size(self, digest: str) -> int:
+        try:
+            return int(
+                json.loads((self.root / "layers" / f"{digest.split(':', 1)[1]}.json").read_text())["unpacked"]
+            )
+        except (OSError, ValueError, KeyError):
+            return 0
+
+    def _check_space(self, needed: int, ref: references.Reference) -> None:
+        free = shutil.disk_usage(self.root).free
+        if free - self.reserve < needed * 3:  # the blob, then unpacked (usually 2-3x)
+            raise errors.LimitExceeded(
+                f"not enough disk space to pull {ref}: {needed} bytes to download, "
+                f"{max(free - self.reserve, 0)} free above the reserve; prune images (`sbx image prune`)"
+            )
+
+    def _download(
+        self,
+        client: registry.Client,
+        ref: references.Reference,
+        digest: str,
+        size: int | None,
+        progress: Progress,
+        deadline: _Deadline,
+        stop: threading.Event,
+    ) -> Path | None:
+        """The blob in a temporary file, or None if another process unpacked it meanwhile."""
+        hexd = digest.split(":", 1)[1]
+        with self._flock(f"layer-{hexd}"):
+            if self._layer_ready(digest) or stop.is_set():
+                return None
+            blob = self.root / "blobs" / f"{hexd}.{os.getpid()}.{threading.get_ident()}"
+
+            def advanced(count: int) -> None:
+                if stop.is_set():
+                    raise errors.Cancelled("the pull stopped")
+                deadline.check()
+                progress.advanced(digest, count)
+
+            try:
+                client.fetch_blob(ref, {"digest": digest, "size": size}, blob, advanced, self.max_bytes)
+            except BaseException as exc:
+                blob.unlink(missing_ok=True)
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    raise errors.LimitExceeded(f"no space left on the device while pulling {ref}") from None
+                raise
+            return blob
+
+    def _unpack(
+        self, digest: str, blob: Path, layer_dir: Path, lowers: list[Path], budget: oci.Budget
+    ) -> None:
+        hexd = digest.split(":", 1)[1]
+        tmp = self.root / "layers" / f".{hexd}.{os.getpid()}.{threading.get_ident()}"
+        with self._flock(f"layer-{hexd}"):
+            try:
+                if self._layer_ready(digest):
+                    return
+                before = budget.bytes
+                _discard(tmp)
+                layerfs.unpack_layer(blob, tmp, lowers, budget)
+                _discard(layer_dir)  # from a crash between rename and record
+                tmp.rename(layer_dir)
+                _write_json(
+                    self.root / "layers" / f"{hexd}.json",
+                    {"digest": digest, "size": blob.stat().st_size, "unpacked": budget.bytes - before},
+                )
+            except BaseException:
+                _discard(tmp)
+                raise
+            finally:
+                blob.unlink(missing_ok=True)
+
+    def _register(
+        self,
+        ref: references.Reference,
+        digest: str,
+        layers: list[str],
+        config: oci.ImageConfig,
+        size: int,
+        unpacked: int,
+    ) -> Pulled:
+        hexd = digest.split(":", 1)[1]
+        lowers = [self.root / "layers" / d.split(":", 1)[1] for d in reversed(layers)]
+        top = self.root / "manifests" / f"{hexd}.top"
+        tmp = top.with_name(f".{hexd}.top.{os.getpid()}.{threading.get_ident()}")
+        _discard(tmp)
+        try:
+            finder = layerfs.LayerExtractor(
+                str(tmp), oci.Budget(max_bytes=0, max_members=0), [str(p) for p in lowers]
+            )
+            tmp.mkdir(mode=0o755)
+            _write_top(tmp, finder, config.working_dir)
+            _discard(top)
+            tmp.rename(top)
+        except BaseException:
+            _discard(tmp)
+            raise
+        bash = finder.find("bin/bash") or finder.find("usr/bin/bash")
+        sh = finder.find("bin/sh") or finder.find("usr/bin/sh")
+        pulled = Pulled(
+            reference=str(ref),
+            digest=digest,
+            layers=tuple(layers),
+            config=config,
+            size=size,
+            unpacked=unpacked,
+            trust_store=finder.find(TRUST_STORE) is not None,
+            has_bash=bash is not None,
+            has_sh=sh is not None,
+        )
+        _write_json(
+            self.root / "manifests" / f"{hexd}.json",
+            {
+                "reference": pulled.reference,
+                "digest": digest,
+                "layers": layers,
+                "env": config.env,
+                "working_dir": config.working_dir,
+                "user": config.user,
+                "size": size,
+                "unpacked": unpacked,
+                "trust_store": pulled.trust_store,
+                "has_bash": pulled.has_bash,
+                "has_sh": pulled.has_sh,
+                "pulled_at": time.time(),
+            },
+        )
+        return pulled
+
+    def _record_tag(self, ref: references.Reference, digest: str) -> None:
+        if not ref.pinned:
+            _write_json(
+                self.root / "tags" / f"{ids.token(str(ref))}.json",
+                {"reference": str(ref), "digest": digest, "resolved_at": time.time()},
+            )
+
+    # ---- pruning -------------------------------------------------------------------
+
+    def prune(self, in_use: Callable[[], set[str]], keep_bytes: int = 0) -> tuple[list[Pulled], int]:
+        """Remove images no sandbox uses, least recently used first, until the layers
+        kept take at most ``keep_bytes`` (0: remove every unused one); then every layer
+        no image has. Returns the images removed and the bytes freed."""
+        with self._flock("store.lock"):
+            used = in_use()
+            images = sorted(self.all(), key=self.last_used)
+            kept_layers = {layer for image in images for layer in image.layers}
+            total = sum(self._unpacked_size(d) for d in kept_layers)
+            removed = []
+            for image in images:
+                if image.digest in used or (keep_bytes and total <= keep_bytes):
+                    continue
+                removed.append(image)
+                for path in (
+                    self.root / "manifests" / f"{image.hex}.json",
+                    self.root / "manifests" / f"{image.hex}.top",
+                ):
+                    _discard(path)
+                for tag in (self.root / "tags").glob("*.json"):
+                    with contextlib.suppress(OSError, ValueError, KeyError):
+                        if json.loads(tag.read_text())["digest"] == image.digest:
+                            tag.unlink()
+                still = {layer for other in self.all() for layer in other.layers}
+                total -= sum(self._unpacked_size(d) for d in set(image.layers) - still)
+            wanted = {layer.split(":", 1)[1] for image in self.all() for layer in image.layers}
+            freed = 0
+            for meta in (self.root / "layers").glob("*.json"):
+                if meta.stem not in wanted:
+                    freed += self._unpacked_size(f"sha256:{meta.stem}")
+                    _discard(self.root / "layers" / meta.stem)
+                    meta.unlink(missing_ok=True)
+            for stray in (self.root / "layers").glob(".*"):  # from crashed unpacks
+                _discard(stray)
+            for stray in (self.root / "blobs").iterdir():
+                stray.unlink(missing_ok=True)
+            return removed, freed
+
+
+def _layer(ref: references.Reference, descriptor: Any) -> tuple[str, int | None]:
+    digest, size = registry.descriptor_of(descriptor)
+    media_type = descriptor.get("mediaType")
+    if isinstance(media_type, str) and media_type not in LAYER_TYPES:
+        if "zstd" in media_type:
+            raise oci.ImageError(f"{ref} has zstd-compressed layers, which are not supported yet")
+        raise oci.ImageError(f"{ref} has a layer of an unsupported type {media_type!r}")
+    return digest, size
+
+
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_text(json.dumps(document))
+        tmp.rename(path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        if exc.errno == errno.ENOSPC:
+            raise errors.LimitExceeded(f"no space left on the device writing {path.name}") from None
+        raise
+
+
+def _discard(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+
+
+def _write_top(top: Path, finder: layerfs.LayerExtractor, workdir: str | None) -> None:
+    """Mount points, the image's ``WorkingDir``, our ``/etc/hosts``, ``/etc/resolv.conf``
+    and ``/etc/hostname``, and the image's ``passwd``/``group`` with the sandbox user
+    added where it lacks uid 1000."""
+    wanted = dict(TOP_DIRS)
+    if workdir and workdir.startswith("/"):
+        rel = oci.clean_member_name(workdir.lstrip("/"))
+        if rel and finder.find(rel) is None:
+            wanted[rel] = 0o755
+    for rel, mode in wanted.items():
+        path = top / rel
+        path.mkdir(parents=True, exist_ok=True)
+        os.chmod(path, mode | oci.DIR_OWNER)
+    (top / bwrap.HOLD.lstrip("/")).touch()
+    for name in ("proxy-ca.pem", "ca-bundle.pem"):
+        (top / "etc" / "sbx" / name).touch()
+    etc = top / "etc"
+    (etc / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    (etc / "hostname").write_text("sandbox\n")
+    (etc / "resolv.conf").write_text("# no network in this sandbox\n")
+    uid, user = bwrap.SANDBOX_UID, bwrap.SANDBOX_USER
+    for name, line, field_no in (
+        ("passwd", f"{user}:x:{uid}:{uid}:sandbox:/home/{user}:/bin/sh\n", 2),
+        ("group", f"{user}:x:{uid}:\n", 2),
+    ):
+        found = finder.find(f"etc/{name}")
+        text = ""
+        if found is not None and found[1].st_size < 1024**2:
+            with contextlib.suppress(OSError, UnicodeDecodeError):
+                text = Path(found[0]).read_text()
+        rows = [row.split(":") for row in text.splitlines()]
+        if not any(len(r) > field_no and r[0] == "root" for r in rows):
+            text = ("root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n") + text
+        if not any(len(r) > field_no and r[field_no] == str(uid) for r in rows):
+            text = (text if text.endswith("\n") or not text else text + "\n") + line
+        (etc / name).write_text(text)

@@ -1,0 +1,222 @@
+"""A real OCI registry for tests, and images written by test code.
+
+The registry is Debian's ``docker-registry`` (the CNCF distribution server) on loopback,
+with htpasswd auth when users are given. Images are OCI layouts written here (layers as
+gzip tars made with ``tarfile``) and pushed with ``skopeo`` — the tools an operator would
+use, and no outside network.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tests import support
+
+BUSYBOX = Path("/bin/busybox")
+TOOLS = ("docker-registry", "skopeo")
+OCI = "application/vnd.oci.image."
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in TOOLS if shutil.which(tool) is None] + (
+        [] if BUSYBOX.exists() else ["busybox-static"]
+    )
+
+
+@dataclass
+class Registry:
+    root: Path
+    users: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> Registry:
+        import bcrypt
+
+        self.port = support.free_port()
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = {
+            "version": 0.1,
+            "log": {"level": "error"},
+            "storage": {
+                "filesystem": {"rootdirectory": str(self.root / "data")},
+                "delete": {"enabled": True},
+            },
+            "http": {"addr": self.host},
+        }
+        if self.users:
+            lines = [
+                f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}"
+                for u, p in self.users.items()
+            ]
+            (self.root / "htpasswd").write_text("\n".join(lines) + "\n")
+            config["auth"] = {"htpasswd": {"realm": "test", "path": str(self.root / "htpasswd")}}
+        (self.root / "config.json").write_text(json.dumps(config))  # YAML is a superset of JSON
+        log = (self.root / "registry.log").open("wb")
+        self.proc = subprocess.Popen(
+            ["docker-registry", "serve", str(self.root / "config.json")], stdout=log, stderr=log
+        )
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://{self.host}/v2/", timeout=1).status_code in (200, 401):
+                    return self
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError(
+            f"docker-registry did not start: {(self.root / 'registry.log').read_text()[-2000:]}"
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def push(self, layout: Path, name: str, *, all_platforms: bool = False, user: str | None = None) -> None:
+        """Push the layout's ``latest`` to ``<registry>/<name>`` with skopeo."""
+        args = ["skopeo", "copy", "-q", "--dest-tls-verify=false", "--insecure-policy"]
+        if all_platforms:
+            args.append("--all")
+        if user is not None:
+            args += ["--dest-creds", f"{user}:{self.users[user]}"]
+        subprocess.run(
+            [*args, f"oci:{layout}:latest", f"docker://{self.host}/{name}"], check=True, capture_output=True
+        )
+
+
+# ---- writing images ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Link:
+    target: str
+    hard: bool = False
+
+
+@dataclass(frozen=True)
+class Dir:
+    mode: int = 0o755
+
+
+Entry = bytes | Link | Dir
+
+
+def layer(entries: dict[str, Entry], *, compress: bool = True) -> bytes:
+    """A layer tar (gzip by default): names map to file contents, links or directories;
+    ``.wh.NAME`` and ``.wh..wh..opq`` entries are whiteouts, as Docker writes them."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, entry in entries.items():
+            info = tarfile.TarInfo(name)
+            info.mtime = 1_700_000_000
+            data = None
+            if isinstance(entry, Dir):
+                info.type, info.mode = tarfile.DIRTYPE, entry.mode
+            elif isinstance(entry, Link):
+                info.type = tarfile.LNKTYPE if entry.hard else tarfile.SYMTYPE
+                info.linkname = entry.target
+            else:
+                info.size, info.mode = len(entry), 0o755
+                data = io.BytesIO(entry)
+            tar.addfile(info, data)
+    body = raw.getvalue()
+    return gzip.compress(body, mtime=0) if compress else body
+
+
+def busybox_layer(*extra: str) -> bytes:
+    """A static busybox as /bin/sh (and the named applets), with /etc/passwd."""
+    entries: dict[str, Entry] = {"bin": Dir(), "bin/busybox": BUSYBOX.read_bytes(), "etc": Dir()}
+    for applet in ("sh", "ls", "cat", "id", "env", "pwd", *extra):
+        entries[f"bin/{applet}"] = Link("busybox")
+    entries["etc/passwd"] = b"root:x:0:0:root:/root:/bin/sh\n"
+    return layer(entries)
+
+
+def _plain(data: bytes) -> bytes:
+    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
+
+
+def _blob(layout: Path, data: bytes) -> dict[str, object]:
+    digest = hashlib.sha256(data).hexdigest()
+    (layout / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (layout / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def image_manifest(
+    layout: Path, layers: list[bytes], config: dict | None = None, arch: str = "amd64"
+) -> dict:
+    """Write an image's blobs into ``layout``; its manifest descriptor."""
+    diff_ids = ["sha256:" + hashlib.sha256(_plain(data)).hexdigest() for data in layers]
+    document = {
+        "architecture": arch,
+        "os": "linux",
+        "config": config or {},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    }
+    config_desc = {
+        "mediaType": "application/vnd.oci.image.config.v1+json",
+        **_blob(layout, json.dumps(document).encode()),
+    }
+    layer_descs = [
+        {
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip"
+            if data[:2] == b"\x1f\x8b"
+            else "application/vnd.oci.image.layer.v1.tar",
+            **_blob(layout, data),
+        }
+        for data in layers
+    ]
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config_desc,
+        "layers": layer_descs,
+    }
+    return {
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        **_blob(layout, json.dumps(manifest).encode()),
+    }
+
+
+def write_layout(layout: Path, images: list[tuple[dict, str | None]]) -> None:
+    """An OCI layout whose ``latest`` is the one manifest given, or an index of several
+    ``(descriptor, architecture)``."""
+    layout.mkdir(parents=True, exist_ok=True)
+    (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
+    if len(images) == 1 and images[0][1] is None:
+        top = images[0][0]
+    else:
+        index = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [{**d, "platform": {"os": "linux", "architecture": arch}} for d, arch in images],
+        }
+        top = {
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            **_blob(layout, json.dumps(index).encode()),
+        }
+    ref = {**top, "annotations": {"org.opencontainers.image.ref.name": "latest"}}
+    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [ref]}))
+
+
+def simple_image(layout: Path, *layers: bytes, config: dict | None = None) -> str:
+    """A one-platform image of busybox plus ``layers``; its manifest digest."""
+    descriptor = image_manifest(layout, [busybox_layer(), *layers], config)
+    write_layout(layout, [(descriptor, None)])
+    return str(descriptor["digest"])
