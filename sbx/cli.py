@@ -155,43 +155,87 @@ def replicas_command(
 
 
 image_app = typer.Typer(
-    help="Images the local runtime can start (no registry pulls yet).", no_args_is_help=True
+    help="Images of the local runtime: pulled from registries, registered, and the built-in default.",
+    no_args_is_help=True,
 )
 app.add_typer(image_app, name="image")
 
 
-def _images(state_dir: Path | None):
-    from shared.runtime import backends
-
-    return backends.image_store("local", stack.state_dir(state_dir, os.environ))
-
-
-def _image_action(action: Callable[[], object]) -> None:
+def _image_action(action: Callable[[], T]) -> T:
     try:
-        action()
+        return action()
     except errors.SandboxError as exc:
         typer.echo(f"sbx: error: {exc.message}", err=True)
         raise typer.Exit(2) from None
 
 
+def _image_store(state_dir: Path | None):
+    from sbx import images
+
+    return images.open_local(stack.state_dir(state_dir, os.environ), dict(os.environ)).images
+
+
+@image_app.command("pull")
+def image_pull(
+    reference: Annotated[
+        str, typer.Argument(help="An image reference: python:3.12-slim, ghcr.io/org/img:tag, ...")
+    ],
+    refresh: Annotated[
+        bool, typer.Option(help="Resolve a tag at its registry again even if pulled before.")
+    ] = True,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Pull an image into this machine's layer store (registry settings: SBX_REGISTRIES_FILE)."""
+    from sbx import images
+
+    _run(
+        images.pull(
+            stack.state_dir(state_dir, os.environ), dict(os.environ), reference, refresh=refresh, quiet=quiet
+        )
+    )
+
+
 @image_app.command("list")
-def image_list(state_dir: StateDir = None) -> None:
-    """Registered images (``default`` is always there: the host's system directories)."""
-    for name in ["default", *_images(state_dir).names()]:
-        typer.echo(name)
+def image_list(state_dir: StateDir = None, json: Json = False) -> None:
+    """Images here: pulled (reference, digest, size, last used, sandboxes using it),
+    registered, and ``default`` (the host's system directories)."""
+    from sbx import images
+
+    rows = _image_action(lambda: images.listing(stack.state_dir(state_dir, os.environ), dict(os.environ)))
+    images.print_listing(rows, json)
+
+
+@image_app.command("prune")
+def image_prune(
+    keep: Annotated[
+        str,
+        typer.Option(
+            help="Keep unused images up to this much unpacked (e.g. 20GiB); 0 removes every unused one."
+        ),
+    ] = "0",
+    state_dir: StateDir = None,
+) -> None:
+    """Remove pulled images no sandbox uses, least recently used first, and their layers
+    no other image has. An image a sandbox uses is never removed."""
+    from sbx import images
+    from shared.infrastructure import settings
+
+    keep_bytes = _image_action(lambda: settings.parse_size(keep, name="--keep"))
+    _image_action(lambda: images.prune(stack.state_dir(state_dir, os.environ), dict(os.environ), keep_bytes))
 
 
 @image_app.command("add")
 def image_add(name: str, rootfs: Path, state_dir: StateDir = None) -> None:
     """Register a root filesystem directory under NAME (used in place, never modified)."""
-    _image_action(lambda: _images(state_dir).add_rootfs(name, rootfs))
+    _image_action(lambda: _image_store(state_dir).add_rootfs(name, rootfs))
     typer.echo(f"registered {name} -> {rootfs}")
 
 
 @image_app.command("import")
 def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
     """Unpack a `docker save` or OCI layout archive and register it under NAME."""
-    _image_action(lambda: _images(state_dir).import_archive(name, archive))
+    _image_action(lambda: _image_store(state_dir).import_archive(name, archive))
     typer.echo(f"imported {name} from {archive}")
 
 

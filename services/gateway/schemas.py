@@ -25,7 +25,7 @@ class CreateSessionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     """Register a session id. Org and user default to the X-Org-Id / X-User-Id headers."""
 
     session_id: SessionId
-    image: Annotated[str, msgspec.Meta(max_length=256, examples=["python:3.12"])] | None = None
+    image: Annotated[str, msgspec.Meta(max_length=512, examples=["python:3.12-slim"])] | None = None
     org_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     user_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 

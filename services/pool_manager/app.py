@@ -26,6 +26,7 @@ def make_setup(
             ctx.settings.state_dir,
             egress=runtime_settings.egress,
             disk_reserve=runtime_settings.disk_reserve,
+            images=runtime_settings,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         limits = api.Limits(

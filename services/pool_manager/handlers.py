@@ -16,7 +16,7 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.pool_manager import logic
-from shared.contract import errors, events, ids, provisioning, states
+from shared.contract import errors, events, ids, provisioning, references, states, subjects
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, faults, leases, metrics, projector, rpc, service
 from shared.runtime import api
@@ -51,6 +51,7 @@ class PoolHandlers:
         self.leases_kv = leases_kv
         self._admission = asyncio.Lock()
         self._awaiting: dict[str, set[asyncio.Event]] = {}
+        self._pulls: dict[str, asyncio.Future[api.PulledImage | None]] = {}
 
     @contextlib.asynccontextmanager
     async def _admitting(self) -> AsyncIterator[None]:
@@ -207,14 +208,15 @@ class PoolHandlers:
             cache=ids.token(org) if (org := self._cache_org(request)) else None,
         )
         try:
-            await self.runtime.create(spec)
+            await self._ensure_image(request)
+            created = await self.runtime.create(spec)
             await self.runtime.start(request.sandbox_id)
             faults.crash_point(self.ctx.settings.faults, "pool.after_runtime_start")
         except errors.SandboxError as exc:
             await self._record(request, sandbox_rules.decide_failed, error=exc.message)
             await self._quietly_delete(request.sandbox_id)
             raise
-        state = await self._record(request, sandbox_rules.decide_started)
+        state = await self._record(request, sandbox_rules.decide_started, image_digest=created.image_digest)
         assert state is not None
         state = await self._await_proxy(state)
         log.info(
@@ -224,6 +226,58 @@ class PoolHandlers:
             image=request.image,
         )
         return state
+
+    async def _ensure_image(self, request: provisioning.Provision) -> None:
+        """Pull the sandbox's image first where the runtime needs that: once for every
+        request of this instance that needs it at the same time (the runtime's store
+        makes instances on one machine share one download), each pull recorded."""
+        if await self.runtime.image_present(request.image):
+            metrics.image_requests.labels("hit").inc()
+            return
+        ref = str(references.parse(request.image))
+        pull = self._pulls.get(ref)
+        if pull is None:
+            pull = asyncio.ensure_future(self._pull(ref, request))
+            self._pulls[ref] = pull
+            pull.add_done_callback(lambda _: self._pulls.pop(ref, None))
+        await asyncio.shield(pull)
+
+    async def _pull(self, ref: str, request: provisioning.Provision) -> api.PulledImage | None:
+        subject = self.ctx.topology.aggregate_subject(subjects.IMAGE, ref)
+        meta = self._meta(request, request.session_id)
+        await self.ctx.store.record(
+            subject, events.ImagePullStarted(meta=meta, reference=ref, sandbox_id=request.sandbox_id)
+        )
+        log.info("image.pull_started", reference=ref, sandbox_id=request.sandbox_id)
+        try:
+            pulled = await self.runtime.pull(request.image)
+        except errors.SandboxError as exc:
+            metrics.image_requests.labels("failed").inc()
+            log.warning("image.pull_failed", reference=ref, error=exc.message)
+            failed = events.ImagePullFailed(
+                meta=self._meta(request, request.session_id),
+                reference=ref,
+                error=exc.code,
+                reason=exc.message,
+            )
+            await self.ctx.store.record(subject, failed)
+            raise
+        metrics.image_requests.labels("miss").inc()
+        if pulled is not None:
+            metrics.image_pull_seconds.observe(pulled.seconds)
+            metrics.image_pull_bytes.inc(pulled.size if pulled.fetched else 0)
+            log.info("image.pulled", reference=ref, digest=pulled.digest, seconds=round(pulled.seconds, 3))
+            done = events.ImagePulled(
+                meta=self._meta(request, request.session_id),
+                reference=ref,
+                digest=pulled.digest,
+                size=pulled.size,
+                layers=pulled.layers,
+                fetched=pulled.fetched,
+                seconds=round(pulled.seconds, 3),
+            )
+            await self.ctx.store.record(subject, done)
+        return pulled
 
     async def _await_proxy(self, state: states.SandboxState) -> states.SandboxState:
         """With proxy egress, hand out a sandbox only once the proxy-scaler has given it a

@@ -154,6 +154,10 @@ class SandboxLost(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.lost"):
 class SandboxStarted(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.started"):
     """The runtime reports the sandbox running."""
 
+    image_digest: str | None = None
+    """The manifest digest of the image it runs (a tag resolved once, when it was made),
+    where the runtime knows it."""
+
 
 class SandboxStopped(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.stopped"):
     """Every process in it was stopped; its workspace is kept."""
@@ -249,6 +253,49 @@ class CommandExecuted(Event, frozen=True, kw_only=True, tag="exec.completed"):
     @property
     def aggregate_id(self) -> str:
         return self.session_id
+
+
+# ---- image pulls (audit) -------------------------------------------------------------
+
+
+class ImageEvent(Event, frozen=True, kw_only=True):
+    """A pull of one image reference onto one machine (``meta.instance`` says whose)."""
+
+    kind: ClassVar[str] = subjects.IMAGE
+    reference: str
+    """The normalised reference (``docker.io/library/python:3.12``)."""
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.reference
+
+
+class ImagePullStarted(ImageEvent, frozen=True, kw_only=True, tag="image.pull_started"):
+    """An image not on the machine is being fetched from its registry."""
+
+    sandbox_id: str | None = None
+    """The sandbox that needs it (None: an operator's ``sbx image pull``)."""
+
+
+class ImagePulled(ImageEvent, frozen=True, kw_only=True, tag="image.pulled"):
+    """The image is on the machine, checked against its digest."""
+
+    digest: str
+    size: int
+    """Bytes of its layers (compressed)."""
+    layers: int
+    fetched: int
+    """Layers downloaded (the others were in the layer store already)."""
+    seconds: float
+
+
+class ImagePullFailed(ImageEvent, frozen=True, kw_only=True, tag="image.pull_failed"):
+    """The pull failed; nothing of it was kept."""
+
+    error: str
+    """The error code (``not_found``, ``invalid_input``, ``unavailable``, ...)."""
+    reason: str
+    """What went wrong, as the registry or the check said it (never a credential)."""
 
 
 # ---- service instances -------------------------------------------------------------

@@ -64,19 +64,14 @@ def new_id() -> str:
     return secrets.token_hex(16)
 
 
-IMAGE_MAX = 256
-_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@+-]*")
-
-
 def validate_image(value: object) -> str | None:
-    """An image reference (``python:3.12``, ``ghcr.io/org/img@sha256:...``) or a registered name."""
+    """An image reference (``python:3.12``, ``ghcr.io/org/img@sha256:...``), a registered
+    name, or ``default``; kept as given (the runtime normalises and resolves it)."""
+    from shared.contract import references
+
     if value is None:
         return None
     if not isinstance(value, str) or not value:
         raise errors.InvalidInput("image must be a non-empty string when given")
-    if len(value) > IMAGE_MAX or not _IMAGE.fullmatch(value):
-        raise errors.InvalidInput(
-            f"image {value!r:.80} is not a valid image reference "
-            f"(up to {IMAGE_MAX} characters: letters, digits and . _ / : @ + -)"
-        )
+    references.parse(value)
     return value

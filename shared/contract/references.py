@@ -25,7 +25,9 @@ from shared.contract import errors
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 """Where Docker Hub's registry API answers (``docker.io`` itself does not)."""
-MAX_LENGTH = 255
+MAX_LENGTH = 512
+"""Longest reference text; its name (registry and repository) may have 255 characters."""
+NAME_MAX = 255
 
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?))*"
@@ -105,6 +107,10 @@ def parse(text: str) -> Reference:
         domain = DOCKER_HUB
         if "/" not in path:
             path = f"library/{path}"
+    if len(f"{domain}/{path}") > NAME_MAX and len(rest) > NAME_MAX:
+        raise errors.InvalidInput(
+            f"image reference {text[:80]!r}...: its name is longer than {NAME_MAX} characters"
+        )
     if tag is None and digest is None:
         tag = "latest"
     return Reference(domain, path, tag, digest)

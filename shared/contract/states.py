@@ -61,6 +61,8 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     """The fleet proxy its traffic goes to (proxy egress)."""
     cache_org: str | None = None
     """The organisation whose package cache it shows (None: a cache of its own)."""
+    image_digest: str | None = None
+    """The manifest digest of its image, where the runtime reports it (``sandbox.started``)."""
     last_seq: int
 
 

@@ -8,7 +8,8 @@ Subjects (``<ns>`` is the namespace):
 
 =================================  =============================================
 ``<ns>.evt.<kind>.<token>``        events of one aggregate: ``session``,
-                                   ``instance``, ``sandbox``, ``proxy``
+                                   ``instance``, ``sandbox``, ``proxy``; audit
+                                   records: ``exec``, ``image``
 ``<ns>.cmd.session``               session commands, request/reply, queue group
                                    ``scheduler``
 ``<ns>.cmd.pool``                  provisioning requests, queue group
@@ -43,6 +44,8 @@ EXEC = "exec"
 """Audit records of executions (not projected: the stream is the record)."""
 PROXY = "proxy"
 """Credential proxies of the fleet (proxy-scaler)."""
+IMAGE = "image"
+"""Image pulls, per image reference (not projected: the stream is the record)."""
 
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0

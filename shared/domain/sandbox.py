@@ -48,6 +48,7 @@ def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> 
                 started_at=event.meta.time,
                 updated_at=event.meta.time,
                 proxy_id=None,
+                image_digest=event.image_digest or state.image_digest,
                 last_seq=seq,
             )
         case events.SandboxClaimed() if (
@@ -146,13 +147,15 @@ def decide_refused(state: states.SandboxState | None, meta: events.Meta, **field
     return [] if state is not None else [events.SandboxRefused(meta=meta, **fields)]
 
 
-def decide_started(state: states.SandboxState | None, sandbox_id: str, meta: MetaFor) -> list[events.Event]:
+def decide_started(
+    state: states.SandboxState | None, sandbox_id: str, meta: MetaFor, *, image_digest: str | None = None
+) -> list[events.Event]:
     """Running, after a request or a stop."""
     session = state.session_id if state else None
     return _when(
         state,
         ("requested", "stopped"),
-        lambda: events.SandboxStarted(meta=meta(session), sandbox_id=sandbox_id),
+        lambda: events.SandboxStarted(meta=meta(session), sandbox_id=sandbox_id, image_digest=image_digest),
     )
 
 

@@ -35,6 +35,19 @@ pool_sandboxes = Gauge(
     registry=REGISTRY,
 )
 refusals = Counter("sbx_refusals_total", "Sandboxes refused by a limit.", ["limit"], registry=REGISTRY)
+image_requests = Counter(
+    "sbx_image_requests_total",
+    "Images a new sandbox needed: already on the machine (hit), pulled (miss), or failed.",
+    ["result"],
+    registry=REGISTRY,
+)
+image_pull_seconds = Histogram(
+    "sbx_image_pull_seconds", "Time to pull an image from its registry.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600), registry=REGISTRY,
+)  # fmt: skip
+image_pull_bytes = Counter(
+    "sbx_image_pull_bytes_total", "Bytes of image layers downloaded from registries.", registry=REGISTRY
+)
 evictions = Counter(
     "sbx_pool_evictions_total",
     "Idle pool sandboxes removed at max_running to make room for a session's own sandbox.",

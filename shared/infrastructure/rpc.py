@@ -54,6 +54,11 @@ def _prepare(raw: bytes) -> execution.Prepare:
     return msgspec.json.decode(raw, type=execution.Prepare)
 
 
+PROVISION_TIMEOUT = 900.0
+"""How long session commands and pool requests may take: a new sandbox may need its image
+pulled first (SBX_IMAGE_PULL_TIMEOUT, 10 minutes by default). A responder that dies is
+noticed within seconds all the same (its beats stop)."""
+
 SESSIONS: Family[commands.SessionCommand, commands.CommandReply] = Family(
     "session command",
     "scheduler",
@@ -61,7 +66,7 @@ SESSIONS: Family[commands.SessionCommand, commands.CommandReply] = Family(
     codec.decode_command,
     codec.decode_reply,
     lambda e: commands.CommandReply(ok=False, error=e),
-    60.0,
+    PROVISION_TIMEOUT,
 )
 POOL: Family[provisioning.AnyPoolRequest, provisioning.PoolReply] = Family(
     "pool request",
@@ -70,7 +75,7 @@ POOL: Family[provisioning.AnyPoolRequest, provisioning.PoolReply] = Family(
     provisioning.decode_request,
     provisioning.decode_reply,
     lambda e: provisioning.PoolReply(ok=False, error=e),
-    60.0,
+    PROVISION_TIMEOUT,
 )
 EXEC: Family[execution.AnyRequest, execution.Reply] = Family(
     "execution request",

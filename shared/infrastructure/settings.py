@@ -206,6 +206,13 @@ class RuntimeSettings:
     egress: str = "none"
     """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
     reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
+    registries_file: Path | None = None
+    """The operator's registry configuration (``SBX_REGISTRIES_FILE``, TOML: credentials,
+    insecure registries, mirrors; see docs/images.md). Read by the services only."""
+    image_max_bytes: int = 8 * 1024**3
+    """Most bytes one image may download, and most it may unpack to (``SBX_IMAGE_MAX_BYTES``)."""
+    pull_timeout: float = 600.0
+    """Longest an image pull may take (``SBX_IMAGE_PULL_TIMEOUT``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
@@ -229,6 +236,9 @@ class RuntimeSettings:
             else _size(env, "SBX_SANDBOX_DISK", cls.disk_bytes, minimum=64 * 1024**2),
             disk_inodes=_count(env, "SBX_SANDBOX_INODES", cls.disk_inodes, 1024, 100_000_000),
             disk_reserve=_size(env, "SBX_DISK_RESERVE", cls.disk_reserve, minimum=0),
+            registries_file=Path(env["SBX_REGISTRIES_FILE"]) if env.get("SBX_REGISTRIES_FILE") else None,
+            image_max_bytes=_size(env, "SBX_IMAGE_MAX_BYTES", cls.image_max_bytes, minimum=1024**2),
+            pull_timeout=_duration(env, "SBX_IMAGE_PULL_TIMEOUT", cls.pull_timeout, minimum=1),
         )
 
 
@@ -345,14 +355,19 @@ def _count(env: Mapping[str, str], name: str, default: int, low: int, high: int)
     return int(raw)
 
 
+def parse_size(raw: str, *, name: str = "size") -> int:
+    """Bytes in ``raw``: ``65536``, ``512k``, ``512m``, ``2g`` (also ``2GiB``, ``2gb``)."""
+    match = _SIZE.fullmatch(raw.strip().lower())
+    if not match:
+        raise errors.ConfigError(f"{name}={raw!r} is not a size; use e.g. 512m, 2g or 65536")
+    return int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
+
+
 def _size(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     raw = env.get(name)
     if raw is None:
         return default
-    match = _SIZE.fullmatch(raw.strip().lower())
-    if not match:
-        raise errors.ConfigError(f"{name}={raw!r} is not a size; use e.g. 512m, 2g or 65536")
-    value = int(match.group(1)) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[match.group(2)]
+    value = parse_size(raw, name=name)
     if value < minimum:
         raise errors.ConfigError(f"{name}={raw!r} is below the minimum of {minimum} bytes")
     return value
@@ -494,8 +509,12 @@ class KubernetesSettings:
     strong_runtime_class: str = "kata"
     """RuntimeClass for ``use_kata`` (``SBX_K8S_STRONG_RUNTIME_CLASS``; empty: refused)."""
     images: tuple[tuple[str, str], ...] = (("default", "ghcr.io/cloud-agent-sandbox/sandbox:0.1.0"),)
-    """Image names agents may ask for and the references they stand for
-    (``SBX_K8S_IMAGES``: ``name=reference,...``; must name ``default``)."""
+    """Short names and the references they stand for (``SBX_K8S_IMAGES``:
+    ``name=reference,...``; must name ``default``). Any other image is used as the
+    reference it is: the kubelet pulls it."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (``kubernetes.io/dockerconfigjson``, in the sandboxes' namespace) the
+    kubelet pulls sandbox images with (``SBX_K8S_IMAGE_PULL_SECRETS``: ``name,...``)."""
     storage_class: str = ""
     """StorageClass of workspace volumes (``SBX_K8S_STORAGE_CLASS``; empty: the cluster default)."""
     workspace_size: str = "10Gi"
@@ -520,8 +539,9 @@ class KubernetesSettings:
     kubeconfig: str = ""
     """A kubeconfig file (``KUBECONFIG``); empty: the in-cluster service account."""
 
-    def image(self, name: str) -> str | None:
-        return dict(self.images).get(name)
+    def image(self, name: str) -> str:
+        """The reference a sandbox of ``name`` runs: its alias's, or ``name`` itself."""
+        return dict(self.images).get(name) or name
 
     @property
     def proxy_namespace(self) -> str:
@@ -539,6 +559,12 @@ class KubernetesSettings:
                 raise errors.ConfigError(
                     f"{var}={value!r} is not a Kubernetes name (1-63 of a-z, 0-9 and '-')"
                 )
+            return value
+
+        def name_of(var: str, value: str) -> str:
+            value = value.strip()
+            if len(value) > 253 or not re.fullmatch(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?", value):
+                raise errors.ConfigError(f"{var}: {value!r} is not a Kubernetes object name")
             return value
 
         images = tuple(_k8s_images(env.get("SBX_K8S_IMAGES", ""))) or cls.images
@@ -565,6 +591,11 @@ class KubernetesSettings:
             runtime_class=name("SBX_K8S_RUNTIME_CLASS", cls.runtime_class, empty=True),
             strong_runtime_class=name("SBX_K8S_STRONG_RUNTIME_CLASS", cls.strong_runtime_class, empty=True),
             images=images,
+            image_pull_secrets=tuple(
+                name_of("SBX_K8S_IMAGE_PULL_SECRETS", part)
+                for part in env.get("SBX_K8S_IMAGE_PULL_SECRETS", "").split(",")
+                if part.strip()
+            ),
             storage_class=name("SBX_K8S_STORAGE_CLASS", cls.storage_class, empty=True),
             workspace_size=size,
             scratch_size=scratch,

@@ -5,9 +5,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from shared.contract import errors
 from shared.runtime import api
+
+if TYPE_CHECKING:
+    from shared.infrastructure.settings import RuntimeSettings
 
 NAMES = ("local", "kubernetes")
 
@@ -19,10 +23,12 @@ def open_runtime(
     egress: str = "none",
     env: Mapping[str, str] | None = None,
     disk_reserve: int | None = None,
+    images: RuntimeSettings | None = None,
 ) -> api.Runtime:
     """The named backend. ``env`` holds the backend's own settings (Kubernetes: the
     ``SBX_K8S_*`` variables); the services pass their environment. ``disk_reserve``:
-    free space the local state filesystem keeps (no sandbox starts below it)."""
+    free space the local state filesystem keeps (no sandbox starts below it). ``images``:
+    where the registry settings come from (the service that pulls images passes them)."""
     if name == "kubernetes":
         from shared.infrastructure.settings import KubernetesSettings
         from shared.runtime.kubernetes import runtime as kube
@@ -32,8 +38,16 @@ def open_runtime(
         )
     if name == "local":
         from shared.runtime.local import runtime
+        from shared.runtime.local.registries import RegistryConfig
 
-        opened = runtime.LocalRuntime(state_dir, egress=egress, disk_reserve=disk_reserve)
+        opened = runtime.LocalRuntime(
+            state_dir,
+            egress=egress,
+            disk_reserve=disk_reserve,
+            registries=RegistryConfig.load(images.registries_file) if images else None,
+            image_max_bytes=images.image_max_bytes if images else None,
+            pull_timeout=images.pull_timeout if images else None,
+        )
         if opened.egress_problem:
             import structlog
 
@@ -44,13 +58,17 @@ def open_runtime(
     raise errors.ConfigError(f"unknown runtime {name!r}; available here: {', '.join(NAMES)}")
 
 
-def image_store(name: str, state_dir: Path):
-    """The backend's image registry (local: root filesystems under the state dir)."""
+def image_runtime(name: str, state_dir: Path, settings: RuntimeSettings):
+    """The runtime whose images this machine holds (local), for ``sbx image``."""
     if name == "local":
-        from shared.runtime.local import images
+        from shared.runtime.local import runtime
 
-        return images.ImageStore(state_dir / "images")
-    raise errors.ConfigError(f"the {name!r} runtime has no local image store")
+        opened = open_runtime(name, state_dir, images=settings, disk_reserve=settings.disk_reserve)
+        assert isinstance(opened, runtime.LocalRuntime)
+        return opened
+    raise errors.ConfigError(
+        f"the {name!r} runtime keeps no images here: its nodes pull them (see docs/kubernetes.md)"
+    )
 
 
 # ---- sandbox egress through the credential proxy (what `sbx up` needs to run the proxy) ----

@@ -42,7 +42,7 @@ class RuntimeContract:
         with pytest.raises(errors.InvalidInput):
             await runtime.create(api.SandboxSpec(sandbox_id="../escape"))
         with pytest.raises(errors.InvalidInput):
-            await runtime.create(api.SandboxSpec(sandbox_id=new_id(), image="no-such-image"))
+            await runtime.create(api.SandboxSpec(sandbox_id=new_id(), image="No Such Image"))
         await runtime.delete(spec.sandbox_id)
 
     async def test_exec_streams_output_and_returns_the_exit_code(self, runtime, running):

@@ -69,6 +69,43 @@ async def test_an_image_that_cannot_be_pulled_fails_the_start_with_the_reason(ma
     await rt.delete(spec.sandbox_id)
 
 
+async def test_a_failing_pull_fails_the_start_within_the_grace_with_the_registrys_reason(
+    make_kube, monkeypatch
+):
+    """The kubelet keeps retrying a pull that fails (ErrImagePull, then ImagePullBackOff);
+    the start gives up after PULL_GRACE, not after the whole SBX_K8S_START_TIMEOUT."""
+    from shared.runtime.kubernetes import runtime as kube
+
+    monkeypatch.setattr(kube, "PULL_GRACE", 0.3)
+    rt = make_kube(dataclasses.replace(SETTINGS, start_timeout=60))
+    spec = api.SandboxSpec(sandbox_id=new_id(), image="registry.example/team/missing:1")
+    await rt.create(spec)
+    started_at = asyncio.get_running_loop().time()
+    with pytest.raises(
+        errors.InvalidInput, match=r"cannot be pulled \(ErrImagePull: .*registry.example/team/missing:1"
+    ):
+        await rt.start(spec.sandbox_id)
+    assert asyncio.get_running_loop().time() - started_at < 30
+    await rt.delete(spec.sandbox_id)
+
+
+def test_any_reference_goes_into_the_pod_spec_and_aliases_are_resolved():
+    from shared.runtime.kubernetes import manifests
+
+    settings = dataclasses.replace(SETTINGS, image_pull_secrets=("regcred",))
+    assert settings.image("default") == dict(SETTINGS.images)["default"]
+    assert settings.image("ghcr.io/org/tool@sha256:" + "a" * 64) == "ghcr.io/org/tool@sha256:" + "a" * 64
+    pod = manifests.pod(
+        api.SandboxSpec(sandbox_id="s1", image="python:3.12"),
+        {"metadata": {"name": "c", "uid": "u"}},
+        settings,
+        image="python:3.12",
+        proxy_url="http://p:3128",
+    )
+    assert pod["spec"]["containers"][0]["image"] == "python:3.12"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+
+
 async def test_an_expired_watch_is_resumed_from_a_fresh_list(cluster, make_kube):
     rt = make_kube()
     sid = await started(rt)
@@ -113,8 +150,8 @@ async def test_api_errors_become_the_projects_errors(cluster, make_kube):
     cluster["post", kmock.resource("", "v1", "persistentvolumeclaims")] << 403
     with pytest.raises(errors.ConfigError, match="RBAC"):
         await rt.create(api.SandboxSpec(sandbox_id=new_id()))
-    with pytest.raises(errors.InvalidInput, match="unknown image"):
-        await rt.create(api.SandboxSpec(sandbox_id=new_id(), image="python"))
+    with pytest.raises(errors.InvalidInput, match="not a valid registry host|repository names"):
+        await rt.create(api.SandboxSpec(sandbox_id=new_id(), image="Python Image"))
     with pytest.raises(errors.NotBuiltYet, match="SBX_K8S_STRONG_RUNTIME_CLASS"):
         await make_kube(dataclasses.replace(SETTINGS, strong_runtime_class="")).create(
             api.SandboxSpec(sandbox_id=new_id(), isolation="strong")

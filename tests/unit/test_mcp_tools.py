@@ -559,7 +559,7 @@ async def test_create_sandbox_defaults() -> None:
 
 async def test_create_sandbox_rejects_a_bad_image_before_sending() -> None:
     h = Harness()
-    assert "is not a valid image reference" in await h.error("create_sandbox", {"image": "bad image!"})
+    assert "repository names are lower-case" in await h.error("create_sandbox", {"image": "bad image!"})
     assert h.nothing_sent()
 
 

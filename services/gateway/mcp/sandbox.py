@@ -27,13 +27,19 @@ def _create_sandbox(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
             "created automatically on first use with the default image. If the session already has a "
             "sandbox, the new one replaces it and the old one is deleted with its /workspace (all files "
             "are lost) and any running jobs. Options this deployment cannot provide are refused with an "
-            f"explanation. {texts.NETWORK[tools.egress]} Example: create_sandbox(run_as_root=false)."
+            f'explanation. {texts.NETWORK[tools.egress]} Example: create_sandbox(image="python:3.12-slim").'
         ),
     )
     async def create_sandbox(
         image: Annotated[
             str | None,
-            Field(description="The name of an image this deployment offers; omit for the default image."),
+            Field(
+                description=(
+                    "Any container image reference, e.g. python:3.12-slim, node:22, "
+                    "ghcr.io/org/img:tag; pulled from its registry on first use (the first sandbox of "
+                    "an image waits for the pull). It needs /bin/sh. Omit for the default image."
+                )
+            ),
         ] = None,
         use_kata: Annotated[
             bool, Field(description="Run in a Kata Containers VM for stronger isolation.")

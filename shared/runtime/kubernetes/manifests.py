@@ -241,6 +241,11 @@ def pod(
             },
             "containers": [container],
             "volumes": volumes,
+            **(
+                {"imagePullSecrets": [{"name": secret} for secret in settings.image_pull_secrets]}
+                if settings.image_pull_secrets
+                else {}
+            ),
         },
     }
     if (rc := runtime_class(spec, settings)) is not None:

@@ -45,6 +45,10 @@ bundle every tool is pointed at, and the image's own store when the sandbox may 
 it. Files are replaced by rename, so two starts at once cannot leave a torn one."""
 
 FAIL_FAST = {"InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "ErrImageNeverPull"}
+PULL_FAILING = {"ErrImagePull", "ImagePullBackOff"}
+PULL_GRACE = 15.0
+"""How long the kubelet may go on failing to pull a sandbox's image (it retries with a
+back-off) before the start fails with the registry's reason."""
 
 
 def api_error(exc: ApiException, what: str) -> errors.SandboxError:
@@ -304,8 +308,19 @@ class KubernetesRuntime(api.Runtime):
     async def _until_ready(self, sandbox_id: str, since: str | None) -> None:
         deadline = time.monotonic() + self.settings.start_timeout
         last = "no status yet"
+        failing_since: float | None = None  # when the kubelet started failing to pull the image
         async with contextlib.aclosing(self._watch_pod(sandbox_id, since, deadline)) as events:
-            async for kind, pod in events:
+            while True:
+                grace = None if failing_since is None else failing_since + PULL_GRACE - time.monotonic()
+                try:
+                    async with asyncio.timeout(grace):
+                        kind, pod = await anext(events)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    raise errors.InvalidInput(
+                        f"sandbox {sandbox_id!r}: its image cannot be pulled ({last[:500]})"
+                    ) from None
                 if kind == "DELETED" or (kind == "SNAPSHOT" and pod is None):
                     raise errors.InfrastructureError(
                         f"sandbox {sandbox_id!r}: its pod was deleted while starting"
@@ -315,6 +330,8 @@ class KubernetesRuntime(api.Runtime):
                 last, fatal = self._why_not_ready(pod)
                 if fatal:
                     raise errors.InfrastructureError(f"sandbox {sandbox_id!r} cannot start: {last}")
+                pulling_fails = last.split(":", 1)[0] in PULL_FAILING
+                failing_since = (failing_since or time.monotonic()) if pulling_fails else None
         raise errors.Timeout(
             f"sandbox {sandbox_id!r} not ready after {self.settings.start_timeout:.0f}s "
             f"(SBX_K8S_START_TIMEOUT): {last}"
@@ -449,11 +466,7 @@ class KubernetesRuntime(api.Runtime):
 
     def _image(self, spec: api.SandboxSpec) -> str:
         image = self.settings.image(spec.image)
-        if image is None:
-            known = ", ".join(name for name, _ in self.settings.images)
-            raise errors.InvalidInput(
-                f"unknown image {spec.image!r}; this cluster offers: {known} (SBX_K8S_IMAGES)"
-            )
+        ids.validate_image(image)
         return image
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:

@@ -15,6 +15,7 @@ and namespaces with its capabilities, limits and seccomp filter (``enter.py``).
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import json
 import os
@@ -331,11 +332,43 @@ class LocalRuntime(api.Runtime):
 
     def images_in_use(self) -> set[str]:
         """Digests of the pulled images some sandbox here (or one being made) is pinned to."""
-        used = set()
+        return set(self._image_users())
+
+    def _image_users(self) -> dict[str, int]:
+        users: dict[str, int] = {}
         for d in self.root.iterdir():
             if (digest := _pin(d).digest) is not None:
-                used.add(digest)
-        return used
+                users[digest] = users.get(digest, 0) + 1
+        return users
+
+    def image_report(self) -> builtins.list[dict[str, object]]:
+        """Every image here: built in, registered, and pulled (with its digest, sizes, when
+        a sandbox last used it and how many sandboxes use it now)."""
+        rows: builtins.list[dict[str, object]] = [{"reference": images.DEFAULT, "kind": "built-in"}]
+        rows += [{"reference": name, "kind": "registered"} for name in self.images.names()]
+        users, store = self._image_users(), self.images.pulled
+        for image in store.all():
+            used = store.last_used(image)
+            last_used = datetime.fromtimestamp(used, UTC).isoformat(timespec="seconds") if used else None
+            rows.append(
+                {
+                    "reference": image.reference,
+                    "kind": "pulled",
+                    "digest": image.digest,
+                    "size": image.size,
+                    "unpacked": image.unpacked,
+                    "layers": len(image.layers),
+                    "last_used": last_used,
+                    "sandboxes": users.get(image.digest, 0),
+                }
+            )
+        return rows
+
+    def prune_images(self, keep_bytes: int = 0) -> tuple[builtins.list[str], int]:
+        """Remove pulled images no sandbox uses (see ``LayerStore.prune``): what was
+        removed (``reference@digest``) and the bytes freed."""
+        removed, freed = self.images.pulled.prune(self.images_in_use, keep_bytes)
+        return [f"{image.reference}@{image.digest}" for image in removed], freed
 
     def _pinned(self, spec: api.SandboxSpec, d: Path) -> images.Image:
         return self.images.resolve(spec.image, _pin(d).digest)

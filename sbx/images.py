@@ -1,0 +1,206 @@
+"""``sbx image``: pull, list and prune the images of the local runtime's layer store.
+
+A pull runs here, into the state directory's store, with a progress bar; when a stack
+is up for that state directory, the pull is recorded in its event stream as the
+pool-manager records its own (``image.pull_started``, ``image.pulled`` /
+``image.pull_failed``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import threading
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from shared.contract import errors, events, ids, references
+from shared.infrastructure import settings
+from shared.runtime import backends
+
+DEFAULT = "default"
+
+
+def open_local(state_dir: Path, env: dict[str, str]) -> Any:
+    """The local runtime of ``state_dir`` (a ``LocalRuntime``, reached through backends)."""
+    return backends.image_runtime("local", state_dir, settings.RuntimeSettings.from_env(env))
+
+
+class _Bar:
+    """Layers, bytes and rate of a pull, on a rich progress display."""
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+            TransferSpeedColumn,
+        )
+
+        self.display = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeRemainingColumn(),
+            console=None,
+            transient=False,
+        )
+        self._tasks: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self._total: Any = None
+        self._count = 0
+        self._done = 0
+
+    def layers(self, layers_: Any) -> None:
+        with self._lock:
+            self._count = len(layers_)
+            needed = sum(size or 0 for _, size, have in layers_ if not have)
+            self._total = self.display.add_task(f"layers 0/{self._count}", total=needed or None)
+            for digest, size, have in layers_:
+                if have:
+                    self._done += 1
+                    continue
+                self._tasks[digest] = self.display.add_task(f"  {digest[7:19]}", total=size)
+            self.display.update(self._total, description=f"layers {self._done}/{self._count}")
+
+    def advanced(self, digest: str, count: int) -> None:
+        with self._lock:
+            if digest in self._tasks:
+                self.display.advance(self._tasks[digest], count)
+            if self._total is not None:
+                self.display.advance(self._total, count)
+
+    def unpacked(self, digest: str) -> None:
+        with self._lock:
+            if digest in self._tasks:
+                self._done += 1
+                self.display.update(self._tasks[digest], description=f"  {digest[7:19]} ready")
+                if self._total is not None:
+                    self.display.update(self._total, description=f"layers {self._done}/{self._count}")
+
+
+async def pull(state_dir: Path, env: dict[str, str], reference: str, *, refresh: bool, quiet: bool) -> int:
+    ref = references.parse(reference)  # a bad reference: said before anything else
+    runtime = open_local(state_dir, env)
+    recorder = await _Recorder.open(state_dir, env)
+    await recorder.record(events.ImagePullStarted(meta=recorder.meta(), reference=str(ref)))
+    bar = None if quiet or not sys.stderr.isatty() else _Bar()
+    try:
+        with bar.display if bar is not None else contextlib.nullcontext():
+            pulled = await runtime.pull(reference, refresh=refresh, progress=bar)
+    except errors.SandboxError as exc:
+        await recorder.record(
+            events.ImagePullFailed(
+                meta=recorder.meta(), reference=str(ref), error=exc.code, reason=exc.message
+            )
+        )
+        await recorder.close()
+        raise
+    if pulled is None:
+        await recorder.close()
+        what = "built in" if reference == DEFAULT else "a registered image"
+        print(f"{reference} is {what}: nothing to pull")
+        return 0
+    await recorder.record(
+        events.ImagePulled(
+            meta=recorder.meta(),
+            reference=pulled.reference,
+            digest=pulled.digest,
+            size=pulled.size,
+            layers=pulled.layers,
+            fetched=pulled.fetched,
+            seconds=round(pulled.seconds, 3),
+        )
+    )
+    await recorder.close()
+    print(
+        f"{pulled.reference}@{pulled.digest}: {pulled.layers} layers ({pulled.fetched} downloaded), "
+        f"{_size(pulled.size)} in {pulled.seconds:.1f}s"
+    )
+    return 0
+
+
+def listing(state_dir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    return open_local(state_dir, env).image_report()
+
+
+def print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>9} {'LAST USED':<25} SANDBOXES")
+    for row in rows:
+        if row["kind"] != "pulled":
+            print(f"{row['reference']:<50} {'(' + row['kind'] + ')':<19} {'':>9} {'':<25}")
+            continue
+        print(
+            f"{row['reference']:<50} {row['digest'][:19]:<19} {_size(row['size']):>9} "
+            f"{row['last_used'] or '-':<25} {row['sandboxes']}"
+        )
+
+
+def prune(state_dir: Path, env: dict[str, str], keep_bytes: int) -> tuple[int, int]:
+    removed, freed = open_local(state_dir, env).prune_images(keep_bytes)
+    for image in removed:
+        print(f"removed {image}")
+    print(f"{len(removed)} images removed, {_size(freed)} of layers freed")
+    return len(removed), freed
+
+
+def _size(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+class _Recorder:
+    """Records a CLI pull in the stack's event stream when one is up (else nowhere)."""
+
+    def __init__(self, nc: Any = None, store: Any = None, topology: Any = None) -> None:
+        self.nc, self.store, self.topology = nc, store, topology
+        self.instance = f"{os.uname().nodename}-{os.getpid()}"
+
+    @classmethod
+    async def open(cls, state_dir: Path, env: dict[str, str]) -> _Recorder:
+        from sbx import stack
+        from shared.contract import subjects
+        from shared.infrastructure import bus, eventstore
+
+        try:
+            bus_settings = stack.bus_settings(state_dir, env)
+            async with asyncio.timeout(3):
+                nc = await bus.connect(bus_settings, "sbx-cli", connect_timeout=1)
+        except Exception:
+            return cls()
+        topology = subjects.Topology(bus_settings.namespace)
+        return cls(nc, eventstore.EventStore(nc.jetstream(), topology), topology)
+
+    def meta(self) -> events.Meta:
+        return events.Meta(
+            event_id=ids.new_id(), time=datetime.now(UTC), service="sbx-cli", instance=self.instance
+        )
+
+    async def record(self, event: events.ImageEvent) -> None:
+        if self.store is None:
+            return
+        from shared.contract import subjects
+
+        try:
+            await self.store.record(self.topology.aggregate_subject(subjects.IMAGE, event.reference), event)
+        except errors.SandboxError as exc:
+            print(f"sbx: note: the pull was not recorded in the event stream: {exc.message}", file=sys.stderr)
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
