@@ -346,6 +346,9 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ProxyDraining,
     ProxyStopped,
     CommandExecuted,
+    ImagePullStarted,
+    ImagePulled,
+    ImagePullFailed,
     InstanceStarted,
     InstanceStopped,
 )
@@ -371,6 +374,9 @@ AnyEvent = (
     | ProxyDraining
     | ProxyStopped
     | CommandExecuted
+    | ImagePullStarted
+    | ImagePulled
+    | ImagePullFailed
     | InstanceStarted
     | InstanceStopped
 )

@@ -174,6 +174,26 @@ EVENT_FACTORIES: dict[type, Any] = {
         outcome="ok",
         error=None,
     ),
+    events.ImagePullStarted: lambda: events.ImagePullStarted(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        reference="docker.io/library/python:3.12-slim",
+        sandbox_id=SBX,
+    ),
+    events.ImagePulled: lambda: events.ImagePulled(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        reference="docker.io/library/python:3.12-slim",
+        digest="sha256:" + "ab" * 32,
+        size=45_000_000,
+        layers=4,
+        fetched=3,
+        seconds=6.25,
+    ),
+    events.ImagePullFailed: lambda: events.ImagePullFailed(
+        meta=_meta(service="sbx-cli", instance="host-4242", session_id=None),
+        reference="ghcr.io/acme/private:1",
+        error="invalid_input",
+        reason="registry ghcr.io refused access to ghcr.io/acme/private:1",
+    ),
     events.InstanceStarted: lambda: events.InstanceStarted(
         meta=_meta(command_id=None, session_id=None, org_id=None, user_id=None),
         service="scheduler",
@@ -307,6 +327,9 @@ def test_event_tags_are_stable() -> None:
         events.ProxyDraining: "proxy.draining",
         events.ProxyStopped: "proxy.stopped",
         events.CommandExecuted: "exec.completed",
+        events.ImagePullStarted: "image.pull_started",
+        events.ImagePulled: "image.pulled",
+        events.ImagePullFailed: "image.pull_failed",
         events.InstanceStarted: "instance.started",
         events.InstanceStopped: "instance.stopped",
     }
@@ -331,6 +354,9 @@ def test_event_tags_are_stable() -> None:
         "proxy.draining",
         "proxy.stopped",
         "exec.completed",
+        "image.pull_started",
+        "image.pulled",
+        "image.pull_failed",
         "instance.started",
         "instance.stopped",
     }

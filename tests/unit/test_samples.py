@@ -186,6 +186,25 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "meta.command_id": None,
         },
     ),
+    "image.pull_started.json": (
+        events.ImagePullStarted,
+        {"reference": "docker.io/library/python:3.12-slim", "sandbox_id": SB, "meta.service": "pool-manager"},
+    ),
+    "image.pulled.json": (
+        events.ImagePulled,
+        {
+            "reference": "docker.io/library/python:3.12-slim",
+            "digest": "sha256:" + "ab" * 32,
+            "size": 45_000_000,
+            "layers": 4,
+            "fetched": 3,
+            "seconds": 6.25,
+        },
+    ),
+    "image.pull_failed.json": (
+        events.ImagePullFailed,
+        {"reference": "ghcr.io/acme/private:1", "error": "invalid_input"},
+    ),
     "session.create.json": (
         commands.CreateSession,
         {
