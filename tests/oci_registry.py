@@ -18,6 +18,7 @@ import tarfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,32 +39,34 @@ def missing_tools() -> list[str]:
 class Registry:
     root: Path
     users: dict[str, str] = field(default_factory=dict)
+    """htpasswd users (basic auth), unless ``auth`` is given."""
+    auth: dict[str, Any] | None = None
+    """The registry's ``auth`` section as is (a token service's: ``TokenServer.auth_config``)."""
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    push_creds: str | None = None
+    """``user:password`` skopeo pushes with."""
 
     @property
     def host(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self) -> Registry:
-        import bcrypt
-
         self.port = support.free_port()
         self.root.mkdir(parents=True, exist_ok=True)
         config = {
             "version": 0.1,
             "log": {"level": "error"},
-            "storage": {
-                "filesystem": {"rootdirectory": str(self.root / "data")},
-                "delete": {"enabled": True},
-            },
+            "storage": {"filesystem": {"rootdirectory": str(self.root / "data")}},
             "http": {"addr": self.host},
         }
-        if self.users:
-            lines = [
-                f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(rounds=4)).decode()}"
-                for u, p in self.users.items()
-            ]
+        if self.auth is not None:
+            config["auth"] = self.auth
+        elif self.users:
+            import bcrypt
+
+            salt = bcrypt.gensalt(rounds=4)
+            lines = [f"{u}:{bcrypt.hashpw(p.encode(), salt).decode()}" for u, p in self.users.items()]
             (self.root / "htpasswd").write_text("\n".join(lines) + "\n")
             config["auth"] = {"htpasswd": {"realm": "test", "path": str(self.root / "htpasswd")}}
         (self.root / "config.json").write_text(json.dumps(config))  # YAML is a superset of JSON
@@ -94,6 +97,8 @@ class Registry:
             args.append("--all")
         if user is not None:
             args += ["--dest-creds", f"{user}:{self.users[user]}"]
+        elif self.push_creds is not None:
+            args += ["--dest-creds", self.push_creds]
         subprocess.run(
             [*args, f"oci:{layout}:latest", f"docker://{self.host}/{name}"], check=True, capture_output=True
         )
@@ -220,3 +225,117 @@ def simple_image(layout: Path, *layers: bytes, config: dict | None = None) -> st
     descriptor = image_manifest(layout, [busybox_layer(), *layers], config)
     write_layout(layout, [(descriptor, None)])
     return str(descriptor["digest"])
+
+
+# ---- a token service, for registries that use the bearer-token flow (Docker Hub, GHCR) ----
+
+
+class TokenServer:
+    """The token service of a ``docker-registry`` configured with ``auth: token``: it hands
+    out RS256 JWTs (``x5c``: its self-signed certificate, which the registry trusts) for
+    the scopes a request asks, to the users it knows (by basic auth); anonymous requests
+    get a token that grants nothing. Runs in a thread of the test process."""
+
+    def __init__(self, root: Path, users: dict[str, str], service: str = "test-registry") -> None:
+        import datetime as dt
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.x509.oid import NameOID
+
+        self.users, self.service, self.issuer = users, service, "test-issuer"
+        self.key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "test token issuer")])
+        now = dt.datetime.now(dt.UTC)
+        self.cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(self.key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(self.key, hashes.SHA256())
+        )
+        root.mkdir(parents=True, exist_ok=True)
+        self.bundle = root / "token-ca.pem"
+        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.requests: list[tuple[str | None, str]] = []
+        self.port = support.free_port()
+        self._server: Any = None
+
+    @property
+    def realm(self) -> str:
+        return f"http://127.0.0.1:{self.port}/token"
+
+    def auth_config(self) -> dict[str, Any]:
+        return {
+            "token": {
+                "realm": self.realm,
+                "service": self.service,
+                "issuer": self.issuer,
+                "rootcertbundle": str(self.bundle),
+            }
+        }
+
+    def token(self, user: str | None, scope: str) -> str:
+        import base64
+        import secrets
+
+        import jwt
+        from cryptography.hazmat.primitives import serialization
+
+        access = []
+        if user is not None and scope.startswith("repository:"):
+            _, name, actions = scope.split(":", 2)
+            access.append({"type": "repository", "name": name, "actions": actions.split(",")})
+        now = int(time.time())
+        claims = {
+            "iss": self.issuer, "sub": user or "", "aud": self.service, "exp": now + 300, "nbf": now - 10,
+            "iat": now, "jti": secrets.token_hex(8), "access": access,
+        }  # fmt: skip
+        x5c = [base64.b64encode(self.cert.public_bytes(serialization.Encoding.DER)).decode()]
+        return jwt.encode(claims, self.key, algorithm="RS256", headers={"x5c": x5c})
+
+    def start(self) -> TokenServer:
+        import base64
+        import http.server
+        import threading
+        import urllib.parse
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                query = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+                user = None
+                header = self.headers.get("Authorization", "")
+                if header.startswith("Basic "):
+                    name, _, password = base64.b64decode(header[6:]).decode().partition(":")
+                    if outer.users.get(name) != password:
+                        self.send_response(401)
+                        self.end_headers()
+                        return
+                    user = name
+                scope = (query.get("scope") or [""])[0]
+                outer.requests.append((user, scope))
+                body = json.dumps({"token": outer.token(user, scope)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()

@@ -1,0 +1,453 @@
+"""Images pulled from a real OCI registry (Debian's docker-registry on loopback) and run as
+real sandboxes: layers with whiteouts, opaque directories and hard links; a multi-platform
+index; basic and token auth; mirrors; every kind of bad input; concurrent pulls; prune.
+The images are written by test code (tests/oci_registry.py) and pushed with skopeo."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from shared.contract import errors, references
+from shared.runtime import api
+from shared.runtime.local import layers, oci, registry
+from shared.runtime.local import runtime as local
+from shared.runtime.local.registries import Registry, RegistryConfig
+from tests import oci_registry as o
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
+
+
+@pytest.fixture(scope="module")
+def reg(tmp_path_factory):
+    if missing := o.missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: scripts/setup --dev installs them")
+    running = o.Registry(tmp_path_factory.mktemp("registry")).start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+async def rt(tmp_path):
+    runtime = local.LocalRuntime(tmp_path / "state")
+    yield runtime
+    for info in await runtime.list():
+        await runtime.delete(info.sandbox_id)
+
+
+def push(reg: o.Registry, tmp_path: Path, name: str, *extra: bytes, config: dict | None = None) -> str:
+    layout = tmp_path / f"layout-{name.replace('/', '-').replace(':', '-')}"
+    shutil.rmtree(layout, ignore_errors=True)
+    digest = o.simple_image(layout, *extra, config=config)
+    reg.push(layout, name)
+    return digest
+
+
+async def sh(rt: local.LocalRuntime, sandbox_id: str, script: str) -> tuple[int, str]:
+    result, out, err = await rt.run(sandbox_id, ["/bin/sh", "-c", script])
+    return result.exit_code, (out + err).decode()
+
+
+CHANGES = o.layer(
+    {
+        "etc/.wh.passwd": b"",  # a deletion of a lower layer's file
+        "etc/motd": b"from layer 2\n",
+        "data": o.Dir(),
+        "data/old": b"hidden by layer 3\n",
+        "data/big": b"x" * 5000,
+        "data/same-layer-link": o.Link("data/big", hard=True),
+        "srv": o.Dir(0o750),
+        "srv/link": o.Link("../etc/motd"),
+    }
+)
+MORE = o.layer(
+    {
+        "data/.wh..wh..opq": b"",  # everything below from lower layers is gone
+        "data/new": b"layer 3\n",
+        "etc/cross-layer-link": o.Link("etc/motd", hard=True),
+        "bin/suid": b"#!/bin/sh\n",
+    }
+)
+
+
+async def test_a_registry_image_runs_with_its_layers_and_config(reg, rt, tmp_path):
+    digest = push(
+        reg, tmp_path, "test/layered:1", CHANGES, MORE,
+        config={"Env": ["PATH=/bin:/opt/tools", "GREETING=hello", "HOME=/nope"], "WorkingDir": "/srv/app"},
+    )  # fmt: skip
+    image = f"{reg.host}/test/layered:1"
+    info = await rt.create(api.SandboxSpec(sandbox_id="l1", image=image))
+    assert info.image_digest == digest
+    await rt.start("l1")
+    code, out = await sh(
+        rt, "l1", "ls /data; cat /etc/motd /etc/cross-layer-link /srv/link; echo $GREETING $PATH $HOME $SBX_WORKDIR;"
+        " id -u; cat /etc/passwd; ls -d /srv/app",
+    )  # fmt: skip
+    assert code == 0, out
+    lines = out.splitlines()
+    assert lines[0] == "new"  # the opaque directory hides layer 2's files
+    assert lines[1:4] == ["from layer 2"] * 3  # a cross-layer hard link and a symlink
+    assert lines[4] == "hello /bin:/opt/tools /root /srv/app"  # the image's Env, not its HOME
+    assert lines[5] == "0"
+    assert "root:x:0:0" in out and "sandbox:x:1000:1000" in out  # ours, the image's was deleted
+    assert "/srv/app" in lines[-1]
+    # Copy-on-write: the sandbox's changes stay in it, the shared layers are untouched.
+    assert (await sh(rt, "l1", "echo changed > /etc/motd && rm /data/new && cat /etc/motd"))[1] == "changed\n"
+    store = rt.images.pulled
+    pulled = store.get(digest)
+    assert pulled is not None and len(pulled.layers) == 3
+    motd = [p / "etc" / "motd" for p in store.lower_dirs(pulled) if (p / "etc" / "motd").exists()]
+    assert [p.read_text() for p in motd] == ["from layer 2\n"]
+
+
+async def test_a_second_sandbox_shares_the_layers_and_a_read_only_root_stays_read_only(reg, rt, tmp_path):
+    push(reg, tmp_path, "test/shared:1", CHANGES, config={"User": "4242"})
+    image = f"{reg.host}/test/shared:1"
+    first = await rt.pull(image)
+    assert first is not None and first.fetched == 2
+    second = await rt.pull(image)
+    assert second is not None and second.fetched == 0 and second.digest == first.digest
+    before = sorted(p.name for p in (rt.images.pulled.root / "layers").iterdir())
+    for sid, root in (("s1", True), ("s2", False)):
+        await rt.create(api.SandboxSpec(sandbox_id=sid, image=image, run_as_root=root, writable_root=root))
+        await rt.start(sid)
+    assert sorted(p.name for p in (rt.images.pulled.root / "layers").iterdir()) == before
+    # No copy per sandbox: each one's own directory holds kilobytes, the layers are shared.
+    for sid in ("s1", "s2"):
+        used = subprocess.run(["du", "-sk", str(rt._dir(sid))], capture_output=True, text=True).stdout
+        assert int(used.split()[0]) < 200, used
+    code, out = await sh(
+        rt, "s2", "id -u; echo $HOME; touch /etc/x 2>&1; echo ok > /workspace/f && cat /workspace/f"
+    )
+    assert out.splitlines()[0] == "4242"  # the image's User, when not root
+    assert "Read-only file system" in out and out.endswith("ok\n"), out
+
+
+async def test_a_multi_platform_index_gives_this_machines_image(reg, rt, tmp_path):
+    layout = tmp_path / "multi"
+    images = []
+    for arch in ("arm64", "amd64", "s390x"):
+        marker = o.layer({"etc/arch": arch.encode()})
+        images.append((o.image_manifest(layout, [o.busybox_layer(), marker], arch=arch), arch))
+    o.write_layout(layout, images)
+    reg.push(layout, "test/multi:1", all_platforms=True)
+    wanted = registry.machine_platform()[1]
+    if wanted not in ("arm64", "amd64"):
+        pytest.skip(f"no image for {wanted} in the test index")
+    await rt.create(api.SandboxSpec(sandbox_id="m1", image=f"{reg.host}/test/multi:1"))
+    await rt.start("m1")
+    assert await sh(rt, "m1", "cat /etc/arch") == (0, wanted)
+    index = references.parse(f"{reg.host}/test/nothing-for-us:1")
+    only_s390x = tmp_path / "s390x"
+    o.write_layout(only_s390x, [(o.image_manifest(only_s390x, [o.busybox_layer()], arch="s390x"), "s390x")])
+    reg.push(only_s390x, "test/nothing-for-us:1", all_platforms=True)
+    with pytest.raises(
+        errors.InvalidInput, match=f"has no image for linux/{wanted} \\(it has linux/s390x\\)"
+    ):
+        await asyncio.to_thread(rt.images.pulled.pull, index)
+
+
+async def test_a_tag_is_resolved_once_and_a_digest_pins_the_content(reg, rt, tmp_path):
+    first = push(reg, tmp_path, "test/moving:1", o.layer({"etc/version": b"1"}))
+    image = f"{reg.host}/test/moving:1"
+    await rt.create(api.SandboxSpec(sandbox_id="t1", image=image))
+    second = push(reg, tmp_path, "test/moving:1", o.layer({"etc/version": b"2"}))
+    assert second != first
+    # A new sandbox of the tag gets what it was resolved to (no registry round trip) ...
+    assert (await rt.create(api.SandboxSpec(sandbox_id="t2", image=image))).image_digest == first
+    # ... until the operator pulls again; sandboxes made before keep their digest.
+    assert (await rt.pull(image, refresh=True)).digest == second
+    assert (await rt.create(api.SandboxSpec(sandbox_id="t3", image=image))).image_digest == second
+    for sid, version in (("t1", "1"), ("t3", "2")):
+        await rt.start(sid)
+        assert await sh(rt, sid, "cat /etc/version") == (0, version)
+    pinned = f"{reg.host}/test/moving@{first}"
+    assert (await rt.create(api.SandboxSpec(sandbox_id="t4", image=pinned))).image_digest == first
+
+
+async def test_basic_auth_uses_only_the_operators_credentials(tmp_path):
+    private = o.Registry(tmp_path / "private", users={"bot": "s3cret-pw"}).start()
+    try:
+        layout = tmp_path / "layout"
+        o.simple_image(layout)
+        private.push(layout, "team/tool:1", user="bot")
+        ref = references.parse(f"{private.host}/team/tool:1")
+        anonymous = layers.LayerStore(tmp_path / "anon")
+        with pytest.raises(errors.InvalidInput, match=r"needs credentials .*\(SBX_REGISTRIES_FILE\)"):
+            anonymous.pull(ref)
+        wrong = layers.LayerStore(tmp_path / "wrong", RegistryConfig({private.host: Registry("bot", "nope")}))
+        with pytest.raises(errors.InvalidInput, match="refused") as refused:
+            wrong.pull(ref)
+        assert "nope" not in refused.value.message
+        right = layers.LayerStore(
+            tmp_path / "right", RegistryConfig({private.host: Registry("bot", "s3cret-pw")})
+        )
+        assert right.pull(ref).fetched == 1
+        for store in (anonymous, wrong, right):  # nothing of a failed pull, no credential anywhere
+            for path in store.root.rglob("*"):
+                if path.is_file() and path.stat().st_size < 1024**2:
+                    assert b"s3cret-pw" not in path.read_bytes(), path
+        assert not any((tmp_path / "wrong" / "layers").iterdir())
+    finally:
+        private.stop()
+
+
+async def test_the_token_flow_docker_hub_and_ghcr_use(tmp_path):
+    """docker-registry with `auth: token` verifies the JWTs a token service signs, as
+    Docker Hub's and GHCR's registries do; anonymous tokens grant nothing here."""
+    tokens = o.TokenServer(tmp_path / "tokens", {"bot": "tok-pw"}).start()
+    gated = o.Registry(tmp_path / "gated", auth=tokens.auth_config(), push_creds="bot:tok-pw")
+    gated.start()
+    try:
+        layout = tmp_path / "layout"
+        o.simple_image(layout)
+        gated.push(layout, "org/app:2")
+        ref = references.parse(f"{gated.host}/org/app:2")
+        with pytest.raises(errors.InvalidInput, match="refused"):
+            layers.LayerStore(tmp_path / "anon").pull(ref)
+        config = RegistryConfig({gated.host: Registry("bot", "tok-pw")})
+        pulled = layers.LayerStore(tmp_path / "bot", config).pull(ref)
+        assert pulled.fetched == 1
+        assert ("bot", "repository:org/app:pull") in tokens.requests
+    finally:
+        gated.stop()
+        tokens.stop()
+
+
+async def test_a_mirror_is_asked_first(reg, tmp_path):
+    push(reg, tmp_path, "library/mirrored:1", o.layer({"etc/from": b"mirror"}))
+    config = RegistryConfig({"docker.io": Registry(mirrors=(reg.host,))})
+    pulled = layers.LayerStore(tmp_path / "store", config).pull(references.parse("mirrored:1"))
+    assert pulled.reference == "docker.io/library/mirrored:1" and pulled.fetched == 2
+
+
+async def test_unknown_images_and_unreachable_registries_are_clear_errors(reg, rt):
+    with pytest.raises(errors.NotFound, match="has no image .*test/never-pushed:1: "):
+        await rt.create(api.SandboxSpec(sandbox_id="u1", image=f"{reg.host}/test/never-pushed:1"))
+    with pytest.raises(errors.NotFound, match="manifest unknown"):
+        await rt.pull(f"{reg.host}/test/layered:no-such-tag")
+    port = o.support.free_port()
+    with pytest.raises(errors.Unavailable, match=f"registry 127.0.0.1:{port} cannot be reached"):
+        await rt.pull(f"127.0.0.1:{port}/test/img:1")
+    with pytest.raises(errors.InvalidInput, match="repository names"):
+        await rt.create(api.SandboxSpec(sandbox_id="u2", image="Not A Reference"))
+    assert list(rt.root.iterdir()) == []
+    assert rt.images.pulled.all() == []
+
+
+def _blob_path(reg: o.Registry, digest: str) -> Path:
+    hexd = digest.split(":", 1)[1]
+    return reg.root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
+
+
+async def test_a_blob_altered_in_the_registry_is_refused_and_nothing_kept(reg, tmp_path):
+    payload = o.layer({"etc/payload": b"genuine" * 100})
+    push(reg, tmp_path, "test/tampered:1", payload)
+    blob = _blob_path(reg, "sha256:" + __import__("hashlib").sha256(payload).hexdigest())
+    forged = o.layer({"etc/payload": b"forgery" * 100})
+    assert len(forged) == len(payload)
+    blob.write_bytes(forged)
+    store = layers.LayerStore(tmp_path / "store")
+    with pytest.raises(errors.InvalidInput, match="does not match its digest"):
+        store.pull(references.parse(f"{reg.host}/test/tampered:1"))
+    assert store.all() == []
+    kept = [p.name for p in (store.root / "layers").iterdir() if not p.name.endswith(".json")]
+    assert len(kept) == 1  # busybox's layer, which was fine; the forged one is not there
+    assert list((store.root / "blobs").iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("entries", "said"),
+    [
+        ({"../escape": b"x"}, "'..'"),
+        ({"/etc/abs": b"x"}, "absolute path"),
+        ({"link": o.Link("/tmp"), "link/through": b"x"}, "through the symlink"),
+        ({"hard": o.Link("../../etc/shadow", hard=True)}, "'..'"),
+        ({"hard": o.Link("nowhere/file", hard=True)}, "missing file"),
+    ],
+)
+async def test_a_layer_that_tries_to_escape_is_refused(reg, tmp_path, entries, said):
+    name = f"test/escape-{abs(hash(said)) % 10_000}:1"
+    push(reg, tmp_path, name, o.layer(entries))
+    store = layers.LayerStore(tmp_path / "store")
+    with pytest.raises(oci.ImageError, match=said):
+        store.pull(references.parse(f"{reg.host}/{name}"))
+    assert store.all() == []
+    assert not (tmp_path / "escape").exists() and not Path("/tmp/through").exists()
+    assert not [p for p in (store.root / "layers").iterdir() if p.name.startswith(".")]
+
+
+async def test_decompression_bombs_and_oversized_images_are_refused(reg, tmp_path):
+    bomb = gzip.compress(o.layer({"zeros": b"\0" * (64 * 1024**2)}, compress=False), 9)
+    assert len(bomb) < 256 * 1024
+    push(reg, tmp_path, "test/bomb:1", bomb)
+    store = layers.LayerStore(tmp_path / "store", max_bytes=16 * 1024**2)
+    with pytest.raises(oci.ImageError, match="unpacks to more than"):
+        store.pull(references.parse(f"{reg.host}/test/bomb:1"))
+    assert store.all() == []
+    tiny = layers.LayerStore(tmp_path / "tiny", max_bytes=64 * 1024)
+    with pytest.raises(oci.ImageError, match="more than the limit .*SBX_IMAGE_MAX_BYTES"):
+        tiny.pull(references.parse(f"{reg.host}/test/bomb:1"))
+
+
+async def test_an_image_without_a_shell_is_a_clear_error(reg, rt, tmp_path):
+    layout = tmp_path / "noshell"
+    o.write_layout(layout, [(o.image_manifest(layout, [o.layer({"app/server": b"\x7fELF"})]), None)])
+    reg.push(layout, "test/distroless:1")
+    with pytest.raises(errors.InvalidInput, match="has no /bin/sh; sandboxes need a POSIX shell"):
+        await rt.create(api.SandboxSpec(sandbox_id="n1", image=f"{reg.host}/test/distroless:1"))
+    assert list(rt.root.iterdir()) == []
+
+
+async def test_concurrent_pulls_of_one_image_download_it_once(reg, tmp_path):
+    push(reg, tmp_path, "test/popular:1", o.layer({"etc/big": os.urandom(2 * 1024**2)}))
+    ref = references.parse(f"{reg.host}/test/popular:1")
+
+    class Counting(layers.Progress):
+        def __init__(self) -> None:
+            self.bytes = 0
+            self.lock = threading.Lock()
+
+        def advanced(self, digest: str, count: int) -> None:
+            with self.lock:
+                self.bytes += count
+
+    counting = Counting()
+    stores = [layers.LayerStore(tmp_path / "store") for _ in range(6)]  # as six processes would
+    results = await asyncio.gather(*(asyncio.to_thread(s.pull, ref, progress=counting) for s in stores))
+    assert len({r.digest for r in results}) == 1
+    assert sum(r.fetched for r in results) == 2  # each layer once, by whichever pull came first
+    assert counting.bytes == results[0].size
+
+
+async def test_a_pull_that_takes_too_long_keeps_nothing(reg, tmp_path):
+    push(reg, tmp_path, "test/slow:1", o.layer({"etc/big": os.urandom(1024**2)}))
+    store = layers.LayerStore(tmp_path / "store", timeout=0.0)
+    with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
+        store.pull(references.parse(f"{reg.host}/test/slow:1"))
+    assert store.all() == [] and list((store.root / "blobs").iterdir()) == []
+
+
+async def test_a_full_disk_is_a_clear_error_and_leaves_nothing_half_registered(reg, tmp_path):
+    push(reg, tmp_path, "test/huge:1", o.layer({"etc/big": os.urandom(3 * 1024**2)}))
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
+    try:
+        store = layers.LayerStore(small / "store")
+        with pytest.raises(errors.LimitExceeded, match="not enough disk space|no space left"):
+            store.pull(references.parse(f"{reg.host}/test/huge:1"))
+        assert store.all() == []
+        assert list((store.root / "blobs").iterdir()) == []
+        assert not [p for p in (store.root / "layers").iterdir() if p.name.startswith(".")]
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+async def test_prune_removes_unused_images_first_and_never_one_in_use(reg, rt, tmp_path):
+    push(reg, tmp_path, "test/used:1", o.layer({"etc/u": b"1"}))
+    push(reg, tmp_path, "test/unused:1", o.layer({"etc/n": b"1"}))
+    used, unused = f"{reg.host}/test/used:1", f"{reg.host}/test/unused:1"
+    await rt.create(api.SandboxSpec(sandbox_id="p1", image=used))
+    await rt.pull(unused)
+    removed, freed = rt.prune_images()
+    assert [r.split("@")[0] for r in removed] == [unused] and freed > 0
+    rows = {row["reference"]: row for row in rt.image_report()}
+    assert rows[used]["sandboxes"] == 1 and unused not in rows
+    layer_names = {p.name for p in (rt.images.pulled.root / "layers").iterdir()}
+    assert len(layer_names) == 4  # busybox's layer (shared) and used's, with their records
+    await rt.start("p1")
+    assert (await sh(rt, "p1", "cat /etc/u"))[1] == "1"
+    await rt.delete("p1")
+    assert [r.split("@")[0] for r in rt.prune_images()[0]] == [used]
+    assert list((rt.images.pulled.root / "layers").iterdir()) == []
+
+
+def test_registries_file_parses_credentials_insecure_hosts_and_mirrors(tmp_path):
+    secret = tmp_path / "token"
+    secret.write_text("pw-from-file\n")
+    path = tmp_path / "registries.toml"
+    path.write_text(
+        f"""
+[registries."ghcr.io"]
+username = "bot"
+password_file = "{secret}"
+[registries."registry.internal:5000"]
+insecure = true
+[registries."index.docker.io"]
+mirrors = ["mirror.internal:5000"]
+"""
+    )
+    config = RegistryConfig.load(path)
+    assert config.credentials_for("ghcr.io") == ("bot", "pw-from-file")
+    assert "pw-from-file" not in repr(config)
+    assert config.allows_http("registry.internal:5000") and config.allows_http("127.0.0.1:5000")
+    assert not config.allows_http("ghcr.io") and not config.allows_http("10.1.2.3:5000")
+    assert config.mirrors_for("docker.io") == ("mirror.internal:5000",)
+    for bad, said in (
+        ('[registries."x"]\nusername = "a"\n', "both a username and a password"),
+        ('[registries."x"]\ncolour = "red"\n', "unknown keys colour"),
+        ("[other]\n", "only \\[registries"),
+        ("not toml = = =", "not valid TOML"),
+    ):
+        path.write_text(bad)
+        with pytest.raises(errors.ConfigError, match=said):
+            RegistryConfig.load(path)
+
+
+def test_plain_http_is_refused_for_a_registry_not_listed_as_insecure(reg, tmp_path):
+    """The host's own address is not loopback: a plain-HTTP registry there is refused until
+    the operator lists it as insecure."""
+    address = next(
+        (
+            a
+            for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+            if "." in a
+        ),
+        None,
+    )
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    outside = o.Registry(tmp_path / "outside")
+    outside.port = o.support.free_port()
+    config = {
+        "version": 0.1, "log": {"level": "error"},
+        "storage": {"filesystem": {"rootdirectory": str(tmp_path / "outside" / "data")}},
+        "http": {"addr": f"{address}:{outside.port}"},
+    }  # fmt: skip
+    (tmp_path / "outside").mkdir()
+    (tmp_path / "outside" / "config.json").write_text(json.dumps(config))
+    proc = subprocess.Popen(
+        ["docker-registry", "serve", str(tmp_path / "outside" / "config.json")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        host = f"{address}:{outside.port}"
+        for _ in range(100):
+            if subprocess.run(["curl", "-sf", f"http://{host}/v2/"], capture_output=True).returncode == 0:
+                break
+            __import__("time").sleep(0.05)
+        layout = tmp_path / "layout"
+        o.simple_image(layout)
+        subprocess.run(
+            ["skopeo", "copy", "-q", "--dest-tls-verify=false", "--insecure-policy",
+             f"oci:{layout}:latest", f"docker://{host}/t/plain:1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        ref = references.parse(f"{host}/t/plain:1")
+        with pytest.raises(errors.Unavailable, match="cannot be reached"):
+            layers.LayerStore(tmp_path / "strict").pull(ref)
+        listed = RegistryConfig({host: Registry(insecure=True)})
+        assert layers.LayerStore(tmp_path / "listed", listed).pull(ref).fetched == 1
+    finally:
+        proc.terminate()
+        proc.wait(10)
