@@ -143,11 +143,14 @@ def layer(entries: dict[str, Entry], *, compress: bool = True) -> bytes:
     return gzip.compress(body, mtime=0) if compress else body
 
 
-def busybox_layer(*extra: str) -> bytes:
-    """A static busybox as /bin/sh (and the named applets), with /etc/passwd."""
+def busybox_layer() -> bytes:
+    """A static busybox as /bin/sh and every other applet it has (as Alpine's base image
+    has them), with /etc/passwd."""
     entries: dict[str, Entry] = {"bin": Dir(), "bin/busybox": BUSYBOX.read_bytes(), "etc": Dir()}
-    for applet in ("sh", "ls", "cat", "id", "env", "pwd", *extra):
-        entries[f"bin/{applet}"] = Link("busybox")
+    applets = subprocess.run([str(BUSYBOX), "--list"], capture_output=True, text=True, check=True).stdout
+    for applet in applets.split():
+        if applet != "busybox" and "/" not in applet:
+            entries[f"bin/{applet}"] = Link("busybox")
     entries["etc/passwd"] = b"root:x:0:0:root:/root:/bin/sh\n"
     return layer(entries)
 
@@ -339,3 +342,18 @@ class TokenServer:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+
+
+def host_bash_layer() -> bytes:
+    """The host's bash and the libraries it links, as a layer (for images with bash)."""
+    bash = Path(shutil.which("bash") or "/bin/bash").resolve()
+    entries: dict[str, Entry] = {"bin": Dir(), "bin/bash": bash.read_bytes()}
+    libs = subprocess.run(["ldd", str(bash)], capture_output=True, text=True, check=True).stdout
+    for line in libs.splitlines():
+        path = next((p for p in line.split() if p.startswith("/")), None)
+        if path:
+            parts = path.strip("/").split("/")
+            for depth in range(1, len(parts)):
+                entries.setdefault("/".join(parts[:depth]), Dir())
+            entries["/".join(parts)] = Path(path).resolve().read_bytes()
+    return layer(entries)

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from shared.contract import states
+from shared.contract import errors, references, states
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,22 @@ class PoolSpec:
     def serves(self, options: Mapping[str, object]) -> bool:
         """Whether a sandbox of this pool fits a session asking for these options."""
         return (
-            options.get("image", "default") == self.image
+            same_image(str(options.get("image", "default")), self.image)
             and options.get("run_as_root", True) == self.run_as_root
             and options.get("writable_root", True) == self.writable_root
             and not options.get("use_kata", False)
         )
+
+
+def same_image(a: str, b: str) -> bool:
+    """Whether two image names stand for the same image: equal, or the same reference
+    once normalised (``python:3.12`` is ``docker.io/library/python:3.12``)."""
+    if a == b:
+        return True
+    try:
+        return str(references.parse(a)) == str(references.parse(b))
+    except errors.InvalidInput:
+        return False
 
 
 class PoolSettings(Protocol):

@@ -87,10 +87,11 @@ async def test_a_registry_image_runs_with_its_layers_and_config(reg, rt, tmp_pat
     info = await rt.create(api.SandboxSpec(sandbox_id="l1", image=image))
     assert info.image_digest == digest
     await rt.start("l1")
-    code, out = await sh(
-        rt, "l1", "ls /data; cat /etc/motd /etc/cross-layer-link /srv/link; echo $GREETING $PATH $HOME $SBX_WORKDIR;"
-        " id -u; cat /etc/passwd; ls -d /srv/app",
-    )  # fmt: skip
+    script = (
+        "ls /data; cat /etc/motd /etc/cross-layer-link /srv/link; echo $GREETING $PATH $HOME $SBX_WORKDIR;"
+        " id -u; cat /etc/passwd; ls -d /srv/app"
+    )
+    code, out = await sh(rt, "l1", script)
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == "new"  # the opaque directory hides layer 2's files

@@ -438,3 +438,11 @@ def test_a_session_may_wait_for_the_pools_unclaimed_requested_and_running_sandbo
         sbx("running"),  # a session's own cold start
     ]
     assert pools.preparing(sandboxes, pid) == 2
+
+
+def test_a_pool_serves_its_image_under_any_spelling_of_the_reference() -> None:
+    spec = pools.PoolSpec("py", "python:3.12", min_idle=1)
+    for asked in ("python:3.12", "docker.io/library/python:3.12", "index.docker.io/library/python:3.12"):
+        assert spec.serves({"image": asked}), asked
+    for other in ("python:3.13", "python", "ghcr.io/library/python:3.12", "default", "Bad Ref"):
+        assert not spec.serves({"image": other}), other

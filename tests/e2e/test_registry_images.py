@@ -1,0 +1,90 @@
+"""An agent over MCP asks for images from a registry (a real docker-registry on loopback)
+under a real `sbx up`: a pool of one image is filled after its pull and a session asking
+for it claims warm; a shell-only image works; a missing image is a clear error. The pulls
+are in the event stream."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests import oci_registry as o
+from tests import support
+from tests.e2e.test_mcp import Agent
+from tests.e2e.test_sbx_up import running_stack
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+
+
+def events(state) -> list[dict]:
+    listed = subprocess.run(
+        [sys.executable, "-m", "sbx.cli", "events", "--json", "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=60, cwd=support.ROOT,
+    ).stdout  # fmt: skip
+    return [json.loads(line)["event"] for line in listed.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture
+def registry_stack(tmp_path):
+    """A registry with two images, and `sbx up` with a warm pool of the first one."""
+    if missing := o.missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: scripts/setup --dev installs them")
+    reg = o.Registry(tmp_path / "registry").start()
+    try:
+        bashy, shonly = tmp_path / "bashy", tmp_path / "shonly"
+        o.simple_image(
+            bashy, o.host_bash_layer(), o.layer({"etc/marker": b"bashy\n"}), config={"Env": ["TOOL=1"]}
+        )
+        o.simple_image(shonly, o.layer({"etc/marker": b"sh only\n"}))
+        reg.push(bashy, "test/bashy:1")
+        reg.push(shonly, "test/shonly:1")
+        pools = json.dumps([{"name": "bashy", "image": f"{reg.host}/test/bashy:1", "min_idle": 1}])
+        state = tmp_path / "state"
+        with running_stack(state, SBX_POOLS=pools, SBX_POOL_MIN_IDLE="0") as (_, url):
+            yield reg, state, url
+    finally:
+        reg.stop()
+
+
+async def test_an_agent_gets_registry_images_and_a_pool_of_one_starts_warm(registry_stack):
+    reg, state, url = registry_stack
+    pooled = f"{reg.host}/test/bashy:1"
+    key = (state / "api-key").read_text().strip()
+
+    def pool_ready() -> bool:
+        return any(e["type"] == "sandbox.started" and e.get("image_digest") for e in events(state))
+
+    await support.eventually(pool_ready, timeout=60, interval=0.5)  # pulled, then filled
+    agent = Agent(url, key, "reg-1")
+    ok, text = await agent.call("create_sandbox", image=pooled)
+    assert ok, text
+    ok, text = await agent.call("shell", command='cat /etc/marker; echo "$TOOL"; f() { echo fn; }; x=41')
+    assert ok and text.startswith("bashy\n1\n"), text
+    ok, text = await agent.call("shell", command="f; echo $((x + 1)); echo ${BASH_VERSION%%.*}")
+    assert ok and text.startswith("fn\n42\n5"), text  # one live bash session
+
+    other = Agent(url, key, "reg-2")
+    ok, text = await other.call("create_sandbox", image=f"{reg.host}/test/shonly:1")
+    assert ok, text
+    ok, text = await other.call("shell", command="cd /etc && export A=1; cat marker")
+    assert ok and text.startswith("sh only"), text
+    ok, text = await other.call("shell", command='pwd; echo "$A"')
+    assert ok and text.startswith("/etc\n1\n"), text
+
+    ok, text = await Agent(url, key, "reg-3").call("create_sandbox", image=f"{reg.host}/test/missing:1")
+    assert not ok and "has no image" in text and "test/missing:1" in text, text
+
+    seen = events(state)
+    pulls = [e for e in seen if e["type"].startswith("image.")]
+    pulled = {e["reference"]: e for e in pulls if e["type"] == "image.pulled"}
+    assert set(pulled) == {pooled, f"{reg.host}/test/shonly:1"}
+    assert all(p["digest"].startswith("sha256:") and p["size"] > 0 for p in pulled.values())
+    failed = [e for e in pulls if e["type"] == "image.pull_failed"]
+    assert [f["reference"] for f in failed] == [f"{reg.host}/test/missing:1"]
+    claimed = [e for e in seen if e["type"] == "sandbox.claimed" and e.get("session_id") == "reg-1"]
+    assert claimed, "the session for the pool's image claimed a warm sandbox"
+    assert sum(1 for e in pulls if e["type"] == "image.pull_started" and e["reference"] == pooled) == 1
