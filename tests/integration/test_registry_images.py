@@ -452,3 +452,35 @@ def test_plain_http_is_refused_for_a_registry_not_listed_as_insecure(reg, tmp_pa
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_operator_commands_pull_list_and_prune(reg, tmp_path):
+    import sys
+
+    from tests import support
+
+    push(reg, tmp_path, "test/cli:1", o.layer({"etc/cli": b"1"}))
+    state, ref = tmp_path / "state", f"{reg.host}/test/cli:1"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_"))}
+
+    def sbx(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sbx.cli", "image", *args, "--state-dir", str(state)],
+            capture_output=True, text=True, timeout=120, cwd=support.ROOT, env=env,
+        )  # fmt: skip
+
+    pulled = sbx("pull", ref)
+    assert pulled.returncode == 0, pulled.stderr
+    assert f"{ref}@sha256:" in pulled.stdout and "2 layers (2 downloaded)" in pulled.stdout
+    again = sbx("pull", ref)
+    assert "2 layers (0 downloaded)" in again.stdout
+    rows = json.loads(sbx("list", "--json").stdout)
+    assert [r["kind"] for r in rows] == ["built-in", "pulled"]
+    assert rows[1]["reference"] == ref and rows[1]["sandboxes"] == 0 and rows[1]["size"] > 0
+    missing = sbx("pull", f"{reg.host}/test/not-there:1")
+    assert missing.returncode != 0 and "has no image" in missing.stderr
+    bad = sbx("pull", "Bad Ref")
+    assert bad.returncode != 0 and "repository names" in bad.stderr
+    pruned = sbx("prune")
+    assert pruned.returncode == 0 and "1 images removed" in pruned.stdout
+    assert [r["kind"] for r in json.loads(sbx("list", "--json").stdout)] == ["built-in"]
