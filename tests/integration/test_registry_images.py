@@ -484,3 +484,39 @@ def test_the_operator_commands_pull_list_and_prune(reg, tmp_path):
     pruned = sbx("prune")
     assert pruned.returncode == 0 and "1 images removed" in pruned.stdout
     assert [r["kind"] for r in json.loads(sbx("list", "--json").stdout)] == ["built-in"]
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        {"etc/.wh.passwd": b"", "etc/passwd": o.Link("/etc/shadow")},
+        {"etc/.wh.passwd": b"", "etc/passwd": o.Link("../../../../../../etc/shadow")},
+        {".wh.etc": b"", "etc": o.Link("/etc")},
+        {"etc/ssl/certs/ca-certificates.crt": o.Link("/etc/shadow")},
+    ],
+    ids=["passwd-absolute", "passwd-relative", "etc-itself", "trust-store"],
+)
+async def test_an_image_cannot_make_the_host_read_its_files_for_it(reg, rt, tmp_path, entries):
+    """What the runtime reads of an image on the host (its passwd, to add the sandbox user
+    and find its User; whether it has a trust store) is never read through a symlink,
+    which the host would resolve against its own files."""
+    name = f"test/peek-{len(entries)}-{abs(hash(tuple(entries))) % 10_000}:1"
+    push(reg, tmp_path, name, o.layer(entries), config={"User": "daemon"})
+    image = f"{reg.host}/{name}"
+    pulled = await rt.pull(image)
+    record = rt.images.pulled.get(pulled.digest)
+    assert record is not None and not record.trust_store
+    top = rt.images.pulled.lower_dirs(record)[-1]
+    shadow = Path("/etc/shadow").read_text()
+    assert (top / "etc" / "passwd").read_text().splitlines() == [
+        "root:x:0:0:root:/root:/bin/sh",
+        "sandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh",
+    ]
+    assert shadow.splitlines()[0] not in (top / "etc" / "group").read_text()
+    await rt.create(api.SandboxSpec(sandbox_id="peek", image=image, run_as_root=False))
+    await rt.start("peek")
+    code, out = await sh(rt, "peek", "cat /etc/passwd; id -u; echo $HOME")
+    assert shadow.splitlines()[0].split(":")[0] + ":" not in out.replace("root:x", "").replace(
+        "root:/root", ""
+    )
+    assert out.splitlines()[-2:] == ["1000", "/home/sandbox"]  # 'daemon' is not in the image's passwd

@@ -104,9 +104,11 @@ def user_of(image: Image) -> tuple[int, str]:
         image.layers[0].source / "etc" / "passwd" if image.layers and image.layers[0].dest == "/" else None
     )
     rows = []
-    with contextlib.suppress(OSError, UnicodeDecodeError):
-        if passwd is not None and passwd.stat().st_size < 1024**2:
-            rows = [row.split(":") for row in passwd.read_text().splitlines()]
+    with contextlib.suppress(OSError):  # never through a symlink: it would be resolved on the host
+        fd = os.open(passwd, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC) if passwd is not None else -1
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as handle:
+                rows = [row.split(":") for row in handle.read(1024**2).decode(errors="replace").splitlines()]
     for row in rows:
         if len(row) >= 6 and wanted in (row[0], row[2]) and row[2].isdigit() and row[2] != "0":
             return int(row[2]), row[5] or fallback[1]
@@ -159,7 +161,8 @@ class ImageStore:
             name,
             (bwrap.Layer(rootfs, "/"),),
             config=oci.ImageConfig.from_json({"config": config}) if isinstance(config, dict) else None,
-            trust_store=(rootfs / layers.TRUST_STORE).is_file(),
+            trust_store=(rootfs / layers.TRUST_STORE).is_file()
+            and not (rootfs / layers.TRUST_STORE).is_symlink(),
         )
 
     def resolve(self, name: str, digest: str | None = None) -> Image:

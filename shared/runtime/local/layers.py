@@ -30,6 +30,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -388,7 +389,7 @@ class LayerStore:
             config=config,
             size=size,
             unpacked=unpacked,
-            trust_store=finder.find(TRUST_STORE) is not None,
+            trust_store=_is_file(finder, TRUST_STORE),
             has_bash=bash is not None,
             has_sh=sh is not None,
         )
@@ -514,14 +515,45 @@ def _write_top(top: Path, finder: layerfs.LayerExtractor, workdir: str | None) -
         ("passwd", f"{user}:x:{uid}:{uid}:sandbox:/home/{user}:/bin/sh\n", 2),
         ("group", f"{user}:x:{uid}:\n", 2),
     ):
-        found = finder.find(f"etc/{name}")
-        text = ""
-        if found is not None and found[1].st_size < 1024**2:
-            with contextlib.suppress(OSError, UnicodeDecodeError):
-                text = Path(found[0]).read_text()
+        text = _read_layer_file(finder, f"etc/{name}")
         rows = [row.split(":") for row in text.splitlines()]
         if not any(len(r) > field_no and r[0] == "root" for r in rows):
             text = ("root:x:0:0:root:/root:/bin/sh\n" if name == "passwd" else "root:x:0:\n") + text
         if not any(len(r) > field_no and r[field_no] == str(uid) for r in rows):
             text = (text if text.endswith("\n") or not text else text + "\n") + line
         (etc / name).write_text(text)
+
+
+def _is_file(finder: layerfs.LayerExtractor, rel: str) -> bool:
+    """Whether the image has a regular file at ``rel`` (a symlink there is not one: it
+    would be resolved on the host)."""
+    found = finder.find(rel)
+    return found is not None and stat.S_ISREG(found[1].st_mode)
+
+
+def is_image_file(lowers: Sequence[Path], rel: str) -> bool:
+    """Whether the layers ``lowers`` (the nearest first) show a regular file at ``rel``."""
+    return _is_file(
+        layerfs.LayerExtractor("", oci.Budget(max_bytes=0, max_members=0), [str(p) for p in lowers]), rel
+    )
+
+
+def read_image_file(lowers: Sequence[Path], rel: str, limit: int = 1024**2) -> str:
+    """The text of the regular file ``rel`` as the layers ``lowers`` (the nearest first)
+    show it, never through a symlink (an image's ``etc/passwd`` or ``etc`` may point
+    anywhere on the host); empty if there is none."""
+    finder = layerfs.LayerExtractor("", oci.Budget(max_bytes=0, max_members=0), [str(p) for p in lowers])
+    return _read_layer_file(finder, rel, limit)
+
+
+def _read_layer_file(finder: layerfs.LayerExtractor, rel: str, limit: int = 1024**2) -> str:
+    found = finder.find(rel)
+    if found is None or not stat.S_ISREG(found[1].st_mode) or found[1].st_size > limit:
+        return ""
+    try:
+        fd = os.open(found[0], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return ""
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(limit)
+    return data.decode(errors="replace")
