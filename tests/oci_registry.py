@@ -357,3 +357,109 @@ def host_bash_layer() -> bytes:
                 entries.setdefault("/".join(parts[:depth]), Dir())
             entries["/".join(parts)] = Path(path).resolve().read_bytes()
     return layer(entries)
+
+
+# ---- a hostile registry: answers no honest registry gives (plain HTTP, loopback) ----------
+
+
+class HostileRegistry:
+    """A registry that lies: it serves whatever manifests and blobs a test gives it, may
+    send them a byte at a time, and may redirect. For attacks a real registry cannot be
+    made to carry out (docker-registry checks what it is pushed)."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        self.manifests: dict[str, tuple[bytes, str]] = {}
+        self.blobs: dict[str, bytes] = {}
+        self.trickle: dict[str, float] = {}
+        """Path tail (a tag, a digest) -> seconds between bytes."""
+        self.redirects: dict[str, str] = {}
+        """Digest -> URL its blob is redirected to."""
+        self.port = support.free_port()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                path = self.path.split("?")[0]
+                tail = path.rsplit("/", 1)[-1]
+                if path == "/v2/":
+                    return self.send(b"{}", "application/json")
+                if tail in outer.redirects:
+                    self.send_response(307)
+                    self.send_header("Location", outer.redirects[tail])
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
+                if "/manifests/" in path and tail in outer.manifests:
+                    body, media_type = outer.manifests[tail]
+                    return self.send(body, media_type, outer.trickle.get(tail))
+                if "/blobs/" in path and tail in outer.blobs:
+                    return self.send(outer.blobs[tail], "application/octet-stream", outer.trickle.get(tail))
+                return self.send(
+                    b'{"errors":[{"code":"NAME_UNKNOWN","message":"no such thing"}]}', "application/json", 404
+                )
+
+            def send(
+                self, body: bytes, media_type: str, trickle: float | None = None, code: int = 200
+            ) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", media_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    if not trickle:
+                        self.wfile.write(body)
+                        return
+                    for index in range(len(body)):
+                        self.wfile.write(body[index : index + 1])
+                        self.wfile.flush()
+                        time.sleep(trickle)
+                except OSError:
+                    return
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def blob(self, data: bytes) -> str:
+        digest = "sha256:" + hashlib.sha256(data).hexdigest()
+        self.blobs[digest] = data
+        return digest
+
+    def image(
+        self, tag: str, layers: list[bytes], *, sizes: bool = True, manifest: bytes | None = None
+    ) -> str:
+        """Serve an image (or the raw ``manifest`` given) under ``tag`` and its digest."""
+        config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}}).encode()
+        document = {
+            "schemaVersion": 2,
+            "mediaType": OCI + "manifest.v1+json",
+            "config": {"mediaType": OCI + "config.v1+json", "digest": self.blob(config), "size": len(config)},
+            "layers": [
+                {
+                    "mediaType": OCI + "layer.v1.tar+gzip",
+                    "digest": self.blob(data),
+                    **({"size": len(data)} if sizes else {}),
+                }
+                for data in layers
+            ],
+        }
+        body = manifest if manifest is not None else json.dumps(document).encode()
+        digest = "sha256:" + hashlib.sha256(body).hexdigest()
+        self.manifests[tag] = self.manifests[digest] = (body, OCI + "manifest.v1+json")
+        return digest
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -250,7 +250,15 @@ class PoolHandlers:
         )
         log.info("image.pull_started", reference=ref, sandbox_id=request.sandbox_id)
         try:
-            pulled = await self.runtime.pull(request.image)
+            try:
+                pulled = await self.runtime.pull(request.image)
+            except errors.SandboxError:
+                raise
+            except Exception as exc:  # a bug (or a case not foreseen): said as such, recorded all the same
+                log.exception("image.pull_crashed", reference=ref)
+                raise errors.InfrastructureError(
+                    f"pulling {ref} failed unexpectedly ({type(exc).__name__})"
+                ) from exc
         except errors.SandboxError as exc:
             metrics.image_requests.labels("failed").inc()
             log.warning("image.pull_failed", reference=ref, error=exc.message)

@@ -17,6 +17,7 @@ with neither tag nor digest means ``:latest``. Pure: no I/O.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 
@@ -126,6 +127,18 @@ def _split_domain(text: str, rest: str) -> tuple[str, str]:
 
 
 def is_loopback(host: str) -> bool:
-    """Whether a registry host (with or without port) is this machine."""
-    bare = host.rsplit(":", 1)[0] if not host.startswith("[") else host[1:].split("]", 1)[0]
-    return bare in ("localhost", "::1") or bare.startswith("127.")
+    """Whether a registry host (with or without port) is this machine: ``localhost`` or a
+    loopback address (a DNS name that merely starts with ``127.`` is not)."""
+    bare = (
+        host[1:].split("]", 1)[0]
+        if host.startswith("[")
+        else host.rsplit(":", 1)[0]
+        if host.count(":") == 1
+        else host
+    )
+    if bare.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False

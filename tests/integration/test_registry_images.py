@@ -520,3 +520,94 @@ async def test_an_image_cannot_make_the_host_read_its_files_for_it(reg, rt, tmp_
         "root:/root", ""
     )
     assert out.splitlines()[-2:] == ["1000", "/home/sandbox"]  # 'daemon' is not in the image's passwd
+
+
+@pytest.fixture
+def hostile():
+    server = o.HostileRegistry()
+    yield server
+    server.stop()
+
+
+def test_a_registry_that_trickles_bytes_cannot_hold_a_pull_past_its_timeout(hostile, tmp_path):
+    hostile.image("slow", [o.busybox_layer()])
+    hostile.trickle["slow"] = 0.05  # a manifest of some hundred bytes: tens of seconds
+    store = layers.LayerStore(tmp_path / "store", timeout=1.0)
+    started = __import__("time").monotonic()
+    with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
+        store.pull(references.parse(f"{hostile.host}/t/img:slow"))
+    assert __import__("time").monotonic() - started < 5
+    assert store.all() == []
+
+
+def test_layers_without_a_size_and_absurd_json_are_refused(hostile, tmp_path):
+    store = layers.LayerStore(tmp_path / "store")
+    hostile.image("nosize", [o.busybox_layer()], sizes=False)
+    with pytest.raises(oci.ImageError, match="a layer without a size"):
+        store.pull(references.parse(f"{hostile.host}/t/img:nosize"))
+    hostile.image("deep", [], manifest=b"[" * 200_000)
+    with pytest.raises(errors.InvalidInput, match="not valid JSON"):
+        store.pull(references.parse(f"{hostile.host}/t/img:deep"))
+    assert store.all() == [] and list((store.root / "blobs").iterdir()) == []
+
+
+def test_a_blob_redirected_to_plain_http_elsewhere_is_refused(hostile, tmp_path):
+    address = next(
+        (
+            a
+            for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+            if "." in a
+        ),
+        None,
+    )
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    layer = o.busybox_layer()
+    hostile.image("redirect", [layer])
+    digest = "sha256:" + __import__("hashlib").sha256(layer).hexdigest()
+    hostile.redirects[digest] = f"http://{address}:{hostile.port}/v2/t/img/blobs/{digest}"
+    with pytest.raises(errors.InvalidInput, match="over plain HTTP"):
+        layers.LayerStore(tmp_path / "store").pull(references.parse(f"{hostile.host}/t/img:redirect"))
+
+
+def test_a_tag_and_its_digest_pulled_at_once_register_one_image(reg, tmp_path, monkeypatch):
+    """Two references of one manifest are pulled at once (their pull locks differ): the
+    image is registered once, and a top directory sandboxes may use is never replaced."""
+    digest = push(reg, tmp_path, "test/race:1", o.layer({"etc/r": os.urandom(200_000)}))
+    refs = [references.parse(f"{reg.host}/test/race:1"), references.parse(f"{reg.host}/test/race@{digest}")]
+    replaced: list[Path] = []
+    discard = layers._discard
+
+    def spying(path: Path) -> None:
+        if path.name.endswith(".top") and not path.name.startswith(".") and path.exists():
+            replaced.append(path)
+        discard(path)
+
+    monkeypatch.setattr(layers, "_discard", spying)
+    for attempt in range(3):
+        store = layers.LayerStore(tmp_path / f"store{attempt}")
+        threads = [threading.Thread(target=store.pull, args=(refs[i % 2],)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(store.all()) == 1
+    assert replaced == []
+
+
+async def test_a_user_of_uid_zero_in_any_spelling_is_not_honoured(reg, rt, tmp_path):
+    """run_as_root=false never runs as root, whatever the image's passwd calls uid 0."""
+    passwd = "root:x:0:0::/root:/bin/sh\nevil:x:00:0::/root:/bin/sh\narabic:x:\u0660:0::/root:/bin/sh\n"
+    for user in ("evil", "arabic", "00", "0"):
+        name = f"test/zero-{user}:1"
+        push(
+            reg,
+            tmp_path,
+            name,
+            o.layer({"etc/.wh.passwd": b"", "etc/passwd": passwd.encode()}),
+            config={"User": user},
+        )
+        sid = f"z-{user}"
+        await rt.create(api.SandboxSpec(sandbox_id=sid, image=f"{reg.host}/{name}", run_as_root=False))
+        await rt.start(sid)
+        assert (await sh(rt, sid, "id -u"))[1] == "1000\n", user

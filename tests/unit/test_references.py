@@ -64,7 +64,8 @@ def test_malformed_references_say_what_is_wrong(text: str, said: str) -> None:
 @pytest.mark.parametrize(
     ("host", "loopback"),
     [("localhost:5000", True), ("127.0.0.1", True), ("127.1.2.3:80", True), ("[::1]:5000", True),
-     ("registry.local", False), ("10.0.0.1:5000", False), ("localhost.evil.com", False)],
+     ("registry.local", False), ("10.0.0.1:5000", False), ("localhost.evil.com", False),
+     ("127.evil.example", False), ("127.0.0.1.attacker.com:443", False), ("::1", True)],
 )  # fmt: skip
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert references.is_loopback(host) is loopback

@@ -110,11 +110,18 @@ def user_of(image: Image) -> tuple[int, str]:
             with os.fdopen(fd, "rb") as handle:
                 rows = [row.split(":") for row in handle.read(1024**2).decode(errors="replace").splitlines()]
     for row in rows:
-        if len(row) >= 6 and wanted in (row[0], row[2]) and row[2].isdigit() and row[2] != "0":
-            return int(row[2]), row[5] or fallback[1]
-    if wanted.isdigit() and 0 < int(wanted) < 2**31:
-        return int(wanted), fallback[1]
+        if len(row) >= 6 and wanted in (row[0], row[2]) and _uid(row[2]) is not None:
+            return _uid(row[2]) or 0, row[5] or fallback[1]
+    if (uid := _uid(wanted)) is not None:
+        return uid, fallback[1]
     return fallback
+
+
+def _uid(text: str) -> int | None:
+    """A non-root uid written in ASCII digits (``00`` is root; so are other scripts' zeros)."""
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) < 2**31:
+        return None
+    return int(text)
 
 
 class ImageStore:

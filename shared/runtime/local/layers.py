@@ -219,6 +219,7 @@ class LayerStore:
                 return have
             deadline = _Deadline(time.monotonic() + self.timeout, str(ref))
             client = registry.Client(self.config)
+            client.deadline = deadline.at
             try:
                 return self._pull(client, ref, progress, deadline)
             except errors.SandboxError as exc:
@@ -365,6 +366,21 @@ class LayerStore:
         unpacked: int,
     ) -> Pulled:
         hexd = digest.split(":", 1)[1]
+        with self._flock(f"image-{hexd}"):  # a tag and its digest may be pulled at once
+            if (have := self.get(digest)) is not None:
+                return have  # registered meanwhile: its top may be in use, never replace it
+            return self._register_new(ref, digest, layers, config, size, unpacked)
+
+    def _register_new(
+        self,
+        ref: references.Reference,
+        digest: str,
+        layers: list[str],
+        config: oci.ImageConfig,
+        size: int,
+        unpacked: int,
+    ) -> Pulled:
+        hexd = digest.split(":", 1)[1]
         lowers = [self.root / "layers" / d.split(":", 1)[1] for d in reversed(layers)]
         top = self.root / "manifests" / f"{hexd}.top"
         tmp = top.with_name(f".{hexd}.top.{os.getpid()}.{threading.get_ident()}")
@@ -462,6 +478,8 @@ class LayerStore:
 
 def _layer(ref: references.Reference, descriptor: Any) -> tuple[str, int | None]:
     digest, size = registry.descriptor_of(descriptor)
+    if size is None:  # (the OCI spec requires it; without it no cap or disk check could hold)
+        raise oci.ImageError(f"{ref} has a layer without a size ({digest})")
     media_type = descriptor.get("mediaType")
     if isinstance(media_type, str) and media_type not in LAYER_TYPES:
         if "zstd" in media_type:

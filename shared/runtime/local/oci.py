@@ -301,7 +301,7 @@ def _read_json(source: _Source, name: str) -> Any:
         raise ImageError(f"{name} is too large")
     try:
         return json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ImageError(f"{name} is not valid JSON: {exc}") from exc
 
 

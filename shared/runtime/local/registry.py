@@ -56,7 +56,6 @@ ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 MANIFEST_MAX = 4 * 1024**2
 ATTEMPTS = 3
 BACKOFF = 0.5
-CHUNK = 1024 * 1024
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -92,13 +91,29 @@ class Client:
             follow_redirects=True,
             trust_env=True,
             headers={"User-Agent": "cloud-agent-sandbox"},
+            event_hooks={"request": [self._plain_http_only_where_allowed]},
         )
         self._tokens: dict[tuple[str, str], str] = {}
         self._schemes: dict[str, str] = {}
         self._lock = threading.Lock()
+        self.deadline: float | None = None
+        """``time.monotonic()`` by which every answer must be in (a pull's timeout): checked
+        on every chunk, so a registry that trickles bytes cannot hold a pull."""
+
+    def check_deadline(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise errors.Timeout("the pull took too long (SBX_IMAGE_PULL_TIMEOUT); nothing was kept")
 
     def close(self) -> None:
         self._http.close()
+
+    def _plain_http_only_where_allowed(self, request: httpx.Request) -> None:
+        """Every request, redirects included: plain HTTP only to loopback and insecure hosts."""
+        self.check_deadline()
+        if request.url.scheme == "http" and not self.config.allows_http(request.url.netloc.decode()):
+            raise PullError(
+                f"refused to fetch {request.url.host} over plain HTTP (not loopback, not listed as insecure)"
+            )
 
     # ---- manifests -----------------------------------------------------------
 
@@ -125,7 +140,7 @@ class Client:
     def _manifest(self, ref: references.Reference, wanted: str) -> tuple[bytes, str, str]:
         url = f"/v2/{ref.repository}/manifests/{wanted}"
         with self._get(ref, url, accept=ACCEPT, what=f"image {ref}") as response:
-            body = _read_capped(response, MANIFEST_MAX, f"the manifest of {ref}")
+            body = _read_capped(response, MANIFEST_MAX, f"the manifest of {ref}", self.check_deadline)
             media_type = response.headers.get("content-type", "").split(";")[0].strip()
         digest = "sha256:" + hashlib.sha256(body).hexdigest()
         if references.DIGEST.fullmatch(wanted) and digest != wanted:
@@ -141,7 +156,7 @@ class Client:
         with self._get(
             ref, f"/v2/{ref.repository}/blobs/{digest}", what=f"blob {digest} of {ref}"
         ) as response:
-            body = _read_capped(response, MANIFEST_MAX, f"the config of {ref}")
+            body = _read_capped(response, MANIFEST_MAX, f"the config of {ref}", self.check_deadline)
         check(body_digest(body), len(body), digest, size, f"the config of {ref}")
         return _json(body, f"the config of {ref}")
 
@@ -165,7 +180,8 @@ class Client:
                     ) as response,
                     dest.open("wb") as out,
                 ):
-                    for chunk in response.iter_bytes(CHUNK):
+                    for chunk in response.iter_bytes():
+                        self.check_deadline()
                         written += len(chunk)
                         if limit is not None and written > limit:
                             raise PullError(f"layer {digest} of {ref} is larger than {limit} bytes")
@@ -350,16 +366,17 @@ def check(actual: str, actual_size: int, digest: str, size: int | None, what: st
 def _json(body: bytes, what: str) -> Any:
     try:
         document = json.loads(body)
-    except ValueError as exc:
-        raise PullError(f"{what} is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise PullError(f"{what} is not valid JSON: {str(exc)[:200]}") from None
     if not isinstance(document, dict):
         raise PullError(f"{what} is not a JSON object")
     return document
 
 
-def _read_capped(response: httpx.Response, limit: int, what: str) -> bytes:
+def _read_capped(response: httpx.Response, limit: int, what: str, check: Callable[[], None]) -> bytes:
     out = bytearray()
     for chunk in response.iter_bytes():
+        check()
         out += chunk
         if len(out) > limit:
             raise PullError(f"{what} is larger than {limit} bytes")

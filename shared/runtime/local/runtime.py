@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import concurrent.futures
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -37,6 +39,8 @@ from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, la
 from shared.runtime.local.registries import RegistryConfig
 
 START_TIMEOUT = 10.0
+PULL_THREADS = 4
+"""Image pulls one runtime runs at once (each downloads up to four layers at a time)."""
 READ_CHUNK = 64 * 1024
 QUEUE_CHUNKS = 256
 """Output read ahead of its consumer, at most (256 reads of up to 64 KiB)."""
@@ -216,6 +220,11 @@ class LocalRuntime(api.Runtime):
             reserve=self.disk.reserve_bytes,
         )
         self.images = images.ImageStore(state_dir / "images", store)
+        # Pulls wait on registries: threads of their own, so that slow ones never take the
+        # default executor's (every other blocking call of the service uses those).
+        self._pull_threads = concurrent.futures.ThreadPoolExecutor(
+            PULL_THREADS, thread_name_prefix="sbx-pull"
+        )
         self.caches = caches.Caches(state_dir)
         self.bwrap = find_bwrap()
         # What this kernel has of the /proc entries bwrap covers (it cannot cover the rest).
@@ -320,7 +329,8 @@ class LocalRuntime(api.Runtime):
         if ref is None:
             return None
         started = time.monotonic()
-        pulled = await asyncio.to_thread(self.images.pulled.pull, ref, refresh=refresh, progress=progress)
+        pull = functools.partial(self.images.pulled.pull, ref, refresh=refresh, progress=progress)
+        pulled = await asyncio.get_running_loop().run_in_executor(self._pull_threads, pull)
         return api.PulledImage(
             reference=str(ref),
             digest=pulled.digest,
