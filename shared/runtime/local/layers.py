@@ -469,11 +469,20 @@ class LayerStore:
                     freed += self._unpacked_size(f"sha256:{meta.stem}")
                     _discard(self.root / "layers" / meta.stem)
                     meta.unlink(missing_ok=True)
-            for stray in (self.root / "layers").glob(".*"):  # from crashed unpacks
-                _discard(stray)
-            for stray in (self.root / "blobs").iterdir():
-                stray.unlink(missing_ok=True)
+            self._remove_strays()
             return removed, freed
+
+    def _remove_strays(self) -> None:
+        """What crashed pulls left: temporary files, and layers and tops never recorded."""
+        for stray in (self.root / "layers").iterdir():
+            if stray.name.startswith(".") or (stray.is_dir() and not stray.with_suffix(".json").exists()):
+                _discard(stray)
+        for stray in (self.root / "manifests").iterdir():
+            unrecorded = stray.suffix == ".top" and not stray.with_suffix(".json").exists()
+            if stray.name.startswith(".") or unrecorded:
+                _discard(stray)
+        for stray in (self.root / "blobs").iterdir():
+            stray.unlink(missing_ok=True)
 
 
 def _layer(ref: references.Reference, descriptor: Any) -> tuple[str, int | None]:
