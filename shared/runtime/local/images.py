@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def _synthetic_etc(target: Path) -> None:
     overlay lower layer, so an existing one is never rewritten in place."""
     if target.exists():
         return
-    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name in ETC_ALLOW:

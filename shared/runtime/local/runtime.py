@@ -222,6 +222,7 @@ class LocalRuntime(api.Runtime):
         self.images = images.ImageStore(state_dir / "images", store)
         # Pulls wait on registries: threads of their own, so that slow ones never take the
         # default executor's (every other blocking call of the service uses those).
+        self._creating: dict[str, asyncio.Lock] = {}
         self._pull_threads = concurrent.futures.ThreadPoolExecutor(
             PULL_THREADS, thread_name_prefix="sbx-pull"
         )
@@ -385,6 +386,18 @@ class LocalRuntime(api.Runtime):
 
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
+        # One create of a sandbox at a time in this process (a pull may make it wait: a
+        # retry arriving meanwhile then finds it made); other processes make theirs under
+        # another temporary name, and the first rename wins.
+        lock = self._creating.setdefault(spec.sandbox_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._create(spec)
+        finally:
+            if not lock.locked() and not lock._waiters:
+                self._creating.pop(spec.sandbox_id, None)
+
+    async def _create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         if spec.isolation == "strong":
             raise errors.NotBuiltYet(
                 "strong isolation (gVisor/Kata) is not available on this local runtime; "
@@ -434,7 +447,7 @@ class LocalRuntime(api.Runtime):
             tmp.rename(d)
         except OSError:  # another process created it first
             await asyncio.to_thread(self._discard, tmp)
-            return await self.create(spec)
+            return await self._create(spec)
         if image.digest is not None:  # pinned now: a prune that ran since the pull may have taken it
             await asyncio.to_thread(self._repull_if_pruned, spec.image, image.digest)
         return api.SandboxInfo(
