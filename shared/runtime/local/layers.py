@@ -277,7 +277,13 @@ class LayerStore:
                 for future in downloads.values():
                     future.cancel()
                 raise
-        pulled = self._register(ref, manifest.digest, [d for d, _ in layers], config, size, budget.bytes)
+        with self._flock(
+            f"image-{manifest.digest.split(':', 1)[1]}"
+        ):  # a tag and its digest may be pulled at once
+            # Registered meanwhile: its top may be in use, never replace it.
+            pulled = self.get(manifest.digest) or self._register(
+                ref, manifest.digest, [d for d, _ in layers], config, size, budget.bytes
+            )
         self._record_tag(ref, manifest.digest)
         return dataclasses.replace(pulled, fetched=fetched)
 
@@ -357,21 +363,6 @@ class LayerStore:
                 blob.unlink(missing_ok=True)
 
     def _register(
-        self,
-        ref: references.Reference,
-        digest: str,
-        layers: list[str],
-        config: oci.ImageConfig,
-        size: int,
-        unpacked: int,
-    ) -> Pulled:
-        hexd = digest.split(":", 1)[1]
-        with self._flock(f"image-{hexd}"):  # a tag and its digest may be pulled at once
-            if (have := self.get(digest)) is not None:
-                return have  # registered meanwhile: its top may be in use, never replace it
-            return self._register_new(ref, digest, layers, config, size, unpacked)
-
-    def _register_new(
         self,
         ref: references.Reference,
         digest: str,
