@@ -284,6 +284,15 @@ async def test_a_second_pool_serves_sessions_that_ask_for_its_options(env):
     await start("scheduler", scheduler_app.make_setup(lifecycle))
     await support.eventually(lambda: _count(idle(nc, topology, ro.pool_id), 1), timeout=30)
     warm_ro = (await idle(nc, topology, ro.pool_id))[0].sandbox_id
+
+    async def offered() -> bool:  # (idle in the record a moment before it is offered)
+        try:
+            last = await nc.jetstream().get_last_msg(topology.pool_stream, topology.pool_offers(ro.pool_id))
+        except Exception:
+            return False
+        return last.data == warm_ro.encode()
+
+    await support.eventually(offered, timeout=30)
     reply = await support.send(
         nc,
         topology,
