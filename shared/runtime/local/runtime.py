@@ -320,13 +320,13 @@ class LocalRuntime(api.Runtime):
         return references.parse(image)
 
     async def image_present(self, image: str) -> bool:
-        ref = await asyncio.to_thread(self._reference, image)
+        ref = self._reference(image)  # (small files read: not worth a thread, which mkfs may hold)
         return ref is None or self.images.pulled.cached(ref) is not None
 
     async def pull(
         self, image: str, *, refresh: bool = False, progress: layers.Progress | None = None
     ) -> api.PulledImage | None:
-        ref = await asyncio.to_thread(self._reference, image)
+        ref = self._reference(image)
         if ref is None:
             return None
         started = time.monotonic()
@@ -412,9 +412,7 @@ class LocalRuntime(api.Runtime):
         if spec.limits.disk_bytes and (problem := self.disk.unavailable()):
             raise errors.ConfigError(f"sandboxes with a disk limit cannot be made here: {problem}")
         await self.pull(spec.image)  # a reference not here yet is pulled first
-        image = await asyncio.to_thread(
-            self.images.resolve, spec.image
-        )  # a bad image: said before anything is written
+        image = self.images.resolve(spec.image)  # a bad image: said before anything is written
         d = self._dir(spec.sandbox_id)
         existing = self._read_spec(d)
         if existing is not None:
