@@ -14,9 +14,10 @@ from fastmcp.server.http import StarletteWithLifespan
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import BaseRoute, Mount, Route
+from starlette.routing import BaseRoute, Match, Route
 
 from services.gateway import auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
+from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
 
@@ -61,8 +62,29 @@ def build_app(
         Route("/healthz", healthz),
         Route("/metrics", metrics_endpoint),
     ]
-    routes += [Mount("/", app=mcp_app)]  # /mcp; last, so the REST routes win
-    inner = Starlette(routes=routes, lifespan=mcp_app.lifespan)
+    routes += [Route(mcp.MCP_PATH, endpoint=mcp_app)]  # (its own app: every method is its own)
+
+    async def not_found(request: Request, _: Exception) -> Response:
+        return rest.problem(errors.NotFound(f"no such route: {request.url.path} (see /openapi.json)"))
+
+    async def not_allowed(request: Request, _: Exception) -> Response:
+        here = [r for r in routes if isinstance(r, Route) and r.matches(request.scope)[0] != Match.NONE]
+        allowed = sorted({method for route in here for method in route.methods or ()})
+        response = rest.json_response(
+            schemas.Problem(
+                error="method_not_allowed",
+                message=f"{request.method} is not allowed on {request.url.path} (allowed: {', '.join(allowed)})",  # noqa: E501
+                status=405,
+            ),
+            405,
+        )
+        if allowed:
+            response.headers["allow"] = ", ".join(allowed)
+        return response
+
+    inner = Starlette(
+        routes=routes, lifespan=mcp_app.lifespan, exception_handlers={404: not_found, 405: not_allowed}
+    )
     return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS)
 
 

@@ -54,11 +54,17 @@ _FRAMES = (
 _ERRORS = {
     400: (schemas.Problem, "Invalid input; nothing was run."),
     401: (schemas.Problem, "Missing or wrong API key."),
+    409: (schemas.Problem, "The session has another sandbox than the one named (sandbox_changed)."),
     429: (schemas.Problem, "No sandbox can be started now (a limit); retry."),
     503: (schemas.Problem, "The scheduler, an executor or NATS is unavailable; retry."),
+    504: (schemas.Problem, "The sandbox did not answer in time; retry."),
 }
 _SESSION = rest.Param(
-    "session_id", "path", "The session id (its sandbox is claimed if it has none).", required=True
+    "session_id",
+    "path",
+    "The session id (its sandbox is claimed if it has none).",
+    rest.SESSION_ID_SCHEMA,
+    required=True,
 )
 OPERATIONS: tuple[rest.Operation, ...] = (
     rest.Operation(
@@ -79,7 +85,12 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "Stop a running command (its processes are killed); any gateway instance can",
         "stop",
         {202: (None, "Asked to stop."), **_ERRORS},
-        params=(_SESSION, rest.Param("run_id", "path", "The run's X-Run-Id.", required=True)),
+        params=(
+            _SESSION,
+            rest.Param(
+                "run_id", "path", "The run's X-Run-Id.", {"type": "string", "pattern": "^[0-9a-f]{32}$"}, True
+            ),
+        ),
         tag="host",
     ),
     rest.Operation(
@@ -91,6 +102,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         {200: (None, _FRAMES + " 'l' frames: the tree's listing after the upload."), **_ERRORS},
         params=(_SESSION, *rest.ATTRIBUTION),
         tag="host",
+        body_media_type=hostapi.MEDIA_TYPE,
     ),
     rest.Operation(
         "POST",

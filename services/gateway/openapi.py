@@ -52,6 +52,11 @@ def document(version: str) -> dict[str, Any]:
                 "required": True,
                 "content": {"application/json": {"schema": ref_of[op.body]}},
             }
+        elif op.body_media_type is not None:
+            entry["requestBody"] = {
+                "required": True,
+                "content": {op.body_media_type: {"schema": {"type": "string", "format": "binary"}}},
+            }
         paths.setdefault(op.path, {})[op.method.lower()] = entry
     paths["/healthz"] = {
         "get": {

@@ -62,17 +62,30 @@ class Operation:
     body: type | None = None
     params: tuple[Param, ...] = ()
     tag: str = "sessions"
+    body_media_type: str | None = None
+    """A body that is not JSON (the upload's frame stream), by its media type."""
 
 
-SESSION_ID_PARAM = Param("session_id", "path", "The session id.", {"type": "string"}, required=True)
+SESSION_ID_SCHEMA = {"type": "string", "pattern": ids.SESSION_ID_PATTERN}
+SESSION_ID_PARAM = Param("session_id", "path", "The session id.", SESSION_ID_SCHEMA, required=True)
+_ATTRIBUTION_SCHEMA = {"type": "string", "pattern": f"^[\\x20-\\x7e]{{0,{ids.ATTRIBUTION_MAX}}}$"}
+"""(Printable ASCII: what an HTTP header carries as text; bodies may carry any printable text.)"""
 ATTRIBUTION = (
-    Param("X-Org-Id", "header", "Organisation to attribute the session to (recorded on events)."),
-    Param("X-User-Id", "header", "User to attribute the session to (recorded on events)."),
+    Param(
+        "X-Org-Id",
+        "header",
+        "Organisation to attribute the session to (recorded on events).",
+        _ATTRIBUTION_SCHEMA,
+    ),
+    Param(
+        "X-User-Id", "header", "User to attribute the session to (recorded on events).", _ATTRIBUTION_SCHEMA
+    ),
 )
 IDEMPOTENCY = Param(
     "Idempotency-Key",
     "header",
     "Makes retries of a write safe: the same key never causes a second transition.",
+    {"type": "string", "pattern": ids.IDEMPOTENCY_KEY_PATTERN},
 )
 COMMON_ERRORS: dict[int, tuple[type | None, str]] = {
     400: (schemas.Problem, "Invalid input; nothing was changed."),

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared.contract import states
+from shared.contract import references, states
 
 SessionId = Annotated[
     str,
@@ -25,7 +25,17 @@ class CreateSessionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     """Register a session id. Org and user default to the X-Org-Id / X-User-Id headers."""
 
     session_id: SessionId
-    image: Annotated[str, msgspec.Meta(max_length=512, examples=["python:3.12-slim"])] | None = None
+    image: (
+        Annotated[
+            str,
+            msgspec.Meta(
+                max_length=references.MAX_LENGTH,
+                examples=["python:3.12-slim"],
+                extra_json_schema={"pattern": references.PATTERN},
+            ),
+        ]
+        | None
+    ) = None
     org_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
     user_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
 

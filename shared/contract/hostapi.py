@@ -22,10 +22,11 @@ from __future__ import annotations
 import posixpath
 import struct
 from collections.abc import Iterator
+from typing import Annotated
 
 import msgspec
 
-from shared.contract import errors
+from shared.contract import errors, execution
 
 STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR = b"o", b"e", b"t", b"l", b"j", b"x", b"!"
 CHANNELS = frozenset((STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR))
@@ -42,15 +43,43 @@ LIST_FORMAT = "%y %m %s %T@ %C@ %i %P\\0%l\\0"
 the path, NUL, the link target, NUL."""
 
 
+_NAME = r"(?:[^/\x00.\n][^/\x00\n]*|\.[^/\x00.\n][^/\x00\n]*|\.\.[^/\x00\n]+)"
+"""A path component other than ``.`` and ``..``, without NUL or newline."""
+ROOT_PATTERN = f"^{WORKSPACE}(?:/{_NAME})*/?$"
+"""The rules of :func:`validate_root` and :func:`validate_relative` as JSON-schema
+patterns, for the OpenAPI document; the checks give the errors."""
+RELATIVE_PATTERN = f"^{_NAME}(?:/{_NAME})*$"
+PRUNE_NAME_PATTERN = f"^{_NAME}$"
+ENV_NAME_PATTERN = "^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+NO_NUL = r"^[^\x00]*$"
+
+Command = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": r"^[^\x00]*[^\x00\s][^\x00]*$"})]
+AbsolutePath = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": r"^/[^\x00]*$", "maxLength": 4096})]
+Root = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": ROOT_PATTERN})]
+Relative = Annotated[str, msgspec.Meta(extra_json_schema={"pattern": RELATIVE_PATTERN})]
+PruneNames = Annotated[
+    list[Annotated[str, msgspec.Meta(extra_json_schema={"pattern": PRUNE_NAME_PATTERN})]],
+    msgspec.Meta(extra_json_schema={"maxItems": MAX_PRUNE}),
+]
+Env = Annotated[
+    dict[str, Annotated[str, msgspec.Meta(extra_json_schema={"pattern": NO_NUL})]],
+    msgspec.Meta(extra_json_schema={"propertyNames": {"pattern": ENV_NAME_PATTERN}}),
+]
+EnvNames = list[Annotated[str, msgspec.Meta(extra_json_schema={"pattern": ENV_NAME_PATTERN})]]
+Timeout = Annotated[
+    float, msgspec.Meta(extra_json_schema={"exclusiveMinimum": 0, "maximum": execution.MAX_TIMEOUT})
+]
+
+
 class RunBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    command: str
-    cwd: str = WORKSPACE
-    env: dict[str, str] = {}
-    unset: list[str] = []
-    timeout: float | None = None
-    list_root: str | None = None
+    command: Command
+    cwd: AbsolutePath = WORKSPACE
+    env: Env = {}
+    unset: EnvNames = []
+    timeout: Timeout | None = None
+    list_root: Root | None = None
     """List this tree after the command (on channel ``l``), before the end frame."""
-    prune: list[str] = []
+    prune: PruneNames = []
     """Directory names the listing skips (``node_modules``, ``.venv``, ...)."""
     sandbox_id: str | None = None
     """The sandbox the caller synced with: if the session now has another, nothing runs
@@ -72,8 +101,8 @@ class PutParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
 
 class GetBody(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    root: str
-    paths: list[str]
+    root: Root
+    paths: list[Relative]
 
 
 class End(msgspec.Struct, frozen=True, kw_only=True):

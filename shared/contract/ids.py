@@ -15,11 +15,15 @@ from shared.contract import errors
 
 SESSION_ID_MAX = 128
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+SESSION_ID_PATTERN = f"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{SESSION_ID_MAX - 1}}}$"
+"""The same rule as a JSON-schema pattern (the OpenAPI document's)."""
 _SESSION_ID_RULE = (
     f"1 to {SESSION_ID_MAX} characters: letters, digits, '-' and '_', starting with a letter or digit"
 )
 ATTRIBUTION_MAX = 256
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+IDEMPOTENCY_KEY_PATTERN = f"^{_IDEMPOTENCY_KEY.pattern}$"
+"""The same rule as a JSON-schema pattern (the OpenAPI document's)."""
 
 
 def validate_session_id(value: object, *, what: str = "session id") -> str:

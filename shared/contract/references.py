@@ -26,9 +26,8 @@ from shared.contract import errors
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"
 """Where Docker Hub's registry API answers (``docker.io`` itself does not)."""
-MAX_LENGTH = 512
-"""Longest reference text; its name (registry and repository) may have 255 characters."""
-NAME_MAX = 255
+MAX_LENGTH = 255
+"""Longest reference, all of it (distribution limits the name to this)."""
 
 _COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
 _HOST = r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?))*"
@@ -36,6 +35,18 @@ _DOMAIN = re.compile(rf"(?:{_HOST}|\[[0-9A-Fa-f:]+\])(?::[0-9]{{1,5}})?")
 _PATH = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_PORT = r"(?::[0-9]{1,5})?"
+_IPV6 = r"\[[0-9A-Fa-f]*:[0-9A-Fa-f:]*\]"
+_REGISTRY = rf"(?:(?:{_LABEL}(?:\.{_LABEL})+|localhost){_PORT}|{_LABEL}:[0-9]{{1,5}}|{_IPV6}{_PORT})"
+_FIRST = r"[a-z0-9]+(?:(?:_|__|-+)[a-z0-9]+)*"
+"""A first path part followed by more: with a "." it would be a registry host."""
+PATTERN = (
+    rf"^(?:{_REGISTRY}/{_COMPONENT}(?:/{_COMPONENT})*|{_FIRST}(?:/{_COMPONENT})+|{_COMPONENT})"
+    rf"(?::{_TAG.pattern})?(?:@{DIGEST.pattern})?$"
+)
+"""What :func:`parse` accepts, as one regular expression (for JSON schemas: with
+``maxLength`` :data:`MAX_LENGTH`; a test holds the two to each other)."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +119,6 @@ def parse(text: str) -> Reference:
         domain = DOCKER_HUB
         if "/" not in path:
             path = f"library/{path}"
-    if len(f"{domain}/{path}") > NAME_MAX and len(rest) > NAME_MAX:
-        raise errors.InvalidInput(
-            f"image reference {text[:80]!r}...: its name is longer than {NAME_MAX} characters"
-        )
     if tag is None and digest is None:
         tag = "latest"
     return Reference(domain, path, tag, digest)

@@ -8,7 +8,7 @@ import pytest
 
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
-from shared.contract import subjects
+from shared.contract import hostapi, ids, references, subjects
 from shared.infrastructure import settings
 from tests import support
 
@@ -223,3 +223,35 @@ async def test_one_idempotency_key_on_two_sessions_creates_both(api, nats_server
         assert not (await replay.verify(nc.jetstream(), topology)).differences
     finally:
         await nc.close()
+
+
+async def test_unknown_routes_and_methods_answer_json(api):
+    """Every status is a JSON problem: unknown routes 404, known routes with another method
+    405 with an Allow header (the MCP endpoint keeps its own answers)."""
+    missing = await api.get("/v2/nothing", headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"] == "not_found"
+    assert "/v2/nothing" in missing.json()["message"]
+    wrong = await api.request("PUT", "/v1/sessions", headers=AUTH)
+    assert wrong.status_code == 405 and wrong.json()["error"] == "method_not_allowed"
+    assert wrong.headers["allow"] == "GET, HEAD, POST"
+    trace = await api.request("TRACE", "/healthz", headers=AUTH)
+    assert trace.status_code == 405 and trace.json()["status"] == 405
+
+
+async def test_the_openapi_document_states_the_rules_the_server_applies(api):
+    doc = (await api.get("/openapi.json")).json()
+    run = doc["paths"]["/v1/sessions/{session_id}/run"]["post"]
+    params = {p["name"]: p["schema"] for p in run["parameters"]}
+    assert params["session_id"]["pattern"] == ids.SESSION_ID_PATTERN
+    assert {"409", "504"} <= set(run["responses"])
+    stop = doc["paths"]["/v1/sessions/{session_id}/stop"]["post"]
+    assert {p["name"]: p["schema"] for p in stop["parameters"]}["Idempotency-Key"]["pattern"] == (
+        ids.IDEMPOTENCY_KEY_PATTERN
+    )
+    body = doc["components"]["schemas"]["RunBody"]["properties"]
+    assert body["timeout"]["anyOf"][0] == {"exclusiveMinimum": 0, "maximum": 3600.0, "type": "number"}
+    assert body["command"]["pattern"] and body["list_root"]["anyOf"][0]["pattern"] == hostapi.ROOT_PATTERN
+    image = doc["components"]["schemas"]["CreateSessionRequest"]["properties"]["image"]["anyOf"][0]
+    assert image["pattern"] == references.PATTERN and image["maxLength"] == references.MAX_LENGTH
+    put = doc["paths"]["/v1/sessions/{session_id}/files/put"]["post"]["requestBody"]
+    assert list(put["content"]) == [hostapi.MEDIA_TYPE]

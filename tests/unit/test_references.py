@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.contract import errors, references
 
@@ -69,3 +71,24 @@ def test_malformed_references_say_what_is_wrong(text: str, said: str) -> None:
 )  # fmt: skip
 def test_loopback_hosts(host: str, loopback: bool) -> None:
     assert references.is_loopback(host) is loopback
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.one_of(
+        st.from_regex(references.PATTERN, fullmatch=True),
+        st.text(alphabet="abcAB09._-:/@[]", max_size=40),
+    )
+)
+def test_the_schema_pattern_accepts_exactly_what_parse_accepts(text: str) -> None:
+    """The OpenAPI document states the rule as ``PATTERN`` and ``maxLength``; the server
+    applies ``parse``: one must never refuse what the other allows."""
+    import re
+
+    by_pattern = bool(re.fullmatch(references.PATTERN, text)) and len(text) <= references.MAX_LENGTH
+    try:
+        references.parse(text)
+        by_parse = True
+    except errors.InvalidInput:
+        by_parse = False
+    assert by_pattern == by_parse, text

@@ -774,15 +774,25 @@ class LocalRuntime(api.Runtime):
             nofile=self._nofile(info.spec),
             bpf=seccomp.compile_bpf(),
         )
-        proc = await asyncio.create_subprocess_exec(
-            *enter.argv(argv, cwd),
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=full_env,
-            start_new_session=True,
-            preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
-        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *enter.argv(argv, cwd),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=full_env,
+                start_new_session=True,
+                preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
+            )
+        except (subprocess.SubprocessError, OSError) as exc:
+            # Entering failed: the sandbox stopped or was deleted since it was looked up
+            # (its init, cgroup or namespaces are gone), or the host refused.
+            if self._running(d) is None:
+                now = self._info(d)
+                raise api.SandboxNotRunning(
+                    f"sandbox {sandbox_id!r} is {now.status if now else 'deleted'}, not running"
+                ) from None
+            raise errors.InfrastructureError(f"cannot enter sandbox {sandbox_id!r}: {exc}") from exc
         return LocalExec(proc, timeout, stdin, keep_stdin_open)
 
 
