@@ -91,6 +91,13 @@ COMMON_ERRORS: dict[int, tuple[type | None, str]] = {
     400: (schemas.Problem, "Invalid input; nothing was changed."),
     401: (schemas.Problem, "Missing or wrong API key."),
     503: (schemas.Problem, "The scheduler or NATS is unavailable; retry."),
+    504: (
+        schemas.Problem,
+        "The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key.",
+    ),
+}
+CONCURRENCY: dict[int, tuple[type | None, str]] = {
+    409: (schemas.Problem, "Another write to this session won the race (concurrency); retry."),
 }
 
 OPERATIONS: tuple[Operation, ...] = (
@@ -146,6 +153,7 @@ OPERATIONS: tuple[Operation, ...] = (
         {
             200: (schemas.Session, "Stopped (or already stopped)."),
             404: (schemas.Problem, "No such session."),
+            **CONCURRENCY,
             **COMMON_ERRORS,
         },
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
@@ -156,7 +164,7 @@ OPERATIONS: tuple[Operation, ...] = (
         "deleteSession",
         "Delete a session",
         "delete_session",
-        {204: (None, "Deleted."), 404: (schemas.Problem, "No such session."), **COMMON_ERRORS},
+        {204: (None, "Deleted."), 404: (schemas.Problem, "No such session."), **CONCURRENCY, **COMMON_ERRORS},
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
     ),
 )
