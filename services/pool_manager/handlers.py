@@ -250,15 +250,7 @@ class PoolHandlers:
         )
         log.info("image.pull_started", reference=ref, sandbox_id=request.sandbox_id)
         try:
-            try:
-                pulled = await self.runtime.pull(request.image)
-            except errors.SandboxError:
-                raise
-            except Exception as exc:  # a bug (or a case not foreseen): said as such, recorded all the same
-                log.exception("image.pull_crashed", reference=ref)
-                raise errors.InfrastructureError(
-                    f"pulling {ref} failed unexpectedly ({type(exc).__name__})"
-                ) from exc
+            pulled = await self._pulled(ref, request.image)
         except errors.SandboxError as exc:
             metrics.image_requests.labels("failed").inc()
             log.warning("image.pull_failed", reference=ref, error=exc.message)
@@ -273,7 +265,7 @@ class PoolHandlers:
         metrics.image_requests.labels("miss").inc()
         if pulled is not None:
             metrics.image_pull_seconds.observe(pulled.seconds)
-            metrics.image_pull_bytes.inc(pulled.size if pulled.fetched else 0)
+            metrics.image_pull_bytes.inc(pulled.downloaded)
             log.info("image.pulled", reference=ref, digest=pulled.digest, seconds=round(pulled.seconds, 3))
             done = events.ImagePulled(
                 meta=self._meta(request, request.session_id),
@@ -286,6 +278,17 @@ class PoolHandlers:
             )
             await self.ctx.store.record(subject, done)
         return pulled
+
+    async def _pulled(self, ref: str, image: str) -> api.PulledImage | None:
+        try:
+            return await self.runtime.pull(image)
+        except errors.SandboxError:
+            raise
+        except Exception as exc:  # a bug (or a case not foreseen): said as such, recorded all the same
+            log.exception("image.pull_crashed", reference=ref)
+            raise errors.InfrastructureError(
+                f"pulling {ref} failed unexpectedly ({type(exc).__name__})"
+            ) from exc
 
     async def _await_proxy(self, state: states.SandboxState) -> states.SandboxState:
         """With proxy egress, hand out a sandbox only once the proxy-scaler has given it a

@@ -108,6 +108,8 @@ class PulledImage:
     layers: int
     fetched: int
     """Layers downloaded now (the rest were in the store already)."""
+    downloaded: int
+    """Bytes of those layers."""
     seconds: float
 
 

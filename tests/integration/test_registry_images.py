@@ -244,6 +244,15 @@ async def test_unknown_images_and_unreachable_registries_are_clear_errors(reg, r
     assert rt.images.pulled.all() == []
 
 
+def outside_address() -> str:
+    """This machine's first non-loopback IPv4 address (skips the test where it has none)."""
+    listed = subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
+    address = next((a for a in listed if "." in a), None)
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address")
+    return address
+
+
 def _blob_path(reg: o.Registry, digest: str) -> Path:
     hexd = digest.split(":", 1)[1]
     return reg.root / "data" / "docker" / "registry" / "v2" / "blobs" / "sha256" / hexd[:2] / hexd / "data"
@@ -407,16 +416,7 @@ mirrors = ["mirror.internal:5000"]
 def test_plain_http_is_refused_for_a_registry_not_listed_as_insecure(reg, tmp_path):
     """The host's own address is not loopback: a plain-HTTP registry there is refused until
     the operator lists it as insecure."""
-    address = next(
-        (
-            a
-            for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
-            if "." in a
-        ),
-        None,
-    )
-    if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
+    address = outside_address()
     outside = o.Registry(tmp_path / "outside")
     outside.port = o.support.free_port()
     config = {
@@ -552,16 +552,7 @@ def test_layers_without_a_size_and_absurd_json_are_refused(hostile, tmp_path):
 
 
 def test_a_blob_redirected_to_plain_http_elsewhere_is_refused(hostile, tmp_path):
-    address = next(
-        (
-            a
-            for a in subprocess.run(["hostname", "-I"], capture_output=True, text=True).stdout.split()
-            if "." in a
-        ),
-        None,
-    )
-    if address is None:
-        pytest.skip("this machine has no non-loopback IPv4 address")
+    address = outside_address()
     layer = o.busybox_layer()
     hostile.image("redirect", [layer])
     digest = "sha256:" + __import__("hashlib").sha256(layer).hexdigest()

@@ -86,6 +86,8 @@ class Pulled:
     has_bash: bool = True
     has_sh: bool = True
     fetched: int = 0
+    downloaded: int = 0
+    """Bytes those layers were."""
     """Layers downloaded by the pull that returned this (0: all were in the store)."""
 
     @property
@@ -104,18 +106,6 @@ class Progress:
 
     def unpacked(self, digest: str) -> None:
         """A layer is ready."""
-
-
-@dataclass
-class _Deadline:
-    at: float
-    what: str
-
-    def check(self) -> None:
-        if time.monotonic() > self.at:
-            raise errors.Timeout(
-                f"pulling {self.what} took too long (SBX_IMAGE_PULL_TIMEOUT); nothing was kept"
-            )
 
 
 @dataclass
@@ -217,11 +207,10 @@ class LayerStore:
         with self.using(), self._flock(f"pull-{ids.token(ref.name + '@' + (ref.digest or ref.tag or ''))}"):
             if not refresh and (have := self.cached(ref)) is not None:
                 return have
-            deadline = _Deadline(time.monotonic() + self.timeout, str(ref))
             client = registry.Client(self.config)
-            client.deadline = deadline.at
+            client.deadline = time.monotonic() + self.timeout
             try:
-                return self._pull(client, ref, progress, deadline)
+                return self._pull(client, ref, progress)
             except errors.SandboxError as exc:
                 if str(ref) in exc.message:
                     raise
@@ -229,11 +218,9 @@ class LayerStore:
             finally:
                 client.close()
 
-    def _pull(
-        self, client: registry.Client, ref: references.Reference, progress: Progress, deadline: _Deadline
-    ) -> Pulled:
+    def _pull(self, client: registry.Client, ref: references.Reference, progress: Progress) -> Pulled:
         manifest = client.resolve(ref)
-        deadline.check()
+        client.check_deadline()
         if (have := self.get(manifest.digest)) is not None:
             self._record_tag(ref, manifest.digest)
             return have
@@ -250,28 +237,29 @@ class LayerStore:
         self._check_space(sum(s or 0 for d, s in layers if d not in present), ref)
         progress.layers([(d, s, d in present) for d, s in layers])
         budget = oci.Budget(max_bytes=self.max_bytes, max_members=oci.DEFAULT_MAX_MEMBERS)
-        fetched = 0
+        fetched = downloaded = 0
         with concurrent.futures.ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="sbx-pull") as pool:
             stop = threading.Event()
             downloads = {
-                digest: pool.submit(self._download, client, ref, digest, size, progress, deadline, stop)
+                digest: pool.submit(self._download, client, ref, digest, size, progress, stop)
                 for digest, size in layers
                 if digest not in present
             }
             try:
                 lowers: list[Path] = []
-                for digest, _ in layers:
+                for digest, layer_size in layers:
                     layer_dir = self.root / "layers" / digest.split(":", 1)[1]
                     if digest in downloads:
                         blob = downloads[digest].result()
                         if blob is not None:
                             self._unpack(digest, blob, layer_dir, lowers, budget)
                             fetched += 1
+                            downloaded += layer_size or 0
                     else:
                         budget.take(self._unpacked_size(digest))
                     progress.unpacked(digest)
                     lowers.insert(0, layer_dir)
-                    deadline.check()
+                    client.check_deadline()
             except BaseException:
                 stop.set()
                 for future in downloads.values():
@@ -285,7 +273,7 @@ class LayerStore:
                 ref, manifest.digest, [d for d, _ in layers], config, size, budget.bytes
             )
         self._record_tag(ref, manifest.digest)
-        return dataclasses.replace(pulled, fetched=fetched)
+        return dataclasses.replace(pulled, fetched=fetched, downloaded=downloaded)
 
     def _layer_ready(self, digest: str) -> bool:
         return (self.root / "layers" / f"{digest.split(':', 1)[1]}.json").exists()
@@ -313,7 +301,6 @@ class LayerStore:
         digest: str,
         size: int | None,
         progress: Progress,
-        deadline: _Deadline,
         stop: threading.Event,
     ) -> Path | None:
         """The blob in a temporary file, or None if another process unpacked it meanwhile."""
@@ -326,7 +313,7 @@ class LayerStore:
             def advanced(count: int) -> None:
                 if stop.is_set():
                     raise errors.Cancelled("the pull stopped")
-                deadline.check()
+                client.check_deadline()
                 progress.advanced(digest, count)
 
             try:

@@ -22,6 +22,7 @@ import functools
 import json
 import os
 import resource
+import secrets
 import shutil
 import signal
 import subprocess
@@ -222,7 +223,6 @@ class LocalRuntime(api.Runtime):
         self.images = images.ImageStore(state_dir / "images", store)
         # Pulls wait on registries: threads of their own, so that slow ones never take the
         # default executor's (every other blocking call of the service uses those).
-        self._creating: dict[str, asyncio.Lock] = {}
         self._pull_threads = concurrent.futures.ThreadPoolExecutor(
             PULL_THREADS, thread_name_prefix="sbx-pull"
         )
@@ -277,7 +277,7 @@ class LocalRuntime(api.Runtime):
             return None
         return running if processes.start_time(running.pid) == running.starttime else None
 
-    def _info(self, d: Path) -> api.SandboxInfo | None:
+    def _info(self, d: Path, pin: _Pin | None = None) -> api.SandboxInfo | None:
         record = self._read_spec(d)
         if record is None:
             return None
@@ -289,7 +289,11 @@ class LocalRuntime(api.Runtime):
         else:
             status = "created"
         return api.SandboxInfo(
-            spec=spec, status=status, created_at=created_at, backend=self.name, image_digest=_pin(d).digest
+            spec=spec,
+            status=status,
+            created_at=created_at,
+            backend=self.name,
+            image_digest=(pin or _pin(d)).digest,
         )
 
     async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
@@ -338,6 +342,7 @@ class LocalRuntime(api.Runtime):
             size=pulled.size,
             layers=len(pulled.layers),
             fetched=pulled.fetched,
+            downloaded=pulled.downloaded,
             seconds=time.monotonic() - started,
         )
 
@@ -381,23 +386,8 @@ class LocalRuntime(api.Runtime):
         removed, freed = self.images.pulled.prune(self.images_in_use, keep_bytes)
         return [f"{image.reference}@{image.digest}" for image in removed], freed
 
-    def _pinned(self, spec: api.SandboxSpec, d: Path) -> images.Image:
-        return self.images.resolve(spec.image, _pin(d).digest)
-
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
-        # One create of a sandbox at a time in this process (a pull may make it wait: a
-        # retry arriving meanwhile then finds it made); other processes make theirs under
-        # another temporary name, and the first rename wins.
-        lock = self._creating.setdefault(spec.sandbox_id, asyncio.Lock())
-        try:
-            async with lock:
-                return await self._create(spec)
-        finally:
-            if not lock.locked() and not lock._waiters:
-                self._creating.pop(spec.sandbox_id, None)
-
-    async def _create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         if spec.isolation == "strong":
             raise errors.NotBuiltYet(
                 "strong isolation (gVisor/Kata) is not available on this local runtime; "
@@ -421,7 +411,9 @@ class LocalRuntime(api.Runtime):
             info = self._info(d)
             assert info is not None
             return info
-        tmp = self.root / f".{d.name}.{os.getpid()}.tmp"
+        # A name of its own: two creates of one sandbox at once (a pull may make one wait
+        # while a retry arrives) each make theirs, and the first rename wins.
+        tmp = self.root / f".{d.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         await asyncio.to_thread(self._discard, tmp)
         tmp.mkdir(mode=0o700)
         try:
@@ -445,7 +437,7 @@ class LocalRuntime(api.Runtime):
             tmp.rename(d)
         except OSError:  # another process created it first
             await asyncio.to_thread(self._discard, tmp)
-            return await self._create(spec)
+            return await self.create(spec)
         if image.digest is not None:  # pinned now: a prune that ran since the pull may have taken it
             await asyncio.to_thread(self._repull_if_pruned, spec.image, image.digest)
         return api.SandboxInfo(
@@ -527,9 +519,7 @@ class LocalRuntime(api.Runtime):
             out.append((source, top))
         return tuple(out)
 
-    def _plan(self, spec: api.SandboxSpec, d: Path) -> bwrap.Plan:
-        image = self._pinned(spec, d)
-        pin = _pin(d)
+    def _plan(self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image) -> bwrap.Plan:
         for layer in image.layers:
             if layer.lower and sum(len(str(p)) + 9 for p in (*layer.lower, layer.source)) > LOWERDIR_MAX:
                 raise errors.ConfigError(
@@ -575,7 +565,9 @@ class LocalRuntime(api.Runtime):
         await asyncio.to_thread(disk.Disk.mount, d)  # after a host restart
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
-        plan = self._plan(spec, d)
+        pin = _pin(d)
+        image = self.images.resolve(spec.image, pin.digest)
+        plan = self._plan(spec, d, pin, image)
         rw = disk.Disk.root(d)
         own_cache = rw / "cache" if rw != d else None
         if own_cache is not None:
@@ -588,7 +580,7 @@ class LocalRuntime(api.Runtime):
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
-        image_dirs = self._pinned(spec, d).dirs if plan.writable else ()
+        image_dirs = image.dirs if plan.writable else ()
         for source, dest in plan.writable:  # with the image's directories below them
             source.mkdir(parents=True, exist_ok=True)
             for directory in image_dirs:
@@ -609,7 +601,7 @@ class LocalRuntime(api.Runtime):
         os.write(filter_fd, seccomp.compile_bpf())
         os.lseek(filter_fd, 0, os.SEEK_SET)
         cg, limit = self.cgroups, self._nofile(spec)
-        inside = _pin(d).uid if not spec.run_as_root else 0
+        inside = pin.uid if not spec.run_as_root else 0
         userns_fd = await asyncio.to_thread(userns.create, userns.owner_uid(d), inside)
 
         def child() -> None:  # between fork and exec: cgroup, fds 3 (info) and 4 (filter), limits
@@ -750,13 +742,13 @@ class LocalRuntime(api.Runtime):
         if not argv:
             raise errors.InvalidInput("exec needs a command")
         d = self._dir(sandbox_id)
-        info = self._info(d)
+        pin = _pin(d)
+        info = self._info(d, pin)
         if info is None:
             raise errors.NotFound(f"sandbox {sandbox_id!r} does not exist")
         running = self._running(d)
         if running is None:
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
-        pin = _pin(d)
         uid = 0 if info.spec.run_as_root else pin.uid
         full_env = {
             "PATH": bwrap.PATH,
