@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
@@ -271,6 +272,14 @@ def test_the_killer_kills_even_when_other_processes_environments_are_unreadable(
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
     target = subprocess.Popen([*as_nobody, "env", "SBX_EXEC_ID=k1", "sleep", "300"])
     try:
+        # The id is in the target's environ only once env has exec'd sleep (setpriv and env
+        # come first, with it only on their command line): a killer run before that finds
+        # nothing, rightly. CI's loaded machine met that moment.
+        environ = f"/proc/{target.pid}/environ"
+        deadline = time.monotonic() + 10
+        while b"SBX_EXEC_ID=k1" not in open(environ, "rb").read():
+            assert time.monotonic() < deadline, "the target never started"
+            time.sleep(0.01)
         done = _sh([*as_nobody, *channel.killer("k1")])
         assert done.returncode == 0, done.stderr
         assert target.wait(10) == -9
