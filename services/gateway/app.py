@@ -12,9 +12,11 @@ import structlog
 import uvicorn
 from fastmcp.server.http import StarletteWithLifespan
 from starlette.applications import Starlette
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
+from starlette.types import ASGIApp
 
 from services.gateway import auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
 from shared.contract import errors
@@ -24,6 +26,11 @@ from shared.infrastructure import metrics, projector, rpc, service, settings
 log = structlog.get_logger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/openapi.json", "/metrics"})
+CORS_HEADERS = (
+    "Idempotency-Key", "X-Request-Id", "X-Org-Id", "X-User-Id", "X-Session-Id",
+    "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID",
+)  # fmt: skip
+"""Request headers a browser page of an allowed origin may send (SBX_CORS_ORIGINS)."""
 
 
 def build_app(
@@ -32,7 +39,7 @@ def build_app(
     api: rest.SessionsAPI,
     mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
-) -> auth.BearerAuth:
+) -> ASGIApp:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
     async def openapi_json(_: Request) -> Response:
@@ -85,7 +92,20 @@ def build_app(
     inner = Starlette(
         routes=routes, lifespan=mcp_app.lifespan, exception_handlers={404: not_found, 405: not_allowed}
     )
-    return auth.BearerAuth(inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS)
+    app: ASGIApp = auth.BearerAuth(
+        inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
+    )
+    if gateway.cors_origins:
+        cors = CORSMiddleware(
+            app,
+            allow_origins=list(gateway.cors_origins),
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", *CORS_HEADERS],
+            expose_headers=["X-Sandbox-Id", "X-Run-Id", "Mcp-Session-Id", "Location", "Retry-After"],
+            max_age=600,
+        )
+        app = auth.CrossOrigin(app, cors, frozenset(gateway.cors_origins))
+    return app
 
 
 class _Server(uvicorn.Server):

@@ -63,6 +63,7 @@ FORBIDDEN_BODY = json.dumps(
         "error": "forbidden",
         "message": "this key acts for one organisation: X-Org-Id must be absent or that organisation",
         "status": 403,
+        "retriable": False,
     }
 ).encode()
 
@@ -83,8 +84,27 @@ UNAUTHORIZED_BODY = json.dumps(
         "error": "unauthorized",
         "message": "missing or invalid API key: send 'Authorization: Bearer <SANDBOX_API_KEY>'",
         "status": 401,
+        "retriable": False,
     }
 ).encode()
+
+
+PREFLIGHT_REFUSED_BODY = json.dumps(
+    {
+        "error": "forbidden",
+        "message": (
+            "cross-origin requests from this origin are not enabled on this gateway (SBX_CORS_ORIGINS)"
+        ),
+        "status": 403,
+        "retriable": False,
+    }
+).encode()
+
+
+def is_preflight(scope: Scope) -> bool:
+    """A browser's CORS preflight: it never carries credentials, so it is not asked for a key."""
+    asks = any(k == b"access-control-request-method" for k, _ in scope["headers"])
+    return scope["method"] == "OPTIONS" and asks
 
 
 class BearerAuth:
@@ -101,6 +121,9 @@ class BearerAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.public:
             await self.app(scope, receive, send)
+            return
+        if is_preflight(scope):  # (an allowed origin's is answered before this: CrossOrigin)
+            await _deny(send, 403, PREFLIGHT_REFUSED_BODY)
             return
         values = [v for k, v in scope["headers"] if k == b"authorization"]
         who = self.check.identify(values)
@@ -129,3 +152,24 @@ class BearerAuth:
             }
         )
         await send({"type": "http.response.body", "body": UNAUTHORIZED_BODY})
+
+
+class CrossOrigin:
+    """ASGI middleware for browsers (``SBX_CORS_ORIGINS``): an allowed origin's preflights and
+    responses get Starlette's CORS headers; any other origin's preflight a JSON 403."""
+
+    def __init__(self, app: ASGIApp, cors: ASGIApp, origins: frozenset[str]) -> None:
+        self.app = app
+        self.cors = cors
+        self.origins = origins
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            origin = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"origin"), None)
+            if origin in self.origins:
+                await self.cors(scope, receive, send)
+                return
+            if is_preflight(scope):
+                await _deny(send, 403, PREFLIGHT_REFUSED_BODY)
+                return
+        await self.app(scope, receive, send)

@@ -54,7 +54,11 @@ _FRAMES = (
 _ERRORS = {
     400: (schemas.Problem, "Invalid input; nothing was run."),
     401: (schemas.Problem, "Missing or wrong API key."),
-    409: (schemas.Problem, "The session has another sandbox than the one named (sandbox_changed)."),
+    409: (
+        schemas.Problem,
+        "The session has another sandbox than the one named (sandbox_changed); its sandbox "
+        "stopped meanwhile (not_running); its image cannot be had (image_unavailable).",
+    ),
     429: (schemas.Problem, "No sandbox can be started now (a limit); retry."),
     503: (schemas.Problem, "The scheduler, an executor or NATS is unavailable; retry."),
     504: (schemas.Problem, "The sandbox did not answer in time; retry."),

@@ -55,7 +55,10 @@ def document(version: str) -> dict[str, Any]:
         elif op.body_media_type is not None:
             entry["requestBody"] = {
                 "required": True,
-                "content": {op.body_media_type: {"schema": {"type": "string", "format": "binary"}}},
+                # (at least one frame: a header is 5 bytes)
+                "content": {
+                    op.body_media_type: {"schema": {"type": "string", "format": "binary", "minLength": 5}}
+                },
             }
         paths.setdefault(op.path, {})[op.method.lower()] = entry
     paths["/healthz"] = {

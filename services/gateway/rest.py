@@ -68,7 +68,7 @@ class Operation:
 
 SESSION_ID_SCHEMA = {"type": "string", "pattern": ids.SESSION_ID_PATTERN}
 SESSION_ID_PARAM = Param("session_id", "path", "The session id.", SESSION_ID_SCHEMA, required=True)
-_ATTRIBUTION_SCHEMA = {"type": "string", "pattern": f"^[\\x20-\\x7e]{{0,{ids.ATTRIBUTION_MAX}}}$"}
+_ATTRIBUTION_SCHEMA = {"type": "string", "pattern": ids.ATTRIBUTION_HEADER_PATTERN}
 """(Printable ASCII: what an HTTP header carries as text; bodies may carry any printable text.)"""
 ATTRIBUTION = (
     Param(
@@ -183,8 +183,11 @@ class SessionsAPI:
 
     @staticmethod
     def _command_fields(
-        request: Request, *, org_id: str | None = None, user_id: str | None = None
+        request: Request, operation: str, *, org_id: str | None = None, user_id: str | None = None
     ) -> dict[str, Any]:
+        """The fields every session command carries. An ``Idempotency-Key`` names one request
+        to one operation: the command id is the key scoped by ``operation`` (a key reused on a
+        stop, then on a delete, is two requests; the same delete again is a retry)."""
         key = request.headers.get("idempotency-key")
         request_id = request.headers.get("x-request-id")
         if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
@@ -196,13 +199,17 @@ class SessionsAPI:
             raise errors.Forbidden(
                 "this key acts for one organisation: org_id must be absent or that organisation"
             )
+        header_org, header_user = request.headers.get("x-org-id"), request.headers.get("x-user-id")
         actor = commands.Actor(
             via="rest",
-            org_id=ids.validate_attribution(org_id or request.headers.get("x-org-id"), what="org id"),
-            user_id=ids.validate_attribution(user_id or request.headers.get("x-user-id"), what="user id"),
+            org_id=ids.validate_attribution(org_id, what="org_id")
+            or ids.validate_attribution(header_org, what="X-Org-Id header", header=True),
+            user_id=ids.validate_attribution(user_id, what="user_id")
+            or ids.validate_attribution(header_user, what="X-User-Id header", header=True),
         )
+        command_id = ids.new_id() if key is None else f"{operation}:{ids.validate_idempotency_key(key)}"
         return {
-            "command_id": ids.validate_idempotency_key(key) if key is not None else ids.new_id(),
+            "command_id": command_id,
             "correlation_id": request_id or ids.new_id(),
             "actor": actor,
         }
@@ -232,7 +239,7 @@ class SessionsAPI:
         command = commands.CreateSession(
             session_id=ids.validate_session_id(body.session_id),
             image=ids.validate_image(body.image),
-            **self._command_fields(request, org_id=body.org_id, user_id=body.user_id),
+            **self._command_fields(request, "create", org_id=body.org_id, user_id=body.user_id),
         )
         state = await self.client.session(command)
         assert state is not None
@@ -281,7 +288,7 @@ class SessionsAPI:
 
     async def stop_session(self, request: Request) -> Response:
         command = commands.StopSession(
-            session_id=self._path_session_id(request), **self._command_fields(request)
+            session_id=self._path_session_id(request), **self._command_fields(request, "stop")
         )
         state = await self.client.session(command)
         assert state is not None
@@ -289,7 +296,7 @@ class SessionsAPI:
 
     async def delete_session(self, request: Request) -> Response:
         command = commands.DeleteSession(
-            session_id=self._path_session_id(request), **self._command_fields(request)
+            session_id=self._path_session_id(request), **self._command_fields(request, "delete")
         )
         await self.client.session(command)
         return json_response(None, 204)

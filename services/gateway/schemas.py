@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared.contract import references, states
+from shared.contract import ids, references, states
 
 SessionId = Annotated[
     str,
@@ -17,6 +17,15 @@ SessionId = Annotated[
         pattern="^[A-Za-z0-9][A-Za-z0-9_-]*$",
         description="Letters, digits, '-' and '_'; starts with a letter or digit.",
         examples=["task-42"],
+    ),
+]
+
+Attribution = Annotated[
+    str,
+    msgspec.Meta(
+        max_length=ids.ATTRIBUTION_MAX,
+        extra_json_schema={"pattern": ids.ATTRIBUTION_PATTERN},  # (checked in our words: ids)
+        description="Free text for attribution, without control or invisible formatting characters.",
     ),
 ]
 
@@ -36,8 +45,8 @@ class CreateSessionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
         ]
         | None
     ) = None
-    org_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
-    user_id: Annotated[str, msgspec.Meta(max_length=256)] | None = None
+    org_id: Attribution | None = None
+    user_id: Attribution | None = None
 
 
 class Session(msgspec.Struct, kw_only=True):

@@ -56,8 +56,8 @@ def identity_from_headers(
     return Identity(
         session_id=session,
         correlation_id=request_id or ids.new_id(),
-        org_id=ids.validate_attribution(headers.get("x-org-id"), what="X-Org-Id header"),
-        user_id=ids.validate_attribution(headers.get("x-user-id"), what="X-User-Id header"),
+        org_id=ids.validate_attribution(headers.get("x-org-id"), what="X-Org-Id header", header=True),
+        user_id=ids.validate_attribution(headers.get("x-user-id"), what="X-User-Id header", header=True),
         via=via,
     )
 

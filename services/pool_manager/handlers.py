@@ -240,7 +240,12 @@ class PoolHandlers:
             pull = asyncio.ensure_future(self._pull(ref, request))
             self._pulls[ref] = pull
             pull.add_done_callback(lambda _: self._pulls.pop(ref, None))
-        await asyncio.shield(pull)
+        try:
+            await asyncio.shield(pull)
+        except (errors.InvalidInput, errors.NotFound) as exc:
+            # The request that needs the image is well-formed; the image named is not to be
+            # had. Said as a conflict with the session's state (409), the registry's words kept.
+            raise errors.ImageUnavailable(exc.message) from None
 
     async def _pull(self, ref: str, request: provisioning.Provision) -> api.PulledImage | None:
         subject = self.ctx.topology.aggregate_subject(subjects.IMAGE, ref)

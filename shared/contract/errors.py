@@ -64,6 +64,14 @@ class SandboxChanged(Conflict):
     code = "sandbox_changed"
 
 
+class ImageUnavailable(Conflict):
+    """The session's image cannot be had from its registry (no such repository or tag, a
+    host that does not resolve, access refused, a broken image): the request itself is
+    well-formed, the session's image is not usable; re-provision with another image."""
+
+    code = "image_unavailable"
+
+
 class NotRunning(Conflict):
     """The sandbox exists but is not running (stopped, or its processes died)."""
 
@@ -150,6 +158,7 @@ BY_CODE: dict[str, type[SandboxError]] = {
         NotFound,
         Conflict,
         SandboxChanged,
+        ImageUnavailable,
         NotRunning,
         LimitExceeded,
         Cancelled,

@@ -37,7 +37,18 @@ def validate_session_id(value: object, *, what: str = "session id") -> str:
     return value
 
 
-def validate_attribution(value: object, *, what: str) -> str | None:
+_NOT_IN_ATTRIBUTION = "\\x00-\\x1f\\x7f-\\x9f\\u200b-\\u200f\\u2028-\\u202e\\u2066-\\u2069\\ufeff"
+ATTRIBUTION_PATTERN = f"^[^{_NOT_IN_ATTRIBUTION}]{{0,{ATTRIBUTION_MAX}}}$"
+"""Org and user ids in a body: any text but control characters (C0, DEL, C1), line
+separators and the invisible format characters that reorder or hide text (bidi overrides,
+zero widths, BOM). The JSON-schema pattern of the OpenAPI document, and the check."""
+ATTRIBUTION_HEADER_PATTERN = f"^[\\x20-\\x7e]{{0,{ATTRIBUTION_MAX}}}$"
+"""In a header (``X-Org-Id``, ``X-User-Id``): printable ASCII, what a header carries as text."""
+_ATTRIBUTION = re.compile(ATTRIBUTION_PATTERN)
+_ATTRIBUTION_HEADER = re.compile(ATTRIBUTION_HEADER_PATTERN)
+
+
+def validate_attribution(value: object, *, what: str, header: bool = False) -> str | None:
     """Org and user ids are free text for attribution, but bounded and printable."""
     if value is None or value == "":
         return None
@@ -45,8 +56,10 @@ def validate_attribution(value: object, *, what: str) -> str | None:
         raise errors.InvalidInput(f"{what} must be a string")
     if len(value) > ATTRIBUTION_MAX:
         raise errors.InvalidInput(f"{what} is longer than {ATTRIBUTION_MAX} characters")
-    if not value.isprintable():
-        raise errors.InvalidInput(f"{what} contains control characters")
+    if header and not _ATTRIBUTION_HEADER.fullmatch(value):
+        raise errors.InvalidInput(f"{what} must be printable ASCII")
+    if not _ATTRIBUTION.fullmatch(value):
+        raise errors.InvalidInput(f"{what} contains control or invisible formatting characters")
     return value
 
 

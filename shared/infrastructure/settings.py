@@ -396,6 +396,9 @@ class GatewaySettings:
     sandbox_egress: str = "none"
     """What the sandboxes can reach (``SBX_SANDBOX_EGRESS``, as the runtime reads it): the
     tool texts an agent reads say so."""
+    cors_origins: tuple[str, ...] = ()
+    """Web origins whose pages may call the API from a browser (``SBX_CORS_ORIGINS``,
+    comma-separated, e.g. ``https://app.example``); none by default. The key is still needed."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -418,7 +421,23 @@ class GatewaySettings:
             org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
             claim_on_connect=_choice(env, "SBX_CLAIM_ON_CONNECT", "on", ("on", "off")) == "on",
             sandbox_egress=_egress(env),
+            cors_origins=_origins(env.get("SBX_CORS_ORIGINS", "")),
         )
+
+
+_ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
+
+
+def _origins(text: str) -> tuple[str, ...]:
+    """``SBX_CORS_ORIGINS``: exact origins (scheme, host, optional port), no wildcard."""
+    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+    for origin in origins:
+        if not _ORIGIN.fullmatch(origin):
+            raise errors.ConfigError(
+                f"SBX_CORS_ORIGINS: {origin!r:.80} is not an origin like https://app.example:8443 "
+                "(no path, no wildcard)"
+            )
+    return origins
 
 
 def _org_keys(path: str, master: str) -> tuple[tuple[str, str], ...]:

@@ -13,13 +13,16 @@ from shared.infrastructure import settings
 from tests import support
 
 AUTH = {"Authorization": f"Bearer {support.API_KEY}"}
+ALLOWED_ORIGIN = "https://console.example"
 
 
 @pytest.fixture
 async def api(nats_server, namespace):
     scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup)
     base = support.service_settings(nats_server.url, namespace, "gateway")
-    gw_settings = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
+    gw_settings = settings.GatewaySettings(
+        base=base, api_key=support.API_KEY, host="127.0.0.1", port=0, cors_origins=(ALLOWED_ORIGIN,)
+    )
     gateway = await support.start_in_process(
         nats_server.url, namespace, "gateway", gateway_app.make_setup(gw_settings), instance=base.instance
     )
@@ -138,7 +141,7 @@ async def test_lower_case_scheme_is_accepted(api):
         (b'{"session_id": "' + b"x" * 129 + b'"}', "session_id"),
         (b'{"session_id": "ok", "surprise": 1}', "surprise"),
         (b'{"session_id": "ok", "image": "$(rm -rf /)"}', "image"),
-        (b'{"session_id": "ok", "org_id": "a\\nb"}', "org id"),
+        (b'{"session_id": "ok", "org_id": "a\\nb"}', "org_id"),
         (b"{}", "session_id"),
     ],
 )
@@ -223,6 +226,48 @@ async def test_one_idempotency_key_on_two_sessions_creates_both(api, nats_server
         assert not (await replay.verify(nc.jetstream(), topology)).differences
     finally:
         await nc.close()
+
+
+async def test_one_idempotency_key_on_two_operations_does_both(api):
+    """A key names one request to one operation: reused on a stop, then on a delete of the
+    same session, the delete is done (it was answered 204 and nothing deleted)."""
+    headers = {**AUTH, "Idempotency-Key": "one-key"}
+    assert (await api.post("/v1/sessions", json={"session_id": "ops"}, headers=headers)).status_code == 201
+    stopped = await api.post("/v1/sessions/ops/stop", headers=headers)
+    assert stopped.status_code == 200 and stopped.json()["status"] == "stopped"
+    assert (await api.delete("/v1/sessions/ops", headers=headers)).status_code == 204
+    assert (await api.get("/v1/sessions/ops", headers=AUTH)).status_code == 404
+    # ... and the same delete again is a retry: answered the same, nothing else done.
+    assert (await api.delete("/v1/sessions/ops", headers=headers)).status_code == 204
+
+
+async def test_browsers_preflights_and_401s_are_json_and_only_allowed_origins_get_cors(api):
+    """A preflight carries no credentials: never a 401. An allowed origin (SBX_CORS_ORIGINS)
+    gets CORS headers, and its real requests still need the key; any other origin's preflight
+    is a JSON 403 saying why."""
+    ask = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    allowed = await api.options("/v1/sessions", headers={"Origin": ALLOWED_ORIGIN, **ask})
+    assert allowed.status_code == 200, allowed.text
+    assert allowed.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    for origin in ("https://evil.example", None):
+        refused = await api.options("/v1/sessions", headers={**({"Origin": origin} if origin else {}), **ask})
+        assert refused.status_code == 403 and "SBX_CORS_ORIGINS" in refused.json()["message"]
+        assert "access-control-allow-origin" not in refused.headers
+    keyless = await api.get("/v1/sessions", headers={"Origin": ALLOWED_ORIGIN})
+    assert keyless.status_code == 401 and keyless.json()["retriable"] is False
+    assert keyless.headers["access-control-allow-origin"] == ALLOWED_ORIGIN  # (so the page can read why)
+    listed = await api.get("/v1/sessions", headers={"Origin": ALLOWED_ORIGIN, **AUTH})
+    assert listed.status_code == 200 and listed.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
+    other = await api.get("/v1/sessions", headers={"Origin": "https://evil.example", **AUTH})
+    assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    mcp = await api.post("/mcp", json={})
+    assert mcp.status_code == 401 and mcp.json() == {
+        "error": "unauthorized",
+        "message": "missing or invalid API key: send 'Authorization: Bearer <SANDBOX_API_KEY>'",
+        "status": 401,
+        "retriable": False,
+    }
 
 
 async def test_unknown_routes_and_methods_answer_json(api):

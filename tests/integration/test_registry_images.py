@@ -238,6 +238,10 @@ async def test_unknown_images_and_unreachable_registries_are_clear_errors(reg, r
     port = o.support.free_port()
     with pytest.raises(errors.Unavailable, match=f"registry 127.0.0.1:{port} cannot be reached"):
         await rt.pull(f"127.0.0.1:{port}/test/img:1")
+    # A host name that does not exist (.invalid never resolves, RFC 6761) is the reference's
+    # fault, not an outage: a client error, not a retriable one.
+    with pytest.raises(errors.InvalidInput, match="registry no-such-registry.invalid does not resolve"):
+        await rt.pull("no-such-registry.invalid/test/img:1")
     with pytest.raises(errors.InvalidInput, match="repository names"):
         await rt.create(api.SandboxSpec(sandbox_id="u2", image="Not A Reference"))
     assert list(rt.root.iterdir()) == []

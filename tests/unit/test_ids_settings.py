@@ -469,3 +469,32 @@ def test_nats_replicas_are_one_to_five() -> None:
     for bad in ("0", "6", "three", "-1"):
         with pytest.raises(errors.ConfigError, match="SBX_NATS_REPLICAS"):
             settings.BusSettings.from_env({"SBX_NATS_REPLICAS": bad})
+
+
+def test_cors_origins_are_exact_origins() -> None:
+    env = {"SANDBOX_API_KEY": KEY, "SBX_CORS_ORIGINS": " https://app.example , http://localhost:5173/"}
+    assert settings.GatewaySettings.from_env(env).cors_origins == (
+        "https://app.example",
+        "http://localhost:5173",
+    )
+    assert settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY}).cors_origins == ()
+    for bad in ("*", "https://app.example/path", "app.example", "https://*.example"):
+        with pytest.raises(errors.ConfigError, match="SBX_CORS_ORIGINS"):
+            settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CORS_ORIGINS": bad})
+
+
+@pytest.mark.parametrize("value", ["acme", "Ann Example", "équipe 日本", "a" * 256])
+def test_attribution_accepted(value: str) -> None:
+    assert ids.validate_attribution(value, what="org id") == value
+
+
+@pytest.mark.parametrize("value", ["a\nb", "a\u202eb", "a\u200bb", "\x85", "x\n"])
+def test_attribution_without_controls_or_invisible_formatting(value: str) -> None:
+    with pytest.raises(errors.InvalidInput, match="control or invisible"):
+        ids.validate_attribution(value, what="org id")
+
+
+def test_attribution_in_a_header_is_printable_ascii() -> None:
+    assert ids.validate_attribution("acme-1", what="X-Org-Id header", header=True) == "acme-1"
+    with pytest.raises(errors.InvalidInput, match="printable ASCII"):
+        ids.validate_attribution("équipe", what="X-Org-Id header", header=True)

@@ -32,6 +32,7 @@ import hashlib
 import json
 import platform
 import re
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -228,6 +229,11 @@ class Client:
             except httpx.TransportError as exc:
                 if self._fall_back_to_http(host, exc):
                     continue
+                if _unknown_name(exc):
+                    raise PullError(
+                        f"registry {host} does not resolve ({_reason(exc)}): check the image "
+                        "reference, or configure a mirror (SBX_REGISTRIES_FILE)"
+                    ) from None
                 attempt += 1
                 if attempt >= ATTEMPTS:
                     raise errors.Unavailable(f"registry {host} cannot be reached: {_reason(exc)}") from None
@@ -397,6 +403,19 @@ def _refusal(host: str, what: str, response: httpx.Response) -> errors.SandboxEr
     if status in (401, 403):
         return errors.InvalidInput(f"registry {host} refused {what} ({status}){said}")
     return PullError(f"registry {host} answered {status} for {what}{said}")
+
+
+def _unknown_name(exc: BaseException) -> bool:
+    """The registry's host name does not exist (EAI_NONAME, EAI_NODATA): a retry cannot help,
+    unlike a resolver that fails for now (EAI_AGAIN), which stays a retriable outage."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, socket.gaierror):
+            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _reason(exc: Exception) -> str:
