@@ -19,7 +19,31 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(shown: bool) -> None:
+    if shown:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("cloud-agent-sandbox")
+        except importlib.metadata.PackageNotFoundError:
+            version = "dev"
+        typer.echo(f"sbx {version}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option("--version", "-V", help="Print the version and exit.", callback=_version, is_eager=True),
+    ] = False,
+) -> None:
+    """Cloud Agent Sandbox: run a stack locally and inspect any stack."""
+
 
 T = TypeVar("T")
 StateDir = Annotated[
