@@ -96,6 +96,9 @@ class Executor:
             )
             if problem is not None:
                 reply = _unaudited(reply, problem)
+        if not reply.ok and reply.error is not None:
+            tool = events.tag_of(type(request)) if request is not None else "undecodable"
+            metrics.exec_errors.labels(tool, reply.error.code).inc()
         return codec.encode(reply)
 
     async def _cancellable(self, request: execution.AnyRequest) -> execution.Reply:

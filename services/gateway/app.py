@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Iterator, Mapping
 
 import msgspec
@@ -16,7 +17,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway import auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
 from shared.contract import errors
@@ -95,6 +96,7 @@ def build_app(
     app: ASGIApp = auth.BearerAuth(
         inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
     )
+    app = RequestMetrics(app)
     if gateway.cors_origins:
         cors = CORSMiddleware(
             app,
@@ -106,6 +108,38 @@ def build_app(
         )
         app = auth.CrossOrigin(app, cors, frozenset(gateway.cors_origins))
     return app
+
+
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class RequestMetrics:
+    """RED metrics per route: requests by route template (never the raw path: ids would
+    grow the label set), method and status, and the time to the response's start.
+    Requests no route took (refused before routing, unknown paths) count as ``other``."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                route = scope.get("route")
+                template = getattr(route, "path", None) or "other"
+                method = scope["method"] if scope["method"] in METHODS else "OTHER"
+                metrics.http_seconds.labels(template, method).observe(time.monotonic() - started)
+                metrics.http_requests.labels(template, method, str(status)).inc()
+            await send(message)
+
+        await self.app(scope, receive, sending)
 
 
 class _Server(uvicorn.Server):

@@ -7,9 +7,22 @@ them in ``sbx status``). No metric carries a secret, a session's commands or out
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+for _standard in (PROCESS_COLLECTOR, GC_COLLECTOR, PLATFORM_COLLECTOR):
+    # (process_* CPU, memory, fds; python_gc_*; python_info: the client's standard set)
+    REGISTRY.register(_standard)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 commands = Counter(
@@ -80,6 +93,37 @@ exec_cancelled = Counter(
     ["tool"],
     registry=REGISTRY,
 )
+
+
+exec_errors = Counter(
+    "sbx_exec_errors_total",
+    "Executor requests answered with an error, by tool and error code (internal: a crash).",
+    ["tool", "code"],
+    registry=REGISTRY,
+)
+http_requests = Counter(
+    "sbx_http_requests_total",
+    "Gateway HTTP requests, by route template, method and status.",
+    ["route", "method", "status"],
+    registry=REGISTRY,
+)
+http_seconds = Histogram(
+    "sbx_http_request_seconds",
+    "Gateway HTTP request time to the response's start, by route template and method.",
+    ["route", "method"],
+    buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+mcp_tool_calls = Counter(
+    "sbx_mcp_tool_calls_total",
+    "MCP tool calls, by tool and outcome (ok, error: the tool answered an error, cancelled).",
+    ["tool", "outcome"],
+    registry=REGISTRY,
+)
+mcp_tool_seconds = Histogram(
+    "sbx_mcp_tool_seconds", "MCP tool call time, by tool.", ["tool"], buckets=LATENCY_BUCKETS,
+    registry=REGISTRY,
+)  # fmt: skip
 
 
 def render() -> bytes:

@@ -270,6 +270,26 @@ async def test_browsers_preflights_and_401s_are_json_and_only_allowed_origins_ge
     }
 
 
+async def test_metrics_count_requests_by_route_template_and_show_the_process(api):
+    """RED metrics by route template (a session id never becomes a label), the refused and
+    the unrouted as ``other``; the Prometheus client's process and GC collectors."""
+    from shared.infrastructure import metrics  # (the gateway runs in this process)
+
+    labels = {"method": "GET", "route": "/v1/sessions/{session_id}", "status": "404"}
+    before = metrics.REGISTRY.get_sample_value("sbx_http_requests_total", labels) or 0.0
+    await api.get("/v1/sessions/never-made-1", headers=AUTH)
+    await api.get("/v1/sessions/never-made-2", headers=AUTH)
+    assert metrics.REGISTRY.get_sample_value("sbx_http_requests_total", labels) == before + 2
+    await api.get("/v1/sessions")  # (no key)
+    await api.request("BREW", "/v1/sessions", headers=AUTH)
+    text = (await api.get("/metrics")).text
+    assert 'sbx_http_requests_total{method="GET",route="other",status="401"}' in text
+    assert 'method="OTHER"' in text and "BREW" not in text and "never-made" not in text
+    assert 'sbx_http_request_seconds_count{method="GET",route="/v1/sessions/{session_id}"}' in text
+    for standard in ("process_cpu_seconds_total", "process_resident_memory_bytes", "python_gc_objects"):
+        assert standard in text, standard
+
+
 async def test_unknown_routes_and_methods_answer_json(api):
     """Every status is a JSON problem: unknown routes 404, known routes with another method
     405 with an Allow header (the MCP endpoint keeps its own answers)."""

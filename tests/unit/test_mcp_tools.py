@@ -629,3 +629,20 @@ async def test_headers_of_a_real_http_request_reach_the_tools() -> None:
 
 def test_job_ids_from_new_id_are_accepted_by_the_job_tools() -> None:
     assert checks.job_id(ids.new_id())
+
+
+async def test_tool_calls_are_counted_by_tool_and_outcome() -> None:
+    from shared.infrastructure import metrics
+
+    def count(tool: str, outcome: str) -> float:
+        return (
+            metrics.REGISTRY.get_sample_value("sbx_mcp_tool_calls_total", {"tool": tool, "outcome": outcome})
+            or 0.0
+        )
+
+    before = count("shell", "ok"), count("shell", "error")
+    h = Harness(executor=FakeExecutor(execution.Reply(ok=True, output="", exit_code=0)))
+    await h.ok("shell", {"command": "true"})
+    await h.error("shell", {"command": "true", "session_id": "someone-else"})
+    assert (count("shell", "ok"), count("shell", "error")) == (before[0] + 1, before[1] + 1)
+    assert (metrics.REGISTRY.get_sample_value("sbx_mcp_tool_seconds_count", {"tool": "shell"}) or 0) >= 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -22,7 +24,7 @@ from services.gateway import sessions
 from services.gateway.mcp import calls, edit, sandbox, shell, texts
 from services.gateway.sessions import Identity
 from shared.contract import errors
-from shared.infrastructure import rpc, service
+from shared.infrastructure import metrics, rpc, service
 
 INVALID_PARAMS = -32602
 """JSON-RPC's code for a request whose parameters (here: headers) are wrong."""
@@ -94,6 +96,31 @@ class ArgumentErrors(Middleware):
             raise ToolError(texts.invalid_arguments(context.message.name, problems)) from None
 
 
+class ToolMetrics(Middleware):
+    """RED metrics per tool: calls by outcome (``ok``; ``error``: the tool answered an error,
+    bad arguments included; ``cancelled``) and their time. Unknown tool names count as
+    ``unknown`` (a client cannot grow the label set)."""
+
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[mt.CallToolRequestParams],
+        call_next: CallNext[mt.CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
+        tool = context.message.name if context.message.name in TOOL_NAMES else "unknown"
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            result = await call_next(context)
+            outcome = "ok"
+            return result
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            metrics.mcp_tool_calls.labels(tool, outcome).inc()
+            metrics.mcp_tool_seconds.labels(tool).observe(time.monotonic() - started)
+
+
 class Cancellations(Middleware):
     """``notifications/cancelled`` (clients of the older protocol revision cancel that way;
     in stateless mode it arrives as a request of its own, at any gateway instance): the
@@ -151,6 +178,7 @@ def build_mcp(
     resolver = resolver or sessions.Resolver(commands, running_sandbox, forget)
     tools = calls.Calls(commands, executor, headers, resolver, egress)
     mcp.add_middleware(Connect(resolver, tools.identity, claim=claim_on_connect))
+    mcp.add_middleware(ToolMetrics())
     mcp.add_middleware(ArgumentErrors())
     mcp.add_middleware(Cancellations(tools))
     shell.register(mcp, tools)
