@@ -5,8 +5,8 @@ Synchronous, on the standard library's ``http.client``: ``sbx exec`` is started 
 tool call, so what it imports is paid every time (httpx alone costs ~70 ms to import).
 One kept-alive connection per ``Transport``; a request on a reused connection that the
 gateway had already closed (idle) is sent again on a new one. Every answer is read as
-frames; an error frame or an error status becomes :class:`ApiError` with the gateway's
-message.
+frames (asked for with ``Accept``; keepalive frames are skipped); an error frame or an
+error status becomes :class:`ApiError` with the gateway's message.
 """
 
 from __future__ import annotations
@@ -71,7 +71,11 @@ class Transport:
         self.scheme, self.host, self.port = parts.scheme, parts.hostname, parts.port
         self.base = parts.path.rstrip("/")
         self.timeout = timeout
-        self.headers = {"authorization": f"Bearer {api_key}", "user-agent": "sbx-client"}
+        self.headers = {
+            "authorization": f"Bearer {api_key}",
+            "user-agent": "sbx-client",
+            "accept": f"{hostapi.MEDIA_TYPE}, application/json",
+        }
         if org_id:
             self.headers["x-org-id"] = org_id
         if user_id:

@@ -52,6 +52,7 @@ EXTRACT = (
 )
 #: A tar of the NUL-separated relative paths read from stdin, directories without children.
 ARCHIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null --no-recursion -T -'
+ARCHIVE_RECURSIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null -T -'
 
 Finished = Callable[[execution.Streamed, hostapi.End, float, str | None], Awaitable[None]]
 
@@ -137,7 +138,8 @@ class StreamedOps:
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
                 work = functools.partial(self._put, request, process, inputs)
             case execution.GetFiles():
-                process = await self._script(request, ARCHIVE, request.root)
+                script = ARCHIVE_RECURSIVE if request.recursive else ARCHIVE
+                process = await self._script(request, script, request.root)
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
                 work = functools.partial(self._get, request, process, inputs)
             case _:

@@ -19,7 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway import auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
+from services.gateway import archive, auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
 from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
@@ -61,6 +61,13 @@ def build_app(
             )
             for op in hostapi.OPERATIONS
         ]
+        files = archive.ArchiveAPI(host)
+        routes += [
+            Route(
+                op.path, host.endpoint(getattr(files, op.handler_name), op.operation_id), methods=[op.method]
+            )
+            for op in archive.OPERATIONS
+        ]
 
     async def metrics_endpoint(_: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -101,7 +108,7 @@ def build_app(
         cors = CORSMiddleware(
             app,
             allow_origins=list(gateway.cors_origins),
-            allow_methods=["GET", "POST", "DELETE"],
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
             allow_headers=["Authorization", "Content-Type", *CORS_HEADERS],
             expose_headers=["X-Sandbox-Id", "X-Run-Id", "Mcp-Session-Id", "Location", "Retry-After"],
             max_age=600,

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from services.gateway import rest, schemas, sessions
+from services.gateway import media, rest, schemas, sessions
 from shared.contract import checks, errors, execution, hostapi, ids, subjects
 from shared.infrastructure import rpc, streams
 
@@ -49,9 +49,9 @@ START_BUDGET = 30.0
 _FRAMES = (
     f"A frame stream ({hostapi.MEDIA_TYPE}): 1 channel byte, a 4-byte big-endian length, the "
     "payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame "
-    "(JSON error)."
+    "(JSON error); 'h' frames (keepalives) are skipped."
 )
-_ERRORS = {
+ERRORS = {
     400: (schemas.Problem, "Invalid input; nothing was run."),
     401: (schemas.Problem, "Missing or wrong API key."),
     409: (
@@ -63,7 +63,7 @@ _ERRORS = {
     503: (schemas.Problem, "The scheduler, an executor or NATS is unavailable; retry."),
     504: (schemas.Problem, "The sandbox did not answer in time; retry."),
 }
-_SESSION = rest.Param(
+SESSION = rest.Param(
     "session_id",
     "path",
     "The session id (its sandbox is claimed if it has none).",
@@ -77,10 +77,26 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "runCommand",
         "Run a command in the session's sandbox, output streamed as it comes",
         "run",
-        {200: (None, _FRAMES + " Header X-Run-Id names the run (to stop it)."), **_ERRORS},
+        {
+            200: (
+                None,
+                "The output as it comes, by the Accept header: NDJSON (the default) or "
+                "server-sent events, one RunEvent a line or event, the last 'exit' or 'error', "
+                "'keepalive' while the command is quiet; or, for the agent-host client, "
+                + _FRAMES
+                + " Header X-Run-Id names the run (to stop it).",
+            ),
+            **ERRORS,
+            406: (schemas.Problem, "The Accept header admits none of the answer's media types."),
+        },
         body=hostapi.RunBody,
-        params=(_SESSION, *rest.ATTRIBUTION),
+        params=(SESSION, *rest.ATTRIBUTION),
         tag="host",
+        answer_media=(
+            (hostapi.NDJSON, hostapi.RunEvent),
+            (hostapi.EVENT_STREAM, hostapi.RunEvent),
+            (hostapi.MEDIA_TYPE, None),
+        ),
     ),
     rest.Operation(
         "POST",
@@ -88,9 +104,9 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "stopRun",
         "Stop a running command (its processes are killed); any gateway instance can",
         "stop",
-        {202: (None, "Asked to stop."), **_ERRORS},
+        {202: (None, "Asked to stop."), **ERRORS},
         params=(
-            _SESSION,
+            SESSION,
             rest.Param(
                 "run_id", "path", "The run's X-Run-Id.", {"type": "string", "pattern": "^[0-9a-f]{32}$"}, True
             ),
@@ -103,10 +119,11 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "putFiles",
         "Upload: the body is frames, a 'j' frame of PutParams JSON then 't' frames of a tar",
         "put",
-        {200: (None, _FRAMES + " 'l' frames: the tree's listing after the upload."), **_ERRORS},
-        params=(_SESSION, *rest.ATTRIBUTION),
+        {200: (None, _FRAMES + " 'l' frames: the tree's listing after the upload."), **ERRORS},
+        params=(SESSION, *rest.ATTRIBUTION),
         tag="host",
         body_media_type=hostapi.MEDIA_TYPE,
+        answer_media=((hostapi.MEDIA_TYPE, None),),
     ),
     rest.Operation(
         "POST",
@@ -114,32 +131,33 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "getFiles",
         "Download the named paths as a tar",
         "get",
-        {200: (None, _FRAMES + " 't' frames: a tar of the paths."), **_ERRORS},
+        {200: (None, _FRAMES + " 't' frames: a tar of the paths."), **ERRORS},
         body=hostapi.GetBody,
-        params=(_SESSION, *rest.ATTRIBUTION),
+        params=(SESSION, *rest.ATTRIBUTION),
         tag="host",
+        answer_media=((hostapi.MEDIA_TYPE, None),),
     ),
 )
 
 
-class FrameStream(Response):
-    """A frame stream that also watches for the client going away (whatever the ASGI
+class LiveStream(Response):
+    """A streamed answer that also watches for the client going away (whatever the ASGI
     server's version): then the stream's generator is closed, which stops the work."""
 
-    media_type = hostapi.MEDIA_TYPE
-
-    def __init__(self, frames: AsyncGenerator[bytes, None], headers: dict[str, str]) -> None:
+    def __init__(self, chunks: AsyncGenerator[bytes, None], headers: dict[str, str], media_type: str) -> None:
         # Like StreamingResponse: no body attribute, so no Content-Length.
         self.status_code = 200
         self.background = None
+        self.media_type = media_type
         self.init_headers(headers)
-        self.frames = frames
+        self.chunks = chunks
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def stream() -> None:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            async for data in self.frames:
-                await send({"type": "http.response.body", "body": data, "more_body": True})
+            async for data in self.chunks:
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         async def disconnect() -> None:
@@ -157,7 +175,37 @@ class FrameStream(Response):
                 group.start_soon(first, disconnect)
         finally:
             with anyio.CancelScope(shield=True):
-                await self.frames.aclose()
+                await self.chunks.aclose()
+
+
+async def with_keepalives(
+    frames: AsyncIterator[streams.Frame], every: float = hostapi.KEEPALIVE_EVERY
+) -> AsyncGenerator[streams.Frame, None]:
+    """The frames, and a :data:`~shared.contract.hostapi.KEEPALIVE` frame after each
+    ``every`` seconds of silence."""
+    it = aiter(frames)
+    waiting: asyncio.Future[streams.Frame] | None = None
+    try:
+        while True:
+            if waiting is None:
+                waiting = asyncio.ensure_future(anext(it))
+            done, _ = await asyncio.wait({waiting}, timeout=every)
+            if not done:
+                yield streams.Frame(hostapi.KEEPALIVE, b"")
+                continue
+            arrived, waiting = waiting, None
+            try:
+                frame = arrived.result()
+            except StopAsyncIteration:
+                return
+            yield frame
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
+        if isinstance(it, AsyncGenerator):
+            await it.aclose()
 
 
 async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
@@ -169,11 +217,6 @@ async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
         return None
     except TimeoutError:
         raise errors.InvalidInput(f"the upload sent nothing for {BODY_SILENCE:g} s") from None
-
-
-def _error_frame(exc: errors.SandboxError) -> bytes:
-    """The same body the executor's error frames carry (and the REST problem's fields)."""
-    return hostapi.frame(hostapi.ERROR, msgspec.json.encode(streams.ErrorBody.of(exc)))
 
 
 class HostAPI:
@@ -192,13 +235,13 @@ class HostAPI:
     # ---- helpers ---------------------------------------------------------------------------
 
     @staticmethod
-    def _who(request: Request) -> sessions.Identity:
+    def who(request: Request) -> sessions.Identity:
         return sessions.identity_from_headers(
             request.headers, session_id=request.path_params["session_id"], via="rest"
         )
 
     @staticmethod
-    async def _json(request: Request, body_type: type[_Body]) -> _Body:
+    async def json(request: Request, body_type: type[_Body]) -> _Body:
         raw = bytearray()
         async for chunk in request.stream():
             raw += chunk
@@ -216,6 +259,7 @@ class HostAPI:
         run_id: str,
         build: Callable[..., execution.AnyRequest],
         expected: str | None = None,
+        claim: bool = True,
     ) -> tuple[str, execution.Reply]:
         stop = self.topology.exec_stop(who.session_id, run_id)
 
@@ -230,36 +274,56 @@ class HostAPI:
             )
             return sandbox_id, await self.executor.run(request, budget=START_BUDGET)
 
-        return await self.resolver.with_sandbox(who, call)
+        if claim:
+            return await self.resolver.with_sandbox(who, call)
+        running = self.resolver.running_sandbox
+        sandbox_id = await running(who.session_id, who.org_id) if running is not None else None
+        if sandbox_id is None:
+            raise errors.NotFound(
+                f"session {who.session_id!r} has no running sandbox "
+                "(a download never starts one: run something first)"
+            )
+        return await call(sandbox_id)
 
-    async def _open(
-        self, who: sessions.Identity, build: Callable[..., execution.AnyRequest], expected: str | None = None
+    async def open(
+        self,
+        who: sessions.Identity,
+        build: Callable[..., execution.AnyRequest],
+        expected: str | None = None,
+        claim: bool = True,
     ) -> tuple[streams.Receiver, str, str, execution.Reply]:
         """Subscribe a receiver, start the operation; (receiver, run id, sandbox id, reply).
         The receiver is closed again if the start fails."""
         run_id = ids.new_id()
         receiver = await streams.Receiver(self.nc).__aenter__()
         try:
-            sandbox_id, reply = await self._start(who, receiver, run_id, build, expected)
+            sandbox_id, reply = await self._start(who, receiver, run_id, build, expected, claim)
         except BaseException:
             await receiver.__aexit__()
             raise
         return receiver, run_id, sandbox_id, reply
 
-    async def _relay(
-        self, receiver: streams.Receiver, stop: str, feed: Awaitable[None] | None = None
-    ) -> AsyncGenerator[bytes, None]:
-        """The executor's frames as HTTP frames; if the client goes away first, stop the work."""
+    async def events(
+        self,
+        receiver: streams.Receiver,
+        stop: str,
+        feed: Awaitable[None] | None = None,
+        keepalive: bool = True,
+    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        """The executor's frames as (channel, data), ending with an end or error frame
+        (keepalives while it is quiet, if asked); if the consumer goes away first, the work
+        is stopped."""
         ended = False
         feeder = asyncio.ensure_future(feed) if feed is not None else None
+        frames = receiver.frames()
         try:
-            async for frame in receiver.frames():
+            async for frame in with_keepalives(frames) if keepalive else frames:
                 if frame.channel in (hostapi.END, hostapi.ERROR):
                     ended = True
-                yield hostapi.frame(frame.channel, frame.data)
+                yield frame.channel, frame.data
         except errors.SandboxError as exc:
             ended = True
-            yield _error_frame(exc)
+            yield hostapi.ERROR, msgspec.json.encode(streams.ErrorBody.of(exc))
         finally:
             if feeder is not None:
                 feeder.cancel()
@@ -270,18 +334,28 @@ class HostAPI:
                     await self.nc.publish(stop, b"stop")
             await receiver.__aexit__()
 
-    def _stream(self, frames: AsyncGenerator[bytes, None], sandbox_id: str, run_id: str) -> FrameStream:
-        return FrameStream(
-            frames, {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
-        )
+    @staticmethod
+    async def _encoded(
+        events: AsyncGenerator[tuple[bytes, bytes], None], encode: Callable[[bytes, bytes], bytes]
+    ) -> AsyncGenerator[bytes, None]:
+        try:
+            async for channel, data in events:
+                yield encode(channel, data)
+        finally:
+            await events.aclose()
+
+    @staticmethod
+    def headers(sandbox_id: str, run_id: str) -> dict[str, str]:
+        return {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
 
     # ---- endpoints ---------------------------------------------------------------------------
 
     async def run(self, request: Request) -> Response:
-        who = self._who(request)
-        body = await self._json(request, hostapi.RunBody)
+        who = self.who(request)
+        media_type = media.negotiate(request.headers.get("accept"), media.RUN_MEDIA_TYPES)
+        body = await self.json(request, hostapi.RunBody)
         checks.run(body)  # before a sandbox is claimed for it
-        receiver, run_id, sandbox_id, _ = await self._open(
+        receiver, run_id, sandbox_id, _ = await self.open(
             who,
             lambda **fields: execution.Run(
                 command=body.command,
@@ -296,10 +370,12 @@ class HostAPI:
             body.sandbox_id,
         )
         stop = self.topology.exec_stop(who.session_id, run_id)
-        return self._stream(self._relay(receiver, stop), sandbox_id, run_id)
+        events = self.events(receiver, stop)
+        encoder = media.RunEncoder(media_type)
+        return LiveStream(self._encoded(events, encoder.encode), self.headers(sandbox_id, run_id), media_type)
 
     async def stop(self, request: Request) -> Response:
-        who = self._who(request)
+        who = self.who(request)
         run_id = request.path_params["run_id"]
         if not (len(run_id) == 32 and all(c in "0123456789abcdef" for c in run_id)):
             raise errors.InvalidInput("run id must be the 32 hex characters of the X-Run-Id header")
@@ -307,13 +383,13 @@ class HostAPI:
         return Response(status_code=202)
 
     async def get(self, request: Request) -> Response:
-        who = self._who(request)
-        body = await self._json(request, hostapi.GetBody)
+        who = self.who(request)
+        body = await self.json(request, hostapi.GetBody)
         hostapi.validate_root(body.root)
         for path in body.paths:
             hostapi.validate_relative(path)
         names = b"".join(path.encode(errors="surrogateescape") + b"\0" for path in body.paths)
-        receiver, run_id, sandbox_id, reply = await self._open(
+        receiver, run_id, sandbox_id, reply = await self.open(
             who, lambda **fields: execution.GetFiles(root=body.root, **fields)
         )
 
@@ -324,17 +400,18 @@ class HostAPI:
                 await sender.end(b"")
 
         stop = self.topology.exec_stop(who.session_id, run_id)
-        return self._stream(self._relay(receiver, stop, feed()), sandbox_id, run_id)
+        frames = self._encoded(self.events(receiver, stop, feed()), hostapi.frame)
+        return LiveStream(frames, self.headers(sandbox_id, run_id), hostapi.MEDIA_TYPE)
 
     async def put(self, request: Request) -> Response:
         """The upload is forwarded as it arrives (in frames of up to ``streams.CHUNK``,
         however small the client's were); the answer (the listing) is spooled meanwhile
         (to disk beyond a little) and sent once the upload is done. If the executor's side
         ends first, the rest of the upload is not read."""
-        who = self._who(request)
+        who = self.who(request)
         upload = _Upload(aiter(request.stream()))
         params = await upload.params()
-        receiver, run_id, sandbox_id, reply = await self._open(
+        receiver, run_id, sandbox_id, reply = await self.open(
             who,
             lambda **fields: execution.PutFiles(
                 root=params.root,
@@ -346,10 +423,23 @@ class HostAPI:
             ),
             params.sandbox_id,
         )
-        answer = _Answer()
+        answer = await self.upload(who, run_id, receiver, reply, upload.tar())
+        return StreamingResponse(answer.chunks(), 200, self.headers(sandbox_id, run_id), hostapi.MEDIA_TYPE)
+
+    async def upload(
+        self,
+        who: sessions.Identity,
+        run_id: str,
+        receiver: streams.Receiver,
+        reply: execution.Reply,
+        tar: AsyncIterator[bytes],
+    ) -> Answer:
+        """Forward ``tar`` to a started upload while its answer is spooled; the answer."""
+        answer = Answer()
         stop = self.topology.exec_stop(who.session_id, run_id)
-        collector = asyncio.create_task(answer.collect(self._relay(receiver, stop)))
-        uploader = asyncio.create_task(upload.forward(self.nc, reply.input))
+        frames = self._encoded(self.events(receiver, stop, keepalive=False), hostapi.frame)
+        collector = asyncio.create_task(answer.collect(frames))
+        uploader = asyncio.create_task(forward_tar(self.nc, reply.input, tar))
         try:
             done, _ = await asyncio.wait({collector, uploader}, return_when=asyncio.FIRST_COMPLETED)
             if uploader not in done:
@@ -366,8 +456,7 @@ class HostAPI:
                     await task
             answer.close()
             raise
-        headers = {"x-sandbox-id": sandbox_id, "x-run-id": run_id, "cache-control": "no-store"}
-        return StreamingResponse(answer.chunks(), 200, headers, hostapi.MEDIA_TYPE)
+        return answer
 
     def endpoint(
         self, handler: Callable[[Request], Awaitable[Response]], name: str
@@ -404,35 +493,48 @@ class _Upload:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise errors.InvalidInput(f"invalid upload parameters: {exc}") from None
 
-    async def forward(self, nc: Client, subject: str | None) -> None:
-        """Forward the tar to ``subject``. If the sandbox stops reading it, its answer says why."""
-        assert subject is not None  # (the executor says where, for an upload)
-        pending = bytearray()
-        try:
-            async with streams.Sender(nc, subject) as sender:
-
-                async def send(frames: list[tuple[bytes, bytes]]) -> None:
-                    for channel, data in frames:
-                        if channel != hostapi.TAR:
-                            raise errors.InvalidInput("after the parameters, an upload is 't' frames")
-                        pending.extend(data)
-                        if len(pending) >= streams.CHUNK:
-                            await sender.send(hostapi.TAR, bytes(pending))
-                            pending.clear()
-
-                await send(self.early)
-                while (chunk := await _next_chunk(self.chunks)) is not None:
-                    await send(list(self.reader.feed(chunk)))
-                if self.reader.pending:
-                    raise errors.InvalidInput("the upload ended in the middle of a frame")
-                if pending:
-                    await sender.send(hostapi.TAR, bytes(pending))
-                await sender.end(b"")
-        except streams.Aborted:
-            pass
+    async def tar(self) -> AsyncIterator[bytes]:
+        """The tar's bytes, from the ``t`` frames after the parameters."""
+        frames = self.early
+        while True:
+            for channel, data in frames:
+                if channel != hostapi.TAR:
+                    raise errors.InvalidInput("after the parameters, an upload is 't' frames")
+                yield data
+            chunk = await _next_chunk(self.chunks)
+            if chunk is None:
+                break
+            frames = list(self.reader.feed(chunk))
+        if self.reader.pending:
+            raise errors.InvalidInput("the upload ended in the middle of a frame")
 
 
-class _Answer:
+async def body(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A request body's chunks; a client that stalls is given up on."""
+    while (chunk := await _next_chunk(chunks)) is not None:
+        yield chunk
+
+
+async def forward_tar(nc: Client, subject: str | None, tar: AsyncIterator[bytes]) -> None:
+    """Forward tar bytes to ``subject`` in frames of :data:`streams.CHUNK` (however the
+    client cut them). If the sandbox stops reading, its answer says why."""
+    assert subject is not None  # (the executor says where, for an upload)
+    pending = bytearray()
+    try:
+        async with streams.Sender(nc, subject) as sender:
+            async for data in tar:
+                pending += data
+                while len(pending) >= streams.CHUNK:
+                    await sender.send(hostapi.TAR, bytes(pending[: streams.CHUNK]))
+                    del pending[: streams.CHUNK]
+            if pending:
+                await sender.send(hostapi.TAR, bytes(pending))
+            await sender.end(b"")
+    except streams.Aborted:
+        pass
+
+
+class Answer:
     """The sandbox's answer to an upload, spooled (to disk beyond ``ANSWER_IN_MEMORY``)
     until the upload is done."""
 
@@ -460,3 +562,15 @@ class _Answer:
 
     def close(self) -> None:
         self.file.close()
+
+    def end(self) -> tuple[bytes, bytes]:
+        """The answer's last frame (its end or error), for answers that are small (no
+        listing); the spool is closed."""
+        try:
+            self.file.seek(0)
+            frames = list(hostapi.FrameReader(LISTING_MAX).feed(self.file.read()))
+        finally:
+            self.file.close()
+        if not frames or frames[-1][0] not in (hostapi.END, hostapi.ERROR):
+            raise errors.Unavailable("the sandbox's answer ended early; the outcome is unknown")
+        return frames[-1]

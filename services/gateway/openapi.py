@@ -6,19 +6,22 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import hostapi, rest, schemas
+from services.gateway import archive, hostapi, rest, schemas
+from shared.contract.hostapi import MEDIA_TYPE as FRAMES
 
 REF = "#/components/schemas/{name}"
+BYTES = {"type": "string", "format": "binary"}
 
 
 # Long on purpose: the document is one literal.
 def document(version: str) -> dict[str, Any]:
     types: list[Any] = [schemas.Health]
-    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS)
+    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS, *archive.OPERATIONS)
     for op in operations:
         if op.body is not None:
             types.append(op.body)
         types.extend(t for t, _ in op.responses.values() if t is not None)
+        types.extend(t for _, t in op.answer_media if t is not None)
     unique = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(unique, ref_template=REF)
     ref_of = dict(zip(unique, refs, strict=True))
@@ -47,6 +50,12 @@ def document(version: str) -> dict[str, Any]:
                 for status, (t, description) in sorted(op.responses.items())
             },
         }
+        if op.answer_media:
+            success = entry["responses"][str(min(op.responses))]
+            success["content"] = {
+                media_type: {"schema": ref_of[t] if t is not None else BYTES}
+                for media_type, t in op.answer_media
+            }
         if op.body is not None:
             entry["requestBody"] = {
                 "required": True,
@@ -55,9 +64,11 @@ def document(version: str) -> dict[str, Any]:
         elif op.body_media_type is not None:
             entry["requestBody"] = {
                 "required": True,
-                # (at least one frame: a header is 5 bytes)
                 "content": {
-                    op.body_media_type: {"schema": {"type": "string", "format": "binary", "minLength": 5}}
+                    op.body_media_type: {
+                        # (at least one frame: a header is 5 bytes)
+                        "schema": {**BYTES, "minLength": 5} if op.body_media_type == FRAMES else BYTES
+                    }
                 },
             }
         paths.setdefault(op.path, {})[op.method.lower()] = entry

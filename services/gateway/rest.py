@@ -64,6 +64,9 @@ class Operation:
     tag: str = "sessions"
     body_media_type: str | None = None
     """A body that is not JSON (the upload's frame stream), by its media type."""
+    answer_media: tuple[tuple[str, Any], ...] = ()
+    """The success answer's media types (the preferred first), each with the msgspec type
+    of its items (NDJSON lines, events) or None for bytes; none: JSON, by ``responses``."""
 
 
 SESSION_ID_SCHEMA = {"type": "string", "pattern": ids.SESSION_ID_PATTERN}

@@ -50,6 +50,20 @@ class NotFound(SandboxError):
     status = 404
 
 
+class NotAcceptable(SandboxError):
+    """The request's Accept header admits none of the media types the route answers with."""
+
+    code = "not_acceptable"
+    status = 406
+
+
+class UnsupportedMediaType(SandboxError):
+    """The request's body is not of a media type the route takes."""
+
+    code = "unsupported_media_type"
+    status = 415
+
+
 class Conflict(SandboxError):
     """The request contradicts the current state (e.g. the session exists)."""
 
@@ -156,6 +170,8 @@ BY_CODE: dict[str, type[SandboxError]] = {
         Unauthorized,
         Forbidden,
         NotFound,
+        NotAcceptable,
+        UnsupportedMediaType,
         Conflict,
         SandboxChanged,
         ImageUnavailable,

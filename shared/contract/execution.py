@@ -103,6 +103,9 @@ class GetFiles(Streamed, frozen=True, kw_only=True, tag="get_files"):
     """Read NUL-separated relative paths from the input; stream a tar of them."""
 
     root: str
+    recursive: bool = False
+    """Directories with everything under them (a plain download); without it, only the
+    paths named (the host client names every file it wants)."""
 
 
 AnyRequest = Shell | ShellAsync | ShellPoll | ShellWait | ShellStop | Edit | Run | PutFiles | GetFiles

@@ -11,7 +11,14 @@ big-endian length, the payload. Channels:
 ``j``       JSON parameters (the first frame of an upload's body)
 ``x``       the end: JSON :class:`End`; nothing follows
 ``!``       an error: JSON ``{"error", "message", "status", "retriable"}``; nothing follows
+``h``       keepalive (empty), sent while nothing else is; readers skip it
 ==========  =========================================================================
+
+The frame format is what the agent-host client asks for (``Accept:`` :data:`MEDIA_TYPE`):
+it carries output bytes exactly and the binary listing. Everyone else gets standard media
+types: a run's output as NDJSON (:data:`NDJSON`, the default) or server-sent events
+(:data:`EVENT_STREAM`), one :data:`RunEvent` per line or event, and plain tar bodies for
+``/archive`` (:data:`TAR_MEDIA_TYPE`).
 
 Paths the sandbox reports are relative to the operation's ``root``, which is always an
 absolute directory under ``/workspace``.
@@ -29,8 +36,15 @@ import msgspec
 from shared.contract import errors, execution
 
 STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR = b"o", b"e", b"t", b"l", b"j", b"x", b"!"
-CHANNELS = frozenset((STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR))
+KEEPALIVE = b"h"
+CHANNELS = frozenset((STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR, KEEPALIVE))
 MEDIA_TYPE = "application/vnd.sbx.frames"
+NDJSON = "application/x-ndjson"
+EVENT_STREAM = "text/event-stream"
+TAR_MEDIA_TYPE = "application/x-tar"
+KEEPALIVE_EVERY = 15.0
+"""Seconds of silence on an answer stream after which a keepalive is sent (a quiet command
+must not look like a dead connection to a client's or a proxy's read timeout)."""
 FRAME_MAX = 4 * 1024 * 1024
 WORKSPACE = "/workspace"
 MAX_DELETES = 20_000
@@ -115,6 +129,57 @@ class End(msgspec.Struct, frozen=True, kw_only=True):
     a note (processes the command left running kept its output)."""
     listing_error: str = ""
     """Why the listing that came with the answer is incomplete ('' when it is whole)."""
+
+
+# ---- run events (NDJSON and server-sent events) --------------------------------------------------
+
+
+class Stdout(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="stdout"):
+    """Output, decoded as UTF-8 (a character split between chunks is kept whole; bytes that
+    are not UTF-8 become U+FFFD: for exact bytes, write to a file and download it)."""
+
+    data: str
+
+
+class Stderr(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="stderr"):
+    """As :class:`Stdout`, for standard error."""
+
+    data: str
+
+
+class Listing(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="listing"):
+    """Part of the tree's listing (``list_root``), before the exit: the concatenated
+    ``data`` of every listing event is :data:`LIST_FORMAT` records (base64 in JSON: paths
+    are bytes)."""
+
+    data: bytes
+
+
+class Exit(End, frozen=True, kw_only=True, tag_field="type", tag="exit"):
+    """The last event of a run that ran: its :class:`End`."""
+
+
+class Failed(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="error"):
+    """The last event of a run that failed (the REST problem's fields)."""
+
+    error: str
+    message: str
+    status: int
+    retriable: bool = False
+
+
+class Keepalive(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="keepalive"):
+    """Sent while the command is quiet (every :data:`KEEPALIVE_EVERY` s); skip it."""
+
+
+RunEvent = Stdout | Stderr | Listing | Exit | Failed | Keepalive
+
+
+class ArchiveWritten(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to a tar upload (``PUT /archive``): it was extracted."""
+
+    sandbox_id: str
+    duration: float
 
 
 # ---- frames -------------------------------------------------------------------------------------

@@ -242,6 +242,9 @@ async def test_unknown_images_and_unreachable_registries_are_clear_errors(reg, r
     # fault, not an outage: a client error, not a retriable one.
     with pytest.raises(errors.InvalidInput, match="registry no-such-registry.invalid does not resolve"):
         await rt.pull("no-such-registry.invalid/test/img:1")
+    # An IPv6 literal the grammar takes but no URL can hold (schemathesis found it: a 503).
+    with pytest.raises(errors.InvalidInput, match=r"registry \[dfa:ad\] is not a usable address"):
+        await rt.pull("[dfa:ad]/test/img:1")
     with pytest.raises(errors.InvalidInput, match="repository names"):
         await rt.create(api.SandboxSpec(sandbox_id="u2", image="Not A Reference"))
     assert list(rt.root.iterdir()) == []

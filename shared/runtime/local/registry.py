@@ -213,6 +213,14 @@ class Client:
                 return contextlib.closing(self._request(host, ref, path, accept=accept, what=what))
         return contextlib.closing(self._request(hosts[-1], ref, path, accept=accept, what=what))
 
+    def _build(self, host: str, url: str, headers: dict[str, str]) -> httpx.Request:
+        try:
+            return self._http.build_request("GET", url, headers=headers)
+        except httpx.InvalidURL as exc:  # (an IPv6 literal the grammar takes, no URL can hold)
+            raise PullError(
+                f"registry {host} is not a usable address ({exc}): check the image reference"
+            ) from None
+
     def _request(
         self, host: str, ref: references.Reference, path: str, *, accept: str | None, what: str
     ) -> httpx.Response:
@@ -224,8 +232,9 @@ class Client:
             if token := self._tokens.get((host, scope)):
                 headers["Authorization"] = token
             url = f"{self._scheme(host)}://{host}{path}"
+            request = self._build(host, url, headers)
             try:
-                response = self._http.send(self._http.build_request("GET", url, headers=headers), stream=True)
+                response = self._http.send(request, stream=True)
             except httpx.TransportError as exc:
                 if self._fall_back_to_http(host, exc):
                     continue
