@@ -12,7 +12,7 @@ from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
 from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
-from shared.infrastructure import activity, bounded, metrics, projector, responders, rpc, service
+from shared.infrastructure import activity, bounded, metrics, projector, responders, rpc, service, tracing
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -99,6 +99,7 @@ class Executor:
         if not reply.ok and reply.error is not None:
             tool = events.tag_of(type(request)) if request is not None else "undecodable"
             metrics.exec_errors.labels(tool, reply.error.code).inc()
+        tracing.settle(reply)
         return codec.encode(reply)
 
     async def _cancellable(self, request: execution.AnyRequest) -> execution.Reply:

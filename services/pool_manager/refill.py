@@ -21,7 +21,7 @@ import structlog
 
 from services.pool_manager import handlers, logic
 from shared.contract import errors, execution, ids, provisioning
-from shared.infrastructure import leases, metrics, rpc, service, warmpool
+from shared.infrastructure import leases, metrics, rpc, service, tracing, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -167,6 +167,14 @@ async def _paced(pace: asyncio.Semaphore, job: Coroutine[Any, Any, None]) -> Non
 
 
 async def _make(ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision) -> None:
+    """One pool sandbox: provisioned, prepared, offered (one trace; a claim links to it)."""
+    with tracing.span("pool-manager/refill", attributes=tracing.message_attributes(request)):
+        await _make_traced(ctx, pool, request)
+
+
+async def _make_traced(
+    ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision
+) -> None:
     state = await pool.provision(request)
     assert request.pool is not None
     if state.status == "running" and state.session_id is None:

@@ -25,6 +25,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from shared.contract import errors
+from shared.infrastructure import tracing
 
 HEADER = "Sbx-Beat"
 PROGRESS = "Sbx-Progress"
@@ -80,7 +81,8 @@ class Replies:
         deadline = loop.time() + timeout
         try:
             inbox = await self._inbox()
-            await self.nc.publish(subject, payload, reply=inbox + token, headers={HEADER: str(INTERVAL)})
+            headers = tracing.inject({HEADER: str(INTERVAL)})  # (and the caller's trace, if traced)
+            await self.nc.publish(subject, payload, reply=inbox + token, headers=headers)
             while True:
                 left = deadline - loop.time()
                 if left <= 0:

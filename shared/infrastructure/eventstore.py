@@ -22,6 +22,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from shared.contract import codec, errors, events, subjects
+from shared.infrastructure import tracing
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -129,8 +130,15 @@ class EventStore:
         """Append ``new_events`` to ``subject`` iff its last sequence is ``expected_last_seq``.
 
         Several events are chained: each expects the previous one's sequence, so a
-        concurrent writer can interleave at most before the first.
+        concurrent writer can interleave at most before the first. Each carries the trace
+        it was appended in (``traceparent``), if traced.
         """
+        with tracing.appending("events.append", subject, new_events):
+            return await self._append(subject, new_events, expected_last_seq)
+
+    async def _append(
+        self, subject: str, new_events: Sequence[events.Event], expected_last_seq: int
+    ) -> list[Stored]:
         stored: list[Stored] = []
         expected = expected_last_seq
         for position, event in enumerate(new_events):
@@ -146,10 +154,9 @@ class EventStore:
                     str(position),
                 )
             )
-            headers = {
-                subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected),
-                subjects.MSG_ID: dedup,
-            }
+            headers = tracing.inject(
+                {subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(expected), subjects.MSG_ID: dedup}
+            )
             try:
                 ack = await self._js.publish(
                     subject,
@@ -168,16 +175,17 @@ class EventStore:
     async def record(self, subject: str, event: events.Event) -> int:
         """Append to an append-only subject (audit records): no expected sequence, only
         de-duplication by event id. Returns the stream sequence."""
-        try:
-            ack = await self._js.publish(
-                subject,
-                codec.encode(event),
-                headers={subjects.MSG_ID: event.meta.event_id},
-                stream=self.topology.events_stream,
-            )
-        except Exception as exc:
-            raise translate(exc, f"recording to {subject}") from exc
-        return ack.seq
+        with tracing.appending("events.record", subject, [event]):
+            try:
+                ack = await self._js.publish(
+                    subject,
+                    codec.encode(event),
+                    headers=tracing.inject({subjects.MSG_ID: event.meta.event_id}),
+                    stream=self.topology.events_stream,
+                )
+            except Exception as exc:
+                raise translate(exc, f"recording to {subject}") from exc
+            return ack.seq
 
     async def load(self, subject: str, *, after: int = 0) -> list[Stored]:
         """Every event on one aggregate subject after sequence ``after``, in order."""

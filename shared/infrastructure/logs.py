@@ -14,6 +14,8 @@ from typing import Any
 
 import structlog
 
+from shared.infrastructure import tracing
+
 _SECRET_KEYS = ("api_key", "authorization", "token", "password", "secret")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -43,6 +45,7 @@ def configure(*, service: str, instance: str, level: str = "info", fmt: str = "j
         identify,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
+        tracing.log_ids,
         _redact,
     ]
     structlog.configure(

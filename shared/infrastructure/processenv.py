@@ -8,8 +8,8 @@ process gets only what it needs, built here:
 
 - ``system``: what any program needs to run (``PATH``, locale, ``HOME``); sandbox
   launchers (bwrap) and the NATS server get this and nothing else;
-- ``service``: a service's settings (``SBX_*``) and how to reach NATS or Kubernetes;
-  the API keys only where asked for (the gateway);
+- ``service``: a service's settings (``SBX_*``), where its traces go (``OTEL_*``) and
+  how to reach NATS or Kubernetes; the API keys only where asked for (the gateway);
 - a proxy gets ``system`` plus the variables its config names (``*_env``), from the
   process that starts it.
 """
@@ -47,14 +47,15 @@ def service(
     extra: Iterable[str] = (),
     withhold: Iterable[str] = (),
 ) -> dict[str, str]:
-    """A service's environment from ``env``: ``system``, its settings, NATS and Kubernetes
-    access, the API keys if ``keys``, and the ``extra`` variables named (the proxy's
-    credential variables, for the service that starts proxies). ``withhold``: variables
-    no service but the one given them as ``extra`` gets, even named ``SBX_*``."""
+    """A service's environment from ``env``: ``system``, its settings, its tracing
+    (``OTEL_*``), NATS and Kubernetes access, the API keys if ``keys``, and the ``extra``
+    variables named (the proxy's credential variables, for the service that starts
+    proxies). ``withhold``: variables no service but the one given them as ``extra`` gets,
+    even named ``SBX_*``."""
     wanted = set(SERVICE) | set(extra) | (set(KEYS) if keys else set())
     secret = set(KEYS) | set(withhold)
     out = system(env)
     for name, value in env.items():
-        if name in wanted or (name.startswith("SBX_") and name not in secret):
+        if name in wanted or (name.startswith(("SBX_", "OTEL_")) and name not in secret):
             out[name] = value
     return out

@@ -26,7 +26,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from shared.contract import commands, errors
-from shared.infrastructure import aio, beats
+from shared.infrastructure import aio, beats, tracing
 
 log = structlog.get_logger(__name__)
 
@@ -99,10 +99,12 @@ class Responder:
         if beating:
             _progress.set(lambda provider: self._progress.__setitem__(reply, provider))
         try:
-            async with self._slots:
-                data = await self.handle(msg.data)
-            if msg.reply:
-                await self.nc.publish(msg.reply, data)
+            # (the span covers the wait for a worker too: a saturated instance shows)
+            with tracing.serving(msg.headers, self.queue, self.subject):
+                async with self._slots:
+                    data = await self.handle(msg.data)
+                if msg.reply:
+                    await self.nc.publish(msg.reply, data)
         except Exception:  # the handle encodes every error: this is a bug, or NATS went away
             log.exception("responder.failed", subject=self.subject)
         finally:

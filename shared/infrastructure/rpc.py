@@ -23,7 +23,7 @@ import structlog
 from nats.aio.client import Client as Nats
 
 from shared.contract import codec, commands, errors, execution, provisioning, states, subjects
-from shared.infrastructure import beats
+from shared.infrastructure import beats, tracing
 
 log = structlog.get_logger(__name__)
 
@@ -101,11 +101,14 @@ PREPARE: Family[execution.Prepare, execution.Reply] = Family(
 
 
 def decode(family: Family[Req, Rep], raw: bytes) -> Req:
-    """The request, or InvalidInput saying what was malformed (never trust the bus)."""
+    """The request, or InvalidInput saying what was malformed (never trust the bus). The
+    request's span (the responder's, if traced) is named after it."""
     try:
-        return family.decode(raw)
+        request = family.decode(raw)
     except Exception as exc:
         raise errors.InvalidInput(f"malformed {family.what}: {exc}") from exc
+    tracing.describe(family.responder, request)
+    return request
 
 
 def error_info(exc: Exception, crashed: str) -> commands.ErrorInfo:
@@ -133,6 +136,7 @@ async def answer(
         if on_error is not None:
             on_error(info)
         reply = family.failed(info)
+    tracing.settle(reply)
     return codec.encode(reply)
 
 
@@ -158,14 +162,18 @@ class Client(Generic[Req, Rep]):
         on_progress: Callable[[str], Awaitable[None]] | None = None,
     ) -> Rep:
         """The reply, whether it says ok or not (unreachable responders raise)."""
-        raw = await beats.for_connection(self.nc).request(
-            self.family.subject(self.topology),
-            codec.encode(request),
-            timeout=self.timeout if timeout is None else timeout,
-            who=self.family.responder,
-            on_progress=on_progress,
-        )
-        return self.family.decode_reply(raw)
+        subject = self.family.subject(self.topology)
+        with tracing.requesting(self.family.responder, subject, request):
+            raw = await beats.for_connection(self.nc).request(
+                subject,
+                codec.encode(request),
+                timeout=self.timeout if timeout is None else timeout,
+                who=self.family.responder,
+                on_progress=on_progress,
+            )
+            reply = self.family.decode_reply(raw)
+            tracing.settle(reply)
+            return reply
 
     async def call(
         self,

@@ -44,6 +44,7 @@ from shared.infrastructure import (
     responders,
     rpc,
     settings,
+    tracing,
 )
 
 log = structlog.get_logger(__name__)
@@ -304,9 +305,12 @@ def main(service: str, build: Build) -> None:
         level=service_settings.log_level,
         fmt=service_settings.log_format,
     )
+    tracing.configure(service_settings, VERSION)  # (nothing at all unless OTEL_* asks for it)
     try:
         code = asyncio.run(run(service_settings, setup))
     except errors.SandboxError as exc:
         log.error("service.failed", error=exc.message, code=exc.code)
         code = 1
+    finally:
+        tracing.shutdown()  # the spans still in the batch are exported
     raise SystemExit(code)

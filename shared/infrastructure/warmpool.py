@@ -17,7 +17,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from shared.contract import subjects
-from shared.infrastructure import eventstore
+from shared.infrastructure import eventstore, tracing
 
 NO_MESSAGES = ("404", "408", "409")
 OFFER_ACK_WAIT = 5.0
@@ -37,7 +37,7 @@ async def offer(js: JetStreamContext, topology: subjects.Topology, pool_id: str,
         await js.publish(
             topology.pool_offers(pool_id),
             sandbox_id.encode(),
-            headers={subjects.MSG_ID: sandbox_id},
+            headers=tracing.inject({subjects.MSG_ID: sandbox_id}),  # (the refill's trace)
             stream=topology.pool_stream,
         )
     except Exception as exc:
@@ -64,16 +64,20 @@ async def take(nc: Client, topology: subjects.Topology, pool_id: str, wait: floa
     without one (a sandbox being prepared is offered when it is ready)."""
     subject = f"$JS.API.CONSUMER.MSG.NEXT.{topology.pool_stream}.{topology.claims_consumer(pool_id)}"
     pull = {"batch": 1, "expires": int(wait * 1e9)} if wait > 0 else {"batch": 1, "no_wait": True}
-    try:
-        # A dedicated inbox: delivered messages keep their own subject, which the shared
-        # request inbox of nats-py would not route back to us.
-        msg = await nc.request(subject, json.dumps(pull).encode(), timeout=wait + 2, old_style=True)
-    except Exception as exc:
-        raise eventstore.translate(exc, "taking a pool offer") from exc
-    status = (msg.headers or {}).get("Status")
-    if status in NO_MESSAGES or not msg.data:
-        return None
-    return Offer(msg.data.decode(), msg.reply or None)
+    with tracing.span("pool.take", kind=tracing.CONSUMER, attributes={"sbx.pool_id": pool_id}):
+        try:
+            # A dedicated inbox: delivered messages keep their own subject, which the shared
+            # request inbox of nats-py would not route back to us.
+            msg = await nc.request(subject, json.dumps(pull).encode(), timeout=wait + 2, old_style=True)
+        except Exception as exc:
+            raise eventstore.translate(exc, "taking a pool offer") from exc
+        status = (msg.headers or {}).get("Status")
+        if status in NO_MESSAGES or not msg.data:
+            tracing.annotate({"sbx.offer": "none"})
+            return None
+        tracing.link(msg.headers)  # to the refill that made and offered this sandbox
+        tracing.annotate({"sbx.offer": "taken", "sbx.sandbox_id": msg.data.decode()})
+        return Offer(msg.data.decode(), msg.reply or None)
 
 
 async def done(nc: Client, taken: Offer) -> None:

@@ -17,7 +17,7 @@ from fastmcp.server.dependencies import get_context, get_http_headers
 from services.gateway import sessions
 from services.gateway.sessions import Identity, identity_from_headers
 from shared.contract import errors, execution, ids
-from shared.infrastructure import rpc
+from shared.infrastructure import rpc, tracing
 
 REQUEST_BUDGET = 30.0
 """The executor's time for a request that does not say (polls, edits, starting a job)."""
@@ -37,6 +37,7 @@ def tool_errors() -> Iterator[None]:
     try:
         yield
     except errors.SandboxError as exc:
+        tracing.failed(exc.code)  # (the tool error carries the message only)
         # fastmcp logs a ToolError at its level: the caller's mistakes are not the gateway's errors.
         level = logging.WARNING if exc.status >= 500 else logging.INFO
         raise ToolError(exc.message, log_level=level) from None
@@ -120,6 +121,7 @@ class Calls:
         on_progress = Progress().report if progress else None
 
         async def call(sandbox_id: str) -> execution.Reply:
+            tracing.annotate({"sbx.sandbox_id": sandbox_id})
             request = build(**self.resolver.request_fields(who, sandbox_id), call_id=call_id)
             return await self.executor.run(request, budget=budget, on_progress=on_progress)
 

@@ -24,7 +24,7 @@ from services.gateway import sessions
 from services.gateway.mcp import calls, edit, sandbox, shell, texts
 from services.gateway.sessions import Identity
 from shared.contract import errors
-from shared.infrastructure import metrics, rpc, service
+from shared.infrastructure import metrics, rpc, service, tracing
 
 INVALID_PARAMS = -32602
 """JSON-RPC's code for a request whose parameters (here: headers) are wrong."""
@@ -121,6 +121,33 @@ class ToolMetrics(Middleware):
             metrics.mcp_tool_seconds.labels(tool).observe(time.monotonic() - started)
 
 
+class ToolSpans(Middleware):
+    """A span per tool call (``gateway/<tool>``, inside fastmcp's ``tools/call`` span when
+    that one is recorded): the tool and the caller's session; the sandbox and any error
+    code are added as the call learns them. Its context goes with every request the call
+    sends, so the scheduler's, the pool-manager's and the executor's spans join its trace."""
+
+    def __init__(self, identity: Callable[[], Identity]) -> None:
+        self.identity = identity
+
+    async def on_call_tool(
+        self,
+        context: MiddlewareContext[mt.CallToolRequestParams],
+        call_next: CallNext[mt.CallToolRequestParams, ToolResult],
+    ) -> ToolResult:
+        if not tracing.enabled():
+            return await call_next(context)
+        tool = context.message.name if context.message.name in TOOL_NAMES else "unknown"
+        attributes: tracing.Attributes = {"sbx.tool": tool}
+        with contextlib.suppress(errors.SandboxError):  # (refused with its reason by the tool)
+            who = self.identity()
+            attributes["sbx.session_id"] = who.session_id
+            if who.org_id is not None:
+                attributes["sbx.org_id"] = who.org_id
+        with tracing.span(f"gateway/{tool}", attributes=attributes):
+            return await call_next(context)
+
+
 class Cancellations(Middleware):
     """``notifications/cancelled`` (clients of the older protocol revision cancel that way;
     in stateless mode it arrives as a request of its own, at any gateway instance): the
@@ -179,6 +206,8 @@ def build_mcp(
     tools = calls.Calls(commands, executor, headers, resolver, egress)
     mcp.add_middleware(Connect(resolver, tools.identity, claim=claim_on_connect))
     mcp.add_middleware(ToolMetrics())
+    if tracing.enabled():  # (configured before the server is built; off, not even a layer)
+        mcp.add_middleware(ToolSpans(tools.identity))
     mcp.add_middleware(ArgumentErrors())
     mcp.add_middleware(Cancellations(tools))
     shell.register(mcp, tools)
