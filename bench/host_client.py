@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from sbx.client import Sandbox
+from sbx_client import Sandbox
 from tests.e2e.test_sbx_up import running_stack
 
 

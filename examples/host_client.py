@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sbx.client import Sandbox, route
+from sbx_client import Sandbox, route
 
 
 def main() -> None:

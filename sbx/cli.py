@@ -11,6 +11,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from sbx import stack
+from sbx_client import cli as client_cli
 from shared.contract import errors
 
 app = typer.Typer(
@@ -263,44 +264,9 @@ def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
     typer.echo(f"imported {name} from {archive}")
 
 
-@app.command("route")
-def route_command(
-    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'git push origin HEAD'")],
-    code_dir: Annotated[
-        list[Path] | None, typer.Option("--code-dir", help="A code dir (default: the current directory)")
-    ] = None,
-) -> None:
-    """Print where a command would run (host or sandbox) and why: the agent-host client's router."""
-    from sbx.client import route
-
-    text = " ".join(command)
-    cwd = Path.cwd()
-    decided = route.route(text, code_dir or [cwd], cwd)
-    typer.echo(f"{decided.where}: {decided.why}")
-    if decided.plan is not None:
-        typer.echo(f"  in {decided.plan.cwd}")
-        for segment in decided.plan.segments:
-            typer.echo("  run " + " | ".join(" ".join(step.argv) for step in segment))
-
-
-_PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-
-
-@app.command("exec", context_settings=_PASS_THROUGH, add_help_option=False)
-def exec_command(ctx: typer.Context) -> None:
-    """Run a command for the current directory's code in a session's sandbox (git network
-    commands run on this host). See `sbx exec --help`."""
-    from sbx.client import cli as client_cli
-
-    raise typer.Exit(client_cli.main(["exec", *ctx.args]))
-
-
-@app.command("release", context_settings=_PASS_THROUGH, add_help_option=False)
-def release_command(ctx: typer.Context) -> None:
-    """Release a session's sandbox kept with `sbx exec --keep`. See `sbx release --help`."""
-    from sbx.client import cli as client_cli
-
-    raise typer.Exit(client_cli.main(["release", *ctx.args]))
+# exec, release, route: the agent-host client's commands (sbx_client.cli, the light
+# distribution's own `sbx-host`); `sbx.entry` starts them without importing this module.
+client_cli.register(app)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,20 @@
-"""The ``sbx`` console script. ``sbx exec`` and ``sbx release`` run once per agent tool
-call, so they start without the rest of the CLI (typer, NATS): ~70 ms of imports
-instead of ~300."""
+"""The ``sbx`` console script. ``sbx exec``, ``sbx release`` and ``sbx route`` (the
+agent-host client's commands, :mod:`sbx_client.cli`) run once per agent tool call, so they
+start without the rest of the CLI (NATS, the stack's modules)."""
 
 from __future__ import annotations
 
 import sys
 
+HOST_COMMANDS = ("exec", "release", "route")
+
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("exec", "release"):
-        from sbx.client import cli
+    if len(sys.argv) > 1 and sys.argv[1] in HOST_COMMANDS:
+        from sbx_client import cli
 
-        raise SystemExit(cli.main(sys.argv[1:]))
+        cli.main(prog="sbx")
+        return
     from sbx.cli import app
 
     app()

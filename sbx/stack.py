@@ -17,20 +17,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from sbx_client.local import API_KEY_FILE, STACK_FILE
+from sbx_client.local import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR  # where the client looks too
+from sbx_client.local import state_dir as state_dir
 from shared.contract import errors
 from shared.infrastructure import settings
 
-DEFAULT_STATE_DIR = ".sbx"
 SERVICES = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")
 
 
 def service_name(module: str) -> str:
     """``pool_manager`` (module) -> ``pool-manager`` (service name)."""
     return module.replace("_", "-")
-
-
-def state_dir(option: Path | None, env: Mapping[str, str]) -> Path:
-    return option or Path(env.get("SBX_STATE_DIR", DEFAULT_STATE_DIR))
 
 
 @dataclass(frozen=True)
@@ -47,10 +45,10 @@ class StackInfo:
 
     @staticmethod
     def path(directory: Path) -> Path:
-        return directory / "stack.json"
+        return directory / STACK_FILE
 
     def write(self, directory: Path) -> None:
-        tmp = directory / "stack.json.tmp"
+        tmp = directory / f"{STACK_FILE}.tmp"
         tmp.write_text(json.dumps(asdict(self), indent=2) + "\n")
         tmp.replace(self.path(directory))
 
@@ -137,7 +135,7 @@ def api_key(directory: Path, env: Mapping[str, str]) -> tuple[str, bool]:
     if missing). Returns ``(key, generated_now)``."""
     if env.get("SANDBOX_API_KEY"):
         return env["SANDBOX_API_KEY"], False
-    return _secret(directory / "api-key", lambda: secrets.token_urlsafe(32))
+    return _secret(directory / API_KEY_FILE, lambda: secrets.token_urlsafe(32))
 
 
 def _secret(path: Path, make: Callable[[], str]) -> tuple[str, bool]:

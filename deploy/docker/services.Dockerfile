@@ -10,5 +10,6 @@ COPY pyproject.toml README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY sbx ./sbx
-RUN pip install . && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent sbx
+COPY clients/python ./clients/python
+RUN pip install "./clients/python[cli]" . && useradd --system --uid 10001 --user-group --no-create-home --home-dir /nonexistent sbx
 USER 10001

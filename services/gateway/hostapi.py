@@ -1,5 +1,5 @@
 """The host API: streamed exec and file transfer for the agent-host client (``sbx exec``,
-``sbx.client.Sandbox``). Same API key as the rest; the session is the path's id, and a
+``sbx_client.Sandbox``). Same API key as the rest; the session is the path's id, and a
 call on a session with no sandbox claims one (as the MCP tools do). Wire format:
 :mod:`shared.contract.hostapi`.
 

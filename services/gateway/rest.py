@@ -246,7 +246,7 @@ class SessionsAPI:
         )
         state = await self.client.session(command)
         assert state is not None
-        return json_response(schemas.Session.of(state), 201, location=f"/v1/sessions/{state.session_id}")
+        return json_response(schemas.session_of(state), 201, location=f"/v1/sessions/{state.session_id}")
 
     async def list_sessions(self, request: Request) -> Response:
         query = request.query_params
@@ -276,7 +276,7 @@ class SessionsAPI:
         )
         return json_response(
             schemas.SessionList(
-                sessions=[schemas.Session.of(s) for s in matched[: int(raw_limit)]], count=len(matched)
+                sessions=[schemas.session_of(s) for s in matched[: int(raw_limit)]], count=len(matched)
             )
         )
 
@@ -287,7 +287,7 @@ class SessionsAPI:
         foreign = bound is not None and state is not None and state.org_id not in (None, bound)
         if state is None or state.status == "deleted" or foreign:
             raise errors.NotFound(f"session {session_id!r} does not exist")
-        return json_response(schemas.Session.of(state))
+        return json_response(schemas.session_of(state))
 
     async def stop_session(self, request: Request) -> Response:
         command = commands.StopSession(
@@ -295,7 +295,7 @@ class SessionsAPI:
         )
         state = await self.client.session(command)
         assert state is not None
-        return json_response(schemas.Session.of(state))
+        return json_response(schemas.session_of(state))
 
     async def delete_session(self, request: Request) -> Response:
         command = commands.DeleteSession(

@@ -1,13 +1,19 @@
-"""REST request and response bodies. The OpenAPI document is generated from these."""
+"""REST request and response bodies. The OpenAPI document is generated from these.
+
+The answers (Session, SessionList, Problem, Health) are the client distribution's
+(:mod:`sbx_client.api`): one definition for the gateway and its clients; the requests
+stay here, with the checks that give their patterns."""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 import msgspec
 
+from sbx_client.api import Health, Problem, Session, SessionList
 from shared.contract import ids, references, states
+
+__all__ = ["CreateSessionRequest", "Health", "Problem", "Session", "SessionList", "session_of"]
 
 SessionId = Annotated[
     str,
@@ -49,51 +55,15 @@ class CreateSessionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
     user_id: Attribution | None = None
 
 
-class Session(msgspec.Struct, kw_only=True):
-    session_id: str
-    status: Literal["active", "stopped", "deleted"]
-    image: str | None
-    org_id: str | None
-    user_id: str | None
-    created_at: datetime
-    updated_at: datetime
-    incarnation: int
-    """1 for the first life of this id, +1 each time it is created again after deletion."""
-    version: int
-    """Number of events recorded for this id."""
-
-    @classmethod
-    def of(cls, state: states.SessionState) -> Session:
-        return cls(
-            session_id=state.session_id,
-            status=state.status,
-            image=state.image,
-            org_id=state.org_id,
-            user_id=state.user_id,
-            created_at=state.created_at,
-            updated_at=state.updated_at,
-            incarnation=state.incarnation,
-            version=state.version,
-        )
-
-
-class SessionList(msgspec.Struct, kw_only=True):
-    sessions: list[Session]
-    count: int
-    """How many sessions matched (``sessions`` holds at most ``limit`` of them)."""
-
-
-class Problem(msgspec.Struct, kw_only=True):
-    """Every error response."""
-
-    error: str
-    """Stable machine-readable code (``invalid_input``, ``not_found``, ``conflict``...)."""
-    message: str
-    status: int
-    retriable: bool = False
-
-
-class Health(msgspec.Struct, kw_only=True):
-    status: Literal["ok", "starting", "draining"]
-    instance: str
-    version: str
+def session_of(state: states.SessionState) -> Session:
+    return Session(
+        session_id=state.session_id,
+        status=state.status,
+        image=state.image,
+        org_id=state.org_id,
+        user_id=state.user_id,
+        created_at=state.created_at,
+        updated_at=state.updated_at,
+        incarnation=state.incarnation,
+        version=state.version,
+    )

@@ -12,7 +12,10 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from shared.contract import errors, execution, hostapi
+from shared.contract import errors, hostapi
+
+timeout = hostapi.validate_timeout
+"""A timeout in seconds: more than 0, at most ``hostapi.MAX_TIMEOUT`` (None: the default)."""
 
 MAX_PATH_CHARS = 4096
 _JOB_ID = re.compile(r"[0-9a-f]{32}")
@@ -26,17 +29,6 @@ def command(text: str) -> str:
     if "\0" in text:
         raise errors.InvalidInput("command must not contain a NUL byte")
     return text
-
-
-def timeout(value: float | None, *, what: str = "timeout") -> float | None:
-    """A timeout in seconds: more than 0, at most ``execution.MAX_TIMEOUT`` (None: the
-    default applies)."""
-    # Written so that NaN fails too.
-    if value is not None and not 0 < value <= execution.MAX_TIMEOUT:
-        raise errors.InvalidInput(
-            f"{what} must be more than 0 and at most {execution.MAX_TIMEOUT:g} seconds, got {value!r}"
-        )
-    return value
 
 
 def job_id(value: str) -> str:

@@ -12,14 +12,14 @@ from typing import Literal
 
 import msgspec
 
-from shared.contract import commands
+from shared.contract import commands, hostapi
 
 JobStatus = Literal["running", "exited", "stopped", "lost"]
 EditCommand = Literal["view", "create", "str_replace", "insert"]
 
 #: Defaults an operator can change through the executor's settings.
 DEFAULT_TIMEOUT = 120.0
-MAX_TIMEOUT = 3600.0
+MAX_TIMEOUT = hostapi.MAX_TIMEOUT
 
 
 class Request(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):

@@ -17,7 +17,7 @@ import threading
 import httpx
 import pytest
 
-from sbx.client import Sandbox, transport
+from sbx_client import Sandbox, transport
 from shared.contract import hostapi
 from tests import support
 from tests.e2e.test_sbx_up import running_stack

@@ -1,4 +1,4 @@
-"""What reaches the sandbox from the host (sbx/client/forward.py): variables only by name,
+"""What reaches the sandbox from the host (clients/python/sbx_client/forward.py): variables only by name,
 git config through exact key allowlists, read with git's own parser."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from sbx.client import forward
+from sbx_client import forward
 
 
 def test_no_variable_goes_in_unless_named_and_named_ones_missing_are_unset():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.client import archive, changes, sync
+from sbx_client import archive, changes, sync
 from services.executor import streamed
 from shared.contract import errors, execution, hostapi
 
@@ -450,7 +450,7 @@ def test_a_member_of_another_kind_than_its_listing_is_refused():
     ],
 )  # fmt: skip
 def test_what_cannot_be_a_code_dir(path, refused):
-    from sbx.client.sandbox import not_a_code_dir
+    from sbx_client.sandbox import not_a_code_dir
 
     assert (not_a_code_dir(Path(path), Path("/home/ann")) is not None) is refused
 

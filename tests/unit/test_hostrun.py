@@ -1,4 +1,4 @@
-"""Running routed commands on the host (sbx/client/hostrun.py) with real git against a
+"""Running routed commands on the host (clients/python/sbx_client/hostrun.py) with real git against a
 real smart-HTTP remote (git's own http-backend) that wants the host's credential: argv
 lists, no shell, hardened git (no hooks, no local transport, no bare-repo discovery, an
 explicit repository found no higher than the code dir), ``&&`` and pipes like bash."""
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from sbx.client import hostrun, route
+from sbx_client import hostrun, route
 from tests.proxy import harness
 
 IDENT = ["-c", "user.name=t", "-c", "user.email=t@e"]

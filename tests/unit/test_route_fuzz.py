@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sbx.client import route
+from sbx_client import route
 
 PIECES = [
     "git", "git", "git", "push", "fetch", "pull", "clone", "ls-remote", "status", "origin", "HEAD",

@@ -1,4 +1,4 @@
-"""Host routing (sbx/client/route.py): fixed cases. A command runs on the host only when
+"""Host routing (clients/python/sbx_client/route.py): fixed cases. A command runs on the host only when
 it is a git network command plus glue that cannot touch files, inside the code dirs."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sbx.client import route
+from sbx_client import route
 
 
 @pytest.fixture

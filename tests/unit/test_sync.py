@@ -1,4 +1,4 @@
-"""Two-way sync (sbx/client/sync.py): manifests, diffs and pull-back onto the host, attacked
+"""Two-way sync (clients/python/sbx_client/sync.py): manifests, diffs and pull-back onto the host, attacked
 with what a sandbox could send back: symlinks that leave the code dir, a planted hook and
 config in .git, a gitfile, an embedded bare repository; plus binary and large files,
 deletions, mode bits and a 10k-file tree."""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sbx.client import sync
+from sbx_client import sync
 
 
 def pull_back(host, sandbox):

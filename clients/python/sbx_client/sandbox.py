@@ -3,8 +3,8 @@ of truth.
 
 Each :meth:`Sandbox.execute`:
 
-1. routes the command (:mod:`sbx.client.route`): git network commands and their glue run
-   on the host (:mod:`sbx.client.hostrun`), with the host's credentials; the rest goes on;
+1. routes the command (:mod:`sbx_client.route`): git network commands and their glue run
+   on the host (:mod:`sbx_client.hostrun`), with the host's credentials; the rest goes on;
 2. sends what changed on the host since the last round (the code dir, the sync paths,
    the task files, the allowlisted git config) — nothing when nothing changed;
 3. runs the command in the sandbox, output streamed as it comes, and gets the code
@@ -15,7 +15,7 @@ Each :meth:`Sandbox.execute`:
 
 Usage::
 
-    from sbx.client import Sandbox
+    from sbx_client import Sandbox
 
     with Sandbox(cwd="/workspaces/my-repo", session="task-42") as sb:
         print(sb.execute("pytest -q")["output"])
@@ -34,8 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sbx.client import archive, changes, forward, hostrun, route, state, sync, transport
-from shared.contract import checks, errors, execution, hostapi
+from sbx_client import (
+    archive,
+    changes,
+    errors,
+    forward,
+    hostapi,
+    hostrun,
+    local,
+    route,
+    state,
+    sync,
+    transport,
+)
 
 T = TypeVar("T")
 Output = Callable[[str, bytes], None]
@@ -108,40 +119,36 @@ class Settings:
     sync_paths: tuple[Path, ...] = ()
     task_files: tuple[Path, ...] = ()
     excludes: tuple[str, ...] = sync.DEFAULT_EXCLUDES
-    timeout: float = execution.MAX_TIMEOUT
+    timeout: float = hostapi.MAX_TIMEOUT
     state_dir: Path = Path(".")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str], **given: object) -> Settings:
-        from sbx import stack  # the local `sbx up`'s state: where its gateway and key are
-
-        stack_dir = stack.state_dir(None, env)
+        stack_dir = local.state_dir(None, env)
         # A local stack's state dir says where its gateway and key are, unless it is the
         # default one relative to where we are (inside a code dir, the sandbox could have
         # written it): then only when named in SBX_STATE_DIR.
         trusted = bool(env.get("SBX_STATE_DIR")) or stack_dir.is_absolute()
         url = given.get("url") or env.get("SBX_URL")
         if not url:
-            info = stack.StackInfo.read(stack_dir) if trusted else None
-            url = info.gateway_url if info and info.gateway_url else transport.DEFAULT_URL
+            url = (local.gateway_url(stack_dir) if trusted else None) or transport.DEFAULT_URL
         key = given.get("api_key") or env.get("SANDBOX_API_KEY")
         if not key:
             if not trusted:
                 raise SyncError(
                     "no API key: set SANDBOX_API_KEY (or SBX_STATE_DIR to a local `sbx up`'s state dir)"
                 )
-            try:
-                key = (stack_dir / "api-key").read_text().strip()
-            except OSError:
+            key = local.api_key(stack_dir)
+            if not key:
                 raise SyncError(
                     "no API key: set SANDBOX_API_KEY (a local `sbx up` keeps one in <state-dir>/api-key)"
-                ) from None
+                )
         extra_excludes = tuple(p for p in re.split(r"[,\s]+", env.get("SBX_SYNC_EXCLUDE", "")) if p)
         paths = [Path(p).expanduser() for p in env.get("SBX_SYNC_PATHS", "").split(os.pathsep) if p]
         tasks = [Path(p).expanduser() for p in env.get("SBX_TASK_FILES", "").split(os.pathsep) if p]
-        timeout = float(env.get("SBX_EXEC_TIMEOUT", execution.MAX_TIMEOUT))
+        timeout = float(env.get("SBX_EXEC_TIMEOUT", hostapi.MAX_TIMEOUT))
         try:
-            checks.timeout(timeout, what="SBX_EXEC_TIMEOUT")
+            hostapi.validate_timeout(timeout, what="SBX_EXEC_TIMEOUT")
         except errors.InvalidInput as exc:
             raise SyncError(exc.message) from None
         return cls(

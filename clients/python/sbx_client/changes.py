@@ -17,8 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbx.client import sync
-from shared.contract import errors, hostapi
+from sbx_client import errors, hostapi, sync
 
 SANDBOX_BASE = hostapi.WORKSPACE
 HOST_DIR = f"{SANDBOX_BASE}/.sbx-host"

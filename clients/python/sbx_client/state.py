@@ -19,8 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from sbx.client import sync
-from shared.contract import hostapi
+from sbx_client import hostapi, sync
 
 VERSION = 2  # 2: entries and listings as arrays (msgspec structs)
 

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 import msgspec
 
-from shared.contract import errors, hostapi
+from sbx_client import errors, hostapi
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 CONNECT_TIMEOUT = 10.0

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-from sbx.client import sync
+from sbx_client import sync
 
 CHUNK = 1 << 20
 SPOOL = 64 << 20

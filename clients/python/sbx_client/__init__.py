@@ -5,6 +5,6 @@ tree stays the source of truth (see ../shared/seeds/self-hosted-agent-sandbox.md
 commands, which need the host's credentials) and what runs in the sandbox.
 """
 
-from sbx.client.sandbox import AsyncSandbox, Result, Sandbox, SyncError
+from sbx_client.sandbox import AsyncSandbox, Result, Sandbox, SyncError
 
 __all__ = ["AsyncSandbox", "Result", "Sandbox", "SyncError"]

@@ -1,0 +1,191 @@
+"""The agent-host commands: ``exec``, ``release`` and ``route`` (typer, like the rest of
+``sbx``). ``sbx-host`` is this app alone (what an agent host with only this package has);
+the server's ``sbx`` registers the same commands (:func:`register`) and starts them without
+importing the rest of its CLI, as they run once per agent tool call.
+
+Exit codes: the command's own for ``exec``; 2 a usage error (or a code dir that cannot be
+synced); 75 (EX_TEMPFAIL) the gateway said it is worth retrying; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+
+from sbx_client import route as router
+from sbx_client.sandbox import Sandbox, SyncError
+from sbx_client.transport import ApiError
+
+EXIT_USAGE = 2
+EXIT_RETRY = 75  # EX_TEMPFAIL: the gateway said it is worth retrying
+EXIT_INTERRUPTED = 130
+SHOWN = 10
+
+Session = Annotated[str, typer.Option("--session", help="Calls with the same session share a sandbox.")]
+
+
+def exec_command(
+    session: Session,
+    words: Annotated[
+        list[str] | None, typer.Argument(help="-- COMMAND: one shell command line.", show_default=False)
+    ] = None,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--keep", help="Keep the sandbox for later calls (until `release`).", show_default=False
+        ),
+    ] = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds before the command is killed.")
+    ] = None,
+) -> None:
+    """Run COMMAND for the current directory's code in the session's sandbox.
+
+    Changed files go up before it; files it created, changed or deleted come back after it.
+    Git network commands (push, fetch, pull, clone, ls-remote) run on this host, with its
+    credentials (`route` tells where a command runs). Output streams as it comes; the exit
+    code is the command's; Ctrl-C stops it in the sandbox. Gateway: SBX_URL, SANDBOX_API_KEY.
+    """
+    if not words:
+        typer.echo(f"{_name()}: no command given ({_name()} --session NAME -- 'COMMAND')", err=True)
+        raise typer.Exit(EXIT_USAGE)
+    raise typer.Exit(run(" ".join(words), session, keep, timeout, name=_name()))
+
+
+def release_command(session: Session) -> None:
+    """Release a session's sandbox kept with `exec --keep`."""
+    try:
+        had = Sandbox(session=session, keep=True).release()
+    except (ApiError, SyncError) as exc:
+        typer.echo(f"{_name()}: {exc}", err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+    typer.echo(f"released {session}" if had else f"{session} had no sandbox")
+
+
+def route_command(
+    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'git push origin HEAD'.")],
+    code_dir: Annotated[
+        list[Path] | None, typer.Option("--code-dir", help="A code dir (default: the current directory).")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object.", show_default=False)] = False,
+) -> None:
+    """Print where a command would run (host or sandbox) and why."""
+    text = " ".join(command)
+    cwd = Path.cwd()
+    decided = router.route(text, code_dir or [cwd], cwd)
+    if as_json:
+        import json
+
+        plan = decided.plan
+        shown = {
+            "where": decided.where,
+            "why": decided.why,
+            "cwd": str(plan.cwd) if plan else None,
+            "segments": [[list(step.argv) for step in segment] for segment in plan.segments] if plan else [],
+        }
+        typer.echo(json.dumps(shown))
+        return
+    typer.echo(f"{decided.where}: {decided.why}")
+    if decided.plan is not None:
+        typer.echo(f"  in {decided.plan.cwd}")
+        for segment in decided.plan.segments:
+            typer.echo("  run " + " | ".join(" ".join(step.argv) for step in segment))
+
+
+_EXEC_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
+_SETTINGS = {"help_option_names": ["-h", "--help"]}
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``exec``, ``release`` and ``route`` to ``app``."""
+    app.command("exec", context_settings=_EXEC_SETTINGS)(exec_command)
+    app.command("release", context_settings=_SETTINGS)(release_command)
+    app.command("route", context_settings=_SETTINGS)(route_command)
+
+
+def _name() -> str:
+    """How the running command was called: ``sbx exec`` or ``sbx-host exec``."""
+    return click.get_current_context().command_path
+
+
+def run(command: str, session: str, keep: bool, timeout: float | None, name: str = "exec") -> int:
+    """``exec``'s work: the exit code to leave with."""
+    try:
+        sandbox = Sandbox(session=session, keep=keep)
+    except (SyncError, ApiError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    interrupted = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        if interrupted.is_set():
+            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting
+        interrupted.set()
+        print(
+            f"\n{name}: stopping the command in the sandbox (Ctrl-C again to stop waiting)", file=sys.stderr
+        )
+        threading.Thread(target=sandbox.stop, daemon=True).start()
+
+    def write(stream: str, data: bytes) -> None:
+        out = sys.stdout.buffer if stream == "stdout" else sys.stderr.buffer
+        out.write(data)
+        out.flush()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    code = 1
+    try:
+        result = sandbox.stream(command, timeout=timeout, output=write)
+        code = EXIT_INTERRUPTED if interrupted.is_set() else result.exit_code
+        report_refused(result.refused, name=name)
+    except (ApiError, SyncError) as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        code = EXIT_RETRY if isinstance(exc, ApiError) and exc.retriable else EXIT_USAGE
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except BrokenPipeError:
+        code = 141  # our output's reader went away (128 + SIGPIPE, as a shell reports it)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        try:
+            sandbox.close()
+        except (ApiError, OSError) as exc:
+            print(f"{name}: could not release the sandbox: {exc}", file=sys.stderr)
+    return code
+
+
+def report_refused(refused: list[tuple[str, str]], shown: int = SHOWN, name: str = "exec") -> None:
+    """What did not come back: changes inside .git are counted, the rest listed (up to ``shown``)."""
+    kept = "stays as the host has it"
+    inside_git = [path for path, why in refused if kept in why]
+    others = [(path, why) for path, why in refused if kept not in why]
+    for path, why in others[:shown]:
+        print(f"{name}: not brought back: {path or '(all)'}: {why}", file=sys.stderr)
+    if len(others) > shown:
+        print(f"{name}: ... and {len(others) - shown} more not brought back", file=sys.stderr)
+    if inside_git:
+        print(
+            f"{name}: {len(inside_git)} change(s) inside .git (config, hooks, info, ...) stay as the host "
+            "has them: only history and the index come back",
+            file=sys.stderr,
+        )
+
+
+app = typer.Typer(
+    name="sbx-host",
+    help="The agent-host client: run commands in a session's sandbox with this host's code.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings=_SETTINGS,
+)
+register(app)
+
+
+def main(prog: str = "sbx-host") -> None:
+    app(prog_name=prog)
