@@ -1,0 +1,35 @@
+/**
+ * Cloud Agent Sandbox client: sessions, runs with streamed output, and files, over the
+ * gateway's REST API. No runtime dependencies: the global `fetch` and web streams (Node 18+,
+ * browsers, Deno, Bun).
+ */
+
+export {
+  SandboxClient,
+  Sessions,
+  type ArchiveOptions,
+  type ArchiveWritten,
+  type CreateSessionRequest,
+  type DownloadOptions,
+  type ListSessionsQuery,
+  type RequestOptions,
+  type RunBody,
+  type SandboxClientOptions,
+  type Session,
+  type SessionList,
+  type WriteOptions,
+} from "./client.js";
+export { SandboxApiError, type Problem } from "./errors.js";
+export {
+  RunStream,
+  type ErrorEvent,
+  type ExitEvent,
+  type KeepaliveEvent,
+  type ListingEvent,
+  type RunEvent,
+  type RunResult,
+  type StderrEvent,
+  type StdoutEvent,
+} from "./runs.js";
+export { tar, untar, type TarFile } from "./tar.js";
+export type { components, operations, paths } from "./openapi.js";
