@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 from typing import Annotated
 
-import click
 import typer
 
 from sbx_client import route as router
@@ -31,6 +30,7 @@ Session = Annotated[str, typer.Option("--session", help="Calls with the same ses
 
 
 def exec_command(
+    ctx: typer.Context,
     session: Session,
     words: Annotated[
         list[str] | None, typer.Argument(help="-- COMMAND: one shell command line.", show_default=False)
@@ -53,17 +53,19 @@ def exec_command(
     code is the command's; Ctrl-C stops it in the sandbox. Gateway: SBX_URL, SANDBOX_API_KEY.
     """
     if not words:
-        typer.echo(f"{_name()}: no command given ({_name()} --session NAME -- 'COMMAND')", err=True)
+        typer.echo(
+            f"{ctx.command_path}: no command given ({ctx.command_path} --session NAME -- 'COMMAND')", err=True
+        )
         raise typer.Exit(EXIT_USAGE)
-    raise typer.Exit(run(" ".join(words), session, keep, timeout, name=_name()))
+    raise typer.Exit(run(" ".join(words), session, keep, timeout, name=ctx.command_path))
 
 
-def release_command(session: Session) -> None:
+def release_command(ctx: typer.Context, session: Session) -> None:
     """Release a session's sandbox kept with `exec --keep`."""
     try:
         had = Sandbox(session=session, keep=True).release()
     except (ApiError, SyncError) as exc:
-        typer.echo(f"{_name()}: {exc}", err=True)
+        typer.echo(f"{ctx.command_path}: {exc}", err=True)
         raise typer.Exit(EXIT_USAGE) from None
     typer.echo(f"released {session}" if had else f"{session} had no sandbox")
 
@@ -107,11 +109,6 @@ def register(app: typer.Typer) -> None:
     app.command("exec", context_settings=_EXEC_SETTINGS)(exec_command)
     app.command("release", context_settings=_SETTINGS)(release_command)
     app.command("route", context_settings=_SETTINGS)(route_command)
-
-
-def _name() -> str:
-    """How the running command was called: ``sbx exec`` or ``sbx-host exec``."""
-    return click.get_current_context().command_path
 
 
 def run(command: str, session: str, keep: bool, timeout: float | None, name: str = "exec") -> int:
