@@ -100,11 +100,17 @@ def sandbox(api: Client) -> None:
         code = Path(tmp, "project")
         code.mkdir()
         (code / "in.txt").write_text("from the host\n")
+        (code / "big.bin").write_bytes(os.urandom(3 * 1024 * 1024))
         env = {**os.environ, "HOME": tmp}
-        with Sandbox(cwd=code, session="light-host", env=env) as sb:
-            ran = sb.execute("cat in.txt && echo made > out.txt")
-        assert ran["exit_code"] == 0 and ran["output"] == "from the host\n", ran
+        told: list[tuple[str, int, int]] = []
+        with Sandbox(cwd=code, session="light-host", env=env, progress=lambda *a: told.append(a)) as sb:
+            ran = sb.execute("cat in.txt && echo made > out.txt && wc -c < big.bin")
+        assert ran["exit_code"] == 0 and ran["output"] == f"from the host\n{3 * 1024 * 1024}\n", ran
         assert (code / "out.txt").read_text() == "made\n"
+        size = 3 * 1024 * 1024 + len("from the host\n")
+        ours = [t for t in told if t[0] == str(code)]
+        assert ours[0][1:] == (0, size) and ours[-1][1:] == (size, size), told
+        assert len(ours) > 3 and [t[1] for t in ours] == sorted(t[1] for t in ours)  # as it goes
 
 
 def readme() -> None:

@@ -13,9 +13,12 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 from sbx_client import route as router
 from sbx_client.sandbox import Sandbox, SyncError
@@ -113,8 +116,9 @@ def register(app: typer.Typer) -> None:
 
 def run(command: str, session: str, keep: bool, timeout: float | None, name: str = "exec") -> int:
     """``exec``'s work: the exit code to leave with."""
+    bar = UploadBar() if sys.stderr.isatty() else None
     try:
-        sandbox = Sandbox(session=session, keep=keep)
+        sandbox = Sandbox(session=session, keep=keep, progress=bar)
     except (SyncError, ApiError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -149,11 +153,50 @@ def run(command: str, session: str, keep: bool, timeout: float | None, name: str
         code = 141  # our output's reader went away (128 + SIGPIPE, as a shell reports it)
     finally:
         signal.signal(signal.SIGINT, previous)
+        if bar is not None:
+            bar.close()
         try:
             sandbox.close()
         except (ApiError, OSError) as exc:
             print(f"{name}: could not release the sandbox: {exc}", file=sys.stderr)
     return code
+
+
+class UploadBar:
+    """A progress bar on stderr (rich, transient) for an upload worth waiting for: a first
+    sync of a large code dir. Smaller ones show nothing."""
+
+    MIN_BYTES = 8 * 1024 * 1024
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console
+        self.bar: Any = None
+        self.task: Any = None
+
+    def __call__(self, what: str, sent: int, total: int) -> None:
+        if self.bar is None:
+            if total < self.MIN_BYTES or sent >= total:
+                return
+            from rich import console, progress
+
+            self.bar = progress.Progress(
+                progress.TextColumn("syncing up {task.description}"),
+                progress.BarColumn(),
+                progress.DownloadColumn(),
+                progress.TransferSpeedColumn(),
+                console=self.console or console.Console(stderr=True),
+                transient=True,
+            )
+            self.bar.start()
+            self.task = self.bar.add_task(Path(what).name, total=total)
+        self.bar.update(self.task, completed=sent)
+        if sent >= total:
+            self.close()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+            self.bar = None
 
 
 def report_refused(refused: list[tuple[str, str]], shown: int = SHOWN, name: str = "exec") -> None:

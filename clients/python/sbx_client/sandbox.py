@@ -29,7 +29,7 @@ import re
 import secrets
 import stat
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +51,9 @@ from sbx_client import (
 T = TypeVar("T")
 Output = Callable[[str, bytes], None]
 """Called with ("stdout" | "stderr", data) as output comes."""
+Progress = Callable[[str, int, int], None]
+"""Called with (what, bytes sent, bytes to send) while a tree uploads (``what``: the host
+directory); a first sync of a large code dir takes a while."""
 _NAMES = {hostapi.STDOUT: "stdout", hostapi.STDERR: "stderr"}
 _SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
@@ -193,6 +196,18 @@ def not_a_code_dir(path: Path, home: Path) -> str | None:
     return None
 
 
+def _reporting(chunks: Iterator[bytes], progress: Progress, what: str, total: int) -> Iterator[bytes]:
+    """``chunks``, telling ``progress`` as they go (tar headers make the sum a little more
+    than the files' sizes: never shown past ``total``)."""
+    sent = 0
+    progress(what, 0, total)
+    for chunk in chunks:
+        yield chunk
+        sent += len(chunk)
+        progress(what, min(sent, total), total)
+    progress(what, total, total)
+
+
 def _digest(data: bytes) -> str:
     return hashlib.blake2b(data, digest_size=16).hexdigest()
 
@@ -202,7 +217,8 @@ class Sandbox:
 
     ``keep``: :meth:`close` leaves the sandbox claimed, and what was synced is remembered
     on disk, so the next ``Sandbox`` (or ``sbx exec --keep``) with the same session
-    continues where this one stopped; else :meth:`close` releases it.
+    continues where this one stopped; else :meth:`close` releases it. ``progress``: told
+    how an upload of a tree goes (:data:`Progress`).
     """
 
     def __init__(
@@ -213,10 +229,12 @@ class Sandbox:
         keep: bool = False,
         env: Mapping[str, str] | None = None,
         settings: Settings | None = None,
+        progress: Progress | None = None,
         **given: object,
     ) -> None:
         env = os.environ if env is None else env
         self.env = env
+        self.progress = progress
         self.settings = settings or Settings.from_env(env, **given)
         self.cwd = Path(cwd or os.getcwd()).resolve()
         if not self.cwd.is_dir():
@@ -448,9 +466,11 @@ class Sandbox:
             list_paths=touched if partial else None,
             sandbox_id=expected,
         )
-        answer = self.transport.put(
-            self.session, params, archive.pack(host_root, diff.upsert, manifest, extra_send, skipped)
-        )
+        chunks = archive.pack(host_root, diff.upsert, manifest, extra_send, skipped)
+        if self.progress is not None:
+            total = sum(manifest[p].size for p in diff.upsert) + sum(map(len, extra_send.values()))
+            chunks = _reporting(chunks, self.progress, str(host_root), total)
+        answer = self.transport.put(self.session, params, chunks)
         if answer.end.exit_code != 0:
             raise SyncError(f"the upload into {sandbox_root} failed: {answer.end.message}")
         self.record.sandbox_id = answer.sandbox_id or self.record.sandbox_id
