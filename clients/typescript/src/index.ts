@@ -22,10 +22,10 @@ export {
 export { SandboxApiError, type Problem } from "./errors.js";
 export {
   RunStream,
-  type ErrorEvent,
   type ExitEvent,
   type KeepaliveEvent,
   type ListingEvent,
+  type RunErrorEvent,
   type RunEvent,
   type RunResult,
   type StderrEvent,

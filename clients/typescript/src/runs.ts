@@ -11,7 +11,7 @@ export type StdoutEvent = Schemas["Stdout"];
 export type StderrEvent = Schemas["Stderr"];
 export type ListingEvent = Schemas["Listing"];
 export type ExitEvent = Schemas["Exit"];
-export type ErrorEvent = Schemas["Failed"];
+export type RunErrorEvent = Schemas["Failed"];
 export type KeepaliveEvent = Schemas["Keepalive"];
 
 /** What `SandboxClient.run` collects from a run that ran. */
