@@ -63,6 +63,22 @@ test("run collects stdout, stderr and the exit code; a non-zero exit is a result
   await sandbox.sessions.delete(id);
 });
 
+test("with list_root, the tree's listing comes before the exit (base64 in listing events)", async () => {
+  const id = sessionId("listing");
+  const events: RunEvent[] = [];
+  for await (const event of await sandbox.stream(id, { command: "mkdir -p t/sub && touch t/sub/f.txt", list_root: "/workspace/t" })) {
+    events.push(event);
+  }
+  const listing = events.filter((e) => e.type === "listing");
+  assert.ok(listing.length > 0);
+  assert.equal(events.at(-1)?.type, "exit");
+  // (records: "type mode size mtime ctime inode path", NUL, link target, NUL)
+  const fields = Buffer.concat(listing.map((e) => Buffer.from(e.data, "base64"))).toString().split("\0");
+  const heads = fields.filter((_, i) => i % 2 === 0 && i < fields.length - 1);
+  assert.deepEqual(heads.map((h) => `${h[0]} ${h.split(" ").at(-1)}`).sort(), ["d sub", "f sub/f.txt"]);
+  await sandbox.sessions.delete(id);
+});
+
 test("a command that outlives its timeout is killed: timedOut, no exit code", async () => {
   const id = sessionId("timeout");
   const result = await sandbox.run(id, { command: "echo before; sleep 4711", timeout: 1 });

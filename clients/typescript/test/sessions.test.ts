@@ -4,17 +4,19 @@ import { SandboxApiError } from "@cloud-agent-sandbox/client";
 import { client, sessionId } from "./support.js";
 
 test("create, get, list, stop, delete", async () => {
-  const sandbox = client({ orgId: `org-${sessionId("o")}`, userId: "ts-user" });
+  const orgId = `org-${sessionId("o")}`;
+  const sandbox = client({ orgId, userId: "ts-user" });
   const id = sessionId("life");
   const created = await sandbox.sessions.create({ session_id: id }, { idempotencyKey: `create-${id}` });
   assert.equal(created.session_id, id);
   assert.equal(created.status, "active");
+  assert.equal(created.org_id, orgId); // (X-Org-Id and X-User-Id, from the client's options)
   assert.equal(created.user_id, "ts-user");
   assert.equal(created.incarnation, 1);
 
   assert.deepEqual(await sandbox.sessions.get(id), created);
 
-  const mine = await sandbox.sessions.list({ org_id: created.org_id ?? undefined, status: "active" });
+  const mine = await sandbox.sessions.list({ org_id: orgId, status: "active" });
   assert.equal(mine.count, 1);
   assert.deepEqual(mine.sessions.map((s) => s.session_id), [id]);
   const limited = await sandbox.sessions.list({ limit: 1 });
@@ -30,7 +32,7 @@ test("create, get, list, stop, delete", async () => {
   assert.ok(gone instanceof SandboxApiError);
   assert.equal(gone.status, 404);
   assert.equal(gone.code, "not_found");
-  const deleted = await sandbox.sessions.list({ org_id: created.org_id ?? undefined, status: "deleted" });
+  const deleted = await sandbox.sessions.list({ org_id: orgId, status: "deleted" });
   assert.deepEqual(deleted.sessions.map((s) => [s.session_id, s.status]), [[id, "deleted"]]);
 });
 
@@ -64,5 +66,6 @@ test("a wrong key is a 401", async () => {
   await assert.rejects(client({ apiKey: "not-the-key-0123456789" }).sessions.list(), {
     name: "SandboxApiError",
     status: 401,
+    code: "unauthorized",
   });
 });
