@@ -11,22 +11,35 @@ Hooks, in the order a connection meets them:
 * ``requestheaders``: decide from CONNECT target + SNI + Host (``hosts.decide``); inject
   by replacing the client's own ``Authorization``; stream the body (large pushes).
 * ``responseheaders``: mask injected secrets in headers and in the streamed body.
+* ``server_connect_error``, ``tls_failed_server``, ``error``: upstream failures.
+
+Every hook reports what it saw to one :class:`egress.Tracker` (the front door reports to
+the same one): the connection's verdict, refusals and why, requests, injections by rule.
+The metrics (``metrics.py``, on the unix socket ``sbx_metrics_socket``) are derived there.
 
 Nothing here logs a header value.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import logging
+import os
 
 from mitmproxy import ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
-from sbx_proxy import config, credentials, front, hosts, redact
+from sbx_proxy import config, credentials, egress, front, hosts, metrics, redact
 
 log = logging.getLogger("sbx_proxy")
 SECRETS = "sbx_secrets"
+REFUSED = "sbx_refused"
+"""Flow metadata: a refusal of this flow is counted already."""
+OWNED = "addon-owned"
+"""Connection flag: mitmproxy's own client (not handed by the front): the addon closes it."""
+DESTINATION_REFUSED = "destination refused"
 
 
 class CredentialProxy:
@@ -38,6 +51,11 @@ class CredentialProxy:
         self.pins: dict[str, tuple[str, str]] = {}
         """(name, checked address) the tunnel of a client connection goes to."""
         self.front: front.Front | None = None
+        self.tracker = egress.Tracker()
+        self.conns: dict[str, egress.Connection] = {}
+        """The egress record of each mitmproxy client connection."""
+        self.metrics: metrics.Metrics | None = None
+        self._metrics_server: asyncio.AbstractServer | None = None
 
     def load(self, loader) -> None:
         loader.add_option("sbx_config", str, "", "Path of the credential proxy's TOML config.")
@@ -47,13 +65,20 @@ class CredentialProxy:
             "",
             "host:port of the front door (front.py); mitmproxy then listens on loopback.",
         )
+        loader.add_option(
+            "sbx_metrics_socket",
+            str,
+            "",
+            "Serve Prometheus /metrics on this unix socket (never on a port a sandbox could reach).",
+        )
 
     async def running(self) -> None:
+        await self._serve_metrics()
         if not ctx.options.sbx_listen:
             return
         inner = ctx.master.addons.get("proxyserver").listen_addrs()[0]
         host, _, port = ctx.options.sbx_listen.rpartition(":")
-        self.front = front.Front(lambda: self.config, (str(inner[0]), int(inner[1])))
+        self.front = front.Front(lambda: self.config, (str(inner[0]), int(inner[1])), self.tracker)
         try:
             await self.front.start(host.strip("[]"), int(port))
         except (OSError, ValueError) as exc:
@@ -62,9 +87,27 @@ class CredentialProxy:
             return
         log.info("sbx_proxy: listening at %s (tunnels without a rule: spliced)", ctx.options.sbx_listen)
 
+    async def _serve_metrics(self) -> None:
+        path = ctx.options.sbx_metrics_socket
+        if not path:
+            return
+        self.metrics = metrics.Metrics()
+        self.metrics.rules(rule.name for rule in self.config.rules)
+        self.tracker.sinks = (self.metrics,)
+        try:
+            self._metrics_server = await metrics.serve(self.metrics, path)
+        except OSError as exc:  # counted anyway; egress must not stop for want of a scrape
+            log.error("sbx_proxy: cannot serve metrics at %s: %s", path, exc)
+            return
+        log.info("sbx_proxy: metrics at unix:%s", path)
+
     async def done(self) -> None:
         if self.front is not None:
             await self.front.close()
+        if self._metrics_server is not None:
+            self._metrics_server.close()
+            with contextlib.suppress(OSError):
+                os.unlink(ctx.options.sbx_metrics_socket)
 
     def configure(self, updated: set[str]) -> None:
         if "sbx_config" not in updated:
@@ -77,27 +120,52 @@ class CredentialProxy:
         except config.ConfigError as exc:
             raise exceptions.OptionsError(f"sbx_config: {exc}") from None
         self.config, self.providers = loaded, providers
+        if self.metrics is not None:
+            self.metrics.rules(rule.name for rule in loaded.rules)
         log.info("sbx_proxy: %d rule(s) for %d host(s)", len(loaded.rules), len(loaded.configured))
 
     # ---- connections -------------------------------------------------------------
 
-    async def _resolve(self, host: str, port: int) -> tuple[str | None, str | None]:
+    async def _resolve(self, host: str, port: int) -> tuple[str | None, egress.Refusal | None]:
         return await front.resolve(self.config, host, port)
+
+    def _conn(self, client) -> egress.Connection:
+        """The egress record of a mitmproxy client connection: the front's, found by its
+        address on the hop to mitmproxy, or (no front) one of the addon's own."""
+        conn = self.conns.get(client.id)
+        if conn is None:
+            conn = self.tracker.by_hop(client.peername)
+            if conn is None:
+                conn = self.tracker.opened(client.peername)
+                conn.flags.add(OWNED)
+            self.conns[client.id] = conn
+        return conn
 
     async def http_connect(self, flow: http.HTTPFlow) -> None:
         """Remember the CONNECT target, check it, and pin the tunnel to the checked address."""
         host, port = flow.request.host, flow.request.port
+        conn = self._conn(flow.client_conn)
         self.connects[flow.client_conn.id] = (host, port)
         address, why = await self._resolve(host, port)
         if address is None:
-            flow.response = http.Response.make(403, f"destination refused: {why}\n")
+            assert why is not None
+            conn.host, conn.port = host, port
+            self.tracker.refused(conn, why)
+            flow.metadata[REFUSED] = True
+            flow.response = http.Response.make(403, f"{DESTINATION_REFUSED}: {why}\n")
             return
         self.pins[flow.client_conn.id] = (host, address)
         flow.request.data.host = address  # the tunnel's server address: no second lookup later
+        rule = self.config.rule_for(host, port)
+        mode = egress.Mode.TUNNEL if rule is None else egress.Mode.INTERCEPT
+        self.tracker.routed(conn, mode, host, port, None if rule is None else rule.name)
 
     def client_disconnected(self, client) -> None:
         self.connects.pop(client.id, None)
         self.pins.pop(client.id, None)
+        conn = self.conns.pop(client.id, None)
+        if conn is not None and OWNED in conn.flags:
+            self.tracker.closed(conn)
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         target = self.connects.get(data.context.client.id)
@@ -111,7 +179,8 @@ class CredentialProxy:
         if _is_ip(host):
             why = self.config.refusal(host)
             if why is not None:
-                data.server.error = f"destination refused: {why}"
+                self.tracker.refused(self._conn(data.client), why)
+                data.server.error = f"{DESTINATION_REFUSED}: {why}"
                 return
             pin = self.pins.get(data.client.id)
             if pin is not None and pin[1] == host and data.server.sni in (None, host):
@@ -119,22 +188,60 @@ class CredentialProxy:
             return
         address, why = await self._resolve(host, port)  # not pinned earlier: pin now
         if address is None:
-            data.server.error = f"destination refused: {why}"
+            assert why is not None
+            self.tracker.refused(self._conn(data.client), why)
+            data.server.error = f"{DESTINATION_REFUSED}: {why}"
             return
         if data.server.sni is None:
             data.server.sni = host
         data.server.address = (address, port)
 
+    def server_connect_error(self, data: server_hooks.ServerConnectionHookData) -> None:
+        error = data.server.error or ""
+        if error.startswith(DESTINATION_REFUSED):
+            return  # our own refusal, counted where it was decided
+        conn = self._conn(data.client)
+        self.tracker.upstream_failed(conn, egress.Stage.CONNECT)
+        if conn.mode is egress.Mode.TUNNEL:  # no flow will report it: the tunnel just ends
+            self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
+
+    def tls_failed_server(self, data: tls.TlsData) -> None:
+        self.tracker.upstream_failed(self._conn(data.context.client), egress.Stage.TLS)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """A flow that ended without a complete answer: the sandbox got mitmproxy's 502
+        when the upstream connection failed; an exchange broken later is a protocol error."""
+        if flow.metadata.get(REFUSED):
+            return
+        conn = self._conn(flow.client_conn)
+        server_error = flow.server_conn.error
+        if server_error:
+            if not server_error.startswith(DESTINATION_REFUSED):
+                self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
+            return
+        message = flow.error.msg if flow.error is not None else ""
+        if flow.response is not None and "client" not in message.lower():
+            self.tracker.upstream_failed(conn, egress.Stage.PROTOCOL)
+
     # ---- requests ----------------------------------------------------------------
 
-    def _refuse(self, flow: http.HTTPFlow, status: int, why: str) -> None:
+    def _refuse(
+        self, flow: http.HTTPFlow, status: int, why: str | egress.Refusal, reason: egress.Reason
+    ) -> None:
         flow.response = http.Response.make(status, f"refused by the credential proxy: {why}\n")
+        self.tracker.refused(self._conn(flow.client_conn), reason, request=True)
+        flow.metadata[REFUSED] = True
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         request = flow.request
+        conn = self._conn(flow.client_conn)
+        if flow.error is not None:  # mitmproxy's own validation (smuggling): it answers 400
+            self.tracker.refused(conn, egress.Reason.BAD_REQUEST, request=True)
+            flow.metadata[REFUSED] = True
+            return
         if any(_bad_field(k) or _bad_field(v) for k, v in request.headers.fields):
             # mitmproxy keeps an obs-folded line as "value\r\n more": refuse, never forward it.
-            return self._refuse(flow, 400, "folded or malformed header")
+            return self._refuse(flow, 400, "folded or malformed header", egress.Reason.BAD_REQUEST)
         request.headers.pop("Proxy-Authorization", None)
         connect = self.connects.get(flow.client_conn.id)
         route = hosts.Route(
@@ -147,33 +254,44 @@ class CredentialProxy:
         )
         decision = hosts.decide(route, self.config.configured)
         if decision.action == "pass":
-            if connect is None and not _is_ip(request.host):  # plain HTTP: check and pin here
-                address, why = await self._resolve(request.host, request.port)
-                if address is None:
-                    return self._refuse(flow, 502, f"destination refused: {why}")
+            if connect is None:
+                self.tracker.routed(conn, egress.Mode.FORWARD, request.host, request.port)
+                address: str | None = request.host
+                if _is_ip(request.host):  # plain HTTP: check (an address) or check and pin (a name)
+                    why = self.config.refusal(request.host)
+                else:
+                    address, why = await self._resolve(request.host, request.port)
+                if why is not None:
+                    return self._refuse(flow, 502, f"{DESTINATION_REFUSED}: {why}", why.reason)
+                assert address is not None
                 request.data.host = address  # keeps Host; lets connections be reused
+            self.tracker.requested(conn, egress.Outcome.PASSED)
             request.stream = True  # never buffer a body (uploads)
             return
         if decision.action == "refuse":
             log.warning("sbx_proxy: refused a request to %s: %s", decision.host, decision.reason)
-            return self._refuse(flow, 421, decision.reason)
+            return self._refuse(flow, 421, decision.reason, egress.Reason.HOST_MISMATCH)
         assert connect is not None and decision.host is not None
         rule = self.config.rule_for(*connect)
         assert rule is not None
         pin = self.pins.get(flow.client_conn.id)
         if pin is None:
-            return self._refuse(flow, 502, "the tunnel's destination was not checked")
+            unchecked = "the tunnel's destination was not checked"
+            return self._refuse(flow, 502, unchecked, egress.Reason.UNCHECKED_TUNNEL)
         path, _, query = request.path.partition("?")
         try:
             injection = await self.providers[rule.name].injection(decision.host, request.method, path, query)
         except Exception as exc:  # never forward without the credential the host expects
             log.error("sbx_proxy: rule %s could not provide a credential (%s)", rule.name, type(exc).__name__)
-            return self._refuse(flow, 502, f"no credential could be had for {decision.host}")
+            missing = f"no credential could be had for {decision.host}"
+            return self._refuse(flow, 502, missing, egress.Reason.CREDENTIAL_UNAVAILABLE)
         request.data.host = pin[1]  # the checked address: the tunnel's connection is reused
         request.headers.pop("Authorization", None)
         request.stream = True  # never buffer a body (git pushes)
         if injection is None:
+            self.tracker.requested(conn, egress.Outcome.PASSED, rule.name)
             return
+        self.tracker.requested(conn, egress.Outcome.INJECTED, rule.name)
         for name, value in injection.headers.items():
             request.headers[name] = value
         # Uncompressed answers, so an echoed credential can be found and masked.
@@ -192,6 +310,7 @@ class CredentialProxy:
         if encoding not in ("", "identity"):
             # Asked for identity; a compressed answer could carry the credential unseen.
             log.warning("sbx_proxy: dropped a %s-encoded answer to a credentialed request", encoding)
+            self.tracker.refused(self._conn(flow.client_conn), egress.Reason.COMPRESSED_ANSWER)
             response.status_code, response.reason = 502, "Bad Gateway"
             response.headers.clear()
             response.headers["Content-Length"] = "0"

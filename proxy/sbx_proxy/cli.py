@@ -1,11 +1,13 @@
 """``sbx-proxy``: start mitmdump with the credential addon and safe settings.
 
     sbx-proxy --config /etc/sbx-proxy/config.toml --listen-host 10.200.0.1 --listen-port 3128 \
-              --confdir /var/lib/sbx-proxy/ca
+              --confdir /var/lib/sbx-proxy/ca --metrics-socket /var/lib/sbx-proxy/metrics.sock
 
 The CA is created in ``--confdir`` on first start (``mitmproxy-ca-cert.pem`` is the public
 certificate to give sandboxes; ``mitmproxy-ca.pem`` holds the private key and must stay
-on the proxy's side). The config is checked before mitmdump starts: a bad config stops
+on the proxy's side). Prometheus metrics are served only on a unix socket
+(``--metrics-socket``; ``curl --unix-socket PATH http://proxy/metrics``), never on a port
+a sandbox could ask the proxy to connect to. The config is checked before mitmdump starts: a bad config stops
 start-up with a message naming the field.
 """
 
@@ -44,6 +46,8 @@ def mitmdump_args(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
     if args.upstream_ca:
         argv += ["--set", f"ssl_verify_upstream_trusted_ca={args.upstream_ca}"]
+    if args.metrics_socket:
+        argv += ["--set", f"sbx_metrics_socket={args.metrics_socket}"]
     return argv
 
 
@@ -64,6 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--upstream-ca", help="trust this CA bundle for upstream servers (tests, private CAs)"
+    )
+    parser.add_argument(
+        "--metrics-socket",
+        help="serve Prometheus /metrics on this unix socket (mode 0600; no TCP port is ever opened)",
     )
     args = parser.parse_args(argv)
     try:

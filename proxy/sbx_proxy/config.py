@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sbx_proxy import destinations, hosts
+from sbx_proxy import destinations, egress, hosts
 
 KINDS = ("github_app", "gitlab", "bearer", "basic", "hook")
 DEFAULT_GITHUB_API = "https://api.github.com"
@@ -80,7 +80,7 @@ class Config:
                 return rule
         return None
 
-    def refusal(self, address: str) -> str | None:
+    def refusal(self, address: str) -> egress.Refusal | None:
         return destinations.refusal(address, allow_private=self.allow_private, allow=self.allow)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterable
 
+from sbx_proxy import egress
+
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
@@ -67,7 +69,7 @@ def _is_global(ip: Address) -> bool:
     return ip.is_global and not any(ip.version == n.version and ip in n for n in _NOT_GLOBAL)
 
 
-def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ()) -> str | None:
+def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ()) -> egress.Refusal | None:
     """Why connecting to ``address`` is refused, or None if it is allowed.
 
     ``allow`` networks are always allowed (an internal git server, a test upstream);
@@ -77,17 +79,17 @@ def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ())
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
-        return f"{address!r} is not an IP address"
+        return egress.Refusal(egress.Reason.UNRESOLVABLE, f"{address!r} is not an IP address")
     allowed = list(allow)
     for candidate in _embedded(ip):
         if any(candidate.version == net.version and candidate in net for net in allowed):
             continue
         if any(candidate.version == net.version and candidate in net for net in METADATA):
-            return f"{candidate} is a cloud metadata address"
+            return egress.Refusal(egress.Reason.METADATA_ADDRESS, f"{candidate} is a cloud metadata address")
         if candidate.version == 6 and candidate in _SITE_LOCAL and not allow_private:
-            return f"{candidate} is a site-local address"
+            return _private(f"{candidate} is a site-local address")
         if candidate.is_unspecified or candidate.is_multicast:
-            return f"{candidate} is not a unicast address"
+            return _private(f"{candidate} is not a unicast address")
         if not allow_private and not _is_global(candidate):
             kind = (
                 "loopback"
@@ -96,5 +98,9 @@ def refusal(address: str, *, allow_private: bool, allow: Iterable[Network] = ())
                 if candidate.is_link_local
                 else "private or reserved"
             )
-            return f"{candidate} is a {kind} address"
+            return _private(f"{candidate} is a {kind} address")
     return None
+
+
+def _private(detail: str) -> egress.Refusal:
+    return egress.Refusal(egress.Reason.PRIVATE_ADDRESS, detail)

@@ -9,6 +9,11 @@ HTTP, anything it does not parse) goes unchanged to mitmproxy on its loopback po
 Why: mitmproxy relays a tunnel through its layers in 64 KiB reads; for a bulk download
 that costs most of a core and well over half the throughput (bench/proxy.py).
 
+Every connection is reported to the proxy's :class:`egress.Tracker` (opened, tunnelled or
+refused and why, bytes each way as they move, closed); a connection handed to mitmproxy
+is registered under the front's own address on that hop, so the addon's observations
+land on the same record.
+
 Each direction of a relayed connection is a blocking ``splice(2)`` loop in a thread of its
 own (two threads per connection, up to ``THREADED_MAX`` connections): the kernel wakes
 the thread when bytes arrive, with no event-loop round per chunk (an event-loop relay
@@ -28,7 +33,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from sbx_proxy import config
+from sbx_proxy import config, egress
 
 log = logging.getLogger("sbx_proxy")
 HEAD_LIMIT = 16 * 1024
@@ -43,20 +48,23 @@ _CONNECT = re.compile(
 )
 
 
-async def resolve(cfg: config.Config, host: str, port: int) -> tuple[str | None, str | None]:
+async def resolve(cfg: config.Config, host: str, port: int) -> tuple[str | None, egress.Refusal | None]:
     """(the address to connect to, None) or (None, why it is refused). Every address the
     name has must be allowed; the first is used (and pinned by the caller)."""
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        return None, f"cannot resolve {host}: {type(exc).__name__}"
+        text = f"cannot resolve {host}: {type(exc).__name__}"
+        return None, egress.Refusal(egress.Reason.UNRESOLVABLE, text)
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
         why = cfg.refusal(address)
         if why is not None:
             log.warning("sbx_proxy: refused %s:%s (%s)", host, port, why)
             return None, why
-    return (addresses[0], None) if addresses else (None, f"{host} has no address")
+    if not addresses:
+        return None, egress.Refusal(egress.Reason.UNRESOLVABLE, f"{host} has no address")
+    return addresses[0], None
 
 
 def parse_connect(head: bytes) -> tuple[str, int] | None:
@@ -79,9 +87,15 @@ def _reply(status: str, body: str = "") -> bytes:
 
 
 class Front:
-    def __init__(self, current_config: Callable[[], config.Config], inner: tuple[str, int]) -> None:
+    def __init__(
+        self,
+        current_config: Callable[[], config.Config],
+        inner: tuple[str, int],
+        tracker: egress.Tracker | None = None,
+    ) -> None:
         self.config = current_config
         self.inner = inner
+        self.tracker = tracker or egress.Tracker()
         self.tasks: set[asyncio.Task[None]] = set()
         self.threaded = 0
         """Connections relayed by threads now."""
@@ -110,65 +124,88 @@ class Front:
         loop = asyncio.get_running_loop()
         assert self.listener is not None
         while True:
-            client, _ = await loop.sock_accept(self.listener)
+            client, peer = await loop.sock_accept(self.listener)
             client.setblocking(False)
             _no_delay(client)
-            task = loop.create_task(self._serve(client))
+            task = loop.create_task(self._serve(client, self.tracker.opened(_address(peer))))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
-    async def _serve(self, client: socket.socket) -> None:
+    async def _serve(self, client: socket.socket, conn: egress.Connection) -> None:
         loop = asyncio.get_running_loop()
         upstream: socket.socket | None = None
+        head = bytearray()
+        count = (
+            self.tracker.counter(conn, egress.Direction.UP),
+            self.tracker.counter(conn, egress.Direction.DOWN),
+        )
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
-                head = await self._read_head(client)
-            target = parse_connect(head) if b"\r\n\r\n" in head else None
+                await self._read_head(client, head)
+            raw = bytes(head)
+            target = parse_connect(raw) if b"\r\n\r\n" in raw else None
             cfg = self.config()
             if target is not None and cfg.rule_for(*target) is None:
-                upstream = await self._tunnel(client, head, target, cfg)
+                upstream = await self._tunnel(client, raw, target, cfg, conn)
+                if upstream is not None:
+                    count[0](len(raw) - raw.index(b"\r\n\r\n") - 4)  # what came with the CONNECT
             else:  # mitmproxy decides (and checks) everything else
                 upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 upstream.setblocking(False)
                 _no_delay(upstream)
                 await loop.sock_connect(upstream, self.inner)
-                await loop.sock_sendall(upstream, head)
+                self.tracker.handed(conn, upstream.getsockname())
+                await loop.sock_sendall(upstream, raw)
+                count[0](len(raw))
             if upstream is not None:
                 if self.threaded < THREADED_MAX:
                     self.threaded += 1
                     try:
-                        await relay_in_threads(client, upstream)
+                        await relay_in_threads(client, upstream, count)
                     finally:
                         self.threaded -= 1
                 else:
-                    await relay(client, upstream)
-        except (TimeoutError, OSError):
+                    await relay(client, upstream, count)
+        except TimeoutError:
+            if head:  # a head begun and never finished
+                self.tracker.refused(conn, egress.Reason.BAD_REQUEST)
+        except OSError:
             pass
         finally:
             client.close()
             if upstream is not None:
                 upstream.close()
+            if conn.hop is not None and b"\r\n\r\n" in head and _unseen(conn):
+                # A whole head handed over and nothing came of it: mitmproxy could not parse it.
+                self.tracker.refused(conn, egress.Reason.BAD_REQUEST)
+            self.tracker.closed(conn)
 
     @staticmethod
-    async def _read_head(client: socket.socket) -> bytes:
-        """Bytes up to and including the end of the first request head (and whatever
-        came with it), or up to HEAD_LIMIT when there is no end."""
+    async def _read_head(client: socket.socket, data: bytearray) -> None:
+        """Into ``data``: bytes up to and including the end of the first request head (and
+        whatever came with it), or up to HEAD_LIMIT when there is no end."""
         loop = asyncio.get_running_loop()
-        data = b""
         while b"\r\n\r\n" not in data and len(data) < HEAD_LIMIT:
             chunk = await loop.sock_recv(client, HEAD_LIMIT)
             if not chunk:
                 break
             data += chunk
-        return data
 
     async def _tunnel(
-        self, client: socket.socket, head: bytes, target: tuple[str, int], cfg: config.Config
+        self,
+        client: socket.socket,
+        head: bytes,
+        target: tuple[str, int],
+        cfg: config.Config,
+        conn: egress.Connection,
     ) -> socket.socket | None:
         loop = asyncio.get_running_loop()
         host, port = target
+        conn.host, conn.port = host, port
         address, why = await resolve(cfg, host, port)
         if address is None:
+            assert why is not None
+            self.tracker.refused(conn, why)
             await loop.sock_sendall(client, _reply("403 Forbidden", f"destination refused: {why}\n"))
             return None
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -180,14 +217,29 @@ class Front:
                 await loop.sock_connect(upstream, (address, port))
         except (TimeoutError, OSError) as exc:
             upstream.close()
-            why = f"cannot connect to {host}:{port}: {exc}\n"
-            await loop.sock_sendall(client, _reply("502 Bad Gateway", why))
+            self.tracker.upstream_failed(conn, egress.Stage.CONNECT)
+            self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
+            text = f"cannot connect to {host}:{port}: {exc}\n"
+            await loop.sock_sendall(client, _reply("502 Bad Gateway", text))
             return None
+        self.tracker.routed(conn, egress.Mode.TUNNEL, host, port)
         await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")
         rest = head[head.index(b"\r\n\r\n") + 4 :]
         if rest:  # the client did not wait for the 200 (its TLS hello came along)
             await loop.sock_sendall(upstream, rest)
         return upstream
+
+
+def _unseen(conn: egress.Connection) -> bool:
+    return conn.mode is None and not conn.requests and not conn.refused
+
+
+def _address(peer: object) -> tuple[str, int] | None:
+    return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+
+
+Counters = tuple[Callable[[int], None], Callable[[int], None]]
+"""Called with each count of bytes relayed: (a → b, b → a)."""
 
 
 def _no_delay(sock: socket.socket) -> None:
@@ -196,11 +248,11 @@ def _no_delay(sock: socket.socket) -> None:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def relay(a: socket.socket, b: socket.socket) -> None:
+async def relay(a: socket.socket, b: socket.socket, count: Counters | None = None) -> None:
     """Both directions until both ends are done; an end's EOF is passed on as a half-close.
     An error in either direction ends both."""
-    one = asyncio.ensure_future(_pump(a, b))
-    two = asyncio.ensure_future(_pump(b, a))
+    one = asyncio.ensure_future(_pump(a, b, count[0] if count else None))
+    two = asyncio.ensure_future(_pump(b, a, count[1] if count else None))
     try:
         for done in asyncio.as_completed((one, two)):
             try:
@@ -212,7 +264,7 @@ async def relay(a: socket.socket, b: socket.socket) -> None:
         two.cancel()
 
 
-async def relay_in_threads(a: socket.socket, b: socket.socket) -> None:
+async def relay_in_threads(a: socket.socket, b: socket.socket, count: Counters | None = None) -> None:
     """What :func:`relay` does, each direction a blocking splice loop in a thread of its
     own. Cancelled, or when one direction fails, both sockets are shut down, which ends
     both threads; returns once both have."""
@@ -230,9 +282,9 @@ async def relay_in_threads(a: socket.socket, b: socket.socket) -> None:
         if left[0] == 0 and not finished.done():
             finished.set_result(None)
 
-    def pump(src: socket.socket, dst: socket.socket) -> None:
+    def pump(src: socket.socket, dst: socket.socket, counted: Callable[[int], None] | None) -> None:
         try:
-            _blocking_pump(src, dst)
+            _blocking_pump(src, dst, counted)
         except OSError:
             stop_both()
         finally:
@@ -241,8 +293,9 @@ async def relay_in_threads(a: socket.socket, b: socket.socket) -> None:
 
     for sock in (a, b):
         sock.setblocking(True)
-    for src, dst in ((a, b), (b, a)):
-        threading.Thread(target=pump, args=(src, dst), name="sbx-relay", daemon=True).start()
+    ways = ((a, b, count[0] if count else None), (b, a, count[1] if count else None))
+    for src, dst, counted in ways:
+        threading.Thread(target=pump, args=(src, dst, counted), name="sbx-relay", daemon=True).start()
     try:
         await asyncio.shield(finished)
     except asyncio.CancelledError:
@@ -251,13 +304,15 @@ async def relay_in_threads(a: socket.socket, b: socket.socket) -> None:
         raise
 
 
-def _blocking_pump(src: socket.socket, dst: socket.socket) -> None:
+def _blocking_pump(src: socket.socket, dst: socket.socket, counted: Callable[[int], None] | None) -> None:
     """src → dst through a pipe with blocking splice(2), then the EOF as a half-close."""
     r, w = os.pipe2(os.O_CLOEXEC)
     with contextlib.suppress(OSError):
         fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
     try:
         while n := os.splice(src.fileno(), w, PIPE_SIZE, flags=os.SPLICE_F_MOVE):
+            if counted is not None:
+                counted(n)
             while n:
                 n -= os.splice(r, dst.fileno(), n, flags=os.SPLICE_F_MOVE)
         with contextlib.suppress(OSError):
@@ -283,7 +338,7 @@ async def _wait(sock: socket.socket, *, readable: bool) -> None:
         (loop.remove_reader if readable else loop.remove_writer)(fd)
 
 
-async def _pump(src: socket.socket, dst: socket.socket) -> None:
+async def _pump(src: socket.socket, dst: socket.socket, counted: Callable[[int], None] | None) -> None:
     """src → dst through a pipe with splice(2): the bytes never enter user space."""
     r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     with contextlib.suppress(OSError):
@@ -297,6 +352,8 @@ async def _pump(src: socket.socket, dst: socket.socket) -> None:
                 continue
             if n == 0:
                 break
+            if counted is not None:
+                counted(n)
             while n:
                 try:
                     n -= os.splice(r, dst.fileno(), n, flags=FLAGS)

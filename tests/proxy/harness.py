@@ -181,7 +181,7 @@ class Proxy:
 
     def __init__(self, workdir: Path, config_text: str | None, upstream_ca: Path, hosts: dict[str, str],
                  env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
-                 port: int | None = None) -> None:  # fmt: skip
+                 port: int | None = None, metrics: bool = True) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.confdir = workdir / "ca"
         self.log = workdir / "proxy.log"
@@ -190,6 +190,9 @@ class Proxy:
         hosts_file.write_text("127.0.0.1 localhost\n" + "".join(lines))
         args = [str(SBX_PROXY), "--listen-host", listen_host, "--listen-port", str(port or free_port()),
                 "--confdir", str(self.confdir), "--upstream-ca", str(upstream_ca)]  # fmt: skip
+        self.metrics_socket = workdir / "metrics.sock" if metrics else None
+        if self.metrics_socket is not None:
+            args += ["--metrics-socket", str(self.metrics_socket)]
         if config_text is not None:
             config = workdir / "config.toml"
             config.write_text(config_text)
@@ -226,6 +229,42 @@ class Proxy:
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The proxy's samples, read from its metrics socket: {(name, labels): value}."""
+        assert self.metrics_socket is not None, "started without metrics"
+        return parse_metrics(scrape_unix(self.metrics_socket))
+
+
+def scrape_unix(path: Path, target: str = "/metrics") -> str:
+    """GET ``target`` over the unix socket at ``path``; the body (raises on a non-200)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(str(path))
+        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: proxy\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status = int(head.split()[1])
+    if status != 200:
+        raise ConnectionError(f"{target}: {status}")
+    return body.decode()
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(samples: dict, name: str, **labels: str) -> float:
+    """One sample's value (0 when absent)."""
+    return samples.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 def free_port() -> int:
