@@ -8,14 +8,15 @@ and says so in its health details. Locally proxies are processes routed per sand
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 
 import structlog
 
-from services.proxy_scaler import handlers, logic
+from services.proxy_scaler import fleetmetrics, handlers, logic
 from shared.contract import states
 from shared.domain import projections
-from shared.infrastructure import leases, projector, service, settings
+from shared.infrastructure import leases, metrics, projector, service, settings
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -42,6 +43,7 @@ def make_setup(
             config=proxy_settings.config,
         )
         await fleet.ensure_ca()
+        exported = _export_metrics(ctx, fleet)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         proxies = await projector.ProjectionStore.open(ctx.js, projections.PROXIES, ctx.store)
         # A fleet whose sandboxes each reach one proxy (local) is routed per sandbox; one
@@ -81,6 +83,7 @@ def make_setup(
         await proxies.follow(keep=lambda p: p.status != "stopped")
 
         def rounded(report: handlers.Report) -> None:
+            exported.active = True  # the lease holder: it alone re-exports the fleet's metrics
             if report.started:
                 wake.set()  # the sandboxes that waited for it are assigned next round
             ctx.details["fleet"] = f"{report.serving} proxies"
@@ -88,6 +91,7 @@ def make_setup(
                 ctx.details["last_note"] = report.notes[-1][:200]
 
         def standby() -> None:
+            exported.active = False
             ctx.details["fleet"] = "standby"
 
         # Events that come while a round runs or just after wait for one more round together
@@ -102,10 +106,31 @@ def make_setup(
         )
         return service.Workload(
             tasks=[projector.catch_up(ctx.js, proxies), loop],
-            on_stop=[runtime.close, sandboxes.unfollow, proxies.unfollow],
+            on_stop=[runtime.close, sandboxes.unfollow, proxies.unfollow, lambda: _unregister(exported)],
         )
 
     return setup
+
+
+def _export_metrics(ctx: service.Context, fleet) -> fleetmetrics.FleetMetrics:
+    """Re-export each proxy's metrics (its unix socket) on this service's ``/metrics``
+    (registered only for a fleet of local processes)."""
+    exported = fleetmetrics.FleetMetrics(fleet)
+    if not hasattr(fleet, "metrics_socket"):
+        ctx.details["proxy_metrics"] = "not collected by the scaler on this backend"
+        return exported
+    metrics.REGISTRY.register(exported)
+    ctx.details["proxy_metrics"] = (
+        f"sbx_proxy_* with label proxy on this service's /metrics; per proxy: unix socket "
+        f"{fleet.dir}/<port>.metrics.sock"
+    )
+    return exported
+
+
+async def _unregister(exported: fleetmetrics.FleetMetrics) -> None:
+    exported.active = False
+    with contextlib.suppress(KeyError):  # never registered (another backend)
+        metrics.REGISTRY.unregister(exported)
 
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:

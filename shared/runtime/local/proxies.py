@@ -6,7 +6,9 @@ outlives the service that started it and is found again through
 ``<state>/proxies/<port>.json`` (pid and start time, so a reused pid is not mistaken
 for it). Which proxy a sandbox uses is an entry in the host's nftables map (see
 ``network.py``): routing is per sandbox address, so moving a sandbox to another proxy
-changes nothing inside it.
+changes nothing inside it. Each proxy serves its Prometheus metrics on the unix socket
+``<state>/proxies/<port>.metrics.sock`` only (never on a port: ``sbx_proxy/metrics.py``
+says why); the proxy-scaler re-exports them.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ class LocalProxies:
                 found.append(Record(**json.loads(path.read_text())))
         return found
 
+    def metrics_socket(self, record: Record) -> Path:
+        """Where the proxy serves ``GET /metrics`` (a unix socket, mode 0600)."""
+        return self.dir / f"{record.port}.metrics.sock"
+
     def alive(self, record: Record) -> bool:
         return processes.start_time(record.pid) == record.starttime
 
@@ -133,6 +139,7 @@ class LocalProxies:
                 "--listen-port", str(port),
                 "--confdir", str(self.confdir),
                 "--config", self.config,
+                "--metrics-socket", str(self.dir / f"{port}.metrics.sock"),
                 stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                 start_new_session=True,  # its own session: it outlives the scaler
             )  # fmt: skip
@@ -181,6 +188,7 @@ class LocalProxies:
 
     def forget(self, record: Record) -> None:
         (self.dir / f"{record.port}.json").unlink(missing_ok=True)
+        self.metrics_socket(record).unlink(missing_ok=True)
 
     async def stop_all(self) -> None:
         for record in self.records():
