@@ -430,11 +430,18 @@ class Executor:
         run); why it could not be recorded, if it could not."""
         if not _acts(request):
             return None  # reads, not actions: the job's start and stop are audited
+        path: str | None = None
+        size: int | None = None
         match request:
             case execution.Shell() | execution.ShellAsync():
                 what = request.command
             case execution.Edit():
                 what = f"{request.command} {request.path}"
+                path = request.path
+                text = {"create": request.file_text, "str_replace": request.new_str}.get(
+                    request.command, request.insert_text
+                )
+                size = len(text.encode()) if text is not None else None
             case execution.ShellStop():
                 what = f"stop {request.job_id}"
             case execution.Run():
@@ -474,6 +481,8 @@ class Executor:
             job_id=reply.job_id,
             outcome=outcome,
             error=reply.error.code if reply.error else None,
+            path=path,
+            size=size,
         )
         try:
             await self.ctx.store.record(

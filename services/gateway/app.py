@@ -19,7 +19,18 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway import archive, auth, hostapi, mcp, openapi, placement, rest, schemas, sessions
+from services.gateway import (
+    archive,
+    auth,
+    hostapi,
+    mcp,
+    openapi,
+    placement,
+    rest,
+    schemas,
+    sessions,
+    timeline,
+)
 from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
@@ -54,6 +65,11 @@ def build_app(
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
 
+    history = timeline.TimelineAPI(ctx.store, api.sessions, ctx.topology)
+    routes += [
+        Route(op.path, rest.guarded(getattr(history, op.handler_name), op.operation_id), methods=[op.method])
+        for op in timeline.OPERATIONS
+    ]
     if host is not None:
         routes += [
             Route(

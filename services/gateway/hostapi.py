@@ -36,6 +36,8 @@ from shared.infrastructure import rpc, streams
 log = structlog.get_logger(__name__)
 
 _Body = TypeVar("_Body", bound=msgspec.Struct)
+T = TypeVar("T")
+KEEPALIVE_FRAME = streams.Frame(hostapi.KEEPALIVE, b"")
 
 BODY_MAX = 16 * 1024 * 1024
 BODY_SILENCE = 60.0
@@ -179,19 +181,18 @@ class LiveStream(Response):
 
 
 async def with_keepalives(
-    frames: AsyncIterator[streams.Frame], every: float = hostapi.KEEPALIVE_EVERY
-) -> AsyncGenerator[streams.Frame, None]:
-    """The frames, and a :data:`~shared.contract.hostapi.KEEPALIVE` frame after each
-    ``every`` seconds of silence."""
-    it = aiter(frames)
-    waiting: asyncio.Future[streams.Frame] | None = None
+    items: AsyncIterator[T], keepalive: T, every: float = hostapi.KEEPALIVE_EVERY
+) -> AsyncGenerator[T, None]:
+    """The items, and ``keepalive`` after each ``every`` seconds of silence."""
+    it = aiter(items)
+    waiting: asyncio.Future[T] | None = None
     try:
         while True:
             if waiting is None:
                 waiting = asyncio.ensure_future(anext(it))
             done, _ = await asyncio.wait({waiting}, timeout=every)
             if not done:
-                yield streams.Frame(hostapi.KEEPALIVE, b"")
+                yield keepalive
                 continue
             arrived, waiting = waiting, None
             try:
@@ -317,7 +318,7 @@ class HostAPI:
         feeder = asyncio.ensure_future(feed) if feed is not None else None
         frames = receiver.frames()
         try:
-            async for frame in with_keepalives(frames) if keepalive else frames:
+            async for frame in with_keepalives(frames, KEEPALIVE_FRAME) if keepalive else frames:
                 if frame.channel in (hostapi.END, hostapi.ERROR):
                     ended = True
                 yield frame.channel, frame.data

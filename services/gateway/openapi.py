@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import archive, hostapi, rest, schemas
+from services.gateway import archive, hostapi, rest, schemas, timeline
 from shared.contract.hostapi import MEDIA_TYPE as FRAMES
 
 REF = "#/components/schemas/{name}"
@@ -16,7 +16,7 @@ BYTES = {"type": "string", "format": "binary"}
 # Long on purpose: the document is one literal.
 def document(version: str) -> dict[str, Any]:
     types: list[Any] = [schemas.Health]
-    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS, *archive.OPERATIONS)
+    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS, *archive.OPERATIONS, *timeline.OPERATIONS)
     for op in operations:
         if op.body is not None:
             types.append(op.body)

@@ -305,16 +305,18 @@ class SessionsAPI:
         return json_response(None, 204)
 
     def endpoint(self, operation: Operation) -> Handler:
-        handler: Handler = getattr(self, operation.handler_name)
+        return guarded(getattr(self, operation.handler_name), operation.operation_id)
 
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except errors.SandboxError as exc:
-                if exc.status >= 500:
-                    log.warning(
-                        "rest.failed", operation=operation.operation_id, code=exc.code, error=exc.message
-                    )
-                return problem(exc)
 
-        return endpoint
+def guarded(handler: Handler, name: str) -> Handler:
+    """The handler, its errors answered as problem documents (5xx also logged)."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except errors.SandboxError as exc:
+            if exc.status >= 500:
+                log.warning("rest.failed", operation=name, code=exc.code, error=exc.message)
+            return problem(exc)
+
+    return endpoint

@@ -249,6 +249,10 @@ class CommandExecuted(Event, frozen=True, kw_only=True, tag="exec.completed"):
     outcome: str = "ok"
     """``ok``, ``timeout``, ``error`` (with the error code in ``error``) or ``started``."""
     error: str | None = None
+    path: str | None = None
+    """The file an edit touched (edits only)."""
+    size: int | None = None
+    """Bytes of new text an edit wrote (``create``, ``str_replace``, ``insert``)."""
 
     @property
     def aggregate_id(self) -> str:

@@ -91,7 +91,7 @@ async def test_keepalives_fill_silence_and_frames_pass_in_order():
         yield streams.Frame(hostapi.END, b"{}")
 
     got = []
-    async for frame in gateway_hostapi.with_keepalives(source(), every=0.01):
+    async for frame in gateway_hostapi.with_keepalives(source(), gateway_hostapi.KEEPALIVE_FRAME, every=0.01):
         got.append(frame.channel)
         if frame.channel == hostapi.KEEPALIVE:
             seen_keepalive.set()
@@ -109,7 +109,7 @@ async def test_a_consumer_that_leaves_closes_the_source():
         finally:
             closed.set()
 
-    relay = gateway_hostapi.with_keepalives(source(), every=0.01)
+    relay = gateway_hostapi.with_keepalives(source(), gateway_hostapi.KEEPALIVE_FRAME, every=0.01)
     assert (await anext(relay)).channel == hostapi.STDOUT
     assert (await anext(relay)).channel == hostapi.KEEPALIVE
     await relay.aclose()

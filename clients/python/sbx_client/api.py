@@ -46,3 +46,54 @@ class Health(msgspec.Struct, kw_only=True):
     status: Literal["ok", "starting", "draining"]
     instance: str
     version: str
+
+
+TimelineKind = Literal["lifecycle", "command", "edit"]
+TIMELINE_KINDS: tuple[TimelineKind, ...] = ("lifecycle", "command", "edit")
+
+
+class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One thing that happened to a session or in its sandbox, from one event of the
+    audit stream (``seq`` is its position there: entries are in ``seq`` order)."""
+
+    seq: int
+    time: datetime
+    kind: TimelineKind
+    """``lifecycle`` (the session's and its sandboxes' transitions), ``command`` (a tool
+    call or host API operation that ran something) or ``edit`` (a file edit)."""
+    type: str
+    """The event's type (``session.created``, ``sandbox.started``, ``exec.completed``...)."""
+    summary: str
+    """One line for people."""
+    sandbox_id: str | None = None
+    org_id: str | None = None
+    user_id: str | None = None
+    request_id: str | None = None
+    """The request that caused it (X-Request-Id or the gateway's own)."""
+    tool: str | None = None
+    """What ran: ``shell``, ``shell_async``, ``edit``, ``run``, ``put_files``... (commands, edits)."""
+    command: str | None = None
+    """The command text (cut at 4 KiB), or what an edit or transfer did."""
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    outcome: str | None = None
+    """``ok``, ``timeout``, ``error``, ``cancelled`` or ``started``."""
+    error: str | None = None
+    """The error code when the outcome is ``error``."""
+    path: str | None = None
+    """The file an edit touched."""
+    operation: str | None = None
+    """An edit's operation: ``create``, ``str_replace``, ``insert``."""
+    size: int | None = None
+    """Bytes an edit wrote (the new text)."""
+
+
+class Timeline(msgspec.Struct, kw_only=True):
+    """A page of a session's timeline."""
+
+    session_id: str
+    entries: list[TimelineEntry]
+    next_after: int
+    """Pass as ``after`` for the next page (the last entry's ``seq``, or the ``after`` given)."""
+    more: bool
+    """Whether entries after this page existed when it was read."""

@@ -1,0 +1,121 @@
+"""A session's timeline (pure): which events belong to it and what each says, as
+:class:`~sbx_client.api.TimelineEntry`.
+
+A session's timeline is its own events (``session.*``), the audit records of what ran in
+it (``exec.completed``: commands, edits, transfers) and the events of the sandboxes it
+had, from the moment each was its own (a warm pool sandbox's life before its claim
+belongs to the pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from sbx_client.api import TIMELINE_KINDS, TimelineEntry, TimelineKind
+from shared.contract import errors, events, subjects
+
+EDIT_OPERATIONS = ("create", "str_replace", "insert")
+
+
+def kinds(given: Iterable[str]) -> frozenset[TimelineKind]:
+    """The kinds asked for (none: all); an unknown kind is an error."""
+    chosen: set[TimelineKind] = set()
+    for kind in given:
+        if kind not in TIMELINE_KINDS:
+            raise errors.InvalidInput(f"kind must be one of: {', '.join(TIMELINE_KINDS)}; not {kind[:40]!r}")
+        chosen.add(kind)
+    return frozenset(chosen or TIMELINE_KINDS)
+
+
+def subject_kinds(wanted: frozenset[TimelineKind]) -> tuple[str, ...]:
+    """The aggregate kinds whose subjects hold entries of the wanted kinds."""
+    out: list[str] = [subjects.SESSION]  # always read: they name the session's sandboxes
+    if wanted & {"command", "edit"}:
+        out.append(subjects.EXEC)
+    if "lifecycle" in wanted:
+        out.append(subjects.SANDBOX)
+    return tuple(out)
+
+
+class Membership:
+    """Which sandboxes are the session's, learnt from its events as they are read."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.sandboxes: dict[str, int] = {}
+        """Sandbox id -> the sequence from which its events are the session's."""
+
+    def learn(self, seq: int, event: events.Event) -> bool:
+        """Note a sandbox the event gives the session; True if it is a new one."""
+        sandbox_id = None
+        if isinstance(event, events.SessionSandboxAssigned) and event.session_id == self.session_id:
+            sandbox_id = event.sandbox_id
+        elif isinstance(event, events.SandboxEvent) and getattr(event, "session_id", None) == self.session_id:
+            sandbox_id = event.sandbox_id  # requested for it, claimed by it, refused to it
+        if sandbox_id is None or sandbox_id in self.sandboxes:
+            return False
+        self.sandboxes[sandbox_id] = seq
+        return True
+
+    def owns(self, seq: int, event: events.Event) -> bool:
+        if isinstance(event, events.SandboxEvent):
+            since = self.sandboxes.get(event.sandbox_id)
+            return (since is not None and seq >= since) or event.meta.session_id == self.session_id
+        if isinstance(event, events.SessionEvent | events.CommandExecuted):
+            return event.session_id == self.session_id
+        return False
+
+
+def entry_of(seq: int, event: events.Event) -> TimelineEntry | None:
+    """The entry one of a session's events makes (None: it makes none)."""
+    meta = event.meta
+    base = TimelineEntry(
+        seq=seq,
+        time=meta.time,
+        kind="lifecycle",
+        type=events.tag_of(type(event)),
+        summary="",
+        org_id=meta.org_id,
+        user_id=meta.user_id,
+        request_id=meta.correlation_id,
+    )
+    if isinstance(event, events.CommandExecuted):
+        edit = event.tool == "edit"
+        operation = event.command.split(" ", 1)[0] if edit else None
+        shown = f"{event.command[:200]}" + (
+            f" -> exit {event.exit_code}" if event.exit_code is not None else f" -> {event.outcome}"
+        )
+        return msgspec.structs.replace(
+            base,
+            kind="edit" if edit else "command",
+            summary=f"{event.tool}: {shown}",
+            sandbox_id=event.sandbox_id or None,
+            tool=event.tool,
+            command=event.command,
+            exit_code=event.exit_code,
+            duration_ms=event.duration_ms,
+            outcome=event.outcome,
+            error=event.error,
+            path=event.path,
+            operation=operation if operation in EDIT_OPERATIONS else None,
+            size=event.size,
+        )
+    if isinstance(event, events.SessionEvent | events.SandboxEvent):
+        return msgspec.structs.replace(
+            base,
+            summary=_lifecycle_summary(event),
+            sandbox_id=getattr(event, "sandbox_id", None),
+        )
+    return None
+
+
+def _lifecycle_summary(event: events.Event) -> str:
+    tag = events.tag_of(type(event))
+    details = [
+        f"{name}={value}"
+        for name in ("sandbox_id", "image", "reason", "error", "exit_code")
+        if (value := getattr(event, name, None)) not in (None, "")
+    ]
+    return tag + (f" ({', '.join(details)})" if details else "")

@@ -1,0 +1,151 @@
+"""A session's timeline against a real `sbx up` (issue 21, item 3): lifecycle, commands run
+by an MCP agent and over REST, and edits, in order, paged and filtered; followed as NDJSON
+and server-sent events, a new command appears while watching; deleted sessions keep
+theirs; bad input is refused before anything is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import httpx
+import pytest
+
+from tests.e2e.test_mcp import Agent
+from tests.e2e.test_sbx_up import running_stack
+
+pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    with running_stack(state) as (_, url):
+        yield url, (state / "api-key").read_text().strip()
+
+
+@pytest.fixture
+def client(stack):
+    url, key = stack
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        yield client
+
+
+def page(client: httpx.Client, session: str, **params) -> dict:
+    answer = client.get(f"/v1/sessions/{session}/timeline", params=params)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+async def test_what_an_agent_did_is_on_its_timeline_in_order(stack, client):
+    url, key = stack
+    agent = Agent(url, key, "tl-1", **{"X-User-Id": "ann", "X-Request-Id": "req-tl-1"})
+    ok, _ = await agent.call("shell", command="echo one > a.txt && exit 3")
+    assert ok
+    ok, _ = await agent.call(
+        "str_replace_based_edit_tool", command="create", path="/workspace/notes.md", file_text="héllo\n"
+    )
+    assert ok
+    ok, _ = await agent.call(
+        "str_replace_based_edit_tool",
+        command="str_replace",
+        path="/workspace/notes.md",
+        old_str="héllo",
+        new_str="",
+    )
+    assert ok
+    ran = client.post("/v1/sessions/tl-1/run", json={"command": "true"})
+    assert ran.status_code == 200
+
+    timeline = page(client, "tl-1")
+    entries = timeline["entries"]
+    assert [e["seq"] for e in entries] == sorted(e["seq"] for e in entries)
+    assert timeline["session_id"] == "tl-1" and not timeline["more"]
+    assert timeline["next_after"] == entries[-1]["seq"]
+    types = [e["type"] for e in entries]
+    assert types.index("session.created") < types.index("session.sandbox_assigned")
+    commands = [e for e in entries if e["kind"] == "command"]
+    assert [(c["tool"], c["command"], c.get("exit_code")) for c in commands] == [
+        ("shell", "echo one > a.txt && exit 3", 3),
+        ("run", "true", 0),
+    ]
+    assert commands[0]["user_id"] == "ann" and commands[0]["request_id"] == "req-tl-1"
+    assert commands[0]["sandbox_id"] and commands[0]["duration_ms"] >= 0
+    edits = [e for e in entries if e["kind"] == "edit"]
+    assert [(e["operation"], e["path"], e["size"]) for e in edits] == [
+        ("create", "/workspace/notes.md", len("héllo\n".encode())),
+        ("str_replace", "/workspace/notes.md", 0),
+    ]
+    sandbox_id = commands[0]["sandbox_id"]
+    lifecycle = [e for e in entries if e["kind"] == "lifecycle"]
+    assert all(e.get("sandbox_id") in (None, sandbox_id) for e in lifecycle)
+    # A warm pool sandbox's life before its claim is the pool's, not the session's.
+    assert (
+        "sandbox.requested" not in types
+        or entries[types.index("sandbox.requested")]["seq"] > entries[0]["seq"]
+    )
+
+    only = page(client, "tl-1", kind=["edit", "command"])["entries"]
+    assert [e["seq"] for e in only] == [e["seq"] for e in entries if e["kind"] in ("edit", "command")]
+
+    # Pages: limit and next_after walk the same entries.
+    walked, after = [], 0
+    while True:
+        got = page(client, "tl-1", limit=2, after=after)
+        walked += got["entries"]
+        after = got["next_after"]
+        if not got["more"]:
+            break
+    assert walked == entries
+
+
+def test_a_followed_timeline_shows_new_commands_as_they_run(client):
+    assert client.post("/v1/sessions/tl-2/run", json={"command": "echo first"}).status_code == 200
+    seen: list[dict] = []
+    done = threading.Event()
+
+    def watch(accept: str) -> None:
+        with client.stream(
+            "GET", "/v1/sessions/tl-2/timeline", params={"follow": "true", "kind": "command"},
+            headers={"accept": accept},
+        ) as answer:  # fmt: skip
+            assert answer.status_code == 200
+            assert answer.headers["content-type"].startswith(accept)
+            for line in answer.iter_lines():
+                if accept == "application/x-ndjson" and line:
+                    seen.append(json.loads(line))
+                elif line.startswith("data: "):
+                    seen.append(json.loads(line[6:]))
+                if seen and seen[-1]["command"] == f"echo {accept}":
+                    done.set()
+                    return
+
+    for accept in ("application/x-ndjson", "text/event-stream"):
+        seen.clear()
+        done.clear()
+        watcher = threading.Thread(target=watch, args=(accept,))
+        watcher.start()
+        assert client.post("/v1/sessions/tl-2/run", json={"command": f"echo {accept}"}).status_code == 200
+        assert done.wait(30), seen
+        watcher.join(30)
+        assert seen[0]["command"] == "echo first"  # what was there, then what came
+
+
+def test_a_deleted_session_keeps_its_timeline(client):
+    assert client.post("/v1/sessions/tl-3/run", json={"command": "true"}).status_code == 200
+    assert client.delete("/v1/sessions/tl-3").status_code == 204
+    types = [e["type"] for e in page(client, "tl-3")["entries"]]
+    assert types.index("session.created") < types.index("exec.completed") < types.index("session.deleted")
+
+
+def test_bad_input_is_refused_before_anything_is_read(client):
+    assert client.get("/v1/sessions/never-was/timeline").status_code == 404
+    for params in ({"kind": "secrets"}, {"limit": 0}, {"limit": 5000}, {"after": -1}, {"follow": "maybe"},
+                   {"surprise": 1}):  # fmt: skip
+        answer = client.get("/v1/sessions/tl-1/timeline", params=params)
+        assert answer.status_code == 400 and answer.json()["error"] == "invalid_input", (params, answer.text)
+    assert client.get("/v1/sessions/bad id/timeline").status_code in (400, 404)
+    wrong = client.get("/v1/sessions/tl-1/timeline", headers={"accept": "text/event-stream"})
+    assert wrong.status_code == 406  # a page is JSON; streams come with follow=true
+    assert httpx.get(f"{client.base_url}/v1/sessions/tl-1/timeline").status_code == 401
