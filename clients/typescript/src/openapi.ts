@@ -145,6 +145,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/timeline": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A session's timeline: lifecycle, commands and edits in order (paged, or followed as a stream) */
+        get: operations["getTimeline"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -322,6 +339,55 @@ export interface components {
         ArchiveWritten: {
             sandbox_id: string;
             duration: number;
+        };
+        /**
+         * Timeline
+         * @description A page of a session's timeline.
+         */
+        Timeline: {
+            session_id: string;
+            entries: components["schemas"]["TimelineEntry"][];
+            next_after: number;
+            more: boolean;
+        };
+        /**
+         * TimelineEntry
+         * @description One thing that happened to a session or in its sandbox, from one event of the
+         *     audit stream (``seq`` is its position there: entries are in ``seq`` order).
+         */
+        TimelineEntry: {
+            seq: number;
+            time: string;
+            /** @enum {unknown} */
+            kind: "command" | "edit" | "lifecycle";
+            type: string;
+            summary: string;
+            /** @default null */
+            sandbox_id?: string | null;
+            /** @default null */
+            org_id?: string | null;
+            /** @default null */
+            user_id?: string | null;
+            /** @default null */
+            request_id?: string | null;
+            /** @default null */
+            tool?: string | null;
+            /** @default null */
+            command?: string | null;
+            /** @default null */
+            exit_code?: number | null;
+            /** @default null */
+            duration_ms?: number | null;
+            /** @default null */
+            outcome?: string | null;
+            /** @default null */
+            error?: string | null;
+            /** @default null */
+            path?: string | null;
+            /** @default null */
+            operation?: string | null;
+            /** @default null */
+            size?: number | null;
         };
     };
     responses: never;
@@ -1239,6 +1305,85 @@ export interface operations {
             };
             /** @description The sandbox did not answer in time; retry. */
             504: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getTimeline: {
+        parameters: {
+            query?: {
+                /** @description Only entries of this kind (repeat for more); none: all. */
+                kind?: ("lifecycle" | "command" | "edit")[];
+                /** @description Only entries after this seq (a page's next_after); default 0: from the start. */
+                after?: number;
+                /** @description At most this many entries in a page (default 100). */
+                limit?: number;
+                /** @description Stream the entries, then new ones as they come, until the client leaves. */
+                follow?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description A page (JSON); with follow=true, a stream of TimelineEntry (NDJSON lines, or server-sent events named 'entry'), empty lines or comments as keepalives. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Timeline"];
+                    "application/x-ndjson": components["schemas"]["TimelineEntry"];
+                    "text/event-stream": components["schemas"]["TimelineEntry"];
+                };
+            };
+            /** @description Invalid input. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session, ever (or another organisation's). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The Accept header admits none of the answer's media types. */
+            406: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description NATS is unavailable; retry. */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
