@@ -166,7 +166,7 @@ async def release(
             record = await records.sandboxes.get(sandbox_id) if records else None
             keep = not purge and (records is None or sandbox_rules.at_stack_stop(record) == "stop")
             if keep:
-                if info.status == "running":
+                if info.status in ("running", "paused"):
                     await runtime.stop(sandbox_id)
                 if records is not None:
                     await records.stopped(sandbox_id)

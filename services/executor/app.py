@@ -32,6 +32,7 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
 
         ctx.answer(rpc.EXEC, executor.handle, workers=MAX_WORKERS)
         ctx.answer(rpc.PREPARE, executor.prepare)
+        ctx.answer(rpc.JOBS, executor.jobs)
         await ctx.nc.subscribe(ctx.topology.exec_cancels, cb=executor.cancel)
 
         return service.Workload(

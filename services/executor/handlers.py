@@ -153,6 +153,26 @@ class Executor:
         started = await self.shells.prepare(request.sandbox_id)
         return execution.Reply(ok=True, status="running" if started else None)
 
+    async def jobs(self, raw: bytes) -> bytes:
+        """Which async jobs of a session's sandbox run (asked before an idle pause). Not a
+        tool call: neither activity nor audited."""
+        return await rpc.answer(rpc.JOBS, raw, self._jobs, crashed="executor.jobs_crashed")
+
+    async def _jobs(self, request: execution.Jobs) -> execution.Reply:
+        ids.validate_session_id(request.session_id)
+        sandbox = await self.sandboxes.get(request.sandbox_id)
+        if sandbox is None or sandbox.session_id != request.session_id:
+            raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
+        result, out, _ = await self.runtime.run(
+            request.sandbox_id, scripts.argv(scripts.JOB_LIST), timeout=QUICK, max_bytes=HELPER_SLACK
+        )
+        if result.exit_code != 0:
+            raise errors.InfrastructureError(
+                f"could not list the sandbox's jobs (exit code {result.exit_code})"
+            )
+        running = [line for line in output.text(out).split() if re.fullmatch(r"[0-9a-f]{32}", line)]
+        return execution.Reply(ok=True, status="running" if running else None, output="\n".join(running))
+
     @staticmethod
     def _budget(request: execution.AnyRequest) -> float:
         """The longest this request may run (so the reaper never counts it as idle)."""
@@ -267,6 +287,8 @@ class Executor:
         not running, or joined if it is being started); while it is busy with another call
         of the session, a helper of this call's own does (it waits on the session's lock,
         with this call's timeout counting)."""
+        if await self.runtime.paused(request.sandbox_id):  # its helper is frozen with it
+            raise errors.NotRunning(f"sandbox {request.sandbox_id!r} is paused: resume it first")
         server = await self.shells.get(request.sandbox_id)
         if server is None:
             return None

@@ -95,6 +95,17 @@ kill -KILL -- "-$P" 2>/dev/null
 exit 0
 """
 
+#: The ids of the jobs still running, one a line (what an idle pause must not freeze).
+JOB_LIST = f"""
+[ -d {JOBS} ] || exit 0
+for J in {JOBS}/*/; do
+  J=${{J%/}}
+  [ -f "$J/rc" ] || [ -f "$J/stopped" ] && continue
+  [ -s "$J/pgid" ] && kill -0 "$(cat "$J/pgid")" 2>/dev/null && echo "${{J##*/}}"
+done
+exit 0
+"""
+
 #: First line: ``file``, ``dir`` or ``missing``; then the file's bytes or the listing.
 READ = f"""
 {_LOCK}

@@ -91,6 +91,10 @@ class PoolHandlers:
                 state = await self.stop(request)
             case provisioning.Delete():
                 state = await self.delete(request)
+            case provisioning.Pause():
+                state = await self.pause(request)
+            case provisioning.Resume():
+                state = await self.resume(request, request.reason)
         return provisioning.PoolReply(ok=True, sandbox=state)
 
     def _meta(self, request: provisioning.PoolRequest, session_id: str | None = None) -> events.Meta:
@@ -337,6 +341,8 @@ class PoolHandlers:
         state = await self.sandboxes.get(request.sandbox_id)
         if state is None or state.status in ("deleted", "failed"):
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        if state.status == "paused":  # counted under max_running already: no admission
+            return await self.resume(request, "call")
         if state.status == "stopped":  # a resume adds a running sandbox: the limit applies
             async with self._admitting():  # held until the start is recorded
                 full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
@@ -356,6 +362,10 @@ class PoolHandlers:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} is gone from the runtime")
         if info.status == "running" and state.status == "running":
             return state
+        if info.status == "paused" and state.status == "running":
+            # Frozen, recorded running (a pause that died before it was recorded): thaw it.
+            await self.runtime.resume(request.sandbox_id)
+            return state
         if state.status == "running":  # the runtime lost it (host restart): say so, then restart
             await self._record(request, sandbox_rules.decide_stopped, reason="lost")
         await self.runtime.start(request.sandbox_id)
@@ -372,6 +382,49 @@ class PoolHandlers:
         stopped = await self._record(request, sandbox_rules.decide_stopped)
         assert stopped is not None
         return stopped
+
+    async def pause(self, request: provisioning.Pause) -> states.SandboxState:
+        """Freeze a running sandbox, then record it (``sandbox.paused`` says every process
+        is frozen). Recorded running again meanwhile, or the same command again: nothing
+        recorded. A crash between the two leaves it frozen but recorded running: the next
+        call is refused by the runtime (NotRunning), and its ``Start`` thaws it."""
+        state = await self.sandboxes.get(request.sandbox_id)
+        if state is None or state.status in sandbox_rules.DEAD:
+            raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        if state.status == "paused":
+            return state
+        if state.status != "running":
+            raise errors.NotRunning(f"sandbox {request.sandbox_id!r} is {state.status}: nothing to pause")
+        started = time.perf_counter()
+        await self.runtime.pause(request.sandbox_id)
+        try:
+            paused = await self._record(request, sandbox_rules.decide_paused, reason=request.reason)
+        except BaseException:
+            await self.runtime.resume(request.sandbox_id)
+            raise
+        assert paused is not None
+        if paused.status != "paused":  # not recorded (a retry, or it changed): leave it as recorded
+            await self.runtime.resume(request.sandbox_id)
+        metrics.pause_seconds.labels("pause").observe(time.perf_counter() - started)
+        log.info("sandbox.paused", sandbox_id=request.sandbox_id, reason=request.reason)
+        return paused
+
+    async def resume(self, request: provisioning.PoolRequest, reason: str) -> states.SandboxState:
+        """Thaw a paused sandbox, then record it (``sandbox.resumed``); running: nothing to do."""
+        state = await self.sandboxes.get(request.sandbox_id)
+        if state is None or state.status in sandbox_rules.DEAD:
+            raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
+        if state.status == "running":
+            return state
+        if state.status != "paused":
+            raise errors.NotRunning(f"sandbox {request.sandbox_id!r} is {state.status}, not paused")
+        started = time.perf_counter()
+        await self.runtime.resume(request.sandbox_id)
+        resumed = await self._record(request, sandbox_rules.decide_resumed, reason=reason)
+        assert resumed is not None
+        metrics.pause_seconds.labels("resume").observe(time.perf_counter() - started)
+        log.info("sandbox.resumed", sandbox_id=request.sandbox_id, reason=reason)
+        return resumed
 
     async def retire(self, sandbox_id: str) -> bool:
         """Remove an idle pool sandbox the refill no longer wants, unless a session claims

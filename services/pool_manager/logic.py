@@ -18,7 +18,8 @@ from shared.domain import pools as pool_specs
 
 PoolSpec = pool_specs.PoolSpec
 
-LIVE = ("requested", "running")
+LIVE = ("requested", "running", "paused")
+"""What counts against ``max_running``: a paused sandbox holds its memory, so it counts."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,10 @@ class Plan:
 
 
 def idle(sandbox: states.SandboxState) -> bool:
-    return sandbox.pool is not None and sandbox.session_id is None and sandbox.status in LIVE
+    """An unclaimed pool sandbox, ready or being made (only a session's is ever paused)."""
+    return (
+        sandbox.pool is not None and sandbox.session_id is None and sandbox.status in ("requested", "running")
+    )
 
 
 def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None) -> bool:

@@ -101,7 +101,7 @@ async def refill_once(
     sandboxes = list((await pool.sandboxes.all()).values())
     plan = logic.plan(sandboxes, pools, max_running, now=service.now(), max_age=max_age)
     by_state = collections.Counter(s.status for s in sandboxes)
-    for state in ("requested", "running", "stopped"):
+    for state in ("requested", "running", "paused", "stopped"):
         metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))
     metrics.pool_sandboxes.labels("idle").set(sum(plan.idle.values()))
     by_id = {p.pool_id: p for p in pools}

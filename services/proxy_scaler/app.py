@@ -75,11 +75,9 @@ def make_setup(
             if logic.wants_round(old, new, room=scaler.room, routed=fleet.pinned):
                 wake.set()
 
-        # Every round lists both; it plans with requested and running sandboxes only
-        # (records of deleted ones stay in KV for good).
-        await sandboxes.follow(
-            keep=lambda s: s.status in ("requested", "running"), on_change=on_sandbox_change
-        )
+        # Every round lists both; it plans with requested, running and paused sandboxes
+        # only (records of deleted ones stay in KV for good).
+        await sandboxes.follow(keep=lambda s: s.status in logic.ACTIVE, on_change=on_sandbox_change)
         await proxies.follow(keep=lambda p: p.status != "stopped")
 
         def rounded(report: handlers.Report) -> None:

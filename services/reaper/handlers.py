@@ -76,15 +76,19 @@ class Reaper:
         activity: dict[str, datetime] = {}
         for session in sessions:
             sandbox = records.get(session.sandbox_id or "")
-            if session.status == "active" and sandbox is not None and sandbox.status == "running":
-                if logic.needs_activity(session, sandbox, now, self.rules):
+            if session.status == "active" and sandbox is not None and sandbox.status in ("running", "paused"):
+                if logic.needs_activity(session, sandbox, now, self.rules, self.runtime.pausable):
                     last = await self.last_activity(session.session_id, now)
                     if last is not None:
                         activity[session.session_id] = last
-        for reap in logic.decide_reaps(sessions, records, activity, now, self.rules):
+        reaps = logic.decide_reaps(
+            sessions, records, activity, now, self.rules, pausable=self.runtime.pausable
+        )
+        for reap in reaps:
             if await self._reap(reap):
-                report.reaps[reap.reason] += 1
-                metrics.reaps.labels(reap.reason).inc()
+                counted = "pause" if reap.action == "pause" else reap.reason
+                report.reaps[counted] += 1
+                metrics.reaps.labels(counted).inc()
         seen = {
             info.sandbox_id: logic.RuntimeView(info.sandbox_id, info.status, info.created_at)
             for info in await self.runtime.list()
@@ -98,15 +102,29 @@ class Reaper:
             log.info("reaper.pass", reaps=dict(report.reaps), findings=dict(report.findings))
         return report
 
-    async def _reap(self, reap: logic.Reap) -> bool:
+    def _command(self, reap: logic.Reap) -> commands.SessionCommand:
+        actor, command_id = commands.Actor(via="reaper"), ids.new_id()
+        if reap.action == "pause":
+            return commands.PauseSession(
+                command_id=command_id,
+                session_id=reap.session_id,
+                actor=actor,
+                if_last_seq=reap.last_seq,
+                reason=reap.reason,
+                quiet_since=reap.quiet_since,
+                unless_jobs=not self.rules.pause_running_jobs,
+            )
         kind = commands.StopSession if reap.action == "stop" else commands.DeleteSession
-        command: commands.SessionCommand = kind(
-            command_id=ids.new_id(),
+        return kind(
+            command_id=command_id,
             session_id=reap.session_id,
-            actor=commands.Actor(via="reaper"),
+            actor=actor,
             if_last_seq=reap.last_seq,
             reason=reap.reason,
         )
+
+    async def _reap(self, reap: logic.Reap) -> bool:
+        command = self._command(reap)
         try:
             reply = await self.scheduler.ask(command)
         except errors.SandboxError as exc:

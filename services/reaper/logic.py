@@ -14,17 +14,19 @@ from typing import Literal
 from shared.contract import states
 from shared.infrastructure import settings
 
-LIVE = ("requested", "running", "stopped")
+LIVE = ("requested", "running", "paused", "stopped")
 DEAD = ("deleted", "failed", "refused", "lost")
 
 
 @dataclass(frozen=True)
 class Reap:
     session_id: str
-    action: Literal["stop", "delete"]
+    action: Literal["pause", "stop", "delete"]
     reason: Literal["lifetime", "idle", "retention", "max_stopped"]
     last_seq: int | None = field(default=None, compare=False)
     """The session's ``last_seq`` the decision was made on (sent as a precondition)."""
+    quiet_since: datetime | None = field(default=None, compare=False)
+    """A pause's: the session's last call as seen (a later one undoes the pause)."""
 
 
 def session_start(session: states.SessionState, sandbox: states.SandboxState) -> datetime:
@@ -35,11 +37,22 @@ def session_start(session: states.SessionState, sandbox: states.SandboxState) ->
     return max(times) if times else sandbox.created_at
 
 
+def pauses(rules: settings.LifecycleSettings, pausable: bool) -> bool:
+    """Whether idle sandboxes are paused before they are stopped: where the runtime can
+    pause, with a pause timeout shorter than the idle (stop) timeout."""
+    return pausable and 0 < rules.pause_timeout < rules.idle_timeout
+
+
+def first_idle_step(rules: settings.LifecycleSettings, pausable: bool) -> float:
+    """Seconds without a call after which the idle rules first act (pause, else stop)."""
+    return rules.pause_timeout if pauses(rules, pausable) else rules.idle_timeout
+
+
 def needs_activity(session: states.SessionState, sandbox: states.SandboxState, now: datetime,
-                   rules: settings.LifecycleSettings) -> bool:  # fmt: skip
-    """Whether the idle rule could fire without looking up the last tool call."""
+                   rules: settings.LifecycleSettings, pausable: bool = False) -> bool:  # fmt: skip
+    """Whether an idle rule could fire without looking up the last tool call."""
     quiet_since = max(session_start(session, sandbox), session.updated_at)
-    return now - quiet_since >= timedelta(seconds=rules.idle_timeout)
+    return now - quiet_since >= timedelta(seconds=first_idle_step(rules, pausable))
 
 
 def decide_reaps(
@@ -48,23 +61,24 @@ def decide_reaps(
     last_activity: Mapping[str, datetime],
     now: datetime,
     rules: settings.LifecycleSettings,
+    *,
+    pausable: bool = False,
 ) -> list[Reap]:
+    """What the lifetimes say now. A session's sandbox is paused after ``pause_timeout``
+    without a call (where ``pauses``), stopped after ``idle_timeout`` without one, paused
+    or not, and stopped at ``max_lifetime`` (paused time counts: a paused sandbox holds its
+    memory). Stopped sessions are purged after ``stopped_retention`` and beyond
+    ``max_stopped``, oldest first."""
     reaps: list[Reap] = []
     kept_stopped: list[states.SessionState] = []
     for session in sessions:
         if session.status == "active" and session.sandbox_id:
             sandbox = sandboxes.get(session.sandbox_id)
-            if sandbox is None or sandbox.status != "running":
-                continue
-            start = session_start(session, sandbox)
-            if now - start >= timedelta(seconds=rules.max_lifetime):
-                reaps.append(Reap(session.session_id, "stop", "lifetime", session.last_seq))
-                continue
-            candidates = [start, session.updated_at]
-            if session.session_id in last_activity:
-                candidates.append(last_activity[session.session_id])
-            if now - max(candidates) >= timedelta(seconds=rules.idle_timeout):
-                reaps.append(Reap(session.session_id, "stop", "idle", session.last_seq))
+            if sandbox is not None and sandbox.status in ("running", "paused"):
+                reap = _lifetime_rule(session, sandbox, last_activity.get(session.session_id), now, rules,
+                                      pausable)  # fmt: skip
+                if reap is not None:
+                    reaps.append(reap)
         elif session.status == "stopped":
             if now - session.updated_at >= timedelta(seconds=rules.stopped_retention):
                 reaps.append(Reap(session.session_id, "delete", "retention", session.last_seq))
@@ -75,6 +89,30 @@ def decide_reaps(
         oldest = sorted(kept_stopped, key=lambda s: (s.updated_at, s.session_id))[:extra]
         reaps.extend(Reap(s.session_id, "delete", "max_stopped", s.last_seq) for s in oldest)
     return reaps
+
+
+def _lifetime_rule(
+    session: states.SessionState,
+    sandbox: states.SandboxState,
+    last_call: datetime | None,
+    now: datetime,
+    rules: settings.LifecycleSettings,
+    pausable: bool,
+) -> Reap | None:
+    start = session_start(session, sandbox)
+    if now - start >= timedelta(seconds=rules.max_lifetime):
+        return Reap(session.session_id, "stop", "lifetime", session.last_seq)
+    quiet_since = max(t for t in (start, session.updated_at, last_call) if t is not None)
+    quiet = now - quiet_since
+    if quiet >= timedelta(seconds=rules.idle_timeout):
+        return Reap(session.session_id, "stop", "idle", session.last_seq)
+    if (
+        sandbox.status == "running"
+        and pauses(rules, pausable)
+        and quiet >= timedelta(seconds=rules.pause_timeout)
+    ):
+        return Reap(session.session_id, "pause", "idle", session.last_seq, quiet_since)
+    return None
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import TypedDict
 
 import structlog
 
+from services.scheduler import pausing
 from shared.contract import commands, errors, events, ids, provisioning, states
 from shared.domain import pools
 from shared.domain import sandbox as sandbox_rules
@@ -52,6 +53,7 @@ class SessionCommands:
         self.pool = pool
         self.warm = warm or []
         self.caches_at_create = caches_at_create
+        self.pausing = pausing.Pausing(ctx, sessions, sandboxes, pool)
         self._waiting: dict[str, int] = {}
         """Sessions of this instance waiting for a pool sandbox being prepared, per pool."""
 
@@ -67,6 +69,10 @@ class SessionCommands:
 
     async def _answer(self, command: commands.SessionCommand) -> commands.CommandReply:
         session_rules.validate(command)
+        if isinstance(command, commands.PauseSession | commands.ResumeSession):
+            reply = await self.pausing.handle(command)
+            metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
+            return reply
         state, appended = await self.execute(command)
         metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
         return commands.CommandReply(ok=True, appended=appended, session=state)
@@ -281,7 +287,7 @@ class SessionCommands:
         lost-then-started sandbox when the runtime had stopped it)."""
         assert state.sandbox_id is not None
         sandbox = await self.sandboxes.get(state.sandbox_id)
-        if sandbox is not None and sandbox.status in ("running", "stopped", "requested"):
+        if sandbox is not None and sandbox.status in sandbox_rules.LIVE:  # a paused one is resumed
             try:
                 await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))
                 return state
@@ -331,6 +337,9 @@ class SessionCommands:
                 state = outcome.state
                 assert state is not None
                 return await self._replace(command, state), len(outcome.appended)
+            case commands.PauseSession() | commands.ResumeSession():
+                reply = await self.pausing.handle(command)
+                return reply.session, reply.appended
 
 
 def _log_transition(

@@ -7,6 +7,8 @@ same id leads to at most one transition.
 
 from __future__ import annotations
 
+from datetime import datetime
+
 import msgspec
 
 from shared.contract import states
@@ -73,7 +75,38 @@ class ClearSession(Command, frozen=True, kw_only=True, tag="session.clear"):
     session_id: str
 
 
-SessionCommand = CreateSession | StopSession | DeleteSession | EnsureSession | ProvisionSandbox | ClearSession
+class PauseSession(Command, frozen=True, kw_only=True, tag="session.pause"):
+    """Freeze every process of the session's running sandbox (memory kept); its next call,
+    or ``session.resume``, resumes it. Already paused: nothing changes."""
+
+    session_id: str
+    reason: str = "requested"
+    """Why (``requested``, ``idle``): recorded on ``sandbox.paused``."""
+    if_last_seq: int | None = None
+    """As for ``StopSession``: a no-op if the session changed since the sender looked."""
+    quiet_since: datetime | None = None
+    """The session's last call as the sender saw it (the reaper): a call after this, seen
+    once the sandbox is frozen, resumes it at once (``sandbox.resumed``, ``activity``)."""
+    unless_jobs: bool = False
+    """Leave it running while one of its async jobs runs (the reaper's idle pause)."""
+
+
+class ResumeSession(Command, frozen=True, kw_only=True, tag="session.resume"):
+    """Let the session's paused sandbox run again. Running already: nothing changes."""
+
+    session_id: str
+
+
+SessionCommand = (
+    CreateSession
+    | StopSession
+    | DeleteSession
+    | EnsureSession
+    | ProvisionSandbox
+    | ClearSession
+    | PauseSession
+    | ResumeSession
+)
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CreateSession,
     StopSession,
@@ -81,6 +114,8 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     EnsureSession,
     ProvisionSandbox,
     ClearSession,
+    PauseSession,
+    ResumeSession,
 )
 
 
@@ -98,3 +133,5 @@ class CommandReply(msgspec.Struct, frozen=True, kw_only=True):
     """How many events this command appended (0 when it was a duplicate or a no-op)."""
     session: states.SessionState | None = None
     error: ErrorInfo | None = None
+    sandbox: states.SandboxState | None = None
+    """The session's sandbox as the command left it (``session.pause``/``session.resume``)."""

@@ -179,6 +179,21 @@ class SandboxFailed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.failed
     error: str
 
 
+class SandboxPaused(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.paused"):
+    """Every process in it was frozen (memory kept, no CPU time); the session's next call
+    resumes it. ``reason``: ``idle`` (the reaper) or ``requested`` (an operator)."""
+
+    reason: str = "requested"
+
+
+class SandboxResumed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.resumed"):
+    """Its processes run again, as they were. ``reason``: ``call`` (the session's next
+    call), ``requested`` (an operator) or ``activity`` (a call came while it was being
+    paused)."""
+
+    reason: str = "requested"
+
+
 class SandboxProxyAssigned(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.proxy_assigned"):
     """The sandbox's traffic now goes to this proxy of the fleet (``reason``: ``new`` for a
     first assignment, ``reassigned`` when its proxy died or was drained)."""
@@ -346,6 +361,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SandboxLost,
     SandboxProxyAssigned,
     SandboxCacheAttached,
+    SandboxPaused,
+    SandboxResumed,
     ProxyStarted,
     ProxyDraining,
     ProxyStopped,
@@ -374,6 +391,8 @@ AnyEvent = (
     | SandboxLost
     | SandboxProxyAssigned
     | SandboxCacheAttached
+    | SandboxPaused
+    | SandboxResumed
     | ProxyStarted
     | ProxyDraining
     | ProxyStopped

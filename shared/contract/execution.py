@@ -136,6 +136,16 @@ class Prepare(msgspec.Struct, frozen=True, kw_only=True):
     sandbox_id: str
 
 
+class Jobs(msgspec.Struct, frozen=True, kw_only=True):
+    """Scheduler → executor on ``<ns>.exec.jobs``: which async jobs of the session's
+    sandbox are running (before an idle pause: a running job counts as activity). Not a
+    tool call: it is neither activity nor audited. Answered with a ``Reply`` whose
+    ``status`` is ``running`` when one runs (``output``: their ids, one a line)."""
+
+    session_id: str
+    sandbox_id: str
+
+
 _request_decoder = msgspec.json.Decoder(AnyRequest)
 _reply_decoder = msgspec.json.Decoder(Reply)
 

@@ -40,8 +40,20 @@ class Delete(PoolRequest, frozen=True, kw_only=True, tag="delete"):
     pass
 
 
-AnyPoolRequest = Provision | Start | Stop | Delete
-POOL_REQUEST_TYPES = (Provision, Start, Stop, Delete)
+class Pause(PoolRequest, frozen=True, kw_only=True, tag="pause"):
+    """Freeze every process of a running sandbox (a paused one: nothing to do)."""
+
+    reason: str = "requested"
+
+
+class Resume(PoolRequest, frozen=True, kw_only=True, tag="resume"):
+    """Thaw a paused sandbox (a running one: nothing to do). ``Start`` also resumes one."""
+
+    reason: str = "requested"
+
+
+AnyPoolRequest = Provision | Start | Stop | Delete | Pause | Resume
+POOL_REQUEST_TYPES = (Provision, Start, Stop, Delete, Pause, Resume)
 
 
 class PoolReply(msgspec.Struct, frozen=True, kw_only=True):

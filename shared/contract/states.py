@@ -35,7 +35,9 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """The sandbox currently assigned to this session (None until first use)."""
 
 
-SandboxStatus = Literal["requested", "running", "stopped", "deleted", "failed", "refused", "lost"]
+SandboxStatus = Literal["requested", "running", "paused", "stopped", "deleted", "failed", "refused", "lost"]
+"""``paused``: every process frozen (memory kept, no CPU); it counts as running for
+``max_running`` and keeps its proxy, and the session's next call resumes it."""
 
 
 class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +65,11 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     """The organisation whose package cache it shows (None: a cache of its own)."""
     image_digest: str | None = None
     """The manifest digest of its image, where the runtime reports it (``sandbox.started``)."""
+    paused_at: datetime | None = None
+    """When it was paused (set only while ``paused``)."""
+    pause_command_id: str | None = None
+    """The command that caused its last pause or resume: the same command again (a
+    retried request with its Idempotency-Key) changes nothing."""
     last_seq: int
 
 

@@ -17,6 +17,7 @@ Subjects (``<ns>`` is the namespace):
 ``<ns>.exec``                      tool calls and host API operations, queue
                                    group ``executor``
 ``<ns>.exec.prepare``              start a pool sandbox's shell server
+``<ns>.exec.jobs``                 does a sandbox run async jobs (idle pause)
 ``<ns>.exec.stop.<token>.<run>``   stop a streamed operation
 ``<ns>.exec.cancel.<token>.<call>`` cancel a tool call (every executor listens)
 ``<ns>.pool.idle.<pool token>``    offers of idle pool sandboxes (work queue)
@@ -105,6 +106,11 @@ class Topology:
     def exec_prepare(self) -> str:
         """Pool-manager → executor: prepare a pool sandbox (its shell server); queue ``executor``."""
         return f"{self.namespace}.exec.prepare"
+
+    @property
+    def exec_jobs(self) -> str:
+        """Scheduler → executor: does a sandbox run async jobs (before an idle pause); queue ``executor``."""
+        return f"{self.namespace}.exec.jobs"
 
     def exec_stop(self, session_id: str, run_id: str) -> str:
         """Where to publish to stop one streamed operation (any gateway can)."""

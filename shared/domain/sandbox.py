@@ -14,14 +14,14 @@ import msgspec
 
 from shared.contract import errors, events, states
 
-LIVE = ("requested", "running", "stopped")
+LIVE = ("requested", "running", "paused", "stopped")
 """Statuses of a sandbox that exists in the runtime (or is about to)."""
 DEAD = ("deleted", "failed", "refused", "lost")
 """Statuses of a sandbox that is gone for good."""
 
 
 # Long on purpose: one case per event, so a sandbox's whole lifecycle reads as one table.
-def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> states.SandboxState:
+def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> states.SandboxState:  # noqa: C901
     status = state.status if state else None
     match event:
         case events.SandboxRequested() if state is None:
@@ -71,27 +71,49 @@ def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> 
                 error=event.reason,
                 last_seq=seq,
             )
-        case events.SandboxLost() if status in ("requested", "running", "stopped"):
+        case events.SandboxLost() if status in LIVE:
             assert state is not None
             return msgspec.structs.replace(
                 state, status="lost", error=event.reason, updated_at=event.meta.time, last_seq=seq
             )
-        case events.SandboxStopped() if status in ("requested", "running"):
+        case events.SandboxStopped() if status in ("requested", "running", "paused"):
             assert state is not None
-            return msgspec.structs.replace(state, status="stopped", updated_at=event.meta.time, last_seq=seq)
+            return msgspec.structs.replace(
+                state, status="stopped", paused_at=None, updated_at=event.meta.time, last_seq=seq
+            )
+        case events.SandboxPaused() if status == "running":
+            assert state is not None
+            return msgspec.structs.replace(
+                state,
+                status="paused",
+                paused_at=event.meta.time,
+                pause_command_id=event.meta.command_id,
+                updated_at=event.meta.time,
+                last_seq=seq,
+            )
+        case events.SandboxResumed() if status == "paused":
+            assert state is not None
+            return msgspec.structs.replace(
+                state,
+                status="running",
+                paused_at=None,
+                pause_command_id=event.meta.command_id,
+                updated_at=event.meta.time,
+                last_seq=seq,
+            )
         case events.SandboxDeleted() if state is not None and status not in ("deleted", "refused"):
             return msgspec.structs.replace(state, status="deleted", updated_at=event.meta.time, last_seq=seq)
-        case events.SandboxProxyAssigned() if status in ("requested", "running", "stopped"):
+        case events.SandboxProxyAssigned() if status in LIVE:
             assert state is not None
             return msgspec.structs.replace(
                 state, proxy_id=event.proxy_id, updated_at=event.meta.time, last_seq=seq
             )
-        case events.SandboxCacheAttached() if status in ("requested", "running", "stopped"):
+        case events.SandboxCacheAttached() if status in LIVE:
             assert state is not None
             return msgspec.structs.replace(
                 state, cache_org=event.org_id, updated_at=event.meta.time, last_seq=seq
             )
-        case events.SandboxFailed() if status in ("requested", "running", "stopped"):
+        case events.SandboxFailed() if status in LIVE:
             assert state is not None
             return msgspec.structs.replace(
                 state, status="failed", error=event.error, updated_at=event.meta.time, last_seq=seq
@@ -162,15 +184,41 @@ def decide_started(
 def decide_stopped(
     state: states.SandboxState | None, sandbox_id: str, meta: MetaFor, *, reason: str = "requested"
 ) -> list[events.Event]:
-    """Stopped (workspace kept); one the runtime lost (``reason="lost"``) only while it
-    was running."""
-    allowed: tuple[str, ...] = ("running",) if reason == "lost" else ("requested", "running")
+    """Stopped (workspace kept), from paused too; one the runtime lost (``reason="lost"``)
+    only while it was running or paused."""
+    allowed: tuple[str, ...] = (
+        ("running", "paused") if reason == "lost" else ("requested", "running", "paused")
+    )
     session = state.session_id if state else None
     return _when(
         state,
         allowed,
         lambda: events.SandboxStopped(meta=meta(session), sandbox_id=sandbox_id, reason=reason),
     )
+
+
+def _repeated(state: states.SandboxState, meta: events.Meta) -> bool:
+    """The command that caused the last pause or resume, again (a retried request)."""
+    return meta.command_id is not None and state.pause_command_id == meta.command_id
+
+
+def decide_paused(
+    state: states.SandboxState | None, sandbox_id: str, meta: MetaFor, *, reason: str = "requested"
+) -> list[events.Event]:
+    """Paused (every process frozen): only a running sandbox, and not again for the
+    command that caused its last pause or resume."""
+    if state is None or state.status != "running" or _repeated(state, meta(state.session_id)):
+        return []
+    return [events.SandboxPaused(meta=meta(state.session_id), sandbox_id=sandbox_id, reason=reason)]
+
+
+def decide_resumed(
+    state: states.SandboxState | None, sandbox_id: str, meta: MetaFor, *, reason: str = "requested"
+) -> list[events.Event]:
+    """Running again: only a paused sandbox."""
+    if state is None or state.status != "paused":
+        return []
+    return [events.SandboxResumed(meta=meta(state.session_id), sandbox_id=sandbox_id, reason=reason)]
 
 
 def decide_retired(
@@ -189,7 +237,7 @@ def decide_deleted(state: states.SandboxState | None, sandbox_id: str, meta: Met
     session = state.session_id if state else None
     return _when(
         state,
-        ("requested", "running", "stopped", "failed"),
+        (*LIVE, "failed"),
         lambda: events.SandboxDeleted(meta=meta(session), sandbox_id=sandbox_id),
     )
 
@@ -217,7 +265,7 @@ def decide_proxy_assigned(
     state: states.SandboxState | None, sandbox_id: str, proxy_id: str, meta: MetaFor
 ) -> list[events.Event]:
     """A running sandbox's egress goes through ``proxy_id`` (new, or moved off another)."""
-    if state is None or state.status != "running" or state.proxy_id == proxy_id:
+    if state is None or state.status not in ("running", "paused") or state.proxy_id == proxy_id:
         return []
     reason = "new" if state.proxy_id is None else "reassigned"
     return [
@@ -246,10 +294,6 @@ def at_stack_stop(state: states.SandboxState | None) -> Literal["stop", "delete"
     """What stopping a stack does with a sandbox it runs: a session's is stopped with its
     files kept (the session's next call, after the next start, resumes it); any other (an
     idle pool one, one no live record claims) is deleted."""
-    if (
-        state is not None
-        and state.session_id is not None
-        and state.status in ("requested", "running", "stopped")
-    ):
+    if state is not None and state.session_id is not None and state.status in LIVE:
         return "stop"
     return "delete"

@@ -80,6 +80,12 @@ def evolve(  # noqa: C901
             raise refuse("not a session event")
 
 
+def _foreign(state: states.SessionState, command: commands.SessionCommand) -> bool:
+    """Whether the session belongs to another organisation than the caller acts for."""
+    org = command.actor.org_id
+    return org is not None and state.org_id not in (None, org)
+
+
 def validate(command: commands.SessionCommand) -> None:
     """Reject malformed commands before any state is read (never trust the bus)."""
     ids.validate_session_id(command.session_id)
@@ -102,12 +108,16 @@ def decide(  # noqa: C901
     # A caller acting for an organisation never reaches another organisation's session
     # (a caller without one, the operator, reaches every session; a session without one
     # belongs to no tenant).
-    org = command.actor.org_id
-    if exists and org is not None and state is not None and state.org_id not in (None, org):
+    if exists and state is not None and _foreign(state, command):
         match command:
             case commands.ClearSession():
                 return []
-            case commands.StopSession() | commands.DeleteSession():
+            case (
+                commands.StopSession()
+                | commands.DeleteSession()
+                | commands.PauseSession()
+                | commands.ResumeSession()
+            ):
                 raise errors.NotFound(f"session {sid!r} does not exist")
             case commands.CreateSession():
                 pass  # "already exists", below: the id is taken, whoever took it
@@ -156,6 +166,31 @@ def decide(  # noqa: C901
                 ]
             assert state is not None
             return [events.SessionResumed(meta=meta, session_id=sid)] if state.status == "stopped" else []
+        case commands.PauseSession() | commands.ResumeSession():
+            if not exists:
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            return []  # the sandbox's transition, not the session's: see ``pause_target``
+    return []
+
+
+def pause_target(
+    state: states.SessionState | None, command: commands.PauseSession | commands.ResumeSession
+) -> str | None:
+    """The sandbox a pause or resume acts on: the session's, while it is active. None when
+    the session moved on since the sender's snapshot (``if_last_seq``): nothing to do.
+    Raises NotFound (no such session, or another organisation's) and Conflict (a session
+    with no sandbox to pause: never used, stopped)."""
+    if state is None or state.status == "deleted" or _foreign(state, command):
+        raise errors.NotFound(f"session {command.session_id!r} does not exist")
+    precondition = getattr(command, "if_last_seq", None)
+    if precondition is not None and state.last_seq != precondition:
+        return None
+    if state.status != "active" or state.sandbox_id is None:
+        why = "it is stopped" if state.status == "stopped" else "it has none yet"
+        raise errors.Conflict(
+            f"session {command.session_id!r} has no running sandbox to pause or resume: {why}"
+        )
+    return state.sandbox_id
 
 
 def decide_assign(

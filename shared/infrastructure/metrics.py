@@ -41,6 +41,10 @@ claim_seconds = Histogram(
     "sbx_claim_seconds", "Time to get a session a running sandbox.", ["kind"], buckets=LATENCY_BUCKETS,
     registry=REGISTRY,
 )  # fmt: skip
+pause_seconds = Histogram(
+    "sbx_pause_seconds", "Time to pause (freeze and record) or resume (thaw and record) a sandbox.",
+    ["action"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
 pool_sandboxes = Gauge(
     "sbx_pool_sandboxes",
     "Sandboxes by state, as the pool-manager last counted them.",
@@ -67,7 +71,10 @@ evictions = Counter(
     registry=REGISTRY,
 )
 reaps = Counter(
-    "sbx_reaps_total", "Sessions stopped or purged by the reaper, by reason.", ["reason"], registry=REGISTRY
+    "sbx_reaps_total",
+    "Sessions paused (reason pause), stopped or purged by the reaper, by reason.",
+    ["reason"],
+    registry=REGISTRY,
 )
 audit_failures = Counter(
     "sbx_audit_failures_total",

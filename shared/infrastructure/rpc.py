@@ -54,6 +54,10 @@ def _prepare(raw: bytes) -> execution.Prepare:
     return msgspec.json.decode(raw, type=execution.Prepare)
 
 
+def _jobs(raw: bytes) -> execution.Jobs:
+    return msgspec.json.decode(raw, type=execution.Jobs)
+
+
 PROVISION_TIMEOUT = 900.0
 """How long session commands and pool requests may take: a new sandbox may need its image
 pulled first (SBX_IMAGE_PULL_TIMEOUT, 10 minutes by default). A responder that dies is
@@ -91,6 +95,15 @@ PREPARE: Family[execution.Prepare, execution.Reply] = Family(
     "executor",
     lambda t: t.exec_prepare,
     _prepare,
+    execution.decode_reply,
+    lambda e: execution.Reply(ok=False, error=e),
+    30.0,
+)
+JOBS: Family[execution.Jobs, execution.Reply] = Family(
+    "jobs request",
+    "executor",
+    lambda t: t.exec_jobs,
+    _jobs,
     execution.decode_reply,
     lambda e: execution.Reply(ok=False, error=e),
     30.0,

@@ -55,6 +55,13 @@ def _duration(env: Mapping[str, str], name: str, default: float, *, minimum: flo
     return value
 
 
+def _yes(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "false").strip().lower()
+    if raw not in ("true", "false", "1", "0", "yes", "no"):
+        raise errors.ConfigError(f"{name}={env[name]!r} must be true or false")
+    return raw in ("true", "1", "yes")
+
+
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None:
@@ -336,7 +343,14 @@ class LifecycleSettings:
     max_lifetime: float = 3600.0
     """A running session's sandbox is stopped this long after it started (``SBX_MAX_LIFETIME``)."""
     idle_timeout: float = 600.0
-    """...or after this long without a tool call (``SBX_IDLE_TIMEOUT``)."""
+    """...or after this long without a tool call (``SBX_IDLE_TIMEOUT``), paused or not."""
+    pause_timeout: float = 300.0
+    """A running session's sandbox is paused (every process frozen, memory kept) after this
+    long without a tool call, where the runtime can pause (``SBX_PAUSE_TIMEOUT``; 0: never;
+    at or above ``idle_timeout``: it is stopped first). Its next call resumes it."""
+    pause_running_jobs: bool = False
+    """Whether an idle pause may freeze a sandbox while one of its async jobs runs
+    (``SBX_PAUSE_RUNNING_JOBS=true``); by default a running job counts as activity."""
     stopped_retention: float = 86400.0
     """A stopped session (and its workspace) is purged after this long (``SBX_STOPPED_RETENTION``)."""
     reaper_interval: float = 30.0
@@ -361,6 +375,8 @@ class LifecycleSettings:
             max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
             max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),
             idle_timeout=_duration(env, "SBX_IDLE_TIMEOUT", cls.idle_timeout, minimum=1),
+            pause_timeout=_duration(env, "SBX_PAUSE_TIMEOUT", cls.pause_timeout, minimum=0),
+            pause_running_jobs=_yes(env, "SBX_PAUSE_RUNNING_JOBS"),
             stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
             reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
             caches_at_create=env.get("SBX_RUNTIME", "local").strip().lower() == "kubernetes"

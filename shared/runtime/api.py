@@ -21,7 +21,8 @@ import msgspec
 
 from shared.contract import errors
 
-SandboxStatus = Literal["created", "running", "stopped"]
+SandboxStatus = Literal["created", "running", "paused", "stopped"]
+"""``paused``: running, with every process frozen (see :meth:`Runtime.pause`)."""
 Stream = Literal["stdout", "stderr"]
 
 GiB = 1024**3
@@ -220,6 +221,23 @@ class Runtime(abc.ABC):
         is written, then stdin is closed, unless ``keep_stdin_open``: then ``Exec.send``
         writes more and ``Exec.close_stdin`` ends it (a long-lived helper process).
         Raises NotFound for an unknown id and NotRunning if the sandbox is not running."""
+
+    pausable: bool = False
+    """Whether :meth:`pause` and :meth:`resume` work here."""
+
+    async def pause(self, sandbox_id: str) -> SandboxInfo:
+        """Freeze every process of the running sandbox where it is: memory kept, no CPU
+        time, nothing enters it until :meth:`resume` (``exec`` raises NotRunning). No-op if
+        paused. Raises NotRunning if it is not running, NotBuiltYet where it cannot be done."""
+        raise errors.NotBuiltYet(f"pausing a sandbox is not available on the {self.name} runtime yet")
+
+    async def resume(self, sandbox_id: str) -> SandboxInfo:
+        """Let a paused sandbox's processes go on (no-op if running; ``start`` also resumes)."""
+        raise errors.NotBuiltYet(f"resuming a paused sandbox is not available on the {self.name} runtime yet")
+
+    async def paused(self, sandbox_id: str) -> bool:
+        """Whether the sandbox is paused (cheap: callers ask before using a helper they keep)."""
+        return False
 
     tenant_caches: bool = False
     """Whether :meth:`attach_cache` works here."""

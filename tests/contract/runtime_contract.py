@@ -152,3 +152,91 @@ class RuntimeContract:
         finally:
             for spec in (root, user):
                 await runtime.delete(spec.sandbox_id)
+
+    # ---- pause and resume ---------------------------------------------------------------
+
+    async def test_pause_is_available_or_refused_plainly(self, runtime, running):
+        """A backend that cannot pause says so with the product's "not built" error (501)
+        and leaves the sandbox running; one that can pauses and resumes idempotently."""
+        if not runtime.pausable:
+            with pytest.raises(errors.NotBuiltYet, match="not available on the .* runtime yet"):
+                await runtime.pause(running)
+            with pytest.raises(errors.NotBuiltYet):
+                await runtime.resume(running)
+            assert (await runtime.get(running)).status == "running"
+            return
+        assert (await runtime.pause(running)).status == "paused"
+        assert (await runtime.pause(running)).status == "paused"  # idempotent
+        assert (await runtime.get(running)).status == "paused" and await runtime.paused(running)
+        with pytest.raises(errors.NotRunning, match="paused"):
+            await runtime.exec(running, ["true"])
+        assert (await runtime.resume(running)).status == "running"
+        assert (await runtime.resume(running)).status == "running"  # idempotent
+        assert not await runtime.paused(running)
+        _, out, _ = await runtime.run(running, ["echo", "back"])
+        assert out == b"back\n"
+
+    async def test_a_paused_sandbox_runs_nothing_and_goes_on_where_it_was(self, runtime, running):
+        """A background process's ticks (each the time it ran) show none while paused, and
+        go on after: its memory and files are as they were."""
+        if not runtime.pausable:
+            pytest.skip(f"the {runtime.name} runtime cannot pause")
+        ticker = 'i=0; while :; do i=$((i+1)); echo "$i $(date +%s.%N)" >> /workspace/ticks; sleep 0.02; done'
+        await runtime.run(running, ["sh", "-c", f"({ticker}) >/dev/null 2>&1 </dev/null &"])
+        await _until(lambda: _ticks(runtime, running), lambda t: len(t) >= 3)
+        await runtime.pause(running)
+        paused_at = await _clock(runtime)
+        await asyncio.sleep(0.3)
+        resumed_at = await _clock(runtime)
+        await runtime.resume(running)
+        after = await _until(lambda: _ticks(runtime, running), lambda t: t[-1][1] > resumed_at)
+        assert not [t for t in after if paused_at < t[1] < resumed_at], "a tick ran while paused"
+        counts = [n for n, _ in after]
+        assert counts == list(range(1, len(counts) + 1)), "the counter went on from where it was"
+        await runtime.stop(running)  # stopping a paused-then-resumed sandbox works as ever
+        assert (await runtime.get(running)).status == "stopped"
+
+    async def test_a_paused_sandbox_stops_and_deletes(self, runtime):
+        if not runtime.pausable:
+            pytest.skip(f"the {runtime.name} runtime cannot pause")
+        spec = api.SandboxSpec(sandbox_id=new_id())
+        await runtime.create(spec)
+        await runtime.start(spec.sandbox_id)
+        await runtime.run(
+            spec.sandbox_id,
+            ["sh", "-c", "echo kept > /workspace/f; (sleep 600 >/dev/null 2>&1 </dev/null &)"],
+        )
+        await runtime.pause(spec.sandbox_id)
+        assert (await runtime.stop(spec.sandbox_id)).status == "stopped"
+        assert (await runtime.start(spec.sandbox_id)).status == "running"
+        _, out, _ = await runtime.run(
+            spec.sandbox_id, ["sh", "-c", "cat /workspace/f; pgrep -c sleep || true"]
+        )
+        assert out == b"kept\n0\n"
+        await runtime.pause(spec.sandbox_id)
+        await runtime.delete(spec.sandbox_id)
+        assert await runtime.get(spec.sandbox_id) is None
+
+
+async def _ticks(runtime: api.Runtime, sandbox_id: str) -> list[tuple[int, float]]:
+    _, out, _ = await runtime.run(sandbox_id, ["cat", "/workspace/ticks"])
+    rows = [line.split() for line in out.decode().splitlines()]
+    return [(int(n), float(t)) for n, t in (r for r in rows if len(r) == 2)]
+
+
+async def _clock(runtime: api.Runtime) -> float:
+    """The wall clock (sandboxes share the host's)."""
+    import time
+
+    return time.time()
+
+
+async def _until(get, ok, timeout: float = 30.0):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        value = await get()
+        if ok(value) or loop.time() > deadline:
+            assert ok(value), value
+            return value
+        await asyncio.sleep(0.02)

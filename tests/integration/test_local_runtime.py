@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
@@ -47,3 +48,58 @@ async def test_a_sandbox_stopped_while_a_command_enters_it_is_not_running_not_a_
         await rt.exec("racy", ["true"])
     monkeypatch.setattr(local_runtime.asyncio, "create_subprocess_exec", real)
     await rt.delete("racy")
+
+
+async def test_a_paused_sandbox_is_frozen_by_its_cgroup_and_uses_no_cpu(tmp_path):
+    """Every process of a paused sandbox is in its frozen freezer group, and a busy loop
+    in it gains no CPU time while paused (read from the host: /proc/<pid>/stat)."""
+    from pathlib import Path
+
+    from shared.runtime import api
+
+    rt = local.LocalRuntime(tmp_path / "state")
+    if not rt.pausable:
+        pytest.skip("no cgroup freezer here")
+    await rt.create(api.SandboxSpec(sandbox_id="frozen"))
+    await rt.start("frozen")
+    try:
+        await rt.run("frozen", ["sh", "-c", "(while :; do :; done) >/dev/null 2>&1 </dev/null &"])
+        name = rt._cgroup("frozen")
+        busy = 0
+        while not busy:  # the loop: the one process that keeps using CPU time
+            await asyncio.sleep(0.05)
+            busy = next((pid for pid in rt.cgroups.pids(name) if _cpu_ticks(pid) > 2), 0)
+        members = set(rt.cgroups.pids(name))
+        await rt.pause("frozen")
+        freezer = rt.cgroups._freezer(name)
+        if rt.cgroups.version == 1:
+            assert (freezer / "freezer.state").read_text().strip() == "FROZEN"
+            assert members <= set(rt.cgroups.pids_in(freezer)), "every process is in the frozen group"
+        else:
+            assert "frozen 1" in (freezer / "cgroup.events").read_text()
+        before = _cpu_ticks(busy)
+        await asyncio.sleep(0.5)  # (a spinning loop gains ~50 ticks in this time when it runs)
+        assert _cpu_ticks(busy) == before, "a paused process used CPU time"
+        await rt.resume("frozen")
+        assert (
+            (freezer / "freezer.state").read_text().strip() == "THAWED" if rt.cgroups.version == 1 else True
+        )
+        deadline = asyncio.get_running_loop().time() + 10
+        while _cpu_ticks(busy) == before and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        assert _cpu_ticks(busy) > before, "the loop runs again after resume"
+        assert Path(f"/proc/{busy}").exists()
+    finally:
+        await rt.delete("frozen")
+    assert not any(d.exists() for d in rt.cgroups.dirs(rt._cgroup("frozen")))
+
+
+def _cpu_ticks(pid: int) -> int:
+    """User plus system CPU time of a host process, in clock ticks."""
+    from pathlib import Path
+
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # (gone)
+        return 0
+    return int(fields[11]) + int(fields[12])

@@ -24,7 +24,12 @@ from tests import support
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
 RULES = settings.LifecycleSettings(
-    pool_min_idle=0, max_lifetime=3600, idle_timeout=600, stopped_retention=86400, max_stopped=10
+    pool_min_idle=0,
+    max_lifetime=3600,
+    idle_timeout=600,
+    pause_timeout=0,  # idle sandboxes stopped without a pause first (test_pause.py pauses them)
+    stopped_retention=86400,
+    max_stopped=10,
 )
 
 

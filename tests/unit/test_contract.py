@@ -148,6 +148,16 @@ EVENT_FACTORIES: dict[type, Any] = {
         session_id=SID,
         org_id="acme",
     ),
+    events.SandboxPaused: lambda: events.SandboxPaused(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        sandbox_id=SBX,
+        reason="idle",
+    ),
+    events.SandboxResumed: lambda: events.SandboxResumed(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        sandbox_id=SBX,
+        reason="call",
+    ),
     events.ProxyStarted: lambda: events.ProxyStarted(
         meta=_meta(service="proxy-scaler", instance="proxy-scaler-1a2b3c4d5e6f", session_id=None),
         proxy_id="px-3129",
@@ -236,6 +246,18 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.ClearSession: lambda: commands.ClearSession(
         command_id="cmd-6", actor=commands.Actor(via="cli", user_id="bob"), session_id=SID
     ),
+    commands.PauseSession: lambda: commands.PauseSession(
+        command_id="cmd-7",
+        actor=commands.Actor(via="reaper"),
+        session_id=SID,
+        reason="idle",
+        if_last_seq=41,
+        quiet_since=datetime(2026, 12, 3, 8, 0, tzinfo=UTC),
+        unless_jobs=True,
+    ),
+    commands.ResumeSession: lambda: commands.ResumeSession(
+        command_id="pause:key-8", correlation_id="req-8", session_id=SID
+    ),
 }
 
 REQUEST_BASE: dict[str, Any] = dict(
@@ -294,6 +316,8 @@ POOL_FACTORIES: dict[type, Any] = {
     provisioning.Start: lambda: provisioning.Start(**POOL_BASE),
     provisioning.Stop: lambda: provisioning.Stop(sandbox_id=SBX, command_id="cmd-2"),
     provisioning.Delete: lambda: provisioning.Delete(**POOL_BASE),
+    provisioning.Pause: lambda: provisioning.Pause(**POOL_BASE, reason="idle"),
+    provisioning.Resume: lambda: provisioning.Resume(**POOL_BASE, reason="call"),
 }
 
 
@@ -323,6 +347,8 @@ def test_event_tags_are_stable() -> None:
         events.SandboxLost: "sandbox.lost",
         events.SandboxProxyAssigned: "sandbox.proxy_assigned",
         events.SandboxCacheAttached: "sandbox.cache_attached",
+        events.SandboxPaused: "sandbox.paused",
+        events.SandboxResumed: "sandbox.resumed",
         events.ProxyStarted: "proxy.started",
         events.ProxyDraining: "proxy.draining",
         events.ProxyStopped: "proxy.stopped",
@@ -350,6 +376,8 @@ def test_event_tags_are_stable() -> None:
         "sandbox.lost",
         "sandbox.proxy_assigned",
         "sandbox.cache_attached",
+        "sandbox.paused",
+        "sandbox.resumed",
         "proxy.started",
         "proxy.draining",
         "proxy.stopped",
@@ -371,6 +399,8 @@ def test_command_tags_are_stable() -> None:
         commands.EnsureSession: "session.ensure",
         commands.ProvisionSandbox: "session.provision",
         commands.ClearSession: "session.clear",
+        commands.PauseSession: "session.pause",
+        commands.ResumeSession: "session.resume",
     }
 
 
@@ -532,6 +562,8 @@ def test_request_ops_are_stable() -> None:
         provisioning.Start: "start",
         provisioning.Stop: "stop",
         provisioning.Delete: "delete",
+        provisioning.Pause: "pause",
+        provisioning.Resume: "resume",
     }
 
 

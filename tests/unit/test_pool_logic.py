@@ -358,11 +358,15 @@ def _world(draw: st.DrawFn, *, stale: bool) -> tuple[list[states.SandboxState], 
 def _check_plan(sandboxes: list[states.SandboxState], specs: list[pools.PoolSpec], max_running: int) -> Any:
     plan = logic.plan(sandboxes, specs, max_running)
     by_id = {s.sandbox_id: s for s in sandboxes}
-    live = [s for s in sandboxes if s.status in ("requested", "running")]
+    # A paused sandbox holds its memory: it counts against max_running (never as idle).
+    live = [s for s in sandboxes if s.status in ("requested", "running", "paused")]
     current = {p.pool_id for p in specs}
     assert plan.running == len(live)
     assert plan.idle == {
-        p.pool_id: sum(1 for s in live if s.pool == p.pool_id and s.session_id is None) for p in specs
+        p.pool_id: sum(
+            1 for s in live if s.pool == p.pool_id and s.session_id is None and s.status != "paused"
+        )
+        for p in specs
     }
     for sandbox_id in plan.remove:  # only idle ones: of pools that are gone, or a pool's surplus
         removed = by_id[sandbox_id]

@@ -516,3 +516,75 @@ def test_pool_sandboxes_without_a_session_are_never_unowned() -> None:
     warm = sandbox("sb-w", "running", created=0, pool=POOL)
     runtime = {"sb-w": logic.RuntimeView("sb-w", "running", T0)}
     assert logic.reconcile({"sb-w": warm}, runtime, T0 + timedelta(days=1), GRACE, {}) == []
+
+
+# ---- pause before stop ------------------------------------------------------------------------
+
+PAUSE = 300.0
+PAUSING = settings.LifecycleSettings(
+    max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=PAUSE, stopped_retention=RETENTION, max_stopped=3
+)
+
+
+def pause_reaps(
+    sessions: list[states.SessionState],
+    sandboxes: list[states.SandboxState],
+    activity: dict[str, datetime] | None = None,
+    *,
+    now: datetime,
+    rules: settings.LifecycleSettings = PAUSING,
+    pausable: bool = True,
+) -> list[logic.Reap]:
+    return logic.decide_reaps(
+        sessions, {s.sandbox_id: s for s in sandboxes}, activity or {}, now, rules, pausable=pausable
+    )
+
+
+def test_an_idle_running_sandbox_is_paused_first_then_stopped_at_the_idle_timeout() -> None:
+    s, running = session(), sandbox()
+    assert pause_reaps([s], [running], now=at(PAUSE) - US) == []
+    [reap] = pause_reaps([s], [running], now=at(PAUSE))
+    assert (reap.action, reap.reason, reap.quiet_since) == ("pause", "idle", T0)
+    paused = msgspec.structs.replace(running, status="paused", paused_at=at(PAUSE))
+    assert pause_reaps([s], [paused], now=at(IDLE) - US) == []  # paused: nothing more until the stop
+    assert pause_reaps([s], [paused], now=at(IDLE)) == [logic.Reap("s1", "stop", "idle")]
+
+
+def test_the_idle_clock_of_a_pause_counts_from_the_last_call() -> None:
+    s, running = session(), sandbox()
+    called = {"s1": at(100)}
+    assert pause_reaps([s], [running], called, now=at(100 + PAUSE) - US) == []
+    [reap] = pause_reaps([s], [running], called, now=at(100 + PAUSE))
+    assert reap.action == "pause" and reap.quiet_since == at(100)
+    paused = msgspec.structs.replace(running, status="paused")
+    assert pause_reaps([s], [paused], called, now=at(100 + IDLE)) == [logic.Reap("s1", "stop", "idle")]
+
+
+def test_paused_time_counts_towards_the_lifetime() -> None:
+    paused = sandbox(status="paused")
+    called = {"s1": at(LIFETIME - 1)}  # (a paused sandbox has had no call since; this is the rule)
+    assert pause_reaps([session()], [paused], called, now=at(LIFETIME)) == [
+        logic.Reap("s1", "stop", "lifetime")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pause", "pausable"), [(0.0, True), (PAUSE, False), (IDLE, True), (IDLE + 1, True)], ids=str
+)
+def test_without_pausing_idle_sandboxes_are_stopped_as_before(pause: float, pausable: bool) -> None:
+    rules = settings.LifecycleSettings(
+        max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=pause, stopped_retention=RETENTION
+    )
+    s, running = session(), sandbox()
+    assert pause_reaps([s], [running], now=at(IDLE) - US, rules=rules, pausable=pausable) == []
+    assert pause_reaps([s], [running], now=at(IDLE), rules=rules, pausable=pausable) == [
+        logic.Reap("s1", "stop", "idle")
+    ]
+    assert logic.first_idle_step(rules, pausable) == IDLE
+
+
+def test_activity_is_looked_up_from_the_pause_timeout_on() -> None:
+    s, running = session(), sandbox()
+    assert not logic.needs_activity(s, running, at(PAUSE) - US, PAUSING, pausable=True)
+    assert logic.needs_activity(s, running, at(PAUSE), PAUSING, pausable=True)
+    assert not logic.needs_activity(s, running, at(PAUSE), PAUSING, pausable=False)

@@ -152,6 +152,14 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         events.SandboxCacheAttached,
         {"sandbox_id": SB, "session_id": "task-42", "org_id": "acme", "meta.service": "executor"},
     ),
+    "sandbox.paused.json": (
+        events.SandboxPaused,
+        {"sandbox_id": SB, "reason": "idle", "meta.service": "pool-manager", "meta.session_id": "task-42"},
+    ),
+    "sandbox.resumed.json": (
+        events.SandboxResumed,
+        {"sandbox_id": SB, "reason": "call", "meta.correlation_id": "req-0042"},
+    ),
     "proxy.started.json": (
         events.ProxyStarted,
         {"proxy_id": "px-3129", "backend": "local", "endpoint": "10.213.255.254:3129"},
@@ -220,6 +228,20 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     "session.create.minimal.json": (
         commands.CreateSession,
         {"command_id": "c-1", "session_id": "s1", "image": None, "correlation_id": None, "actor.via": "rest"},
+    ),
+    "session.pause.json": (
+        commands.PauseSession,
+        {
+            "session_id": "task-42",
+            "reason": "idle",
+            "if_last_seq": 17,
+            "unless_jobs": True,
+            "actor.via": "reaper",
+        },
+    ),
+    "session.resume.json": (
+        commands.ResumeSession,
+        {"command_id": "resume:op-2026-12-03-1", "session_id": "task-42", "actor.org_id": "acme"},
     ),
     "session.stop.json": (
         commands.StopSession,

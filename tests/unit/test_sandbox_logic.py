@@ -246,6 +246,8 @@ SANDBOX_EVENTS: dict[str, Any] = {
     "cache_attached": lambda n: events.SandboxCacheAttached(
         meta=meta(n), sandbox_id=SB, session_id=SID, org_id="acme"
     ),
+    "paused": lambda n: events.SandboxPaused(meta=meta(n), sandbox_id=SB, reason="idle"),
+    "resumed": lambda n: events.SandboxResumed(meta=meta(n), sandbox_id=SB, reason="call"),
 }
 
 #: state before (None: nothing yet) -> event -> status after. Everything absent is impossible.
@@ -270,6 +272,16 @@ SANDBOX_TRANSITIONS: dict[str | None, dict[str, str]] = {
         "lost": "lost",
         "proxy_assigned": "running",
         "cache_attached": "running",
+        "paused": "paused",
+    },
+    "paused": {
+        "resumed": "running",
+        "stopped": "stopped",
+        "deleted": "deleted",
+        "failed": "failed",
+        "lost": "lost",
+        "proxy_assigned": "paused",
+        "cache_attached": "paused",
     },
     "stopped": {
         "started": "running",
@@ -293,6 +305,8 @@ SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
     "claimed": {"session_id": SID2, "claimed_at": T0 + timedelta(seconds=8)},
     "proxy_assigned": {"proxy_id": "px-1"},
     "cache_attached": {"cache_org": "acme"},
+    "paused": {"paused_at": T0 + timedelta(seconds=8), "pause_command_id": "cmd-0"},
+    "resumed": {"paused_at": None, "pause_command_id": "cmd-0"},
 }
 
 
@@ -763,3 +777,44 @@ def test_stop_with_reason_of_stopped_session_decides_nothing() -> None:
 )
 def test_a_stack_stop_keeps_only_sessions_sandboxes(record: states.SandboxState | None, action: str) -> None:
     assert sandbox_rules.at_stack_stop(record) == action
+
+
+# ---- pause and resume ----------------------------------------------------------------------
+
+
+def test_a_pause_is_decided_only_for_a_running_sandbox_and_once_per_command() -> None:
+    def m(command_id: str) -> Any:
+        return lambda session: meta(3, command_id)
+
+    running = sandbox("running")
+    [paused_event] = sandbox_rules.decide_paused(running, SB, m("op-1"), reason="idle")
+    assert isinstance(paused_event, events.SandboxPaused) and paused_event.reason == "idle"
+    paused = sandbox_rules.evolve(running, paused_event, 5)
+    assert (paused.status, paused.paused_at, paused.pause_command_id) == (
+        "paused",
+        T0 + timedelta(seconds=3),
+        "op-1",
+    )
+    assert sandbox_rules.decide_paused(paused, SB, m("op-2")) == []  # paused already
+    for status in ("requested", "stopped", "deleted", "failed", "lost"):
+        assert sandbox_rules.decide_paused(sandbox(status), SB, m("op-1")) == []
+    assert sandbox_rules.decide_paused(None, SB, m("op-1")) == []
+    [resumed_event] = sandbox_rules.decide_resumed(paused, SB, m("call-1"), reason="call")
+    resumed = sandbox_rules.evolve(paused, resumed_event, 6)
+    assert (resumed.status, resumed.paused_at) == ("running", None)
+    assert sandbox_rules.decide_resumed(resumed, SB, m("call-2")) == []  # running already
+    # The request that paused it, retried while its pause is the last: nothing again.
+    again = msgspec.structs.replace(resumed, pause_command_id="op-1")
+    assert sandbox_rules.decide_paused(again, SB, m("op-1")) == []
+    assert len(sandbox_rules.decide_paused(resumed, SB, m("op-1"))) == 1  # after another's resume: anew
+
+
+def test_a_paused_sandbox_stops_deletes_and_counts_as_live() -> None:
+    paused = sandbox("paused", paused_at=T0)
+    assert "paused" in sandbox_rules.LIVE
+    [stopped] = sandbox_rules.decide_stopped(paused, SB, lambda s: meta(4))
+    assert sandbox_rules.evolve(paused, stopped, 9).paused_at is None
+    assert len(sandbox_rules.decide_stopped(paused, SB, lambda s: meta(4), reason="lost")) == 1
+    assert len(sandbox_rules.decide_deleted(paused, SB, lambda s: meta(4))) == 1
+    assert sandbox_rules.at_stack_stop(paused) == "stop"
+    assert len(sandbox_rules.decide_proxy_assigned(paused, SB, "px-9", lambda s: meta(4))) == 1

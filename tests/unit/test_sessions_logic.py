@@ -244,6 +244,14 @@ def clear(cid: str) -> commands.ClearSession:
     return commands.ClearSession(command_id=cid, actor=ACTOR, session_id=SID)
 
 
+def pause(cid: str = "cmd-p", sid: str = SID) -> commands.PauseSession:
+    return commands.PauseSession(command_id=cid, session_id=sid)
+
+
+def resume(cid: str = "cmd-r", sid: str = SID) -> commands.ResumeSession:
+    return commands.ResumeSession(command_id=cid, session_id=sid)
+
+
 KINDS: dict[str, Any] = {
     "create": create,
     "stop": stop,
@@ -251,6 +259,8 @@ KINDS: dict[str, Any] = {
     "ensure": ensure,
     "provision": provision,
     "clear": clear,
+    "pause": pause,
+    "resume": resume,
 }
 #: Status a command leaves the session in whenever it appends an event.
 STATUS_AFTER = {
@@ -260,6 +270,8 @@ STATUS_AFTER = {
     commands.StopSession: "stopped",
     commands.DeleteSession: "deleted",
     commands.ClearSession: "deleted",
+    commands.PauseSession: "never",  # the sandbox's transition: no session event
+    commands.ResumeSession: "never",
 }
 SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(
@@ -313,7 +325,13 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                 assert isinstance(command, commands.CreateSession)
                 produced = []
             except errors.NotFound:
-                assert isinstance(command, commands.StopSession | commands.DeleteSession)
+                assert isinstance(
+                    command,
+                    commands.StopSession
+                    | commands.DeleteSession
+                    | commands.PauseSession
+                    | commands.ResumeSession,
+                )
                 produced = []
             if is_dup:  # a retry never transitions again, even after an assign/release
                 assert produced == []

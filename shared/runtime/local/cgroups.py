@@ -3,11 +3,15 @@ build machines have) or the v2 unified hierarchy, whichever offers the controlle
 
 Each sandbox gets a group named ``sbx-<token>`` under a parent ``sbx``; processes join
 it by writing their pid to the group's ``cgroup.procs`` (in every controller on v1).
+Where the freezer is there (v1: a ``freezer`` mount; v2: ``cgroup.freeze``), a group can
+be frozen whole (a paused sandbox: every process stopped where it is, memory kept, no
+CPU time) and thawed again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import time
@@ -20,7 +24,11 @@ from shared.runtime import api
 ROOT = Path("/sys/fs/cgroup")
 PARENT = "sbx"
 V1_CONTROLLERS = ("memory", "cpu", "pids")
+V1_FREEZER = "freezer"
 CPU_PERIOD_US = 100_000
+FREEZE_TIMEOUT = 5.0
+"""How long a freeze may take (a process in uninterruptible sleep delays it) before the
+group is thawed again and the pause refused."""
 
 
 @dataclass(frozen=True)
@@ -42,9 +50,18 @@ class Cgroups:
             "(cgroup v1 mounts under /sys/fs/cgroup/<controller> or v2 with them enabled) and root"
         )
 
-    def dirs(self, name: str) -> list[Path]:
+    @functools.cached_property
+    def can_freeze(self) -> bool:
+        """Whether groups can be frozen here."""
         if self.version == 1:
-            return [self.root / c / PARENT / name for c in V1_CONTROLLERS]
+            return (self.root / V1_FREEZER / "cgroup.procs").exists()
+        return (self.root / "cgroup.controllers").exists()  # every v2 group has cgroup.freeze (5.2+)
+
+    def dirs(self, name: str) -> list[Path]:
+        """The group's directories: memory, cpu, pids (v1), then the freezer's if any."""
+        if self.version == 1:
+            controllers = (*V1_CONTROLLERS, V1_FREEZER) if self.can_freeze else V1_CONTROLLERS
+            return [self.root / c / PARENT / name for c in controllers]
         return [self.root / PARENT / name]
 
     def create(self, name: str, limits: api.Limits) -> None:
@@ -58,7 +75,7 @@ class Cgroups:
                 d.mkdir(parents=True, exist_ok=True)
             quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
             if self.version == 1:
-                mem, cpu, pids = self.dirs(name)
+                mem, cpu, pids = self.dirs(name)[:3]
                 _write(mem / "memory.limit_in_bytes", str(limits.memory_bytes))
                 if (mem / "memory.memsw.limit_in_bytes").exists():
                     _write(mem / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
@@ -88,12 +105,15 @@ class Cgroups:
         return [int(p) for p in text.split()]
 
     def kill_all(self, name: str, timeout: float = 5.0) -> None:
-        """SIGKILL every process in the group until it is empty."""
+        """SIGKILL every process in the group until it is empty (a frozen group is thawed
+        once they are signalled: they die as they wake, running nothing more)."""
         deadline = time.monotonic() + timeout
         while pids := self.pids(name):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+            if self.frozen(name):
+                self.thaw(name)
             if time.monotonic() > deadline:
                 raise errors.InfrastructureError(f"cgroup {name} still has processes {pids[:5]}")
             time.sleep(0.01)
@@ -110,6 +130,84 @@ class Cgroups:
                     time.sleep(0.01)
                     continue
                 break
+
+    # ---- freezer -----------------------------------------------------------------------
+
+    def _freezer(self, name: str) -> Path:
+        return self.root / V1_FREEZER / PARENT / name if self.version == 1 else self.root / PARENT / name
+
+    def frozen(self, name: str) -> bool:
+        """Whether the group is frozen or being frozen (False where there is no freezer)."""
+        if not self.can_freeze:
+            return False
+        try:
+            if self.version == 1:
+                return (self._freezer(name) / "freezer.state").read_text().strip() != "THAWED"
+            return (self._freezer(name) / "cgroup.freeze").read_text().strip() == "1"
+        except OSError:
+            return False
+
+    def _settled(self, name: str) -> bool:
+        if self.version == 1:
+            return (self._freezer(name) / "freezer.state").read_text().strip() == "FROZEN"
+        return "frozen 1" in (self._freezer(name) / "cgroup.events").read_text().splitlines()
+
+    def _adopt(self, name: str) -> bool:
+        """Move into the freezer group any process of the group that is not in it (one
+        started before the sandbox's processes joined the freezer); True if none was missing."""
+        if self.version == 2:
+            return True
+        inside = set(self.pids_in(self._freezer(name)))
+        missing = [pid for pid in self.pids(name) if pid not in inside]
+        for pid in missing:
+            with contextlib.suppress(OSError):  # (gone meanwhile)
+                _write(self._freezer(name) / "cgroup.procs", str(pid))
+        return not missing
+
+    @staticmethod
+    def pids_in(directory: Path) -> list[int]:
+        try:
+            return [int(p) for p in (directory / "cgroup.procs").read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def freeze(self, name: str, timeout: float = FREEZE_TIMEOUT) -> None:
+        """Freeze every process of the group; returns once all are frozen. Raises NotBuiltYet
+        where there is no freezer, InfrastructureError (the group thawed again) when the
+        freeze does not settle in ``timeout``."""
+        if not self.can_freeze:
+            raise errors.NotBuiltYet("this machine has no cgroup freezer: sandboxes cannot be paused here")
+        directory = self._freezer(name)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self._adopt(name)
+            _write(directory / ("freezer.state" if self.version == 1 else "cgroup.freeze"),
+                   "FROZEN" if self.version == 1 else "1")  # fmt: skip
+            deadline = time.monotonic() + timeout
+            delay = 0.0002
+            # A process forked while the others were moved may have escaped: moved into a
+            # frozen group, it freezes too.
+            while not (self._settled(name) and self._adopt(name)):
+                if time.monotonic() > deadline:
+                    self.thaw(name)
+                    raise errors.InfrastructureError(f"cgroup {name} did not freeze within {timeout:g} s")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.01)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.thaw(name)
+            raise errors.InfrastructureError(f"cannot freeze cgroup {name}: {exc}") from exc
+
+    def thaw(self, name: str) -> None:
+        """Let every process of the group run again (nothing to do if it is not frozen)."""
+        directory = self._freezer(name)
+        if not self.can_freeze or not directory.exists():
+            return
+        try:
+            _write(directory / ("freezer.state" if self.version == 1 else "cgroup.freeze"),
+                   "THAWED" if self.version == 1 else "0")  # fmt: skip
+        except OSError as exc:
+            raise errors.InfrastructureError(f"cannot thaw cgroup {name}: {exc}") from exc
 
 
 def _write(path: Path, value: str) -> None:

@@ -243,6 +243,7 @@ class LocalRuntime(api.Runtime):
                 self._cgroups = cgroups.Cgroups.detect()
             except errors.ConfigError as exc:  # reported on use, so the service still runs and says why
                 self._cgroups_error = exc
+        self.pausable = self._cgroups is not None and self._cgroups.can_freeze
 
     def _nofile(self, spec: api.SandboxSpec) -> int:
         return bwrap.nofile(spec.limits.pids, self._file_max)
@@ -283,7 +284,7 @@ class LocalRuntime(api.Runtime):
             return None
         spec, created_at = record
         if self._running(d) is not None:
-            status: api.SandboxStatus = "running"
+            status: api.SandboxStatus = "paused" if self._frozen(d) else "running"
         elif (d / "started").exists():
             status = "stopped"
         else:
@@ -298,6 +299,9 @@ class LocalRuntime(api.Runtime):
 
     async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
         return self._info(self._dir(sandbox_id))
+
+    def _frozen(self, d: Path) -> bool:
+        return self._cgroups is not None and self._cgroups.frozen(f"sbx-{d.name}")
 
     async def _require(self, sandbox_id: str) -> api.SandboxInfo:
         info = await self.get(sandbox_id)
@@ -558,6 +562,8 @@ class LocalRuntime(api.Runtime):
         info = await self._require(sandbox_id)
         if info.status == "running":
             return info
+        if info.status == "paused":
+            return await self.resume(sandbox_id)
         d = self._dir(sandbox_id)
         spec = info.spec
         if problem := self.disk.space_problem(self.state_dir):
@@ -703,6 +709,34 @@ class LocalRuntime(api.Runtime):
         await self._require(sandbox_id)
         return await asyncio.to_thread(self.caches.attach, self._dir(sandbox_id).name, key)
 
+    async def pause(self, sandbox_id: str) -> api.SandboxInfo:
+        """Freeze every process of the running sandbox (its cgroup's freezer): memory and
+        open files kept, no CPU time, nothing runs until :meth:`resume`. Its network link
+        and mounts stay; a command cannot enter it meanwhile (NotRunning)."""
+        info = await self._require(sandbox_id)
+        if info.status == "paused":
+            return info
+        if info.status != "running":
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}: nothing to pause")
+        await asyncio.to_thread(self.cgroups.freeze, self._cgroup(sandbox_id))
+        if self._running(self._dir(sandbox_id)) is None:  # it stopped meanwhile: nothing was paused
+            await asyncio.to_thread(self.cgroups.thaw, self._cgroup(sandbox_id))
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} stopped while it was being paused")
+        return msgspec.structs.replace(info, status="paused")
+
+    async def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        """Thaw a paused sandbox: its processes go on where they were."""
+        info = await self._require(sandbox_id)
+        if info.status == "paused":
+            self.cgroups.thaw(self._cgroup(sandbox_id))  # one small write: not worth a thread
+            return msgspec.structs.replace(info, status="running")
+        if info.status != "running":
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not paused")
+        return info
+
+    async def paused(self, sandbox_id: str) -> bool:
+        return self._frozen(self._dir(sandbox_id))
+
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         """Every process killed, and nothing of the host held while stopped: its cgroup
         removed, its cache slot and its filesystem unmounted (its files stay; a start
@@ -749,6 +783,8 @@ class LocalRuntime(api.Runtime):
         running = self._running(d)
         if running is None:
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
+        if info.status == "paused":  # (a process joining a frozen group would freeze at once)
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is paused: resume it first")
         uid = 0 if info.spec.run_as_root else pin.uid
         full_env = {
             "PATH": bwrap.PATH,
