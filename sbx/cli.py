@@ -1,4 +1,6 @@
-"""The ``sbx`` command line (typer). Each subcommand is a thin call into a module."""
+"""The ``sbx`` command line: one typer app for every command (docs/cli.md). Each command is
+a thin call into a module; what every command shares is here and in :mod:`sbx.exits`
+(exit codes) and :mod:`sbx.bars` (progress bars)."""
 
 from __future__ import annotations
 
@@ -6,21 +8,44 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
+import typer.core
 
-from sbx import stack
+from sbx import exits, stack
 from sbx_client import cli as client_cli
-from shared.contract import errors
 
+
+class _Commands(typer.core.TyperGroup):
+    """Runs every command (and the parsing of ``sbx``'s own options, where ``-h`` and ``-V``
+    print) inside :func:`exits.guard`: one place turns errors, Ctrl-C and a closed pipe
+    into a line on stderr and an exit code."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        with exits.guard():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: Any) -> Any:
+        with exits.guard():
+            return super().invoke(ctx)
+
+
+_SETTINGS: dict[str, Any] = {
+    "no_args_is_help": True,
+    # Plain help, as click prints it: typer's rich help panel prints a type for every
+    # option, `<bool>` for flags (--json, --follow, -h itself), which take no value; the
+    # plain formatter leaves flags bare (typer/rich_utils.py::_print_options_panel versus
+    # TyperOption.get_help_record, typer 0.29).
+    "rich_markup_mode": None,
+    "context_settings": {"help_option_names": ["-h", "--help"]},
+}
 app = typer.Typer(
     name="sbx",
-    help="Cloud Agent Sandbox: run a stack locally and inspect any stack.",
-    no_args_is_help=True,
+    cls=_Commands,
     add_completion=False,
     pretty_exceptions_enable=False,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    **_SETTINGS,
 )
 
 
@@ -43,33 +68,28 @@ def _main(
         typer.Option("--version", "-V", help="Print the version and exit.", callback=_version, is_eager=True),
     ] = False,
 ) -> None:
-    """Cloud Agent Sandbox: run a stack locally and inspect any stack."""
+    """Cloud Agent Sandbox: run a stack locally and inspect any stack.
+
+    Exit codes: 0 success, 1 failure, 2 usage or configuration error, 75 temporary
+    failure (NATS or a registry did not answer: retry), 130 Ctrl-C, 141 output closed.
+    """
 
 
-T = TypeVar("T")
 StateDir = Annotated[
     Path | None,
-    typer.Option("--state-dir", help="State directory of the stack (default: $SBX_STATE_DIR or .sbx/)."),
+    typer.Option(
+        "--state-dir", metavar="DIR", help="State directory of the stack (default: $SBX_STATE_DIR or .sbx/)."
+    ),
 ]
-Json = Annotated[bool, typer.Option("--json", help="Machine-readable output.")]
+Json = Annotated[bool, typer.Option("--json", help="Print one JSON object (docs/cli.md).")]
 
 
 def _run(coro: Coroutine[Any, Any, int]) -> None:
-    from shared.infrastructure import logs  # imported here: `sbx exec` never needs it
+    from shared.infrastructure import logs  # imported here: only the commands that run a loop
 
     # Library chatter (reconnect attempts while NATS starts) is not for the operator.
     logs.configure(service="sbx", instance=str(os.getpid()), level="error", fmt="console")
-    try:
-        code = asyncio.run(coro)
-    except errors.SandboxError as exc:
-        typer.echo(f"sbx: error: {exc.message}", err=True)
-        raise typer.Exit(2 if isinstance(exc, errors.ConfigError | errors.Conflict) else 1) from None
-    except KeyboardInterrupt:
-        code = 130
-    except BrokenPipeError:  # `sbx events | head`
-        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
-        code = 0
-    raise typer.Exit(code)
+    raise typer.Exit(asyncio.run(coro))
 
 
 def _with_stack(state_dir: Path | None, action: Callable[..., Awaitable[int]], **kwargs: object) -> None:
@@ -89,11 +109,15 @@ def _with_stack(state_dir: Path | None, action: Callable[..., Awaitable[int]], *
 
 @app.command("up")
 def up_command(
-    host: Annotated[str, typer.Option(help="Address the gateway listens on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Gateway port (0 picks a free one).", min=0, max=65535)] = 8080,
+    host: Annotated[
+        str, typer.Option(metavar="ADDRESS", help="Address the gateway listens on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(metavar="PORT", help="Gateway port (0 picks a free one).", min=0, max=65535)
+    ] = 8080,
     state_dir: StateDir = None,
     nats_port: Annotated[
-        int, typer.Option(help="Port of the embedded NATS server.", min=1, max=65535)
+        int, typer.Option(metavar="PORT", help="Port of the embedded NATS server.", min=1, max=65535)
     ] = 4222,
 ) -> None:
     """Start NATS (unless NATS_URL is set) and all six services; stop them on Ctrl-C."""
@@ -114,12 +138,13 @@ def down_command(
             "--purge", help="Then delete every sandbox (sessions' too) and remove the state directory."
         ),
     ] = False,
+    json: Json = False,
 ) -> None:
     """Stop a stack: its running `sbx up` (as Ctrl-C does), or what one that crashed left
     behind. Sessions' sandboxes stop with their files kept; the rest is removed."""
     from sbx import down
 
-    _run(down.run(stack.state_dir(state_dir, os.environ), os.environ, purge=purge))
+    _run(down.run(stack.state_dir(state_dir, os.environ), os.environ, purge=purge, as_json=json))
 
 
 @app.command("status")
@@ -134,13 +159,13 @@ def status_command(state_dir: StateDir = None, json: Json = False) -> None:
 
 @app.command("events")
 def events_command(
-    session: Annotated[str | None, typer.Option(help="Only this session's events.")] = None,
+    session: Annotated[str | None, typer.Option(metavar="ID", help="Only this session's events.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
-    since: Annotated[int, typer.Option(help="Start at this stream sequence.", min=1)] = 1,
+    since: Annotated[int, typer.Option(metavar="SEQ", help="Start at this stream sequence.", min=1)] = 1,
     state_dir: StateDir = None,
-    json: Json = False,
+    json: Annotated[bool, typer.Option("--json", help="One JSON object a line (NDJSON).")] = False,
 ) -> None:
-    """Print the audit stream (one JSON object a line with --json)."""
+    """Print the audit stream (then exit, or keep following it with --follow)."""
     from sbx import observe
 
     _with_stack(state_dir, observe.follow_events, session=session, follow=follow, as_json=json, since=since)
@@ -159,8 +184,7 @@ def replay_command(
 ) -> None:
     """Fold the whole event stream into fresh projections and compare with (or rewrite) the live KV."""
     if verify and rebuild:
-        typer.echo("sbx: error: choose one of --verify and --rebuild", err=True)
-        raise typer.Exit(2)
+        raise exits.fail("choose one of --verify and --rebuild", exits.USAGE)
     from sbx import observe
 
     _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
@@ -168,7 +192,9 @@ def replay_command(
 
 @app.command("replicas")
 def replicas_command(
-    copies: Annotated[int, typer.Argument(help="Copies of every stream and bucket (1-5).", min=1, max=5)],
+    copies: Annotated[
+        int, typer.Argument(metavar="COPIES", help="Copies of every stream and bucket (1-5).", min=1, max=5)
+    ],
     state_dir: StateDir = None,
     json: Json = False,
 ) -> None:
@@ -181,44 +207,35 @@ def replicas_command(
 
 image_app = typer.Typer(
     help="Images of the local runtime: pulled from registries, registered, and the built-in default.",
-    no_args_is_help=True,
+    **_SETTINGS,
 )
 app.add_typer(image_app, name="image")
 
 
-def _image_action(action: Callable[[], T]) -> T:
-    try:
-        return action()
-    except errors.SandboxError as exc:
-        typer.echo(f"sbx: error: {exc.message}", err=True)
-        raise typer.Exit(2) from None
-
-
-def _image_store(state_dir: Path | None):
-    from sbx import images
-
-    return images.open_local(stack.state_dir(state_dir, os.environ), dict(os.environ)).images
+def _state(state_dir: Path | None) -> Path:
+    return stack.state_dir(state_dir, os.environ)
 
 
 @image_app.command("pull")
 def image_pull(
     reference: Annotated[
-        str, typer.Argument(help="An image reference: python:3.12-slim, ghcr.io/org/img:tag, ...")
+        str,
+        typer.Argument(
+            metavar="REFERENCE", help="An image reference: python:3.12-slim, ghcr.io/org/img:tag, ..."
+        ),
     ],
     refresh: Annotated[
         bool, typer.Option(help="Resolve a tag at its registry again even if pulled before.")
     ] = True,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     state_dir: StateDir = None,
+    json: Json = False,
 ) -> None:
     """Pull an image into this machine's layer store (registry settings: SBX_REGISTRIES_FILE)."""
     from sbx import images
 
-    _run(
-        images.pull(
-            stack.state_dir(state_dir, os.environ), dict(os.environ), reference, refresh=refresh, quiet=quiet
-        )
-    )
+    env = dict(os.environ)
+    _run(images.pull(_state(state_dir), env, reference, refresh=refresh, quiet=quiet, as_json=json))
 
 
 @image_app.command("list")
@@ -227,8 +244,7 @@ def image_list(state_dir: StateDir = None, json: Json = False) -> None:
     registered, and ``default`` (the host's system directories)."""
     from sbx import images
 
-    rows = _image_action(lambda: images.listing(stack.state_dir(state_dir, os.environ), dict(os.environ)))
-    images.print_listing(rows, json)
+    images.print_listing(images.listing(_state(state_dir), dict(os.environ)), json)
 
 
 @image_app.command("prune")
@@ -236,37 +252,96 @@ def image_prune(
     keep: Annotated[
         str,
         typer.Option(
-            help="Keep unused images up to this much unpacked (e.g. 20GiB); 0 removes every unused one."
+            metavar="SIZE",
+            help="Keep unused images up to this much unpacked (e.g. 20GiB); 0 removes every unused one.",
         ),
     ] = "0",
     state_dir: StateDir = None,
+    json: Json = False,
 ) -> None:
     """Remove pulled images no sandbox uses, least recently used first, and their layers
     no other image has. An image a sandbox uses is never removed."""
     from sbx import images
     from shared.infrastructure import settings
 
-    keep_bytes = _image_action(lambda: settings.parse_size(keep, name="--keep"))
-    _image_action(lambda: images.prune(stack.state_dir(state_dir, os.environ), dict(os.environ), keep_bytes))
+    keep_bytes = settings.parse_size(keep, name="--keep")
+    images.prune(_state(state_dir), dict(os.environ), keep_bytes, as_json=json)
 
 
 @image_app.command("add")
-def image_add(name: str, rootfs: Path, state_dir: StateDir = None) -> None:
+def image_add(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The name sandboxes ask for.")],
+    rootfs: Annotated[
+        Path, typer.Argument(metavar="ROOTFS", help="A root filesystem directory (with bin/sh).")
+    ],
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
     """Register a root filesystem directory under NAME (used in place, never modified)."""
-    _image_action(lambda: _image_store(state_dir).add_rootfs(name, rootfs))
-    typer.echo(f"registered {name} -> {rootfs}")
+    from sbx import images
+
+    images.add(_state(state_dir), dict(os.environ), name, rootfs, as_json=json)
 
 
 @image_app.command("import")
-def image_import(name: str, archive: Path, state_dir: StateDir = None) -> None:
+def image_import(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The name sandboxes ask for.")],
+    archive: Annotated[
+        Path, typer.Argument(metavar="ARCHIVE", help="A `docker save` tar, an OCI layout tar or directory.")
+    ],
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
     """Unpack a `docker save` or OCI layout archive and register it under NAME."""
-    _image_action(lambda: _image_store(state_dir).import_archive(name, archive))
-    typer.echo(f"imported {name} from {archive}")
+    from sbx import images
+
+    images.import_archive(_state(state_dir), dict(os.environ), name, archive, as_json=json)
 
 
 # exec, release, route: the agent-host client's commands (sbx_client.cli, the light
 # distribution's own `sbx-host`); `sbx.entry` starts them without importing this module.
 client_cli.register(app)
+
+
+# ---- pause, resume: a session's sandbox, for operators (issue 22) ---------------------------
+
+
+async def _pause_or_resume(nc: Any, topology: Any, *, session: str, pause: bool, as_json: bool) -> int:
+    import json as json_module
+
+    from shared.contract import codec, commands, ids
+    from shared.infrastructure import rpc
+
+    kind = commands.PauseSession if pause else commands.ResumeSession
+    reply = await rpc.SessionClient(nc, topology).call(
+        kind(command_id=ids.new_id(), session_id=session, actor=commands.Actor(via="cli"))
+    )
+    sandbox = reply.sandbox
+    if as_json:
+        typer.echo(json_module.dumps({"changed": reply.appended > 0, "sandbox": codec.to_builtins(sandbox)}))
+    elif sandbox is not None:
+        done = ("paused" if pause else "resumed") if reply.appended else f"already {sandbox.status}"
+        typer.echo(f"{session}: sandbox {sandbox.sandbox_id} {done}")
+    return 0
+
+
+def _pause_command(session: str, state_dir: Path | None, json: bool, *, pause: bool) -> None:
+    from shared.contract import ids
+
+    ids.validate_session_id(session)  # before connecting: a bad id touches nothing
+    _with_stack(state_dir, _pause_or_resume, session=session, pause=pause, as_json=json)
+
+
+@app.command("pause")
+def pause_command(session: str, state_dir: StateDir = None, json: Json = False) -> None:
+    """Pause SESSION's sandbox: every process frozen, memory kept; its next call resumes it."""
+    _pause_command(session, state_dir, json, pause=True)
+
+
+@app.command("resume")
+def resume_command(session: str, state_dir: StateDir = None, json: Json = False) -> None:
+    """Resume SESSION's paused sandbox (its next call would too)."""
+    _pause_command(session, state_dir, json, pause=False)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,13 +28,13 @@ import structlog
 from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
-from sbx import natsd, stack, supervisor
+from sbx import natsd, observe, stack, supervisor
 from shared.contract import commands, errors, events, ids, states, subjects
 from shared.domain import projections
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules
-from shared.infrastructure import aggregates, bus, eventstore, projector, settings
+from shared.infrastructure import aggregates, eventstore, projector, settings
 from shared.runtime import api, backends
 
 log = structlog.get_logger(__name__)
@@ -246,7 +247,7 @@ async def _connect(
     """Connected, or None if it does not answer (within 10 s of ``server`` starting)."""
     for _ in range(100 if server is not None else 1):
         try:
-            return await bus.connect(bus_settings, who, connect_timeout=3 if server is None else 1)
+            return await observe.connect_bus(bus_settings, who, wait=3 if server is None else 1)
         except errors.Unavailable:
             if server is not None and server.poll() is not None:
                 return None
@@ -269,18 +270,20 @@ def _spawn_nats(state_dir: Path, token: str) -> tuple[subprocess.Popen[bytes], i
     return server, port
 
 
-async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False) -> int:
+async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False, as_json: bool = False) -> int:
     """``sbx down``: stop the stack of ``state_dir`` — the running ``sbx up`` (told to stop,
     as Ctrl-C does), or what a stack that crashed left behind; ``purge``: then delete every
-    sandbox and remove the state dir."""
+    sandbox and remove the state dir. Notes go to stderr; ``as_json``: the report to stdout."""
+    report = {"state_dir": str(state_dir), "up_pid": None, **asdict(Released()), "removed": False}
     if not await asyncio.to_thread(state_dir.is_dir):
         supervisor.say(f"nothing to stop: {state_dir}/ does not exist")
-        return 0
+        return _report(report, as_json)
     if purge:
         await asyncio.to_thread(_check_removable, state_dir)
     backend = settings.RuntimeSettings.from_env(env).backend
     holder = stack.lock_holder(state_dir)
     if holder:
+        report["up_pid"] = holder
         supervisor.say(f"stopping `sbx up` (pid {holder})...")
         with contextlib.suppress(ProcessLookupError):
             os.kill(holder, signal.SIGTERM)
@@ -290,6 +293,7 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False) -
     try:
         async with _stack_nats(state_dir, env) as (nc, namespace):
             released = await release(state_dir, nc, namespace, backend, purge=purge)
+        report.update(asdict(released))
         if not holder or released.stopped or released.deleted or released.proxies:
             supervisor.say(released.summary())
         stack.StackInfo.path(state_dir).unlink(missing_ok=True)
@@ -302,6 +306,13 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False) -
     if doomed is not None:
         await backends.remove_state(backend, doomed)
         supervisor.say(f"removed {state_dir}/")
+        report["removed"] = True
+    return _report(report, as_json)
+
+
+def _report(report: dict[str, object], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps(report, indent=2))
     return 0
 
 

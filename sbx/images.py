@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sbx import bars
 from shared.contract import errors, events, ids, references
 from shared.infrastructure import settings
 from shared.runtime import backends
@@ -37,20 +38,17 @@ class _Bar:
         from rich.progress import (
             BarColumn,
             DownloadColumn,
-            Progress,
             TextColumn,
             TimeRemainingColumn,
             TransferSpeedColumn,
         )
 
-        self.display = Progress(
+        self.display = bars.display(
             TextColumn("{task.description}"),
             BarColumn(),
             DownloadColumn(),
             TransferSpeedColumn(),
             TimeRemainingColumn(),
-            console=None,
-            transient=False,
         )
         self._tasks: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -86,12 +84,14 @@ class _Bar:
                     self.display.update(self._total, description=f"layers {self._done}/{self._count}")
 
 
-async def pull(state_dir: Path, env: dict[str, str], reference: str, *, refresh: bool, quiet: bool) -> int:
+async def pull(
+    state_dir: Path, env: dict[str, str], reference: str, *, refresh: bool, quiet: bool, as_json: bool
+) -> int:
     ref = references.parse(reference)  # a bad reference: said before anything else
     runtime = open_local(state_dir, env)
     recorder = await _Recorder.open(state_dir, env)
     await recorder.record(events.ImagePullStarted(meta=recorder.meta(), reference=str(ref)))
-    bar = None if quiet or not sys.stderr.isatty() else _Bar()
+    bar = _Bar() if bars.wanted(as_json=as_json, quiet=quiet) else None
     try:
         with bar.display if bar is not None else contextlib.nullcontext():
             pulled = await runtime.pull(reference, refresh=refresh, progress=bar)
@@ -105,8 +105,13 @@ async def pull(state_dir: Path, env: dict[str, str], reference: str, *, refresh:
         raise
     if pulled is None:
         await recorder.close()
-        what = "built in" if reference == DEFAULT else "a registered image"
-        print(f"{reference} is {what}: nothing to pull")
+        kind = "built-in" if reference == DEFAULT else "registered"
+        nothing = dict.fromkeys(("digest", "size", "layers", "fetched", "seconds"))
+        _say(
+            {"reference": reference, "kind": kind, "pulled": False, **nothing},
+            f"{reference} is {'built in' if kind == 'built-in' else 'a registered image'}: nothing to pull",
+            as_json,
+        )
         return 0
     await recorder.record(
         events.ImagePulled(
@@ -120,11 +125,27 @@ async def pull(state_dir: Path, env: dict[str, str], reference: str, *, refresh:
         )
     )
     await recorder.close()
-    print(
+    report = {
+        "reference": pulled.reference,
+        "kind": "pulled",
+        "pulled": True,
+        "digest": pulled.digest,
+        "size": pulled.size,
+        "layers": pulled.layers,
+        "fetched": pulled.fetched,
+        "seconds": round(pulled.seconds, 3),
+    }
+    text = (
         f"{pulled.reference}@{pulled.digest}: {pulled.layers} layers ({pulled.fetched} downloaded), "
         f"{_size(pulled.size)} in {pulled.seconds:.1f}s"
     )
+    _say(report, text, as_json)
     return 0
+
+
+def _say(report: dict[str, Any], text: str, as_json: bool) -> None:
+    """A command's one report: ``report`` as one JSON object, or ``text``."""
+    print(json.dumps(report, indent=2) if as_json else text)
 
 
 def listing(state_dir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -133,7 +154,7 @@ def listing(state_dir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
 
 def print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps({"images": rows}, indent=2))
         return
     print(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>9} {'LAST USED':<25} SANDBOXES")
     for row in rows:
@@ -146,12 +167,28 @@ def print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
         )
 
 
-def prune(state_dir: Path, env: dict[str, str], keep_bytes: int) -> tuple[int, int]:
+def prune(state_dir: Path, env: dict[str, str], keep_bytes: int, *, as_json: bool) -> None:
     removed, freed = open_local(state_dir, env).prune_images(keep_bytes)
+    if as_json:
+        _say({"removed": removed, "freed": freed, "keep": keep_bytes}, "", as_json)
+        return
     for image in removed:
         print(f"removed {image}")
     print(f"{len(removed)} images removed, {_size(freed)} of layers freed")
-    return len(removed), freed
+
+
+def add(state_dir: Path, env: dict[str, str], name: str, rootfs: Path, *, as_json: bool) -> None:
+    open_local(state_dir, env).images.add_rootfs(name, rootfs)
+    report = {"name": name, "kind": "registered", "source": str(rootfs)}
+    _say(report, f"registered {name} -> {rootfs}", as_json)
+
+
+def import_archive(state_dir: Path, env: dict[str, str], name: str, archive: Path, *, as_json: bool) -> None:
+    store = open_local(state_dir, env).images
+    with bars.counting("unpacking", "layers", shown=bars.wanted(as_json=as_json)) as progress:
+        store.import_archive(name, archive, progress=progress)
+    report = {"name": name, "kind": "registered", "source": str(archive)}
+    _say(report, f"imported {name} from {archive}", as_json)
 
 
 def _size(count: int) -> str:

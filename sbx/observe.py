@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 from collections import Counter
@@ -9,16 +11,35 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nats.aio.client import Client
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
-from sbx import stack
-from shared.contract import codec, events, ids, subjects
+from sbx import bars, stack
+from shared.contract import codec, errors, events, ids, subjects
 from shared.domain import projections
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings
 
+CONNECT_WAIT = 5.0
+"""How long a command waits for NATS to answer before it gives up (exit 75)."""
+
+
+async def connect_bus(
+    bus_settings: settings.BusSettings, who: str = "sbx-cli", wait: float = CONNECT_WAIT
+) -> Client:
+    """Connected, or Unavailable after ``wait`` seconds: the client itself would retry a
+    first connect for ever (nats-py 2.16 with unlimited reconnects), which a service
+    starting before NATS wants and a command does not."""
+    try:
+        async with asyncio.timeout(wait):
+            return await bus.connect(bus_settings, who, connect_timeout=min(3.0, wait))
+    except TimeoutError:
+        raise errors.Unavailable(
+            f"cannot connect to NATS at {bus_settings.nats_url}: no answer within {wait:.0f}s"
+        ) from None
+
 
 async def connect(bus_settings: settings.BusSettings) -> tuple[Client, subjects.Topology]:
-    nc = await bus.connect(bus_settings, "sbx-cli", connect_timeout=3)
-    return nc, subjects.Topology(bus_settings.namespace)
+    return await connect_bus(bus_settings), subjects.Topology(bus_settings.namespace)
 
 
 # ---- status -----------------------------------------------------------------
@@ -34,8 +55,8 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phas
         print(f"sbx: no health reports ({type(exc).__name__}: {exc})", file=sys.stderr)
         reports = []
     store = eventstore.EventStore(js, topology)
-    sessions = await (await projector.ProjectionStore.open(js, projections.SESSIONS, store)).all()
-    sandboxes = await (await projector.ProjectionStore.open(js, projections.SANDBOXES, store)).all()
+    sessions = await _all(js, projections.SESSIONS, store)
+    sandboxes = await _all(js, projections.SANDBOXES, store)
     sandbox_counts = Counter(s.status for s in sandboxes.values())
     idle = sum(1 for s in sandboxes.values() if s.pool and s.session_id is None and s.status == "running")
     now = datetime.now(UTC)
@@ -92,6 +113,15 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phas
     return 1 if missing else 0
 
 
+async def _all(js: JetStreamContext, projection: Any, store: eventstore.EventStore) -> dict[str, Any]:
+    """Every entry of a projection; none if its bucket was never made (nothing has
+    started in this namespace yet)."""
+    try:
+        return await (await projector.ProjectionStore.open(js, projection, store)).all()
+    except NotFoundError:
+        return {}
+
+
 # ---- events -----------------------------------------------------------------
 
 
@@ -122,19 +152,22 @@ async def follow_events(
             topology.aggregate_subject(subjects.SESSION, sid),
             topology.aggregate_subject(subjects.EXEC, sid),
         ]
-    async for stored in store.read(subject, start_seq=since, follow=follow):
-        if as_json:
-            print(json.dumps(event_record(stored)), flush=True)
-        else:
-            meta = stored.event.meta
-            who = " ".join(f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v)
-            print(
-                f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
-                f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
-                f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]",
-                flush=True,
-            )
+    # Closed here, while NATS is still connected, whatever stops the loop (a closed pipe,
+    # Ctrl-C): left to the event loop's shutdown it would fail and print a traceback.
+    async with contextlib.aclosing(store.read(subject, start_seq=since, follow=follow)) as stream:
+        async for stored in stream:
+            print(json.dumps(event_record(stored)) if as_json else _line(stored), flush=True)
     return 0
+
+
+def _line(stored: eventstore.Stored) -> str:
+    meta = stored.event.meta
+    who = " ".join(f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v)
+    return (
+        f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
+        f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
+        f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]"
+    )
 
 
 # ---- replay -----------------------------------------------------------------
@@ -142,7 +175,11 @@ async def follow_events(
 
 async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild: bool, as_json: bool) -> int:
     js = nc.jetstream()
-    report = await (replay.rebuild(js, topology) if rebuild else replay.verify(js, topology))
+    with bars.counting("folding events", "events", shown=bars.wanted(as_json=as_json)) as progress:
+        if rebuild:
+            report = await replay.rebuild(js, topology, progress=progress)
+        else:
+            report = await replay.verify(js, topology, progress=progress)
     if as_json:
         print(
             json.dumps(

@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from sbx import down, natsd, proxyrun, stack, supervisor
+from sbx import down, natsd, observe, proxyrun, stack, supervisor
 from shared.contract import errors, subjects
 from shared.infrastructure import bus, health, processenv, settings
 from shared.runtime import backends
@@ -53,7 +53,7 @@ async def _wait_for_nats(
     deadline = asyncio.get_running_loop().time() + 15
     while True:
         try:
-            nc = await bus.connect(bus_settings, "sbx-up", connect_timeout=1)
+            nc = await observe.connect_bus(bus_settings, "sbx-up", wait=1)
         except errors.Unavailable:
             if child is not None and child.proc is not None and child.proc.returncode is not None:
                 tail = log_path.read_text()[-1500:] if log_path and log_path.exists() else ""

@@ -11,7 +11,7 @@ both win (invariant 3: no lost updates); the loser gets
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -214,7 +214,7 @@ class EventStore:
         *,
         start_seq: int = 1,
         follow: bool = False,
-    ) -> AsyncIterator[Stored]:
+    ) -> AsyncGenerator[Stored, None]:
         """Stream stored events in order (one subject filter or several); stop at the
         current end unless ``follow``. Uses an ordered consumer: no server-side state is
         left behind."""

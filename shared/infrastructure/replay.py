@@ -10,7 +10,9 @@ be verified without stopping it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,11 @@ from shared.infrastructure import eventstore, projector
 
 #: KV writes in flight at once during a rebuild.
 REWRITE_CONCURRENCY = 256
+#: Events folded between two calls of a fold's ``progress`` callback.
+PROGRESS_EVERY = 500
+
+Progress = Callable[[int, int], None]
+"""Told ``(sequence folded, last sequence)`` as a fold goes (a progress bar)."""
 
 
 @dataclass(frozen=True)
@@ -76,21 +83,26 @@ def diff(kind: str, expected: dict[str, Any], actual: dict[str, Any]) -> list[Di
     return out
 
 
-async def fold_stream(store: eventstore.EventStore, *, up_to: int) -> tuple[dict[str, dict[str, Any]], int]:
+async def fold_stream(
+    store: eventstore.EventStore, *, up_to: int, progress: Progress | None = None
+) -> tuple[dict[str, dict[str, Any]], int]:
     """Fold every event with sequence <= ``up_to`` into fresh states, per kind."""
     folded: dict[str, dict[str, Any]] = {kind: {} for kind in projections.BY_KIND}
     count = 0
     if up_to == 0:
         return folded, 0
-    async for stored in store.read():
-        kind = store.topology.kind_of(stored.subject)
-        projection = projections.BY_KIND.get(kind)
-        if projection is not None:
-            key = projection.key_of_subject(stored.subject)
-            folded[kind][key] = projection.evolve(folded[kind].get(key), stored.event, stored.seq)
-        count += 1
-        if stored.seq >= up_to:
-            break
+    async with contextlib.aclosing(store.read()) as stream:
+        async for stored in stream:
+            kind = store.topology.kind_of(stored.subject)
+            projection = projections.BY_KIND.get(kind)
+            if projection is not None:
+                key = projection.key_of_subject(stored.subject)
+                folded[kind][key] = projection.evolve(folded[kind].get(key), stored.event, stored.seq)
+            count += 1
+            if progress is not None and (count % PROGRESS_EVERY == 0 or stored.seq >= up_to):
+                progress(stored.seq, up_to)
+            if stored.seq >= up_to:
+                break
     return folded, count
 
 
@@ -102,11 +114,13 @@ async def _stores(
     }
 
 
-async def verify(js: JetStreamContext, topology: subjects.Topology) -> Report:
+async def verify(
+    js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
+) -> Report:
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
     up_to = await store.last_seq()
-    folded, count = await fold_stream(store, up_to=up_to)
+    folded, count = await fold_stream(store, up_to=up_to, progress=progress)
     report = Report(events=count)
     for kind, target in (await _stores(js, store)).items():
         live = await target.all()
@@ -123,7 +137,9 @@ async def verify(js: JetStreamContext, topology: subjects.Topology) -> Report:
     return report
 
 
-async def rebuild(js: JetStreamContext, topology: subjects.Topology) -> Report:
+async def rebuild(
+    js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
+) -> Report:
     """Rewrite every projection entry that differs from the fold of the stream.
 
     Safe on a live stack: each write is a revision CAS, and an entry that moved
@@ -131,7 +147,7 @@ async def rebuild(js: JetStreamContext, topology: subjects.Topology) -> Report:
     """
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
-    folded, count = await fold_stream(store, up_to=await store.last_seq())
+    folded, count = await fold_stream(store, up_to=await store.last_seq(), progress=progress)
     report = Report(events=count)
     for kind, target in (await _stores(js, store)).items():
         live = await target.all()

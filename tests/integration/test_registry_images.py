@@ -481,7 +481,7 @@ def test_the_operator_commands_pull_list_and_prune(reg, tmp_path):
     assert f"{ref}@sha256:" in pulled.stdout and "2 layers (2 downloaded)" in pulled.stdout
     again = sbx("pull", ref)
     assert "2 layers (0 downloaded)" in again.stdout
-    rows = json.loads(sbx("list", "--json").stdout)
+    rows = json.loads(sbx("list", "--json").stdout)["images"]
     assert [r["kind"] for r in rows] == ["built-in", "pulled"]
     assert rows[1]["reference"] == ref and rows[1]["sandboxes"] == 0 and rows[1]["size"] > 0
     missing = sbx("pull", f"{reg.host}/test/not-there:1")
@@ -490,7 +490,7 @@ def test_the_operator_commands_pull_list_and_prune(reg, tmp_path):
     assert bad.returncode != 0 and "repository names" in bad.stderr
     pruned = sbx("prune")
     assert pruned.returncode == 0 and "1 images removed" in pruned.stdout
-    assert [r["kind"] for r in json.loads(sbx("list", "--json").stdout)] == ["built-in"]
+    assert [r["kind"] for r in json.loads(sbx("list", "--json").stdout)["images"]] == ["built-in"]
 
 
 @pytest.mark.parametrize(

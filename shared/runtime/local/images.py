@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,14 +236,17 @@ class ImageStore:
             raise errors.InvalidInput(f"{rootfs} has no bin/sh; is it a root filesystem?")
         self._record(name, rootfs, source=str(rootfs))
 
-    def import_archive(self, name: str, archive: Path) -> None:
-        """Unpack a ``docker save`` or OCI layout archive and register it."""
+    def import_archive(
+        self, name: str, archive: Path, progress: Callable[[int, int], None] | None = None
+    ) -> None:
+        """Unpack a ``docker save`` or OCI layout archive and register it (``progress``:
+        see ``oci.unpack``)."""
         self._check_name(name)
         dest = self.root / self._dir_name(name) / "rootfs"
         if dest.exists():
             shutil.rmtree(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        config = oci.unpack(archive, dest)
+        config = oci.unpack(archive, dest, progress=progress)
         self._record(name, dest, source=str(archive), config=config)
 
     def _check_name(self, name: str) -> None:

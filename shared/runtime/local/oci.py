@@ -32,7 +32,7 @@ import shutil
 import stat
 import tarfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -125,10 +125,12 @@ def unpack(
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ImageConfig:
     """Unpack ``archive`` (docker-save tar, OCI layout tar or directory) into ``dest``.
 
     ``dest`` must not exist or be an empty directory. Returns the image's config.
+    ``progress`` is told ``(layers unpacked, layers)`` before the first layer and after each.
     Raises :class:`ImageError` for anything wrong with the image, after removing
     whatever was written (``dest`` itself is removed unless it existed before).
     """
@@ -139,8 +141,12 @@ def unpack(
         with _open_source(archive, max_members) as source:
             config, layers = _read_image(source)
             budget = Budget(max_bytes=max_bytes, max_members=max_members)
-            for layer in layers:
+            for done, layer in enumerate(layers):
+                if progress is not None:
+                    progress(done, len(layers))
                 _apply_layer(source, layer, dest, budget)
+            if progress is not None:
+                progress(len(layers), len(layers))
         _ensure_mount_points(dest)
         return config
     except BaseException as exc:
