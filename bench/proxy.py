@@ -7,6 +7,8 @@
 * bulk download throughput, tunnelled vs direct (target: tunnelled within 10 %), and
   injected for reference: the median of three alternating rounds, with the proxy's CPU
   time per GiB (client, upstream and proxy share the machine's cores);
+* each proxy path twice, through the same proxy without and with metrics (the Prometheus
+  sink on its unix socket), alternating, so the metrics' cost is a ratio of one run;
 * the same bulk download through a **bare hop**: a relay that does nothing but accept a
   CONNECT and move the bytes with blocking ``splice(2)`` in two threads of its own
   process (no checks, no event loop). It is the floor of any relay on this machine: what
@@ -15,12 +17,13 @@
 Real mitmdump (`sbx-proxy`), real TLS. Needs root (the proxy runs with a private
 /etc/hosts). Figures only; nothing is asserted.
 
-    .venv/bin/python bench/proxy.py [--requests 500] [--bulk-mib 256]
+    .venv/bin/python bench/proxy.py [--requests 500] [--bulk-mib 256] [--rounds 3] [--baseline DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import multiprocessing
 import os
@@ -35,8 +38,10 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proxy"))
 
 from bench import common
+from sbx_proxy import egress, front, metrics
 from tests.proxy import harness
 
 TOKEN = "ghp_" + "benchToken" * 4
@@ -164,7 +169,161 @@ class Client:
         self.tls.close()
 
 
-def main(requests: int, bulk_mib: int) -> None:
+def _ways(target, trust, proxies):
+    """direct, then each proxy path through the proxy with metrics off and on."""
+    ways = {"direct": lambda: Client(target, "github.com", trust, None)}
+    for name, host in (("tunnelled", "other.example"), ("injected", "github.com")):
+        for state, proxy in proxies.items():
+            ways[f"{name}, {state}"] = lambda h=host, p=proxy: Client(target, h, trust, p)
+    return ways
+
+
+def _rotated(ways: dict, turn: int) -> list:
+    """The ways in another order each round (no way always runs right after another)."""
+    items = list(ways.items())
+    turn %= len(items)
+    return items[turn:] + items[:turn]
+
+
+def _keep_alive(ways, requests: int) -> tuple[list[str], dict[str, float]]:
+    """Per way, ``requests`` GETs on kept-alive connections, in ROUNDS alternating slices
+    (drift on a shared machine falls on every way alike)."""
+    samples: dict[str, list[float]] = {label: [] for label in ways}
+    elapsed = dict.fromkeys(ways, 0.0)
+    for turn in range(ROUNDS):
+        for label, make in _rotated(ways, turn):
+            client = make()
+            start = time.perf_counter()
+            for _ in range(max(1, requests // ROUNDS)):
+                t0 = time.perf_counter()
+                assert client.get("/small") == 200
+                samples[label].append(time.perf_counter() - t0)
+            elapsed[label] += time.perf_counter() - start
+            client.close()
+    rows = [common.row(f"keep-alive GET, {label}", samples[label], elapsed[label]) for label in ways]
+    return rows, {label: common.percentiles(samples[label])["p50"] for label in ways}
+
+
+def _new_connections(ways, count: int) -> list[str]:
+    rows = []
+    for label, make in ways.items():
+        samples = []
+        start = time.perf_counter()
+        for _ in range(count):
+            t0 = time.perf_counter()
+            client = make()
+            assert client.get("/small") == 200
+            client.close()
+            samples.append(time.perf_counter() - t0)
+        rows.append(common.row(f"new connection, {label}", samples, time.perf_counter() - start))
+    return rows
+
+
+def _bulk(ways, bulk_mib: int, pids: dict[str, int]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """The ways in turn, ROUNDS times; MiB/s and the serving proxy's CPU seconds per GiB."""
+    rates: dict[str, list[float]] = {label: [] for label in ways}
+    cpu: dict[str, list[float]] = {label: [] for label in ways}
+    for turn in range(ROUNDS):
+        for label, make in _rotated(ways, turn):
+            pid = next((p for state, p in pids.items() if label.endswith(f", {state}")), None)
+            client = make()
+            c0, t0 = (cpu_seconds(pid) if pid else 0.0), time.perf_counter()
+            assert client.get(f"/bulk/{bulk_mib}") == 200
+            rates[label].append(bulk_mib / (time.perf_counter() - t0))
+            if pid:
+                cpu[label].append((cpu_seconds(pid) - c0) / (bulk_mib / 1024))
+            client.close()
+    return rates, cpu
+
+
+def _relay_cpu(mib: int, meters: tuple | None) -> float:
+    """Process CPU seconds to push ``mib`` MiB through front.relay_in_threads on loopback
+    (sender and reader threads included: the same for every variant)."""
+    import asyncio
+
+    async def run() -> float:
+        listener = socket.create_server(("127.0.0.1", 0))
+        port = listener.getsockname()[1]
+        pairs = []
+        for _ in range(2):
+            outer = socket.create_connection(("127.0.0.1", port))
+            inner, _ = listener.accept()
+            pairs.append((outer, inner))
+        listener.close()
+        (sender, a), (b, reader) = pairs
+
+        def send() -> None:
+            for _ in range(mib):
+                sender.sendall(CHUNK)
+            sender.shutdown(socket.SHUT_WR)
+
+        def drain() -> None:
+            buffer = bytearray(1 << 20)
+            while reader.recv_into(buffer):
+                pass
+
+        threads = [threading.Thread(target=send), threading.Thread(target=drain)]
+        c0 = time.process_time()
+        for t in threads:
+            t.start()
+        relay = asyncio.ensure_future(front.relay_in_threads(a, b, meters))
+        await asyncio.to_thread(threads[0].join)
+        b.shutdown(socket.SHUT_WR)
+        await asyncio.to_thread(threads[1].join)
+        relay.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+        used = time.process_time() - c0
+        for sock in (sender, a, b, reader):
+            sock.close()
+        return used
+
+    return asyncio.run(run())
+
+
+def unit_costs(mib: int = 1024) -> None:
+    """What metrics add where they are counted, measured in this process: a relay's
+    splice calls per GiB (each one calls a Meter), a Meter call and one connection with
+    one injected request, without a sink (metrics off) and with the Prometheus sink
+    (metrics on); the relay's own CPU per GiB for scale."""
+    calls = [0]
+
+    def count(_n: int) -> None:
+        calls[0] += 1
+
+    relay = statistics.median(_relay_cpu(mib, None) / (mib / 1024) for _ in range(ROUNDS))
+    _relay_cpu(mib, (count, count))
+    per_gib = calls[0] / (mib / 1024)
+    sink = metrics.Metrics()
+    sink.rules(["bench"])
+    print(f"\nmetrics' own cost, in process (relay of {mib} MiB on loopback):")
+    print(f"  relay: {per_gib:.0f} splice calls per GiB; {relay:.3f} s/GiB of CPU (sender, reader included)")
+    for label, tracker in (("metrics off", egress.Tracker()), ("metrics on", egress.Tracker([sink]))):
+        conn = tracker.opened(None)
+        meter = tracker.counter(conn, egress.Direction.DOWN)
+        n = 1_000_000
+        t0 = time.process_time()
+        for _ in range(n):
+            meter(1 << 20)  # worst case: every call also passes a step to the sinks
+        per_call = (time.process_time() - t0) / n
+        tracker.closed(conn)
+        n = 100_000
+        t0 = time.process_time()
+        for _ in range(n):
+            conn = tracker.opened(None)
+            tracker.routed(conn, egress.Mode.INTERCEPT, "github.com", 443, "bench")
+            tracker.requested(conn, egress.Outcome.INJECTED, "bench")
+            tracker.closed(conn)
+        per_conn = (time.process_time() - t0) / n
+        print(
+            f"  {label:11}: {per_call * 1e6:5.2f} us per byte count "
+            f"-> {per_call * per_gib * 1e3:6.3f} ms/GiB "
+            f"({per_call * per_gib / relay:.2%} of the relay); one connection with one injected request "
+            f"{per_conn * 1e6:5.1f} us"
+        )
+
+
+def main(requests: int, bulk_mib: int, baseline: str | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         pki = harness.PKI(Path(tmp) / "pki")
         upstream = harness.Upstream(pki, Bench)
@@ -179,62 +338,35 @@ kind = "bearer"
 hosts = ["github.com:{port}"]
 token_env = "SBX_BENCH_TOKEN"
 """
-        proxy = harness.Proxy(
-            Path(tmp) / "proxy",
-            config,
-            pki.ca_cert,
-            {n: "127.0.0.1" for n in harness.NAMES},
-            env={"SBX_BENCH_TOKEN": TOKEN},
-        )
-        trust = [pki.ca_cert, proxy.ca_cert]
+        # The same proxy twice: without metrics (no sink: connections are still tracked)
+        # and with them (the Prometheus sink, served on its unix socket), side by side; and
+        # with --baseline, an older checkout's proxy (its sbx_proxy first on PYTHONPATH).
+        states = {"metrics off": {}, "metrics on": {}}
+        if baseline:
+            states = {"before": {"PYTHONPATH": str(Path(baseline).resolve() / "proxy")}} | states
+        proxies = {
+            state: harness.Proxy(
+                Path(tmp) / f"proxy-{state.replace(' ', '-')}",
+                config,
+                pki.ca_cert,
+                {n: "127.0.0.1" for n in harness.NAMES},
+                env={"SBX_BENCH_TOKEN": TOKEN, **extra},
+                metrics=state == "metrics on",
+            )
+            for state, extra in states.items()
+        }
+        trust = [pki.ca_cert, *(p.ca_cert for p in proxies.values())]
         target = ("127.0.0.1", port)
         hop = BareHop(port)
-        ways = {
-            "direct": lambda: Client(target, "github.com", trust, None),
-            "tunnelled (no rule)": lambda: Client(target, "other.example", trust, proxy),
-            "injected (rule)": lambda: Client(target, "github.com", trust, proxy),
-        }
-        rows: list[str] = []
-        p50: dict[str, float] = {}
+        ways = _ways(target, trust, proxies)
         try:
             for make in ways.values():  # warm up each path once
                 c = make()
                 c.get("/small")
                 c.close()
-            for label, make in ways.items():
-                client = make()
-                samples: list[float] = []
-                start = time.perf_counter()
-                for _ in range(requests):
-                    t0 = time.perf_counter()
-                    assert client.get("/small") == 200
-                    samples.append(time.perf_counter() - t0)
-                elapsed = time.perf_counter() - start
-                client.close()
-                p50[label] = common.percentiles(samples)["p50"]
-                rows.append(common.row(f"keep-alive GET, {label}", samples, elapsed))
-            for label, make in ways.items():
-                samples = []
-                start = time.perf_counter()
-                for _ in range(max(20, requests // 5)):
-                    t0 = time.perf_counter()
-                    client = make()
-                    assert client.get("/small") == 200
-                    client.close()
-                    samples.append(time.perf_counter() - t0)
-                rows.append(common.row(f"new connection, {label}", samples, time.perf_counter() - start))
-            # Bulk: the three ways in turn, ROUNDS times (a shared 2-core VM is noisy), the
-            # median of each; and the proxy's own CPU time per GiB moved.
-            rates: dict[str, list[float]] = {label: [] for label in ways}
-            cpu: dict[str, list[float]] = {label: [] for label in ways}
-            for _ in range(ROUNDS):
-                for label, make in ways.items():
-                    client = make()
-                    c0, t0 = cpu_seconds(proxy.proc.pid), time.perf_counter()
-                    assert client.get(f"/bulk/{bulk_mib}") == 200
-                    rates[label].append(bulk_mib / (time.perf_counter() - t0))
-                    cpu[label].append((cpu_seconds(proxy.proc.pid) - c0) / (bulk_mib / 1024))
-                    client.close()
+            rows, p50 = _keep_alive(ways, requests)
+            rows += _new_connections(ways, max(20, requests // 5))
+            rates, cpu = _bulk(ways, bulk_mib, {s: p.proc.pid for s, p in proxies.items()})
             # The floor: a bare hop, alternating with direct again (its own pairs).
             pairs: dict[str, list[float]] = {"direct": [], "bare hop": []}
             for _ in range(ROUNDS):
@@ -248,9 +380,14 @@ token_env = "SBX_BENCH_TOKEN"
             throughput["bare hop (floor)"] = statistics.median(pairs["bare hop"])
             rates["bare hop (floor)"] = pairs["bare hop"]
             floor = statistics.median(pairs["bare hop"]) / statistics.median(pairs["direct"])
+            counted = proxies["metrics on"].metrics()
+            scrape_t0 = time.perf_counter()
+            text = harness.scrape_unix(proxies["metrics on"].metrics_socket)
+            scrape_ms = (time.perf_counter() - scrape_t0) * 1000
         finally:
             hop.close()
-            proxy.close()
+            for proxy in proxies.values():
+                proxy.close()
             upstream.close()
 
     print(f"\nCredential proxy benchmark (mitmproxy 11, {os.cpu_count()} cores)\n")
@@ -258,20 +395,32 @@ token_env = "SBX_BENCH_TOKEN"
         print(line)
     print()
     base = p50["direct"]
-    for label in ("tunnelled (no rule)", "injected (rule)"):
-        print(f"added latency p50, {label:20} {p50[label] - base:6.2f} ms  ({p50[label] / base:.2f}x direct)")
+    for label in ways:
+        if label != "direct":
+            added = p50[label] - base
+            print(f"added latency p50, {label:24} {added:6.3f} ms  ({p50[label] / base:.2f}x direct)")
     print()
     for label, mib_s in throughput.items():
         spread = f"{min(rates[label]):.0f}-{max(rates[label]):.0f}"
-        proxy_cpu = (
-            f"proxy CPU {statistics.median(cpu[label]):5.2f} s/GiB"
-            if label in cpu and label != "direct"
-            else ""
-        )
+        proxy_cpu = f"proxy CPU {statistics.median(cpu[label]):5.2f} s/GiB" if cpu.get(label) else ""
         print(
-            f"bulk {bulk_mib} MiB, {label:20} {mib_s:8.1f} MiB/s (median of {ROUNDS}: {spread})  {proxy_cpu}"
+            f"bulk {bulk_mib} MiB, {label:24} {mib_s:8.1f} MiB/s (median of {ROUNDS}: {spread})  {proxy_cpu}"
         )
-    ratio = throughput["tunnelled (no rule)"] / throughput["direct"]
+    print("\nmetrics on vs off (same run):")
+    for name in ("tunnelled", "injected"):
+        pairs_to_compare = [("metrics on", "metrics off")] + ([("metrics on", "before")] if baseline else [])
+        for a, b in pairs_to_compare:
+            on, off = f"{name}, {a}", f"{name}, {b}"
+            print(
+                f"  {name:9} {a} / {b:11}  throughput {throughput[on] / throughput[off]:.3f}   "
+                f"proxy CPU/GiB {statistics.median(cpu[on]) / statistics.median(cpu[off]):.3f}   "
+                f"keep-alive p50 {p50[on] - p50[off]:+.3f} ms"
+            )
+    up = harness.sample(counted, "sbx_proxy_bytes_total", direction="up")
+    down = harness.sample(counted, "sbx_proxy_bytes_total", direction="down")
+    print(f"  counted by the proxy with metrics: {down / 2**30:.2f} GiB down, {up / 2**20:.1f} MiB up; "
+          f"one scrape {scrape_ms:.1f} ms, {len(text)} bytes")  # fmt: skip
+    ratio = throughput["tunnelled, metrics on"] / throughput["direct"]
     print(f"\ntunnelled / direct throughput: {ratio:.2f} (target >= 0.90)")
     print(f"bare hop / direct throughput:  {floor:.2f} (what one more hop costs on this machine)")
     print(f"tunnelled / bare hop:          {ratio / floor:.2f} (the proxy's own share of the gap)")
@@ -281,5 +430,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--bulk-mib", type=int, default=256)
+    parser.add_argument("--rounds", type=int, default=ROUNDS, help="alternating rounds per measurement")
+    parser.add_argument(
+        "--baseline",
+        help="a checkout of an older tree (git worktree add /tmp/base REF): its proxy runs beside",
+    )
+    parser.add_argument("--only-unit-costs", action="store_true", help="only the in-process costs")
     args = parser.parse_args()
-    main(args.requests, args.bulk_mib)
+    ROUNDS = args.rounds
+    if not args.only_unit_costs:
+        main(args.requests, args.bulk_mib, args.baseline)
+    unit_costs()

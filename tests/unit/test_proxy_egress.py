@@ -164,3 +164,18 @@ def test_the_metrics_are_derived_from_the_observations_with_bounded_labels():
     assert after[("sbx_proxy_connection_seconds_sum", (("verdict", "intercepted"),))] == pytest.approx(0.2)
     assert set(after) - set(before) == set(), "no series appears that was not there from the start"
     assert "attacker-chosen" not in m.render().decode()
+
+
+def test_bytes_reach_the_sinks_in_steps_and_in_full_at_the_close():
+    log = Log()
+    tracker = E.Tracker([log])
+    c = tracker.opened(None)
+    meter = tracker.counter(c, E.Direction.DOWN)
+    for _ in range(50):
+        meter(64 * 1024)  # 3.125 MiB
+    assert c.bytes_down == 50 * 64 * 1024, "the connection's own count is always exact"
+    steps = [n for kind, *rest in log.seen if kind == "bytes" for _, n in [rest]]
+    assert steps == [E.Meter.STEP] * 3
+    tracker.closed(c)
+    steps = [n for kind, *rest in log.seen if kind == "bytes" for _, n in [rest]]
+    assert sum(steps) == 50 * 64 * 1024 and len(steps) == 4
