@@ -127,7 +127,13 @@ class CredentialProxy:
     # ---- connections -------------------------------------------------------------
 
     async def _resolve(self, host: str, port: int) -> tuple[str | None, egress.Refusal | None]:
-        return await front.resolve(self.config, host, port)
+        return await front.resolve(self.config, host, port, self._own())
+
+    def _own(self) -> front.Own:
+        return self.front.own if self.front is not None else frozenset()
+
+    def _refusal(self, address: str, port: int) -> egress.Refusal | None:
+        return front.refusal(self.config, address, port, self._own())
 
     def _conn(self, client) -> egress.Connection:
         """The egress record of a mitmproxy client connection: the front's, found by its
@@ -177,7 +183,7 @@ class CredentialProxy:
         assert data.server.address is not None  # (set before mitmproxy connects)
         host, port = data.server.address
         if _is_ip(host):
-            why = self.config.refusal(host)
+            why = self._refusal(host, port)
             if why is not None:
                 self.tracker.refused(self._conn(data.client), why)
                 data.server.error = f"{DESTINATION_REFUSED}: {why}"
@@ -258,7 +264,7 @@ class CredentialProxy:
                 self.tracker.routed(conn, egress.Mode.FORWARD, request.host, request.port)
                 address: str | None = request.host
                 if _is_ip(request.host):  # plain HTTP: check (an address) or check and pin (a name)
-                    why = self.config.refusal(request.host)
+                    why = self._refusal(request.host, request.port)
                 else:
                     address, why = await self._resolve(request.host, request.port)
                 if why is not None:

@@ -64,6 +64,9 @@ class Reason(enum.StrEnum):
     never forwarded without it."""
     UPSTREAM_FAILURE = "upstream_failure"
     """The destination could not be reached (connect or TLS failed): 502."""
+    PROXY_ITSELF = "proxy_itself"
+    """The destination is the proxy's own listening address (allowed private ranges can
+    include it): a request to itself would loop."""
     UNCHECKED_TUNNEL = "unchecked_tunnel"
     """A credentialed request in a tunnel whose destination was never checked (a bug
     guard; should stay at zero)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import ipaddress
 import logging
 import os
 import re
@@ -48,7 +49,37 @@ _CONNECT = re.compile(
 )
 
 
-async def resolve(cfg: config.Config, host: str, port: int) -> tuple[str | None, egress.Refusal | None]:
+Own = frozenset[tuple[str, int]]
+"""The proxy's own listening addresses (its front door and mitmproxy's loopback port)."""
+
+
+def refusal(cfg: config.Config, address: str, port: int, own: Own = frozenset()) -> egress.Refusal | None:
+    """Why connecting to ``address:port`` is refused, or None: the configured ranges, and
+    never the proxy itself (allowed private ranges could include its own address: a
+    request to itself would loop until the proxy runs out of descriptors)."""
+    why = cfg.refusal(address)
+    if why is None and _is_own(own, address, port):
+        why = egress.Refusal(egress.Reason.PROXY_ITSELF, f"{address}:{port} is this proxy")
+    return why
+
+
+def _is_own(own: Own, address: str, port: int) -> bool:
+    """Whether ``address:port`` is one of ``own`` (a listener on every address owns its
+    port on all of them)."""
+    address = address.split("%", 1)[0]
+    return any(port == own_port and (address == host or _unspecified(host)) for host, own_port in own)
+
+
+def _unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return not host
+
+
+async def resolve(
+    cfg: config.Config, host: str, port: int, own: Own = frozenset()
+) -> tuple[str | None, egress.Refusal | None]:
     """(the address to connect to, None) or (None, why it is refused). Every address the
     name has must be allowed; the first is used (and pinned by the caller)."""
     try:
@@ -58,7 +89,7 @@ async def resolve(cfg: config.Config, host: str, port: int) -> tuple[str | None,
         return None, egress.Refusal(egress.Reason.UNRESOLVABLE, text)
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     for address in addresses:
-        why = cfg.refusal(address)
+        why = refusal(cfg, address, port, own)
         if why is not None:
             log.warning("sbx_proxy: refused %s:%s (%s)", host, port, why)
             return None, why
@@ -96,6 +127,7 @@ class Front:
         self.config = current_config
         self.inner = inner
         self.tracker = tracker or egress.Tracker()
+        self.own: Own = frozenset({inner})
         self.tasks: set[asyncio.Task[None]] = set()
         self.threaded = 0
         """Connections relayed by threads now."""
@@ -107,6 +139,7 @@ class Front:
         listener = socket.socket(family, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((host, port))
+        self.own = frozenset({self.inner, (host, int(listener.getsockname()[1]))})
         listener.listen(1024)
         listener.setblocking(False)
         self.listener = listener
@@ -202,7 +235,7 @@ class Front:
         loop = asyncio.get_running_loop()
         host, port = target
         conn.host, conn.port = host, port
-        address, why = await resolve(cfg, host, port)
+        address, why = await resolve(cfg, host, port, self.own)
         if address is None:
             assert why is not None
             self.tracker.refused(conn, why)

@@ -239,3 +239,17 @@ def test_the_proxy_port_serves_no_metrics(proxy):
     with pytest.raises(ConnectionError):
         harness.scrape_unix(proxy.metrics_socket, "/other")
     assert oct(proxy.metrics_socket.stat().st_mode & 0o777) == "0o600"
+
+
+def test_the_proxy_never_connects_to_itself(proxy):
+    """127.0.0.1 is allowed here (as an operator may allow the proxy's own network): a
+    request for the proxy's own port would loop through it until it ran out of
+    descriptors. Refused, as a tunnel and as plain HTTP, with its own reason."""
+    before = proxy.metrics()
+    assert _connect(proxy, f"127.0.0.1:{proxy.port}").startswith(b"HTTP/1.1 403")
+    answer = harness.plain_request(proxy, f"http://127.0.0.1:{proxy.port}/metrics")
+    assert answer.status == 502 and b"is this proxy" in answer.body
+    after = settled(proxy, lambda s: delta(before, s, "sbx_proxy_refusals_total", reason="proxy_itself") >= 2)
+    assert delta(before, after, "sbx_proxy_refusals_total", reason="proxy_itself") == 2
+    assert S(after, "sbx_proxy_active_connections") == 0
+    assert "Too many open files" not in proxy.output()
