@@ -73,6 +73,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         ),
         tag="host",
         answer_media=((contract.TAR_MEDIA_TYPE, None),),
+        answer_headers=("X-Sandbox-Id", "X-Run-Id"),
     ),
     rest.Operation(
         "PUT",
@@ -92,6 +93,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         params=(hostapi.SESSION, _ROOT, *rest.ATTRIBUTION),
         tag="host",
         body_media_type=contract.TAR_MEDIA_TYPE,
+        answer_headers=("X-Sandbox-Id", "X-Run-Id"),
     ),
 )
 

@@ -84,9 +84,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
                 None,
                 "The output as it comes, by the Accept header: NDJSON (the default) or "
                 "server-sent events, one RunEvent a line or event, the last 'exit' or 'error', "
-                "'keepalive' while the command is quiet; or, for the agent-host client, "
-                + _FRAMES
-                + " Header X-Run-Id names the run (to stop it).",
+                "'keepalive' while the command is quiet; or frames for the agent-host client: " + _FRAMES,
             ),
             **ERRORS,
             406: (schemas.Problem, "The Accept header admits none of the answer's media types."),
@@ -99,6 +97,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
             (hostapi.EVENT_STREAM, hostapi.RunEvent),
             (hostapi.MEDIA_TYPE, None),
         ),
+        answer_headers=("X-Sandbox-Id", "X-Run-Id"),
     ),
     rest.Operation(
         "POST",
@@ -126,6 +125,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         tag="host",
         body_media_type=hostapi.MEDIA_TYPE,
         answer_media=((hostapi.MEDIA_TYPE, None),),
+        answer_headers=("X-Sandbox-Id", "X-Run-Id"),
     ),
     rest.Operation(
         "POST",
@@ -138,6 +138,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         params=(SESSION, *rest.ATTRIBUTION),
         tag="host",
         answer_media=((hostapi.MEDIA_TYPE, None),),
+        answer_headers=("X-Sandbox-Id", "X-Run-Id"),
     ),
 )
 

@@ -1,7 +1,13 @@
-"""The OpenAPI document, generated from :data:`rest.OPERATIONS` and the msgspec types."""
+"""The OpenAPI document, generated from :data:`rest.OPERATIONS` and the msgspec types.
+
+Answers are exact: every field of an answer the gateway writes is ``required`` (it is
+always sent, ``null`` or not) unless its type leaves defaults out; tags are typed strings;
+the headers an answer carries are declared."""
 
 from __future__ import annotations
 
+import types as pytypes
+import typing
 from typing import Any
 
 import msgspec
@@ -25,6 +31,9 @@ def document(version: str) -> dict[str, Any]:
     unique = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(unique, ref_template=REF)
     ref_of = dict(zip(unique, refs, strict=True))
+    answers = [t for op in operations for t, _ in op.responses.values()]
+    answers += [t for op in operations for _, t in op.answer_media]
+    exact_answers(components, [schemas.Health, *answers])
 
     paths: dict[str, dict[str, Any]] = {}
     for op in operations:
@@ -50,12 +59,17 @@ def document(version: str) -> dict[str, Any]:
                 for status, (t, description) in sorted(op.responses.items())
             },
         }
+        success = entry["responses"][str(min(op.responses))]
         if op.answer_media:
-            success = entry["responses"][str(min(op.responses))]
             success["content"] = {
                 media_type: {"schema": ref_of[t] if t is not None else BYTES}
                 for media_type, t in op.answer_media
             }
+        if op.answer_headers:
+            success["headers"] = {name: _header(name, required=True) for name in op.answer_headers}
+        for status, (t, _) in op.responses.items():
+            if t is schemas.Problem:
+                entry["responses"][str(status)]["headers"] = {"Retry-After": _header("Retry-After")}
         if op.body is not None:
             entry["requestBody"] = {
                 "required": True,
@@ -104,3 +118,34 @@ def document(version: str) -> dict[str, Any]:
         },
         "security": [{"apiKey": []}],
     }
+
+
+def _header(name: str, *, required: bool = False) -> dict[str, Any]:
+    description, schema = rest.HEADERS[name]
+    return {"description": description, "required": required, "schema": schema}
+
+
+def exact_answers(components: dict[str, Any], answers: list[Any]) -> None:
+    """Mark every field of the answers' structs (and the structs they hold) required,
+    unless the struct leaves defaults out; give enum-only string properties their type."""
+    seen: set[type] = set()
+    pending = [t for t in answers if t is not None]
+    while pending:
+        kind = pending.pop()
+        if isinstance(kind, pytypes.UnionType) or typing.get_origin(kind) is not None:
+            pending += [a for a in typing.get_args(kind) if a is not type(None)]
+            continue
+        if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)) or kind in seen:
+            continue
+        seen.add(kind)
+        schema = components.get(kind.__name__)
+        if schema is None:
+            continue
+        if not kind.__struct_config__.omit_defaults:
+            schema["required"] = list(schema.get("properties", {}))
+        for field in msgspec.structs.fields(kind):
+            pending.append(field.type)
+    for schema in components.values():
+        for prop in schema.get("properties", {}).values():
+            if "enum" in prop and "type" not in prop and all(isinstance(v, str) for v in prop["enum"]):
+                prop["type"] = "string"

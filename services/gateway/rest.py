@@ -67,6 +67,23 @@ class Operation:
     answer_media: tuple[tuple[str, Any], ...] = ()
     """The success answer's media types (the preferred first), each with the msgspec type
     of its items (NDJSON lines, events) or None for bytes; none: JSON, by ``responses``."""
+    answer_headers: tuple[str, ...] = ()
+    """Headers the success answer always carries (names of :data:`HEADERS`)."""
+
+
+HEADERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Location": ("Where the new session is (/v1/sessions/{id}).", {"type": "string"}),
+    "X-Sandbox-Id": ("The sandbox that did it.", {"type": "string"}),
+    "X-Run-Id": (
+        "Names the run (POST .../runs/{run_id}/stop stops it).",
+        {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+    ),
+    "Retry-After": (
+        "Seconds to wait before retrying; sent when the error is retriable.",
+        {"type": "integer"},
+    ),
+}
+"""Response headers the document declares: name -> (description, schema)."""
 
 
 SESSION_ID_SCHEMA = {"type": "string", "pattern": ids.SESSION_ID_PATTERN}
@@ -103,6 +120,17 @@ CONCURRENCY: dict[int, tuple[type | None, str]] = {
     409: (schemas.Problem, "Another write to this session won the race (concurrency); retry."),
 }
 
+PAUSE_ERRORS: dict[int, tuple[type | None, str]] = {
+    404: (schemas.Problem, "No such session."),
+    409: (
+        schemas.Problem,
+        "The session has no sandbox to pause or resume (never used, stopped, or its sandbox is "
+        "gone or still starting); or another write won the race (code concurrency): retry.",
+    ),
+    501: (schemas.Problem, "The runtime cannot pause sandboxes (Kubernetes, for now)."),
+    **COMMON_ERRORS,
+}
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "POST",
@@ -113,6 +141,7 @@ OPERATIONS: tuple[Operation, ...] = (
         {201: (schemas.Session, "Created."), 409: (schemas.Problem, "The session exists."), **COMMON_ERRORS},
         body=schemas.CreateSessionRequest,
         params=(*ATTRIBUTION, IDEMPOTENCY),
+        answer_headers=("Location",),
     ),
     Operation(
         "GET",
@@ -162,6 +191,27 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
     ),
     Operation(
+        "POST",
+        "/v1/sessions/{session_id}/pause",
+        "pauseSession",
+        "Pause a session's sandbox: every process frozen, memory kept (idempotent)",
+        "pause_session",
+        {
+            200: (schemas.SessionSandbox, "Paused (or already paused); the session's next call resumes it."),
+            **PAUSE_ERRORS,
+        },
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+    Operation(
+        "POST",
+        "/v1/sessions/{session_id}/resume",
+        "resumeSession",
+        "Resume a session's paused sandbox (idempotent)",
+        "resume_session",
+        {200: (schemas.SessionSandbox, "Running (resumed now, or it was running)."), **PAUSE_ERRORS},
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+    Operation(
         "DELETE",
         "/v1/sessions/{session_id}",
         "deleteSession",
@@ -178,9 +228,13 @@ class SessionsAPI:
         self,
         client: rpc.SessionClient,
         sessions: projector.ProjectionStore[states.SessionState],
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
         self.sessions = sessions
+        self.forget = forget
+        """Drops what this gateway remembers of a session's sandbox (``Placement.forget``):
+        after a pause, its next call asks instead of finding the sandbox frozen."""
 
     # ---- request helpers -------------------------------------------------------
 
@@ -296,6 +350,26 @@ class SessionsAPI:
         state = await self.client.session(command)
         assert state is not None
         return json_response(schemas.session_of(state))
+
+    async def pause_session(self, request: Request) -> Response:
+        command = commands.PauseSession(
+            session_id=self._path_session_id(request), **self._command_fields(request, "pause")
+        )
+        return await self._sandbox_answer(command)
+
+    async def resume_session(self, request: Request) -> Response:
+        command = commands.ResumeSession(
+            session_id=self._path_session_id(request), **self._command_fields(request, "resume")
+        )
+        return await self._sandbox_answer(command)
+
+    async def _sandbox_answer(self, command: commands.PauseSession | commands.ResumeSession) -> Response:
+        reply = await self.client.call(command)
+        if self.forget is not None:
+            self.forget(command.session_id)
+        if reply.sandbox is None:
+            raise errors.Conflict(f"session {command.session_id!r} has no sandbox to pause or resume")
+        return json_response(schemas.sandbox_of(command.session_id, reply.sandbox, reply.appended > 0))
 
     async def delete_session(self, request: Request) -> Response:
         command = commands.DeleteSession(

@@ -35,11 +35,11 @@ _serial = itertools.count()
 
 @schemathesis.hook
 def before_call(ctx, case, **kwargs):
-    if case.meta is not None and case.meta.generation.mode.is_negative:
-        return  # (a negative case is left alone: changing it makes schemathesis re-judge it)
     query = case.query or {}
     if case.operation.path.endswith("/timeline") and str(query.get("follow")).lower() == "true":
-        query["follow"] = "false"
+        query["follow"] = "false"  # (negative cases too: what makes them negative stays)
+    if case.meta is not None and case.meta.generation.mode.is_negative:
+        return  # (a negative case is left alone: changing it makes schemathesis re-judge it)
     headers = case.headers or {}
     for name in list(headers):
         value = headers[name]

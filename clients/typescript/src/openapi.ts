@@ -59,6 +59,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause a session's sandbox: every process frozen, memory kept (idempotent) */
+        post: operations["pauseSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Resume a session's paused sandbox (idempotent) */
+        post: operations["resumeSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/run": {
         parameters: {
             query?: never;
@@ -185,7 +219,7 @@ export interface components {
     schemas: {
         /** Health */
         Health: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             status: "draining" | "ok" | "starting";
             instance: string;
             version: string;
@@ -210,7 +244,7 @@ export interface components {
         /** Session */
         Session: {
             session_id: string;
-            /** @enum {unknown} */
+            /** @enum {string} */
             status: "active" | "deleted" | "stopped";
             image: string | null;
             org_id: string | null;
@@ -229,12 +263,25 @@ export interface components {
             message: string;
             status: number;
             /** @default false */
-            retriable?: boolean;
+            retriable: boolean;
         };
         /** SessionList */
         SessionList: {
             sessions: components["schemas"]["Session"][];
             count: number;
+        };
+        /**
+         * SessionSandbox
+         * @description A session's sandbox after a pause or resume. (The gateway's own answer for now;
+         *     the client distribution may adopt it.)
+         */
+        SessionSandbox: {
+            session_id: string;
+            sandbox_id: string;
+            /** @enum {string} */
+            status: "paused" | "running";
+            paused_at: string | null;
+            changed: boolean;
         };
         /** RunBody */
         RunBody: {
@@ -262,7 +309,7 @@ export interface components {
          *     are not UTF-8 become U+FFFD: for exact bytes, write to a file and download it).
          */
         Stdout: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "stdout";
             data: string;
         };
@@ -271,7 +318,7 @@ export interface components {
          * @description As :class:`Stdout`, for standard error.
          */
         Stderr: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "stderr";
             data: string;
         };
@@ -282,7 +329,7 @@ export interface components {
          *     are bytes).
          */
         Listing: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "listing";
             data: string;
         };
@@ -291,40 +338,40 @@ export interface components {
          * @description The last event of a run that ran: its :class:`End`.
          */
         Exit: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "exit";
             /** @default null */
-            exit_code?: number | null;
+            exit_code: number | null;
             /** @default false */
-            timed_out?: boolean;
+            timed_out: boolean;
             /** @default 0 */
-            duration?: number;
+            duration: number;
             /** @default  */
-            sandbox_id?: string;
+            sandbox_id: string;
             /** @default  */
-            message?: string;
+            message: string;
             /** @default  */
-            listing_error?: string;
+            listing_error: string;
         };
         /**
          * Failed
          * @description The last event of a run that failed (the REST problem's fields).
          */
         Failed: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "error";
             error: string;
             message: string;
             status: number;
             /** @default false */
-            retriable?: boolean;
+            retriable: boolean;
         };
         /**
          * Keepalive
          * @description Sent while the command is quiet (every :data:`KEEPALIVE_EVERY` s); skip it.
          */
         Keepalive: {
-            /** @enum {unknown} */
+            /** @enum {string} */
             type: "keepalive";
         };
         /** GetBody */
@@ -358,7 +405,7 @@ export interface components {
         TimelineEntry: {
             seq: number;
             time: string;
-            /** @enum {unknown} */
+            /** @enum {string} */
             kind: "command" | "edit" | "lifecycle";
             type: string;
             summary: string;
@@ -428,6 +475,8 @@ export interface operations {
             /** @description Invalid input; nothing was changed. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -437,6 +486,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -446,6 +497,8 @@ export interface operations {
             /** @description The scheduler or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -455,6 +508,8 @@ export interface operations {
             /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -486,6 +541,8 @@ export interface operations {
             /** @description Created. */
             201: {
                 headers: {
+                    /** @description Where the new session is (/v1/sessions/{id}). */
+                    Location: string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -495,6 +552,8 @@ export interface operations {
             /** @description Invalid input; nothing was changed. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -504,6 +563,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -513,6 +574,8 @@ export interface operations {
             /** @description The session exists. */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -522,6 +585,8 @@ export interface operations {
             /** @description The scheduler or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -531,6 +596,8 @@ export interface operations {
             /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -563,6 +630,8 @@ export interface operations {
             /** @description Invalid input; nothing was changed. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -572,6 +641,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -581,6 +652,8 @@ export interface operations {
             /** @description No such session. */
             404: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -590,6 +663,8 @@ export interface operations {
             /** @description The scheduler or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -599,6 +674,8 @@ export interface operations {
             /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -632,6 +709,8 @@ export interface operations {
             /** @description Invalid input; nothing was changed. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -641,6 +720,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -650,6 +731,8 @@ export interface operations {
             /** @description No such session. */
             404: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -659,6 +742,8 @@ export interface operations {
             /** @description Another write to this session won the race (concurrency); retry. */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -668,6 +753,8 @@ export interface operations {
             /** @description The scheduler or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -677,6 +764,8 @@ export interface operations {
             /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -712,6 +801,8 @@ export interface operations {
             /** @description Invalid input; nothing was changed. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -721,6 +812,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -730,6 +823,8 @@ export interface operations {
             /** @description No such session. */
             404: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -739,6 +834,8 @@ export interface operations {
             /** @description Another write to this session won the race (concurrency); retry. */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -748,6 +845,8 @@ export interface operations {
             /** @description The scheduler or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -757,6 +856,214 @@ export interface operations {
             /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    pauseSession: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Paused (or already paused); the session's next call resumes it. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionSandbox"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session has no sandbox to pause or resume (never used, stopped, or its sandbox is gone or still starting); or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    resumeSession: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Running (resumed now, or it was running). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionSandbox"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session has no sandbox to pause or resume (never used, stopped, or its sandbox is gone or still starting); or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -786,9 +1093,13 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The output as it comes, by the Accept header: NDJSON (the default) or server-sent events, one RunEvent a line or event, the last 'exit' or 'error', 'keepalive' while the command is quiet; or, for the agent-host client, A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. Header X-Run-Id names the run (to stop it). */
+            /** @description The output as it comes, by the Accept header: NDJSON (the default) or server-sent events, one RunEvent a line or event, the last 'exit' or 'error', 'keepalive' while the command is quiet; or frames for the agent-host client: A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. */
             200: {
                 headers: {
+                    /** @description The sandbox that did it. */
+                    "X-Sandbox-Id": string;
+                    /** @description Names the run (POST .../runs/{run_id}/stop stops it). */
+                    "X-Run-Id": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -800,6 +1111,8 @@ export interface operations {
             /** @description Invalid input; nothing was run. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -809,6 +1122,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -818,6 +1133,8 @@ export interface operations {
             /** @description The Accept header admits none of the answer's media types. */
             406: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -827,6 +1144,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -836,6 +1155,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -845,6 +1166,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -854,6 +1177,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -886,6 +1211,8 @@ export interface operations {
             /** @description Invalid input; nothing was run. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -895,6 +1222,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -904,6 +1233,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -913,6 +1244,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -922,6 +1255,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -931,6 +1266,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -963,6 +1300,10 @@ export interface operations {
             /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 'l' frames: the tree's listing after the upload. */
             200: {
                 headers: {
+                    /** @description The sandbox that did it. */
+                    "X-Sandbox-Id": string;
+                    /** @description Names the run (POST .../runs/{run_id}/stop stops it). */
+                    "X-Run-Id": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -972,6 +1313,8 @@ export interface operations {
             /** @description Invalid input; nothing was run. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -981,6 +1324,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -990,6 +1335,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -999,6 +1346,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1008,6 +1357,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1017,6 +1368,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1049,6 +1402,10 @@ export interface operations {
             /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 't' frames: a tar of the paths. */
             200: {
                 headers: {
+                    /** @description The sandbox that did it. */
+                    "X-Sandbox-Id": string;
+                    /** @description Names the run (POST .../runs/{run_id}/stop stops it). */
+                    "X-Run-Id": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1058,6 +1415,8 @@ export interface operations {
             /** @description Invalid input; nothing was run. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1067,6 +1426,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1076,6 +1437,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1085,6 +1448,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1094,6 +1459,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1103,6 +1470,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1136,6 +1505,10 @@ export interface operations {
             /** @description A tar (POSIX/GNU) of the paths, relative to the root. A failure once the answer has started breaks the connection. */
             200: {
                 headers: {
+                    /** @description The sandbox that did it. */
+                    "X-Sandbox-Id": string;
+                    /** @description Names the run (POST .../runs/{run_id}/stop stops it). */
+                    "X-Run-Id": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1145,6 +1518,8 @@ export interface operations {
             /** @description Invalid input; nothing was run. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1154,6 +1529,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1163,6 +1540,8 @@ export interface operations {
             /** @description The session has no running sandbox (a download never starts one), or a path or the root does not exist in it. */
             404: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1172,6 +1551,8 @@ export interface operations {
             /** @description The Accept header does not admit application/x-tar. */
             406: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1181,6 +1562,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1190,6 +1573,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1199,6 +1584,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1208,6 +1595,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1243,6 +1632,10 @@ export interface operations {
             /** @description Extracted. */
             200: {
                 headers: {
+                    /** @description The sandbox that did it. */
+                    "X-Sandbox-Id": string;
+                    /** @description Names the run (POST .../runs/{run_id}/stop stops it). */
+                    "X-Run-Id": string;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1252,6 +1645,8 @@ export interface operations {
             /** @description Invalid input, or not a tar (what came before the error may be written). */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1261,6 +1656,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1270,6 +1667,8 @@ export interface operations {
             /** @description The session has another sandbox than the one named (sandbox_changed); its sandbox stopped meanwhile (not_running); its image cannot be had (image_unavailable). */
             409: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1279,6 +1678,8 @@ export interface operations {
             /** @description The body's Content-Type is not application/x-tar. */
             415: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1288,6 +1689,8 @@ export interface operations {
             /** @description No sandbox can be started now (a limit); retry. */
             429: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1297,6 +1700,8 @@ export interface operations {
             /** @description The scheduler, an executor or NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1306,6 +1711,8 @@ export interface operations {
             /** @description The sandbox did not answer in time; retry. */
             504: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1349,6 +1756,8 @@ export interface operations {
             /** @description Invalid input. */
             400: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1358,6 +1767,8 @@ export interface operations {
             /** @description Missing or wrong API key. */
             401: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1367,6 +1778,8 @@ export interface operations {
             /** @description No such session, ever (or another organisation's). */
             404: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1376,6 +1789,8 @@ export interface operations {
             /** @description The Accept header admits none of the answer's media types. */
             406: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
@@ -1385,6 +1800,8 @@ export interface operations {
             /** @description NATS is unavailable; retry. */
             503: {
                 headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
                     [name: string]: unknown;
                 };
                 content: {
