@@ -84,6 +84,35 @@ class _Bar:
                     self.display.update(self._total, description=f"layers {self._done}/{self._count}")
 
 
+class _Stoppable:
+    """The progress a pull reports, passed on to the bar (if any); raises Cancelled in the
+    pull's thread once ``stop`` is set, which ends the pull there (it cleans up as for any
+    failure)."""
+
+    def __init__(self, bar: _Bar | None) -> None:
+        self.bar = bar
+        self.stop = threading.Event()
+
+    def _go_on(self) -> None:
+        if self.stop.is_set():
+            raise errors.Cancelled("the pull was interrupted")
+
+    def layers(self, layers_: Any) -> None:
+        self._go_on()
+        if self.bar is not None:
+            self.bar.layers(layers_)
+
+    def advanced(self, digest: str, count: int) -> None:
+        self._go_on()
+        if self.bar is not None:
+            self.bar.advanced(digest, count)
+
+    def unpacked(self, digest: str) -> None:
+        self._go_on()
+        if self.bar is not None:
+            self.bar.unpacked(digest)
+
+
 async def pull(
     state_dir: Path, env: dict[str, str], reference: str, *, refresh: bool, quiet: bool, as_json: bool
 ) -> int:
@@ -92,13 +121,18 @@ async def pull(
     recorder = await _Recorder.open(state_dir, env)
     await recorder.record(events.ImagePullStarted(meta=recorder.meta(), reference=str(ref)))
     bar = _Bar() if bars.wanted(as_json=as_json, quiet=quiet) else None
+    watch = _Stoppable(bar)
     try:
         with bar.display if bar is not None else contextlib.nullcontext():
-            pulled = await runtime.pull(reference, refresh=refresh, progress=bar)
-    except errors.SandboxError as exc:
+            pulled = await runtime.pull(reference, refresh=refresh, progress=watch)
+    except (errors.SandboxError, asyncio.CancelledError) as exc:
+        # Ctrl-C: the pull's threads stop at their next chunk (the interpreter waits for
+        # them on its way out: without this, for the rest of the download).
+        watch.stop.set()
+        failure = exc if isinstance(exc, errors.SandboxError) else errors.Cancelled("interrupted")
         await recorder.record(
             events.ImagePullFailed(
-                meta=recorder.meta(), reference=str(ref), error=exc.code, reason=exc.message
+                meta=recorder.meta(), reference=str(ref), error=failure.code, reason=failure.message
             )
         )
         await recorder.close()

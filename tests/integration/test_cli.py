@@ -204,6 +204,33 @@ def test_a_nats_that_does_not_answer_is_a_temporary_failure():
         no_traceback(result)
 
 
+def test_ctrl_c_stops_an_image_pull_under_way(tmp_path):
+    """The pull's threads stop too: the process does not wait for the rest of a download."""
+    registry = o.HostileRegistry()
+    state = tmp_path / "state"
+    try:
+        layer = o.layer({"bin/sh": b"x" * 200_000}, compress=False)
+        registry.image("slow", [layer])
+        registry.trickle[registry.blob(layer)] = 0.001  # minutes for the whole layer
+        pull = subprocess.Popen(
+            [SBX, "image", "pull", f"{registry.host}/t/img:slow", "--state-dir", str(state)],
+            env=environment(None, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        partial = state / "images" / "blobs"
+        asyncio.run(support.eventually(lambda: partial.is_dir() and any(partial.iterdir()), timeout=30))
+        pull.send_signal(signal.SIGINT)
+        try:
+            _, err = pull.communicate(timeout=30)  # (a hang's bound: the download alone takes minutes)
+        finally:
+            if pull.poll() is None:
+                pull.kill()
+    finally:
+        registry.stop()
+    assert pull.returncode == exits.INTERRUPTED, err
+    no_traceback(err)
+    assert not any(partial.iterdir()), "the partial download is removed"
+
+
 # ---- pipes -----------------------------------------------------------------------
 
 
