@@ -192,7 +192,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
-        app = build_app(gateway, ctx, rest.SessionsAPI(client, session_states), mcp_app, host)
+        app = build_app(gateway, ctx, rest.SessionsAPI(client, session_states, where.forget), mcp_app, host)
         server = _Server(
             uvicorn.Config(
                 app,

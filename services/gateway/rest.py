@@ -120,6 +120,17 @@ CONCURRENCY: dict[int, tuple[type | None, str]] = {
     409: (schemas.Problem, "Another write to this session won the race (concurrency); retry."),
 }
 
+PAUSE_ERRORS: dict[int, tuple[type | None, str]] = {
+    404: (schemas.Problem, "No such session."),
+    409: (
+        schemas.Problem,
+        "The session has no sandbox to pause or resume (never used, stopped, or its sandbox is "
+        "gone or still starting); or another write won the race (code concurrency): retry.",
+    ),
+    501: (schemas.Problem, "The runtime cannot pause sandboxes (Kubernetes, for now)."),
+    **COMMON_ERRORS,
+}
+
 OPERATIONS: tuple[Operation, ...] = (
     Operation(
         "POST",
@@ -180,6 +191,27 @@ OPERATIONS: tuple[Operation, ...] = (
         params=(SESSION_ID_PARAM, IDEMPOTENCY),
     ),
     Operation(
+        "POST",
+        "/v1/sessions/{session_id}/pause",
+        "pauseSession",
+        "Pause a session's sandbox: every process frozen, memory kept (idempotent)",
+        "pause_session",
+        {
+            200: (schemas.SessionSandbox, "Paused (or already paused); the session's next call resumes it."),
+            **PAUSE_ERRORS,
+        },
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+    Operation(
+        "POST",
+        "/v1/sessions/{session_id}/resume",
+        "resumeSession",
+        "Resume a session's paused sandbox (idempotent)",
+        "resume_session",
+        {200: (schemas.SessionSandbox, "Running (resumed now, or it was running)."), **PAUSE_ERRORS},
+        params=(SESSION_ID_PARAM, IDEMPOTENCY),
+    ),
+    Operation(
         "DELETE",
         "/v1/sessions/{session_id}",
         "deleteSession",
@@ -196,9 +228,13 @@ class SessionsAPI:
         self,
         client: rpc.SessionClient,
         sessions: projector.ProjectionStore[states.SessionState],
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self.client = client
         self.sessions = sessions
+        self.forget = forget
+        """Drops what this gateway remembers of a session's sandbox (``Placement.forget``):
+        after a pause, its next call asks instead of finding the sandbox frozen."""
 
     # ---- request helpers -------------------------------------------------------
 
@@ -314,6 +350,26 @@ class SessionsAPI:
         state = await self.client.session(command)
         assert state is not None
         return json_response(schemas.session_of(state))
+
+    async def pause_session(self, request: Request) -> Response:
+        command = commands.PauseSession(
+            session_id=self._path_session_id(request), **self._command_fields(request, "pause")
+        )
+        return await self._sandbox_answer(command)
+
+    async def resume_session(self, request: Request) -> Response:
+        command = commands.ResumeSession(
+            session_id=self._path_session_id(request), **self._command_fields(request, "resume")
+        )
+        return await self._sandbox_answer(command)
+
+    async def _sandbox_answer(self, command: commands.PauseSession | commands.ResumeSession) -> Response:
+        reply = await self.client.call(command)
+        if self.forget is not None:
+            self.forget(command.session_id)
+        if reply.sandbox is None:
+            raise errors.Conflict(f"session {command.session_id!r} has no sandbox to pause or resume")
+        return json_response(schemas.sandbox_of(command.session_id, reply.sandbox, reply.appended > 0))
 
     async def delete_session(self, request: Request) -> Response:
         command = commands.DeleteSession(

@@ -6,14 +6,24 @@ stay here, with the checks that give their patterns."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Literal
 
 import msgspec
 
 from sbx_client.api import Health, Problem, Session, SessionList
 from shared.contract import ids, references, states
 
-__all__ = ["CreateSessionRequest", "Health", "Problem", "Session", "SessionList", "session_of"]
+__all__ = [
+    "CreateSessionRequest",
+    "Health",
+    "Problem",
+    "Session",
+    "SessionList",
+    "SessionSandbox",
+    "sandbox_of",
+    "session_of",
+]
 
 SessionId = Annotated[
     str,
@@ -66,4 +76,31 @@ def session_of(state: states.SessionState) -> Session:
         updated_at=state.updated_at,
         incarnation=state.incarnation,
         version=state.version,
+    )
+
+
+class SessionSandbox(msgspec.Struct, kw_only=True):
+    """A session's sandbox after a pause or resume. (The gateway's own answer for now;
+    the client distribution may adopt it.)"""
+
+    session_id: str
+    sandbox_id: str
+    status: Literal["running", "paused"]
+    """``paused``: every process frozen, memory kept; the session's next call (MCP or host
+    API) resumes it."""
+    paused_at: datetime | None
+    """When it was paused (null while running)."""
+    changed: bool
+    """Whether this request paused or resumed it (false: it already was, or the same
+    Idempotency-Key did it before)."""
+
+
+def sandbox_of(session_id: str, state: states.SandboxState, changed: bool) -> SessionSandbox:
+    status: Literal["running", "paused"] = "paused" if state.status == "paused" else "running"
+    return SessionSandbox(
+        session_id=session_id,
+        sandbox_id=state.sandbox_id,
+        status=status,
+        paused_at=state.paused_at,
+        changed=changed,
     )

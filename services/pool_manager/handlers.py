@@ -342,7 +342,7 @@ class PoolHandlers:
         if state is None or state.status in ("deleted", "failed"):
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
         if state.status == "paused":  # counted under max_running already: no admission
-            return await self.resume(request, "call")
+            return await self.resume(request, "call", state)
         if state.status == "stopped":  # a resume adds a running sandbox: the limit applies
             async with self._admitting():  # held until the start is recorded
                 full, running = logic.over_limit((await self.sandboxes.all()).values(), self.max_running)
@@ -409,9 +409,12 @@ class PoolHandlers:
         log.info("sandbox.paused", sandbox_id=request.sandbox_id, reason=request.reason)
         return paused
 
-    async def resume(self, request: provisioning.PoolRequest, reason: str) -> states.SandboxState:
-        """Thaw a paused sandbox, then record it (``sandbox.resumed``); running: nothing to do."""
-        state = await self.sandboxes.get(request.sandbox_id)
+    async def resume(
+        self, request: provisioning.PoolRequest, reason: str, state: states.SandboxState | None = None
+    ) -> states.SandboxState:
+        """Thaw a paused sandbox, then record it (``sandbox.resumed``); running: nothing to do.
+        (``state``: its record, when the caller just read it.)"""
+        state = state or await self.sandboxes.get(request.sandbox_id)
         if state is None or state.status in sandbox_rules.DEAD:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
         if state.status == "running":

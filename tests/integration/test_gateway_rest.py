@@ -109,6 +109,8 @@ async def test_every_endpoint_refuses_a_bad_key_before_doing_anything(
         ("GET", "/v1/sessions", None),
         ("GET", "/v1/sessions/sneaky", None),
         ("POST", "/v1/sessions/sneaky/stop", None),
+        ("POST", "/v1/sessions/sneaky/pause", None),
+        ("POST", "/v1/sessions/sneaky/resume", None),
         ("DELETE", "/v1/sessions/sneaky", None),
     ]
     for method, path, body in calls:
@@ -158,6 +160,8 @@ async def test_bad_ids_in_paths_get_400(api, nats_server, namespace, path_id):
     for method, path in [
         ("GET", f"/v1/sessions/{path_id}"),
         ("POST", f"/v1/sessions/{path_id}/stop"),
+        ("POST", f"/v1/sessions/{path_id}/pause"),
+        ("POST", f"/v1/sessions/{path_id}/resume"),
         ("DELETE", f"/v1/sessions/{path_id}"),
     ]:
         r = await api.request(method, path, headers=AUTH)
@@ -187,8 +191,14 @@ async def test_openapi_is_generated_from_the_types(api):
         ("/v1/sessions", "get"),
         ("/v1/sessions/{session_id}", "get"),
         ("/v1/sessions/{session_id}/stop", "post"),
+        ("/v1/sessions/{session_id}/pause", "post"),
+        ("/v1/sessions/{session_id}/resume", "post"),
         ("/v1/sessions/{session_id}", "delete"),
     } <= ops
+    for action in ("pause", "resume"):
+        documented = doc["paths"][f"/v1/sessions/{{session_id}}/{action}"]["post"]
+        assert {"200", "400", "401", "404", "409", "501", "503", "504"} <= set(documented["responses"])
+        assert "Idempotency-Key" in {p["name"] for p in documented["parameters"]}
     request = doc["components"]["schemas"]["CreateSessionRequest"]
     assert request["required"] == ["session_id"]
     assert request["properties"]["session_id"]["pattern"] == "^[A-Za-z0-9][A-Za-z0-9_-]*$"
@@ -320,3 +330,24 @@ async def test_the_openapi_document_states_the_rules_the_server_applies(api):
     assert image["pattern"] == references.PATTERN and image["maxLength"] == references.MAX_LENGTH
     put = doc["paths"]["/v1/sessions/{session_id}/files/put"]["post"]["requestBody"]
     assert list(put["content"]) == [hostapi.MEDIA_TYPE]
+
+
+async def test_pause_and_resume_check_the_session_before_anything(api, nats_server, namespace):
+    """404 for an unknown session, 409 for one with no sandbox (created, never used; stopped),
+    400 for a bad Idempotency-Key: and no event for any of them. (Pausing a sandbox for real:
+    tests/e2e/test_pause.py.)"""
+    for action in ("pause", "resume"):
+        r = await api.post(f"/v1/sessions/nobody/{action}", headers=AUTH)
+        assert r.status_code == 404 and r.json()["error"] == "not_found", r.text
+    await api.post("/v1/sessions", json={"session_id": "unused"}, headers=AUTH)
+    before = await count_events(nats_server, namespace)
+    for action in ("pause", "resume"):
+        r = await api.post(f"/v1/sessions/unused/{action}", headers=AUTH)
+        assert r.status_code == 409 and r.json()["error"] == "conflict", r.text
+        assert "has none yet" in r.json()["message"]
+        r = await api.post(f"/v1/sessions/unused/{action}", headers={**AUTH, "Idempotency-Key": "a b"})
+        assert r.status_code == 400 and r.json()["error"] == "invalid_input", r.text
+    await api.post("/v1/sessions/unused/stop", headers=AUTH)
+    r = await api.post("/v1/sessions/unused/pause", headers=AUTH)
+    assert r.status_code == 409 and "stopped" in r.json()["message"]
+    assert await count_events(nats_server, namespace) == before + 1  # the stop only

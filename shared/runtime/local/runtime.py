@@ -726,6 +726,9 @@ class LocalRuntime(api.Runtime):
 
     async def resume(self, sandbox_id: str) -> api.SandboxInfo:
         """Thaw a paused sandbox: its processes go on where they were."""
+        if self._frozen(self._dir(sandbox_id)):  # the common case, first: one small write
+            self.cgroups.thaw(self._cgroup(sandbox_id))
+            return await self._require(sandbox_id)
         info = await self._require(sandbox_id)
         if info.status == "paused":
             self.cgroups.thaw(self._cgroup(sandbox_id))  # one small write: not worth a thread
