@@ -245,18 +245,12 @@ async def test_a_closed_pipe_ends_the_command_quietly(bus, nats_server, namespac
         assert int((tmp_path / "rc").read_text()) == exits.PIPE_CLOSED, command
 
 
-HOST_CLIENT_GAP = (
-    "sbx exec/release/route start sbx_client's own typer app (clients/python, another "
-    "owner): rich help with <bool> on flags, and typer's exit 1 on a closed pipe"
-)
-
-
 @pytest.mark.parametrize(
     "args",
     [
         ["-h"], ["-V"], ["status", "--json"], ["events"], ["replay"], ["replicas", "1"],
         ["image", "list"], ["image", "-h"],
-        pytest.param(["route", "--", "git", "push"], marks=pytest.mark.xfail(reason=HOST_CLIENT_GAP, strict=True)),  # noqa: E501
+        ["route", "--", "git", "push"],
     ],
     ids=" ".join,
 )  # fmt: skip
@@ -368,7 +362,6 @@ def test_help_of_every_command_and_the_version():
         assert str(code) in everything and f"| {code} |" in DOCS
 
 
-@pytest.mark.xfail(reason=HOST_CLIENT_GAP, strict=True)
 def test_help_of_the_host_client_commands():
     env = environment(None, None)
     assert host_client_commands() == {"exec", "release", "route"}

@@ -3,17 +3,21 @@
 the server's ``sbx`` registers the same commands (:func:`register`) and starts them without
 importing the rest of its CLI, as they run once per agent tool call.
 
-Exit codes: the command's own for ``exec``; 2 a usage error (or a code dir that cannot be
-synced); 75 (EX_TEMPFAIL) the gateway said it is worth retrying; 130 interrupted.
+Exit codes (as the rest of ``sbx``, docs/cli.md): the command's own for ``exec``; 2 a
+usage error (or a code dir that cannot be synced); 75 (EX_TEMPFAIL) the gateway said it is
+worth retrying; 130 interrupted; 141 the output's reader went away.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec
 
 import typer
 
@@ -24,19 +28,23 @@ from sbx_client import route as router
 from sbx_client.sandbox import Sandbox, SyncError
 from sbx_client.transport import ApiError
 
+P = ParamSpec("P")
 EXIT_USAGE = 2
 EXIT_RETRY = 75  # EX_TEMPFAIL: the gateway said it is worth retrying
 EXIT_INTERRUPTED = 130
 SHOWN = 10
 
-Session = Annotated[str, typer.Option("--session", help="Calls with the same session share a sandbox.")]
+Session = Annotated[
+    str, typer.Option("--session", metavar="NAME", help="Calls with the same session share a sandbox.")
+]
 
 
 def exec_command(
     ctx: typer.Context,
     session: Session,
     words: Annotated[
-        list[str] | None, typer.Argument(help="-- COMMAND: one shell command line.", show_default=False)
+        list[str] | None,
+        typer.Argument(metavar="-- COMMAND", help="One shell command line.", show_default=False),
     ] = None,
     keep: Annotated[
         bool,
@@ -45,7 +53,8 @@ def exec_command(
         ),
     ] = False,
     timeout: Annotated[
-        float | None, typer.Option("--timeout", help="Seconds before the command is killed.")
+        float | None,
+        typer.Option("--timeout", metavar="SECONDS", help="Seconds before the command is killed."),
     ] = None,
 ) -> None:
     """Run COMMAND for the current directory's code in the session's sandbox.
@@ -74,9 +83,12 @@ def release_command(ctx: typer.Context, session: Session) -> None:
 
 
 def route_command(
-    command: Annotated[list[str], typer.Argument(help="The command, e.g. -- 'git push origin HEAD'.")],
+    command: Annotated[
+        list[str], typer.Argument(metavar="-- COMMAND", help="The command, e.g. -- 'git push origin HEAD'.")
+    ],
     code_dir: Annotated[
-        list[Path] | None, typer.Option("--code-dir", help="A code dir (default: the current directory).")
+        list[Path] | None,
+        typer.Option("--code-dir", metavar="DIR", help="A code dir (default: the current directory)."),
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object.", show_default=False)] = False,
 ) -> None:
@@ -105,13 +117,32 @@ def route_command(
 
 _EXEC_SETTINGS = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 _SETTINGS = {"help_option_names": ["-h", "--help"]}
+EXIT_PIPE_CLOSED = 141
+
+
+def guarded(command: Callable[P, None]) -> Callable[P, None]:
+    """The command, with Ctrl-C as exit 130 and a closed output as 141 (nothing on stderr)."""
+
+    @functools.wraps(command)
+    def run_guarded(*args: P.args, **kwargs: P.kwargs) -> None:
+        try:
+            command(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)  # the interpreter's last flush goes nowhere
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+            raise typer.Exit(EXIT_PIPE_CLOSED) from None
+
+    return run_guarded
 
 
 def register(app: typer.Typer) -> None:
     """Add ``exec``, ``release`` and ``route`` to ``app``."""
-    app.command("exec", context_settings=_EXEC_SETTINGS)(exec_command)
-    app.command("release", context_settings=_SETTINGS)(release_command)
-    app.command("route", context_settings=_SETTINGS)(route_command)
+    app.command("exec", context_settings=_EXEC_SETTINGS)(guarded(exec_command))
+    app.command("release", context_settings=_SETTINGS)(guarded(release_command))
+    app.command("route", context_settings=_SETTINGS)(guarded(route_command))
 
 
 def run(command: str, session: str, keep: bool, timeout: float | None, name: str = "exec") -> int:
@@ -150,7 +181,7 @@ def run(command: str, session: str, keep: bool, timeout: float | None, name: str
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
     except BrokenPipeError:
-        code = 141  # our output's reader went away (128 + SIGPIPE, as a shell reports it)
+        code = EXIT_PIPE_CLOSED  # our output's reader went away (128 + SIGPIPE, as a shell reports it)
     finally:
         signal.signal(signal.SIGINT, previous)
         if bar is not None:
@@ -222,6 +253,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help, as sbx's (rich's panels show flags as "<bool>")
     context_settings=_SETTINGS,
 )
 register(app)
