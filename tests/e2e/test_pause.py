@@ -92,6 +92,15 @@ async def test_a_paused_sandbox_is_frozen_and_the_next_call_resumes_it_as_it_was
         assert freezer_state(sandbox_id) == "THAWED"
         support_wait(lambda: host_count(state, sandbox_id) > seen, 30)  # and it goes on
 
+        # A host API call resumes it just as well.
+        assert (await rest.post("/v1/sessions/pausee/pause")).json()["changed"] is True
+        run = await rest.post(
+            "/v1/sessions/pausee/run", json={"command": "cat /workspace/f", "cwd": "/workspace"}
+        )
+        assert run.status_code == 200, run.text
+        lines = [json.loads(line) for line in run.text.splitlines() if line.strip()]
+        assert any("data" in str(line) for line in lines) and lines[-1].get("exit_code") == 0, lines
+
         resumed = await rest.post("/v1/sessions/pausee/resume")
         assert resumed.status_code == 200 and resumed.json() == {**resumed.json(), "status": "running"}
         assert resumed.json()["changed"] is False  # running already
@@ -111,6 +120,8 @@ async def test_a_paused_sandbox_is_frozen_and_the_next_call_resumes_it_as_it_was
     assert out.returncode == 0 and "resumed" in out.stdout, out
     assert sbx("pause", "ghost", state=state).returncode != 0
     assert sandbox_events(state, "pausee") == [
+        ("sandbox.paused", "requested"),
+        ("sandbox.resumed", "call"),
         ("sandbox.paused", "requested"),
         ("sandbox.resumed", "call"),
         ("sandbox.paused", "requested"),

@@ -146,3 +146,20 @@ async def test_a_call_while_the_sandbox_is_being_paused_resumes_it_at_once(pausi
     )
     assert reply.ok and reply.sandbox.status == "running"
     assert await sandbox_events(h) == [("sandbox.paused", "requested"), ("sandbox.resumed", "activity")]
+
+
+async def test_the_executor_refuses_a_paused_sandbox_and_the_scheduler_resumes_it(pausing):
+    """A call sent straight to the executor (a gateway's stale placement) is refused as
+    not running, never left hanging in the frozen shell; the session's EnsureSession
+    resumes it."""
+    h = pausing
+    sandbox_id = (await h.ensure("stale")).sandbox_id
+    assert (await h.shell("stale", "echo warm")).ok  # its shell helper is up, and will be frozen
+    assert (await command(h, commands.PauseSession(command_id=ids.new_id(), session_id="stale"))).ok
+    request = execution.Shell(session_id="stale", sandbox_id=sandbox_id, command="echo hi")
+    reply = execution.decode_reply(
+        (await h.nc.request(h.topology.exec_requests, codec.encode(request), timeout=60)).data
+    )
+    assert not reply.ok and reply.error.code == errors.NotRunning.code and "paused" in reply.error.message
+    assert (await h.ensure("stale")).sandbox_id == sandbox_id  # resumes it
+    assert (await h.shell("stale", "echo hi")).output.startswith("hi")
