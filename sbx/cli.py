@@ -171,6 +171,36 @@ def events_command(
     _with_stack(state_dir, observe.follow_events, session=session, follow=follow, as_json=json, since=since)
 
 
+@app.command("timeline")
+def timeline_command(
+    session: Annotated[str, typer.Argument(metavar="SESSION", help="The session id.")],
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KIND", help="Only lifecycle, command or edit entries (repeat for more)."),
+    ] = None,
+    after: Annotated[int, typer.Option(metavar="SEQ", help="Only entries after this sequence.", min=0)] = 0,
+    limit: Annotated[
+        int | None, typer.Option(metavar="N", help="At most N entries (default: all).", min=1)
+    ] = None,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new entries.")] = False,
+    state_dir: StateDir = None,
+    json: Annotated[bool, typer.Option("--json", help="One JSON object a line (NDJSON).")] = False,
+) -> None:
+    """Print what happened to a session and in its sandboxes, in order: lifecycle, commands, edits."""
+    from sbx import observe
+
+    _with_stack(
+        state_dir,
+        observe.show_timeline,
+        session=session,
+        kinds=kind or [],
+        after=after,
+        limit=limit,
+        follow=follow,
+        as_json=json,
+    )
+
+
 @app.command("replay")
 def replay_command(
     verify: Annotated[

@@ -10,11 +10,13 @@ from collections import Counter
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sbx import bars, stack
+from sbx_client.api import TimelineEntry
 from shared.contract import codec, errors, events, ids, subjects
 from shared.domain import projections
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings
@@ -167,6 +169,67 @@ def _line(stored: eventstore.Stored) -> str:
         f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
         f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
         f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]"
+    )
+
+
+# ---- a session's timeline ------------------------------------------------------
+
+
+async def show_timeline(
+    nc: Client,
+    topology: subjects.Topology,
+    *,
+    session: str,
+    kinds: list[str],
+    after: int,
+    limit: int | None,
+    follow: bool,
+    as_json: bool,
+) -> int:
+    """Print a session's timeline (every page, or at most ``limit`` entries), then follow it."""
+    from shared.domain import timeline as rules
+    from shared.infrastructure import timeline
+
+    session = ids.validate_session_id(session)
+    wanted = rules.kinds(kinds)
+    reader = timeline.TimelineReader(eventstore.EventStore(nc.jetstream(), topology), topology)
+    shown = 0
+    if not follow:
+        while limit is None or shown < limit:
+            page = await reader.page(session, wanted, after=after, limit=min(1000, (limit or 1000) - shown))
+            if not page.entries and not after and not await _session_known(nc, topology, session):
+                raise errors.NotFound(f"session {session!r} has no events: no such session")
+            for entry in page.entries:
+                print(_timeline_line(entry, as_json), flush=True)
+            shown += len(page.entries)
+            after = page.next_after
+            if not page.more:
+                break
+        return 0
+    async with contextlib.aclosing(reader.follow(session, wanted, after=after)) as entries:
+        async for entry in entries:
+            print(_timeline_line(entry, as_json), flush=True)
+    return 0
+
+
+async def _session_known(nc: Client, topology: subjects.Topology, session: str) -> bool:
+    store = eventstore.EventStore(nc.jetstream(), topology)
+    async with contextlib.aclosing(
+        store.read(topology.aggregate_subject(subjects.SESSION, session))
+    ) as stream:
+        async for _ in stream:
+            return True
+    return False
+
+
+def _timeline_line(entry: TimelineEntry, as_json: bool) -> str:
+    if as_json:
+        return msgspec.json.encode(entry).decode()
+    who = " ".join(f"{k}={v}" for k, v in (("user", entry.user_id), ("request", entry.request_id)) if v)
+    took = f" {entry.duration_ms} ms" if entry.duration_ms is not None and entry.kind != "lifecycle" else ""
+    return (
+        f"{entry.seq:>8} {entry.time.isoformat(timespec='milliseconds')} {entry.kind:9} "
+        f"{entry.summary}{took}{'  [' + who + ']' if who else ''}"
     )
 
 

@@ -23,6 +23,7 @@ from shared.contract import errors, ids, states, subjects
 from shared.contract import hostapi as contract
 from shared.domain import timeline as rules
 from shared.infrastructure import eventstore, projector
+from shared.infrastructure import timeline as reading
 
 LIMIT_DEFAULT = 100
 LIMIT_MAX = 1000
@@ -131,9 +132,8 @@ class TimelineAPI:
         sessions: projector.ProjectionStore[states.SessionState],
         topology: subjects.Topology,
     ) -> None:
-        self.store = store
+        self.reader = reading.TimelineReader(store, topology)
         self.sessions = sessions
-        self.topology = topology
 
     async def timeline(self, request: Request) -> Response:
         query = parse(request)
@@ -143,69 +143,13 @@ class TimelineAPI:
         bound = request.scope.get("sbx.org")
         if state is None or (bound is not None and state.org_id not in (None, bound)):
             raise errors.NotFound(f"session {query.session_id!r} does not exist")
-        members = rules.Membership(query.session_id)
-        async for stored in self.store.read(
-            self.topology.aggregate_subject(subjects.SESSION, query.session_id)
-        ):
-            members.learn(stored.seq, stored.event)
         if not query.follow:
-            return rest.json_response(await self._page(query, members))
-        entries = self._follow(query, members)
+            page = await self.reader.page(query.session_id, query.kinds, after=query.after, limit=query.limit)
+            return rest.json_response(page)
+        entries = self.reader.follow(query.session_id, query.kinds, after=query.after)
         return hostapi.LiveStream(
             _encoded(hostapi.with_keepalives(_framed(entries), None), media_type), {}, media_type
         )
-
-    def _subjects(self, query: Query, members: rules.Membership, *, every_sandbox: bool) -> list[str]:
-        out = []
-        for kind in rules.subject_kinds(query.kinds):
-            if kind != subjects.SANDBOX:
-                out.append(self.topology.aggregate_subject(kind, query.session_id))
-            elif every_sandbox:
-                out.append(self.topology.events_of_kind(subjects.SANDBOX))
-            else:
-                out += [self.topology.aggregate_subject(kind, s) for s in members.sandboxes]
-        return out
-
-    async def _entries(
-        self, query: Query, members: rules.Membership, after: int, *, every_sandbox: bool, follow: bool
-    ) -> AsyncIterator[TimelineEntry]:
-        reader = self.store.read(
-            self._subjects(query, members, every_sandbox=every_sandbox), start_seq=after + 1, follow=follow
-        )
-        async for stored in reader:
-            members.learn(stored.seq, stored.event)
-            if not members.owns(stored.seq, stored.event):
-                continue
-            entry = rules.entry_of(stored.seq, stored.event)
-            if entry is not None and entry.kind in query.kinds:
-                yield entry
-
-    async def _page(self, query: Query, members: rules.Membership) -> Timeline:
-        found: list[TimelineEntry] = []
-        async for entry in self._entries(query, members, query.after, every_sandbox=False, follow=False):
-            found.append(entry)
-            if len(found) > query.limit:
-                break
-        page = found[: query.limit]
-        return Timeline(
-            session_id=query.session_id,
-            entries=page,
-            next_after=page[-1].seq if page else query.after,
-            more=len(found) > query.limit,
-        )
-
-    async def _follow(self, query: Query, members: rules.Membership) -> AsyncGenerator[TimelineEntry, None]:
-        """What is there (the session's subjects only), then live: every sandbox's subject
-        from the stream's end as it was, so that a sandbox the session gets later joins."""
-        end = await self.store.last_seq()
-        sent = query.after
-        async for entry in self._entries(query, members, query.after, every_sandbox=False, follow=False):
-            sent = entry.seq
-            yield entry
-        async for entry in self._entries(query, members, max(end, sent), every_sandbox=True, follow=True):
-            if entry.seq > sent:
-                sent = entry.seq
-                yield entry
 
 
 async def _framed(entries: AsyncIterator[TimelineEntry]) -> AsyncGenerator[TimelineEntry | None, None]:

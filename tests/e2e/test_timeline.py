@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,10 +23,14 @@ pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime ne
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    state = tmp_path_factory.mktemp("stack")
-    with running_stack(state) as (_, url):
-        yield url, (state / "api-key").read_text().strip()
+def state_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("stack")
+
+
+@pytest.fixture(scope="module")
+def stack(state_dir):
+    with running_stack(state_dir) as (_, url):
+        yield url, (state_dir / "api-key").read_text().strip()
 
 
 @pytest.fixture
@@ -149,3 +157,47 @@ def test_bad_input_is_refused_before_anything_is_read(client):
     wrong = client.get("/v1/sessions/tl-1/timeline", headers={"accept": "text/event-stream"})
     assert wrong.status_code == 406  # a page is JSON; streams come with follow=true
     assert httpx.get(f"{client.base_url}/v1/sessions/tl-1/timeline").status_code == 401
+
+
+def sbx(state_dir, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(Path(sys.executable).with_name("sbx")), *args, "--state-dir", str(state_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def test_sbx_timeline_prints_what_the_route_answers(client, state_dir):
+    assert client.post("/v1/sessions/tl-4/run", json={"command": "echo cli"}).status_code == 200
+    listed = sbx(state_dir, "timeline", "tl-4", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line) for line in listed.stdout.splitlines()] == page(client, "tl-4")["entries"]
+    commands = sbx(state_dir, "timeline", "tl-4", "--kind", "command")
+    assert (
+        commands.returncode == 0
+        and "command" in commands.stdout
+        and "run: echo cli -> exit 0" in commands.stdout
+    )
+    assert len(sbx(state_dir, "timeline", "tl-4", "--json", "--limit", "2").stdout.splitlines()) == 2
+    unknown = sbx(state_dir, "timeline", "never-was")
+    assert (
+        unknown.returncode == 1 and "no such session" in unknown.stderr and "Traceback" not in unknown.stderr
+    )
+    bad = sbx(state_dir, "timeline", "tl-4", "--kind", "secrets")
+    assert bad.returncode == 2 and "kind must be one of" in bad.stderr
+
+
+def test_sbx_timeline_follows(client, state_dir):
+    assert client.post("/v1/sessions/tl-5/run", json={"command": "echo before"}).status_code == 200
+    follower = subprocess.Popen(
+        [str(Path(sys.executable).with_name("sbx")), "timeline", "tl-5", "-f", "--json", "--kind", "command",
+         "--state-dir", str(state_dir)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert json.loads(follower.stdout.readline())["command"] == "echo before"
+        assert client.post("/v1/sessions/tl-5/run", json={"command": "echo after"}).status_code == 200
+        assert json.loads(follower.stdout.readline())["command"] == "echo after"
+    finally:
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(30) == 130
+    assert "Traceback" not in follower.stderr.read()
