@@ -163,3 +163,16 @@ async def test_the_executor_refuses_a_paused_sandbox_and_the_scheduler_resumes_i
     assert not reply.ok and reply.error.code == errors.NotRunning.code and "paused" in reply.error.message
     assert (await h.ensure("stale")).sandbox_id == sandbox_id  # resumes it
     assert (await h.shell("stale", "echo hi")).output.startswith("hi")
+
+
+async def test_a_sandbox_frozen_but_never_recorded_paused_is_thawed_by_the_next_call(pausing):
+    """A pool-manager that died between freezing a sandbox and recording it leaves it
+    frozen, recorded running: the session's next call thaws it (nothing hangs)."""
+    h = pausing
+    sandbox_id = (await h.ensure("halfway")).sandbox_id
+    await h.runtime.pause(sandbox_id)  # frozen behind the records' back
+    assert (await sandbox_of(h, "halfway")).status == "running"
+    reply = await h.shell("halfway", "echo thawed")
+    assert reply.ok and reply.output.startswith("thawed"), reply
+    assert (await h.runtime.get(sandbox_id)).status == "running"
+    assert not (await replay.verify(h.nc.jetstream(), h.topology)).differences
