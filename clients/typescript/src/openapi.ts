@@ -59,6 +59,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Pause a session's sandbox: every process frozen, memory kept (idempotent) */
+        post: operations["pauseSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Resume a session's paused sandbox (idempotent) */
+        post: operations["resumeSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/run": {
         parameters: {
             query?: never;
@@ -235,6 +269,19 @@ export interface components {
         SessionList: {
             sessions: components["schemas"]["Session"][];
             count: number;
+        };
+        /**
+         * SessionSandbox
+         * @description A session's sandbox after a pause or resume. (The gateway's own answer for now;
+         *     the client distribution may adopt it.)
+         */
+        SessionSandbox: {
+            session_id: string;
+            sandbox_id: string;
+            /** @enum {string} */
+            status: "paused" | "running";
+            paused_at: string | null;
+            changed: boolean;
         };
         /** RunBody */
         RunBody: {
@@ -786,6 +833,212 @@ export interface operations {
             };
             /** @description Another write to this session won the race (concurrency); retry. */
             409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    pauseSession: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Paused (or already paused); the session's next call resumes it. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionSandbox"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session has no sandbox to pause or resume (never used, stopped, or its sandbox is gone or still starting); or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    resumeSession: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Running (resumed now, or it was running). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionSandbox"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session has no sandbox to pause or resume (never used, stopped, or its sandbox is gone or still starting); or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
                     "Retry-After"?: number;
