@@ -221,3 +221,14 @@ def test_a_replica_plan_says_how_much_room_the_serving_proxies_have():
     assert logic.replica_plan(active, [], {"px-1": "10.0.0.1:3128"}, per_proxy=2).room == -1
     assert logic.replica_plan(active, [], {"px-1": "a", "px-2": "b"}, per_proxy=2).room == 1
     assert logic.replica_plan([], [], {}, per_proxy=2).room == 0
+
+
+def test_a_paused_sandbox_keeps_its_proxy_and_counts_for_the_fleet():
+    """Paused, it holds its memory and its connections: its proxy stays (its next call
+    finds its way out at once), it counts for sizing, and one whose proxy died is moved."""
+    paused = [sandbox(1, "paused", proxy="a"), sandbox(2, "paused", proxy="a")]
+    plan = run(paused, [proxy("a")], per=1)
+    assert plan.drain == () and plan.start == 1 and plan.assign == {}
+    moved = run([sandbox(1, "paused", proxy="dead")], [proxy("dead"), proxy("b")], alive={"b"})
+    assert moved.died == ("dead",) and moved.assign == {"sb-001": "b"}
+    assert logic.replica_plan(paused, [], {"p": "10.0.0.1:3129"}, per_proxy=1).replicas == 2
