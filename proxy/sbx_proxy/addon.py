@@ -141,6 +141,9 @@ class CredentialProxy:
         conn = self.conns.get(client.id)
         if conn is None:
             conn = self.tracker.by_hop(client.peername)
+            if conn is None and (self.front is not None or client.timestamp_end is not None):
+                # The front's record is closed already (a late hook): counted, not kept.
+                return self.tracker.detached(client.peername)
             if conn is None:
                 conn = self.tracker.opened(client.peername)
                 conn.flags.add(OWNED)
@@ -260,17 +263,8 @@ class CredentialProxy:
         )
         decision = hosts.decide(route, self.config.configured)
         if decision.action == "pass":
-            if connect is None:
-                self.tracker.routed(conn, egress.Mode.FORWARD, request.host, request.port)
-                address: str | None = request.host
-                if _is_ip(request.host):  # plain HTTP: check (an address) or check and pin (a name)
-                    why = self._refusal(request.host, request.port)
-                else:
-                    address, why = await self._resolve(request.host, request.port)
-                if why is not None:
-                    return self._refuse(flow, 502, f"{DESTINATION_REFUSED}: {why}", why.reason)
-                assert address is not None
-                request.data.host = address  # keeps Host; lets connections be reused
+            if connect is None and not await self._plain_destination(flow, conn):
+                return
             self.tracker.requested(conn, egress.Outcome.PASSED)
             request.stream = True  # never buffer a body (uploads)
             return
@@ -304,6 +298,23 @@ class CredentialProxy:
         request.headers["Accept-Encoding"] = "identity"
         flow.metadata[SECRETS] = injection.secrets
         log.info("sbx_proxy: %s %s via rule %s", request.method, decision.host, rule.name)
+
+    async def _plain_destination(self, flow: http.HTTPFlow, conn: egress.Connection) -> bool:
+        """Check a plain-HTTP request's destination (an address) or check and pin it (a
+        name); False when refused (answered)."""
+        request = flow.request
+        self.tracker.routed(conn, egress.Mode.FORWARD, request.host, request.port)
+        address: str | None = request.host
+        if _is_ip(request.host):
+            why = self._refusal(request.host, request.port)
+        else:
+            address, why = await self._resolve(request.host, request.port)
+        if why is not None:
+            self._refuse(flow, 502, f"{DESTINATION_REFUSED}: {why}", why.reason)
+            return False
+        assert address is not None
+        request.data.host = address  # keeps Host; lets connections be reused
+        return True
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         response = flow.response

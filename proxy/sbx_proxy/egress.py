@@ -246,6 +246,11 @@ class Tracker:
             sink.opened(conn)
         return conn
 
+    def detached(self, peer: tuple[str, int] | None) -> Connection:
+        """A record for observations that come after their connection closed (a late
+        hook): the sinks hear them, but it is neither open nor ever closed."""
+        return Connection(id=next(self._ids), peer=peer, started=self.clock())
+
     def closed(self, conn: Connection) -> Record | None:
         """The connection's record, once (a second close is ignored: None)."""
         if self.open.pop(conn.id, None) is None:

@@ -118,10 +118,8 @@ def _export_metrics(ctx: service.Context, fleet) -> fleetmetrics.FleetMetrics:
         ctx.details["proxy_metrics"] = "not collected by the scaler on this backend"
         return exported
     metrics.REGISTRY.register(exported)
-    ctx.details["proxy_metrics"] = (
-        f"sbx_proxy_* with label proxy on this service's /metrics; per proxy: unix socket "
-        f"{fleet.dir}/<port>.metrics.sock"
-    )
+    # (sbx status prints it: where the fleet's metrics are, in one line)
+    ctx.details["proxy_metrics"] = f"re-exported on this /metrics; sockets {fleet.dir}/*.metrics.sock"
     return exported
 
 

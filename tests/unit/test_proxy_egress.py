@@ -179,3 +179,12 @@ def test_bytes_reach_the_sinks_in_steps_and_in_full_at_the_close():
     tracker.closed(c)
     steps = [n for kind, *rest in log.seen if kind == "bytes" for _, n in [rest]]
     assert sum(steps) == 50 * 64 * 1024 and len(steps) == 4
+
+
+def test_a_late_observation_is_counted_without_opening_anything():
+    log = Log()
+    tracker = E.Tracker([log])
+    late = tracker.detached(("127.0.0.1", 5000))
+    tracker.upstream_failed(late, E.Stage.CONNECT)
+    assert tracker.open == {} and log.seen == [("upstream", E.Stage.CONNECT)]
+    assert tracker.closed(late) is None, "never open, never closed"
