@@ -31,6 +31,7 @@ from services.gateway import (
     sessions,
     timeline,
 )
+from services.gateway import console as web_console
 from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
@@ -119,6 +120,7 @@ def build_app(
     app: ASGIApp = auth.BearerAuth(
         inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
     )
+    app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
     app = RequestMetrics(app)
     if gateway.cors_origins:
         cors = CORSMiddleware(

@@ -1,0 +1,360 @@
+"""The web console without a server (services/gateway/console): its session tokens and CSRF
+tokens, templates that escape every value, the pure view functions (who sees what, the
+list's filters, gauges, replay), and the routes' security with fakes in place of NATS."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+
+import msgspec
+import nats.js.errors
+import pytest
+from starlette.responses import Response
+from starlette.testclient import TestClient
+
+from sbx_client.api import Timeline, TimelineEntry
+from services.gateway import auth
+from services.gateway.console import routes, templating, tokens, views
+from shared.contract import commands, errors, events, states, subjects
+from shared.infrastructure import health
+
+NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
+T = NOW.timestamp()
+OPERATOR_KEY = "operator-key-" + "o" * 32
+ACME_KEY = "acme-key-" + "a" * 32
+
+
+def signer(*, operator: str = OPERATOR_KEY, acme: str = ACME_KEY) -> tokens.Signer:
+    return tokens.Signer(
+        tokens.server_secret(operator),
+        [(None, tokens.key_digest(operator)), ("acme", tokens.key_digest(acme))],
+    )
+
+
+# ---- tokens ------------------------------------------------------------------------
+
+
+def test_a_token_proves_who_logged_in_until_it_expires():
+    s = signer()
+    token = s.issue(tokens.key_digest(ACME_KEY), "ann", T)
+    who = s.check(token, T + 60)
+    assert who is not None and (who.org, who.user, who.operator) == ("acme", "ann", False)
+    assert s.check(token, T + tokens.TTL_SECONDS) is None  # expired
+    operator = s.check(s.issue(tokens.key_digest(OPERATOR_KEY), "root", T), T)
+    assert operator is not None and operator.operator and operator.org is None
+    # The cookie never holds the key, nor anything of it an attacker could use offline.
+    assert ACME_KEY not in token and tokens.key_digest(ACME_KEY).hex() not in token
+
+
+def test_forged_tampered_or_orphaned_tokens_are_refused():
+    s = signer()
+    token = s.issue(tokens.key_digest(ACME_KEY), "ann", T)
+    payload, mac = token.split(".")
+    claims = tokens._unb64(payload).decode()
+    for forged_claims in (claims.replace('"acme"', "null"), claims.replace('"ann"', '"bob"')):
+        forged = tokens._b64(forged_claims.encode()) + "." + mac
+        assert s.check(forged, T) is None
+    for garbage in ("", ".", "a.b", token + ".x", "x" * 5000, payload + "." + tokens._b64(b"0" * 32), None):
+        assert s.check(garbage, T) is None
+    # A key rotated away ends its sessions; the other key's go on.
+    rotated = signer(acme="acme-new-key-" + "n" * 32)
+    assert rotated.check(token, T) is None
+    assert rotated.check(s.issue(tokens.key_digest(OPERATOR_KEY), "root", T), T) is not None
+    # Another server secret (another operator key) honours none.
+    assert signer(operator="other-operator-" + "x" * 32).check(token, T) is None
+    with pytest.raises(KeyError):
+        s.issue(tokens.key_digest("not a configured key"), "eve", T)
+
+
+def test_csrf_tokens_belong_to_one_binding():
+    s = signer()
+    mine = s.csrf("nonce-1")
+    assert s.csrf_ok("nonce-1", mine)
+    assert not s.csrf_ok("nonce-2", mine)
+    assert not s.csrf_ok("nonce-1", None) and not s.csrf_ok(None, mine) and not s.csrf_ok("nonce-1", "")
+    assert not s.csrf_ok("nonce-1", mine[:-1] + "é")
+
+
+# ---- templates ---------------------------------------------------------------------
+
+
+def test_every_value_is_escaped_unless_it_was_rendered():
+    row = templating.render(
+        "link.html", href='/console/sessions/x" onmouseover="alert(1)', text="<script>alert(1)</script>"
+    )
+    assert "<script>" not in row and "&lt;script&gt;" in row
+    assert "x&quot; onmouseover=&quot;alert(1)" in row
+    assert templating.render("line.html", text=row).count("<a ") == 1  # rendered HTML goes in as it is
+    assert templating.render("line.html", text=None) == "<li></li>\n"
+    with pytest.raises(KeyError):
+        templating.render("line.html")  # a placeholder without a value is an error
+    with pytest.raises(TypeError):
+        templating.join(["<b>raw</b>"])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        templating.render("../views.py")
+
+
+def test_templates_have_no_inline_script_or_style():
+    for path in templating.TEMPLATES.iterdir():
+        text = path.read_text()
+        assert not re.search(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son[a-z]+=|javascript:", text), (
+            path.name
+        )
+
+
+# ---- views -------------------------------------------------------------------------
+
+
+def session(sid: str, org: str | None = None, **more) -> states.SessionState:
+    fields = {"status": "active", "created_at": NOW, "updated_at": NOW, "last_seq": 1} | more
+    return states.SessionState(session_id=sid, org_id=org, **fields)
+
+
+def sandbox(sid: str, **more) -> states.SandboxState:
+    fields = {"status": "running", "created_at": NOW, "updated_at": NOW, "last_seq": 1} | more
+    return states.SandboxState(sandbox_id=sid, **fields)
+
+
+def test_the_filters_and_an_organisation_bound_key():
+    assert views.filters({"status": "stopped", "user": " ann "}, None) == views.Filters(
+        status="stopped", user="ann"
+    )
+    assert views.filters({}, "acme").org == "acme"  # a bound key lists its organisation only
+    with pytest.raises(errors.Forbidden):
+        views.filters({"org": "globex"}, "acme")
+    for bad in ({"status": "running"}, {"user": "x" * 200}, {"org": "a\x00b"}):
+        with pytest.raises(errors.InvalidInput):
+            views.filters(bad, None)
+    assert views.Filters(status="active", org="a&b").query() == "status=active&org=a%26b"
+
+
+def test_session_rows_filter_and_hide_other_organisations():
+    everyone = [
+        session("a1", "acme", user_id="ann", image="python", sandbox_id="sb1", created_at=NOW),
+        session("a2", "acme", status="stopped", created_at=NOW + timedelta(seconds=1)),
+        session("a3", "acme", status="deleted"),
+        session("g1", "globex"),
+        session("n1", None),
+    ]
+    boxes = {"sb1": sandbox("sb1", image="python")}
+    ids = lambda rows: [r.session_id for r in rows]  # noqa: E731
+    assert ids(views.session_rows(everyone, boxes, views.Filters(), None)) == ["a1", "g1", "n1", "a2"]
+    assert ids(views.session_rows(everyone, boxes, views.Filters(), "acme")) == ["a1", "a2"]
+    assert ids(views.session_rows(everyone, boxes, views.Filters(status="deleted"), "acme")) == ["a3"]
+    assert ids(views.session_rows(everyone, boxes, views.Filters(org="globex"), "acme")) == []
+    assert ids(views.session_rows(everyone, boxes, views.Filters(user="ann", image="pyth"), None)) == ["a1"]
+    row = views.session_rows(everyone, boxes, views.Filters(user="ann"), None)[0]
+    assert (row.sandbox_id, row.sandbox_status, row.href) == ("sb1", "running", "/console/sessions/a1")
+    assert views.href("sessions", "a/../b?c") == "/console/sessions/a%2F..%2Fb%3Fc"
+    assert not views.visible_session(session("n1"), "acme") and views.visible_session(session("n1"), None)
+
+
+def test_a_bound_key_sees_the_events_of_its_organisation_only():
+    def meta(org=None, sid=None):
+        return events.Meta(
+            event_id="e" * 32, time=NOW, service="t", instance="t1", org_id=org, session_id=sid
+        )
+
+    by_acme = events.SessionStopped(meta=meta("acme"), session_id="a1")
+    by_reaper = events.SessionStopped(meta=meta(), session_id="a1")
+    pool = events.SandboxStarted(meta=meta(), sandbox_id="sb9")
+    assert views.visible_event(by_acme, "acme", None)
+    assert views.visible_event(by_reaper, "acme", "acme") and not views.visible_event(
+        by_reaper, "acme", "globex"
+    )
+    assert not views.visible_event(pool, "acme", None) and views.visible_event(pool, None, None)
+    ran = events.CommandExecuted(meta=meta(sid="a1"), session_id="a1", sandbox_id="sb1", tool="shell",
+                                 command="echo <b>hi</b>", exit_code=0)  # fmt: skip
+    record = views.audit_record(7, ran)
+    assert (record.seq, record.type, record.session) == (7, "exec.completed", "a1")
+    assert "command=echo <b>hi</b>" in record.summary  # text: the template escapes it
+    rendered = templating.render("audit_row.html", **routes._fields(record))
+    assert "<b>" not in rendered and "&lt;b&gt;hi" in rendered
+
+
+def test_timeline_rows_as_the_script_renders_them():
+    entry = TimelineEntry(seq=3, time=NOW, kind="command", type="exec.completed", summary="shell: ls",
+                          org_id="acme", user_id="ann")  # fmt: skip
+    assert views.timeline_row(entry) == {
+        "seq": "3", "time": "2026-12-03T09:00:00Z", "kind": "command", "summary": "shell: ls",
+        "who": "acme / ann",
+    }  # fmt: skip
+
+
+def report(service: str, instance: str, age: float, **details: str) -> health.HealthReport:
+    return health.HealthReport(
+        service=service, instance=instance, pid=1, host="h", version="1", status="ok", started_at=NOW,
+        reported_at=NOW - timedelta(seconds=age), interval=1.0, details=details,
+    )  # fmt: skip
+
+
+def test_instances_health_and_gauges():
+    reports = [report("gateway", "g1", 0.5), report("pool-manager", "p1", 10, **{"idle:default": "2"})]
+    gone = states.InstanceState(service="executor", instance="e1", status="running", pid=9, host="h",
+                                version="1", started_at=NOW, last_seq=1)  # fmt: skip
+    rows = views.instance_rows(reports, [gone], NOW)
+    assert [(r.service, r.liveness) for r in rows] == [("gateway", "ok"), ("pool-manager", "stale"),
+                                                       ("executor", "no report")]  # fmt: skip
+    boxes = [
+        sandbox("p1", pool="default", proxy_id="px1"),
+        sandbox("p2", pool="default", session_id="s1", proxy_id="px1"),
+        sandbox("p3", pool="default", status="requested"),
+        sandbox("own", proxy_id="px2", status="paused"),
+    ]
+    proxies = [
+        states.ProxyState(proxy_id=p, status=st, endpoint="e", started_at=NOW, updated_at=NOW, last_seq=1)
+        for p, st in (("px1", "running"), ("px2", "draining"), ("px3", "stopped"))
+    ]
+    shown = views.gauges(boxes, proxies, reports)
+    pool = {g.name: g.value for g in shown.pool}
+    assert pool["pool sandboxes: running"] == 2 and pool["pool sandboxes: requested"] == 1
+    assert pool["idle (ready to be claimed)"] == 1 and pool["idle in pool default"] == 1
+    assert pool["default: idle, as p1 counts"] == 2
+    fleet = {g.name: g.value for g in shown.proxies}
+    assert fleet["proxies: running"] == 1 and fleet["proxies: draining"] == 1
+    assert (
+        fleet["sandboxes on px1"] == 2 and fleet["sandboxes on px2"] == 1 and "sandboxes on px3" not in fleet
+    )
+
+
+def test_replay_results():
+    @dataclass
+    class Diff:
+        text: str
+
+        def describe(self) -> str:
+            return self.text
+
+    good = views.replay_view(10, 0.5, {"session": 2}, [])
+    assert good.ok and good.lines == ["projections match the event stream"] and "10 events" in good.headline
+    bad = views.replay_view(10, 0.5, {"session": 2}, [Diff("session s1: status: stream='a' kv='b'")])
+    assert (
+        not bad.ok
+        and bad.lines[0].startswith("session s1")
+        and "1 projection entries differ" in bad.lines[-1]
+    )
+
+
+def test_the_name_given_at_login():
+    assert views.user_name("  ann ") == "ann"
+    for bad in ("", "   ", None, "a\x07b", "x" * 300):
+        with pytest.raises(errors.InvalidInput):
+            views.user_name(bad)
+
+
+# ---- routes (fakes for NATS) -------------------------------------------------------
+
+
+class FakeSessions:
+    def __init__(self, *found: states.SessionState) -> None:
+        self.found = {s.session_id: s for s in found}
+
+    async def all(self):
+        return dict(self.found)
+
+    async def get(self, sid):
+        return self.found.get(sid)
+
+
+class FakeClient:
+    def __init__(self) -> None:
+        self.sent: list[commands.SessionCommand] = []
+
+    async def session(self, command):
+        self.sent.append(command)
+        return None
+
+
+class FakeHistory:
+    """The API's timeline route: one entry whose command is HTML."""
+
+    async def timeline(self, request):
+        assert request.scope.get("sbx.org") == "acme" and request.query_params["after"] == "0"
+        entry = TimelineEntry(seq=4, time=NOW, kind="command", type="exec.completed",
+                              summary="shell: echo '<img src=x onerror=alert(1)>'")  # fmt: skip
+        page = Timeline(
+            session_id=request.path_params["session_id"], entries=[entry], next_after=4, more=False
+        )
+        return Response(msgspec.json.encode(page), media_type="application/json")
+
+
+class NoBuckets:
+    async def key_value(self, bucket):
+        raise nats.js.errors.NotFoundError
+
+
+@pytest.fixture
+def console():
+    fake = FakeClient()
+    c = routes.Console(
+        keys=auth.KeyCheck(OPERATOR_KEY, (("acme", ACME_KEY),)),
+        signer=signer(),
+        ctx=SimpleNamespace(js=NoBuckets(), store=SimpleNamespace(topology=subjects.Topology("t"))),  # type: ignore[arg-type]
+        sessions=FakeSessions(session("a1", "acme", user_id="<i>ann</i>"), session("g1", "globex")),  # type: ignore[arg-type]
+        client=fake,  # type: ignore[arg-type]
+        history=FakeHistory(),  # type: ignore[arg-type]
+        clock=lambda: T,
+    )
+    with TestClient(c.app(), base_url="https://testserver") as http:
+        http.fake = fake  # type: ignore[attr-defined]
+        yield http
+
+
+def csrf_of(html: str) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', html).group(1)
+
+
+def login(http: TestClient, key: str, user: str = "ops"):
+    form = http.get("/console/login")
+    return http.post("/console/login", data={"csrf": csrf_of(form.text), "key": key, "user": user},
+                     follow_redirects=False)  # fmt: skip
+
+
+def test_login_sets_a_safe_cookie_and_every_answer_is_locked_down(console):
+    assert console.get("/console/sessions", follow_redirects=False).headers["location"] == "/console/login"
+    refused = login(console, "wrong-" + OPERATOR_KEY)
+    assert refused.status_code == 401 and "not valid" in refused.text and "wrong-" not in refused.text
+    answer = login(console, OPERATOR_KEY)
+    assert answer.status_code == 303
+    cookie = answer.headers["set-cookie"].lower()
+    assert (
+        "httponly" in cookie
+        and "samesite=strict" in cookie
+        and "secure" in cookie
+        and "path=/console" in cookie
+    )
+    assert OPERATOR_KEY.lower() not in cookie
+    page = console.get("/console/sessions")
+    assert page.status_code == 200
+    assert page.headers["content-security-policy"] == routes.CSP and page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in routes.CSP and "'unsafe-inline'" not in routes.CSP
+    assert "&lt;i&gt;ann&lt;/i&gt;" in page.text and "<i>" not in page.text and OPERATOR_KEY not in page.text
+    assert "g1" in page.text
+
+
+def test_forms_need_their_csrf_token_and_actions_record_who(console):
+    login(console, ACME_KEY, user="ann")
+    page = console.get("/console/sessions/a1")
+    assert page.status_code == 200 and "g1" not in console.get("/console/sessions").text
+    assert "<img" not in page.text and "&lt;img src=x onerror=alert(1)&gt;" in page.text
+    assert 'data-stream="/console/sessions/a1/timeline/stream?after=4"' in page.text
+    assert console.get("/console/sessions/g1").status_code == 404  # another organisation's
+    assert console.get("/console/system").status_code == 403  # the operator's only
+    for data in ({}, {"csrf": "forged"}, {"csrf": signer().csrf("another-login")}):
+        assert console.post("/console/sessions/a1/stop", data=data).status_code == 403
+    assert console.fake.sent == []
+    stopped = console.post("/console/sessions/a1/stop", data={"csrf": csrf_of(page.text)},
+                           follow_redirects=False)  # fmt: skip
+    assert stopped.status_code == 303
+    (command,) = console.fake.sent
+    assert isinstance(command, commands.StopSession) and command.session_id == "a1"
+    assert command.actor == commands.Actor(via="console", org_id="acme", user_id="ann")
+    assert command.correlation_id.startswith("console:")
+    assert console.post("/console/sessions/g1/stop", data={"csrf": csrf_of(page.text)}).status_code == 404
+    assert console.get("/console/sessions/a1/stop").status_code == 405
+    logout = console.post("/console/logout", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
+    assert logout.status_code == 303
+    assert console.get("/console/sessions", follow_redirects=False).status_code == 303
