@@ -40,6 +40,8 @@ REFUSED = "sbx_refused"
 OWNED = "addon-owned"
 """Connection flag: mitmproxy's own client (not handed by the front): the addon closes it."""
 DESTINATION_REFUSED = "destination refused"
+UPSTREAM_FAILED = "upstream-failed"
+"""Connection flag: its upstream connection failed; the flow's error hook comes next."""
 
 
 class CredentialProxy:
@@ -213,23 +215,28 @@ class CredentialProxy:
         self.tracker.upstream_failed(conn, egress.Stage.CONNECT)
         if conn.mode is egress.Mode.TUNNEL:  # no flow will report it: the tunnel just ends
             self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
+        else:
+            conn.flags.add(UPSTREAM_FAILED)
 
     def tls_failed_server(self, data: tls.TlsData) -> None:
-        self.tracker.upstream_failed(self._conn(data.context.client), egress.Stage.TLS)
+        conn = self._conn(data.context.client)
+        self.tracker.upstream_failed(conn, egress.Stage.TLS)
+        conn.flags.add(UPSTREAM_FAILED)
 
     def error(self, flow: http.HTTPFlow) -> None:
         """A flow that ended without a complete answer: the sandbox got mitmproxy's 502
-        when the upstream connection failed; an exchange broken later is a protocol error."""
+        when its upstream connection failed just before; an exchange the upstream broke
+        after its answer began is a protocol error."""
         if flow.metadata.get(REFUSED):
             return
         conn = self._conn(flow.client_conn)
-        server_error = flow.server_conn.error
-        if server_error:
-            if not server_error.startswith(DESTINATION_REFUSED):
+        if flow.response is None:
+            if UPSTREAM_FAILED in conn.flags:
+                conn.flags.discard(UPSTREAM_FAILED)
                 self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
             return
         message = flow.error.msg if flow.error is not None else ""
-        if flow.response is not None and "client" not in message.lower():
+        if "client" not in message.lower():
             self.tracker.upstream_failed(conn, egress.Stage.PROTOCOL)
 
     # ---- requests ----------------------------------------------------------------

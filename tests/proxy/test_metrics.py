@@ -23,6 +23,8 @@ pytestmark = [
     pytest.mark.skipif(not harness.SBX_PROXY.exists(), reason="proxy/.venv missing: run scripts/setup"),
 ]
 TOKEN = "ghp_" + "M3tricsT0ken" * 3
+CLOSED = harness.free_port()
+"""A port nothing listens on (a rule's host there: the upstream is down)."""
 S = harness.sample
 
 
@@ -39,7 +41,20 @@ def upstream(pki):
 
 
 @pytest.fixture(scope="module")
-def proxy(pki, upstream, tmp_path_factory):
+def plain_upstream():
+    """A plain-HTTP server: an upstream that cannot speak TLS to the proxy."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), harness.Echo)
+    server.seen = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proxy(pki, upstream, plain_upstream, tmp_path_factory):
     config = f"""
 [destinations]
 allow = ["127.0.0.1/32"]
@@ -53,7 +68,7 @@ token_env = "SBX_TEST_TOKEN"
 [[rules]]
 name = "internal"
 kind = "bearer"
-hosts = ["private.example"]
+hosts = ["private.example", "api.github.com:{plain_upstream.server_address[1]}", "gitlab.example:{CLOSED}"]
 token_env = "SBX_TEST_TOKEN"
 """
     names = {n: "127.0.0.1" for n in harness.NAMES} | {"private.example": "10.1.2.3"}
@@ -253,3 +268,46 @@ def test_the_proxy_never_connects_to_itself(proxy):
     assert delta(before, after, "sbx_proxy_refusals_total", reason="proxy_itself") == 2
     assert S(after, "sbx_proxy_active_connections") == 0
     assert "Too many open files" not in proxy.output()
+
+
+def test_an_upstream_whose_tls_fails(pki, proxy, plain_upstream):
+    """A host with a rule whose server speaks no TLS: mitmproxy's upstream handshake fails
+    and the sandbox gets a 502."""
+    port = plain_upstream.server_address[1]
+    before = proxy.metrics()
+    answer = harness.request(
+        proxy, f"api.github.com:{port}", sni="api.github.com", host=f"api.github.com:{port}",
+        trust=trust(pki, proxy),
+    )  # fmt: skip
+    assert answer.status == 502
+    after = settled(
+        proxy, lambda s: delta(before, s, "sbx_proxy_refusals_total", reason="upstream_failure") >= 1
+    )
+    assert delta(before, after, "sbx_proxy_upstream_errors_total", stage="tls") == 1
+    assert delta(before, after, "sbx_proxy_refusals_total", reason="upstream_failure") == 1
+    assert plain_upstream.seen == [], "nothing was sent in clear"
+
+
+def test_a_head_mitmproxy_cannot_parse_is_a_bad_request(proxy):
+    before = proxy.metrics()
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(b"NOT AN HTTP REQUEST AT ALL\r\n\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400")
+    after = settled(proxy, lambda s: delta(before, s, "sbx_proxy_connections_total", verdict="refused") >= 1)
+    assert delta(before, after, "sbx_proxy_refusals_total", reason="bad_request") == 1
+    assert delta(before, after, "sbx_proxy_connections_total", verdict="refused") == 1
+
+
+def test_an_intercepted_request_whose_upstream_is_down(pki, proxy):
+    before = proxy.metrics()
+    answer = harness.request(
+        proxy, f"gitlab.example:{CLOSED}", sni="gitlab.example", host=f"gitlab.example:{CLOSED}",
+        trust=trust(pki, proxy),
+    )  # fmt: skip
+    assert answer.status == 502
+    after = settled(
+        proxy, lambda s: delta(before, s, "sbx_proxy_refusals_total", reason="upstream_failure") >= 1
+    )
+    assert delta(before, after, "sbx_proxy_upstream_errors_total", stage="connect") == 1
+    assert delta(before, after, "sbx_proxy_refusals_total", reason="upstream_failure") == 1
