@@ -318,6 +318,13 @@ def test_over_limit_counts_requested_and_running(live: int, limit: int, full: bo
     assert logic.over_limit(current, limit) == (full, live)
 
 
+def test_over_limit_counts_paused_sandboxes_they_hold_their_memory() -> None:
+    paused = [sbx("paused", session_id="s1"), sbx("running", session_id="s2")]
+    assert logic.over_limit(paused, 2) == (True, 2)
+    assert logic.plan([*paused, warm(DEFAULT)], [DEFAULT], 4).create == {DEFAULT.pool_id: 1}
+    assert not logic.idle(warm(DEFAULT, "paused"))  # never an idle pool sandbox, never retired
+
+
 def test_over_limit_counts_idle_pool_sandboxes() -> None:
     assert logic.over_limit([warm(DEFAULT), warm(DEFAULT)], 2) == (True, 2)
     assert logic.over_limit(iter([]), 1) == (False, 0)
