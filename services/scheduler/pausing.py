@@ -64,7 +64,7 @@ class Pausing:
         if before is not None and before.status == "paused":
             return before
         if command.unless_jobs and await self._jobs_running(command, sandbox_id):
-            log.info("session.pause_skipped", session_id=command.session_id, reason="async job running")
+            log.debug("session.pause_skipped", session_id=command.session_id, reason="async job running")
             return before
         paused = await self._send(provisioning.Pause, command, sandbox_id, command.reason)
         if (
