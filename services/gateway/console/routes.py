@@ -61,7 +61,11 @@ SECURITY_HEADERS = [
     (b"cross-origin-resource-policy", b"same-origin"),
 ]
 STATIC = Path(__file__).parent / "static"
-STATIC_TYPES = {"console.js": "text/javascript; charset=utf-8", "console.css": "text/css; charset=utf-8"}
+STATIC_TYPES = {
+    "console.js": "text/javascript; charset=utf-8",
+    "console.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
 DONE = {"stopped": "Session stopped.", "deleted": "Session deleted."}
 """What a redirect after an action says (by a fixed name: no text is taken from the URL)."""
 

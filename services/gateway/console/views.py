@@ -343,8 +343,8 @@ def replay_view(
 ) -> ReplayView:
     """``sbx replay --verify``'s result as the console shows it (``differences``: each
     with a ``describe()``)."""
-    sizes = ", ".join(f"{n} {k}s" for k, n in aggregates.items())
-    headline = f"replayed {events_folded} events into {sizes or 'nothing'} in {seconds:.2f}s"
+    sizes = ", ".join(f"{k}: {n}" for k, n in aggregates.items())
+    headline = f"replayed {events_folded} events in {seconds:.2f}s ({sizes or 'no aggregates'})"
     if not differences:
         return ReplayView(ok=True, headline=headline, lines=["projections match the event stream"])
     lines = [d.describe() for d in differences[:200]]

@@ -1,0 +1,323 @@
+"""The web console in a real browser against a real `sbx up` (issue 21, item 5): Debian's
+chromium, headless, driven by Playwright (never its own browser download).
+
+A wrong key is refused, the right one logs in (a cookie that is not the key); the list
+filters; a session's page shows a command an MCP agent runs as it happens, without a
+reload; stopping it from the page records the operator's identity; a form post without
+its CSRF token is refused; every page has its Content-Security-Policy and the browser
+reports no error on any; HTML in ids, names and commands stays text; a key bound to an
+organisation sees only its organisation, its audit stream too; replay --verify runs from
+the page. Screenshots of the key pages are saved under the test's tmp dir (paths printed).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests import support
+from tests.e2e.test_mcp import Agent
+from tests.e2e.test_sbx_up import running_stack
+
+playwright = pytest.importorskip(
+    "playwright.async_api", reason="playwright is a dev extra (scripts/setup --dev)"
+)
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed"),
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
+
+ACME_KEY = "acme-console-key-" + uuid.uuid4().hex
+GLOBEX_KEY = "globex-console-key-" + uuid.uuid4().hex
+OPERATOR_NAME = "Olga Operator"
+WAIT = 30_000
+"""How long (ms) the browser waits for what must come: a bound, not a target."""
+REFUSED = "error: Failed to load resource: the server responded with a status of {}"
+"""What the browser logs for a page answered with an error status (expected where we ask for one)."""
+HOSTILE = '<img src=x onerror="window.__xss=1">'
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    keys = state.parent / "org-keys"
+    keys.write_text(f"acme {ACME_KEY}\nglobex {GLOBEX_KEY}\n")
+    with running_stack(state, SBX_ORG_KEYS=str(keys)) as (_, url):
+        yield url, (state / "api-key").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("console-screenshots")
+
+
+@pytest.fixture(scope="module")
+def rest(stack):
+    url, key = stack
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+async def browser():
+    async with playwright.async_playwright() as p:
+        chromium = await p.chromium.launch(executable_path=shutil.which("chromium"), args=["--no-sandbox"])
+        yield chromium
+        await chromium.close()
+
+
+class Tab:
+    """A browser context and its page, with everything the browser reported as wrong."""
+
+    def __init__(self, context, page, base: str) -> None:
+        self.context, self.page, self.base = context, page, base
+        self.problems: list[str] = []
+        page.on(
+            "console", lambda m: self.problems.append(f"{m.type}: {m.text}") if m.type == "error" else None
+        )
+        page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
+
+    async def goto(self, path: str):
+        return await self.page.goto(self.base + path)
+
+    async def login(self, key: str, name: str = OPERATOR_NAME):
+        await self.goto("/console/login")
+        await self.page.fill("#key", key)
+        await self.page.fill("#user", name)
+        await self.page.press("#user", "Enter")  # the form is usable from the keyboard
+        await self.page.wait_for_url("**/console/sessions")
+
+
+@pytest.fixture
+async def tab(browser, stack):
+    context = await browser.new_context()
+    page = await context.new_page()
+    page.set_default_timeout(WAIT)
+    yield Tab(context, page, stack[0])
+    await context.close()
+
+
+async def shot(tab: Tab, shots: Path, name: str, capsys) -> None:
+    path = shots / f"{name}.png"
+    await tab.page.screenshot(path=str(path), full_page=True)
+    with capsys.disabled():
+        print(f"\nscreenshot: {path}")
+
+
+async def test_a_wrong_key_is_refused_and_the_right_one_gives_a_cookie_that_is_not_it(
+    tab, stack, shots, capsys
+):
+    _, key = stack
+    first = await tab.goto("/console")
+    assert tab.page.url.endswith("/console/login") and first.status == 200
+    await shot(tab, shots, "login", capsys)
+
+    await tab.page.fill("#key", "not-the-key-" + key)
+    await tab.page.fill("#user", OPERATOR_NAME)
+    async with tab.page.expect_response(lambda r: r.request.method == "POST") as answer:
+        await tab.page.click("button[type=submit]")
+    assert (await answer.value).status == 401
+    await playwright.expect(tab.page.locator(".message.error")).to_contain_text("not valid")
+    assert not [c for c in await tab.context.cookies() if c["name"] == "sbx_console"]
+    assert key not in await tab.page.content()
+    assert tab.problems == [REFUSED.format("401 (Unauthorized)")]  # (the browser logs the 401 itself)
+    tab.problems.clear()
+
+    await tab.login(key)
+    assert tab.page.url.endswith("/console/sessions")
+    (cookie,) = [c for c in await tab.context.cookies() if c["name"] == "sbx_console"]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/console"
+    assert key not in cookie["value"] and key not in await tab.page.content()
+    assert await tab.page.evaluate("document.cookie") == ""  # not readable by scripts
+    # The API does not take the console's cookie: it wants the key.
+    api = await tab.context.request.get(tab.base + "/v1/sessions")
+    assert api.status == 401
+    assert tab.problems == [], tab.problems
+
+
+async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack, rest, shots, capsys):
+    url, key = stack
+    for sid, org, user in (("con-a", "acme", "ann"), ("con-b", "globex", "bob"), ("con-c", "acme", "carl")):
+        created = rest.post("/v1/sessions", json={"session_id": sid, "org_id": org, "user_id": user})
+        assert created.status_code == 201, created.text
+    await tab.login(key)
+
+    # Filter the list (from the keyboard: fill, then Enter submits the filters form).
+    await tab.page.fill("#f-user", "ann")
+    await tab.page.press("#f-user", "Enter")
+    await tab.page.wait_for_url("**/console/sessions?*user=ann*")
+    table = tab.page.locator("#sessions tbody")
+    await playwright.expect(table.locator("tr")).to_have_count(1)
+    await playwright.expect(table).to_contain_text("con-a")
+    await tab.page.select_option("#f-status", "stopped")
+    await tab.page.fill("#f-user", "")
+    await tab.page.click(".filters button[type=submit]")
+    await playwright.expect(table).not_to_contain_text("con-a")
+    await tab.goto("/console/sessions?org=acme")
+    await playwright.expect(table).to_contain_text("con-c")
+    await playwright.expect(table).not_to_contain_text("con-b")
+    await shot(tab, shots, "sessions-filtered", capsys)
+
+    # Open the session, then an agent runs a command: it appears without a reload.
+    await tab.page.click("a[href='/console/sessions/con-a']")
+    await tab.page.wait_for_url("**/console/sessions/con-a")
+    await playwright.expect(tab.page.locator("[data-live-for=timeline]")).to_contain_text("Live")
+    await tab.page.evaluate("window.__sameDocument = true")
+    marker = "console-live-" + uuid.uuid4().hex[:8]
+    agent = Agent(url, key, "con-a", **{"X-Org-Id": "acme", "X-User-Id": "ann"})
+    ok, _ = await agent.call("shell", command=f"echo {marker}")
+    assert ok
+    timeline = tab.page.locator("#timeline tbody")
+    await playwright.expect(timeline).to_contain_text(f"shell: echo {marker} -> exit 0")
+    await playwright.expect(timeline).to_contain_text("sandbox.claimed")  # a sandbox that joined live
+    assert await tab.page.evaluate("window.__sameDocument") is True  # no reload happened
+    await shot(tab, shots, "session-live", capsys)
+
+    # Stop it from the page (keyboard again): the event carries who did it.
+    await tab.page.focus("#stop")
+    await tab.page.keyboard.press("Enter")
+    await playwright.expect(tab.page.locator(".message.ok")).to_contain_text("Session stopped.")
+    await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text("session.stopped")
+    await playwright.expect(tab.page.locator("#stop")).to_be_disabled()
+    entries = rest.get("/v1/sessions/con-a/timeline").json()["entries"]
+    (stopped,) = [e for e in entries if e["type"] == "session.stopped"]
+    assert stopped["user_id"] == OPERATOR_NAME and stopped["request_id"].startswith("console:")
+    assert rest.get("/v1/sessions/con-a").json()["status"] == "stopped"
+    assert tab.problems == [], tab.problems
+
+
+async def test_forms_without_their_csrf_token_are_refused(tab, stack, rest):
+    _, key = stack
+    created = rest.post("/v1/sessions", json={"session_id": "con-csrf"})
+    assert created.status_code == 201
+    await tab.login(key)
+    response = await tab.goto("/console/sessions/con-csrf")
+    assert response.status == 200
+    token = await tab.page.locator("input[name=csrf]").first.get_attribute("value")
+    # The browser's own cookie goes with these requests: only the token is missing or wrong.
+    for form in ({}, {"csrf": ""}, {"csrf": token[:-2] + "xx"}):
+        refused = await tab.context.request.post(
+            tab.base + "/console/sessions/con-csrf/stop", form=form, max_redirects=0
+        )
+        assert refused.status == 403, form
+    deleting = await tab.context.request.post(
+        tab.base + "/console/sessions/con-csrf/delete", form={"confirm": "yes"}, max_redirects=0
+    )
+    assert deleting.status == 403
+    # A GET does nothing.
+    assert (await tab.context.request.get(tab.base + "/console/sessions/con-csrf/stop")).status == 405
+    assert rest.get("/v1/sessions/con-csrf").json()["status"] == "active"
+    # Logged out, the token is worth nothing either.
+    await tab.page.click("nav button[type=submit]")
+    await tab.page.wait_for_url("**/console/login")
+    after = await tab.context.request.post(
+        tab.base + "/console/sessions/con-csrf/stop", form={"csrf": token}, max_redirects=0
+    )
+    assert after.status == 401
+    assert rest.get("/v1/sessions/con-csrf").json()["status"] == "active"
+
+
+async def test_every_page_is_locked_down_and_html_stays_text(tab, stack, rest, shots, capsys):
+    _, key = stack
+    created = rest.post("/v1/sessions", json={"session_id": "con-html", "org_id": "acme", "user_id": HOSTILE})
+    assert created.status_code == 201
+    ran = rest.post("/v1/sessions/con-html/run", json={"command": "echo '<b id=\"pwned\">bold</b>'"})
+    assert ran.status_code == 200
+    await tab.login(key)
+    for path in ("/console/sessions", "/console/sessions/con-html", "/console/audit", "/console/system"):
+        response = await tab.goto(path)
+        assert response.status == 200, path
+        headers = await response.all_headers()
+        csp = headers["content-security-policy"]
+        assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-inline" not in csp
+        assert headers["x-frame-options"] == "DENY" and headers["x-content-type-options"] == "nosniff"
+        assert key not in await tab.page.content()
+        assert await tab.page.locator("#pwned").count() == 0, path
+        assert await tab.page.evaluate("window.__xss") is None, path
+
+    # Live rows are text too.
+    await tab.goto("/console/sessions/con-html")
+    await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text('<b id="pwned">bold</b>')
+    await playwright.expect(tab.page.locator("[data-live-for=timeline]")).to_contain_text("Live")
+    ran = rest.post("/v1/sessions/con-html/run", json={"command": f"echo '{HOSTILE}'"})
+    assert ran.status_code == 200
+    await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text(HOSTILE)
+    assert await tab.page.locator("#timeline img").count() == 0
+    assert await tab.page.evaluate("window.__xss") is None
+    # An inline script injected into the page is refused by the policy.
+    await tab.page.evaluate(
+        "() => { const s = document.createElement('script'); s.textContent = 'window.__inline = 1';"
+        " document.body.appendChild(s); }"
+    )
+    assert await tab.page.evaluate("window.__inline") is None
+    tab.problems[:] = [p for p in tab.problems if "Content Security Policy" not in p]  # (that refusal)
+
+    # The audit stream, live, and the system page with replay --verify.
+    await tab.goto("/console/audit")
+    await playwright.expect(tab.page.locator("[data-live-for=audit]")).to_contain_text("Live")
+    marker = "audit-live-" + uuid.uuid4().hex[:8]
+    assert rest.post("/v1/sessions/con-html/run", json={"command": f"echo {marker}"}).status_code == 200
+    await playwright.expect(tab.page.locator("#audit tbody")).to_contain_text(marker)
+    await shot(tab, shots, "audit-live", capsys)
+    await tab.goto("/console/system")
+    await playwright.expect(tab.page.locator("#instances")).to_contain_text("gateway")
+    await playwright.expect(tab.page.locator("#pool")).to_contain_text("idle")
+    await playwright.expect(tab.page.locator("#proxies")).to_contain_text("proxies: running")
+    await tab.page.focus("#verify")
+    await tab.page.keyboard.press("Enter")
+    await playwright.expect(tab.page.locator("#replay-result")).to_contain_text(
+        "projections match the event stream"
+    )
+    await shot(tab, shots, "system-replay", capsys)
+    assert tab.problems == [], tab.problems
+
+
+async def test_an_organisation_bound_key_sees_only_its_organisation(tab, stack, rest, shots, capsys):
+    for sid, org in (("org-a", "acme"), ("org-g", "globex")):
+        assert rest.post("/v1/sessions", json={"session_id": sid, "org_id": org}).status_code == 201
+    await tab.login(ACME_KEY, "ann")
+    table = tab.page.locator("#sessions tbody")
+    await playwright.expect(table).to_contain_text("org-a")
+    await playwright.expect(table).not_to_contain_text("org-g")
+    assert await tab.page.locator("#f-org").get_attribute("readonly") is not None
+    assert await tab.page.locator("#f-org").input_value() == "acme"
+    assert (await tab.goto("/console/sessions?org=globex")).status == 403
+    assert (await tab.goto("/console/sessions/org-g")).status == 404
+    assert (await tab.goto("/console/system")).status == 403
+    assert await tab.page.locator("nav a[href='/console/system']").count() == 0
+    stop = await tab.context.request.post(tab.base + "/console/sessions/org-g/stop", form={}, max_redirects=0)
+    assert stop.status == 403  # (no token; with one it is 404, as another organisation's session)
+
+    # The audit stream: globex's command first, then acme's; when acme's shows, globex's
+    # (earlier in the stream) would have shown before it, had it been visible.
+    await tab.goto("/console/audit")
+    await playwright.expect(tab.page.locator("[data-live-for=audit]")).to_contain_text("Live")
+    theirs, ours = ("globex-" + uuid.uuid4().hex[:8]), ("acme-" + uuid.uuid4().hex[:8])
+    assert rest.post("/v1/sessions/org-g/run", json={"command": f"echo {theirs}"}).status_code == 200
+
+    def recorded() -> bool:
+        listed = rest.get("/v1/sessions/org-g/timeline", params={"kind": "command"}).json()["entries"]
+        return any(theirs in e["command"] for e in listed)
+
+    await support.eventually(recorded, timeout=30)  # it is in the stream
+    assert rest.post("/v1/sessions/org-a/run", json={"command": f"echo {ours}"}).status_code == 200
+    audit = tab.page.locator("#audit tbody")
+    await playwright.expect(audit).to_contain_text(ours)
+    await playwright.expect(audit).not_to_contain_text(theirs)
+    await playwright.expect(audit).not_to_contain_text("org-g")
+    await shot(tab, shots, "audit-acme", capsys)
+    # The stream itself refuses another organisation's session.
+    other = await tab.context.request.get(tab.base + "/console/sessions/org-g/timeline/stream")
+    assert other.status == 404
+    # Only the refusals asked for above.
+    assert set(tab.problems) <= {REFUSED.format("403 (Forbidden)"), REFUSED.format("404 (Not Found)")}, (
+        tab.problems
+    )
