@@ -225,6 +225,32 @@ async def test_forms_without_their_csrf_token_are_refused(tab, stack, rest):
     assert rest.get("/v1/sessions/con-csrf").json()["status"] == "active"
 
 
+async def test_delete_from_the_page_asks_for_confirmation_and_records_who(tab, stack, rest):
+    _, key = stack
+    assert rest.post("/v1/sessions", json={"session_id": "con-del", "org_id": "acme"}).status_code == 201
+    await tab.login(key)
+    await tab.goto("/console/sessions/con-del")
+    await tab.page.click("#delete")  # not confirmed: the browser does not send the form
+    assert tab.page.url.endswith("/console/sessions/con-del")
+    assert rest.get("/v1/sessions/con-del").status_code == 200
+    await tab.page.focus("#confirm-delete")
+    await tab.page.keyboard.press("Space")
+    await tab.page.focus("#delete")
+    await tab.page.keyboard.press("Enter")
+    await tab.page.wait_for_url("**/console/sessions?done=deleted")
+    await playwright.expect(tab.page.locator(".message.ok")).to_contain_text("Session deleted.")
+    assert rest.get("/v1/sessions/con-del").status_code == 404
+    entries = rest.get("/v1/sessions/con-del/timeline").json()["entries"]
+    (deleted,) = [e for e in entries if e["type"] == "session.deleted"]
+    assert deleted["user_id"] == OPERATOR_NAME and deleted["request_id"].startswith("console:")
+    # Deleted sessions are listed when asked for; their pages keep the timeline, not the buttons.
+    await tab.goto("/console/sessions?status=deleted")
+    await tab.page.click("a[href='/console/sessions/con-del']")
+    await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text("session.deleted")
+    assert await tab.page.locator("#stop, #delete").count() == 0
+    assert tab.problems == [], tab.problems
+
+
 async def test_every_page_is_locked_down_and_html_stays_text(tab, stack, rest, shots, capsys):
     _, key = stack
     created = rest.post("/v1/sessions", json={"session_id": "con-html", "org_id": "acme", "user_id": HOSTILE})
@@ -251,6 +277,15 @@ async def test_every_page_is_locked_down_and_html_stays_text(tab, stack, rest, s
     assert ran.status_code == 200
     await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text(HOSTILE)
     assert await tab.page.locator("#timeline img").count() == 0
+    # Credentials in a URL are not shown (the audit record keeps what ran).
+    assert (
+        rest.post(
+            "/v1/sessions/con-html/run", json={"command": "true https://ann:hunter2@example.com/"}
+        ).status_code
+        == 200
+    )
+    await playwright.expect(tab.page.locator("#timeline tbody")).to_contain_text("https://…@example.com/")
+    assert "hunter2" not in await tab.page.content()
     assert await tab.page.evaluate("window.__xss") is None
     # An inline script injected into the page is refused by the policy.
     await tab.page.evaluate(

@@ -16,7 +16,7 @@ from starlette.responses import Response
 from starlette.testclient import TestClient
 
 from sbx_client.api import Timeline, TimelineEntry
-from services.gateway import auth
+from services.gateway import auth, openapi
 from services.gateway.console import routes, templating, tokens, views
 from shared.contract import commands, errors, events, states, subjects
 from shared.infrastructure import health
@@ -236,6 +236,33 @@ def test_replay_results():
         and bad.lines[0].startswith("session s1")
         and "1 projection entries differ" in bad.lines[-1]
     )
+
+
+def test_credentials_in_urls_are_not_shown():
+    assert views.redact("git clone https://x-access:ghs_abc@github.com/o/r") == (
+        "git clone https://…@github.com/o/r"
+    )
+    assert (
+        views.redact("a=HTTP://u@h b=mailto:x@y.z c=https://h/p@v")
+        == "a=HTTP://…@h b=mailto:x@y.z c=https://h/p@v"
+    )
+    entry = TimelineEntry(seq=1, time=NOW, kind="command", type="exec.completed",
+                          summary="shell: curl https://user:pw@example.com/")  # fmt: skip
+    assert "pw" not in views.timeline_row(entry)["summary"]
+    ran = events.CommandExecuted(
+        meta=events.Meta(event_id="e" * 32, time=NOW, service="t", instance="t1"),
+        session_id="s", sandbox_id="sb", tool="shell", command="curl https://user:pw@example.com/",
+    )  # fmt: skip
+    assert "pw" not in views.audit_record(1, ran).summary
+    (row,) = views.instance_rows(
+        [report("proxy-scaler", "p1", 0, upstream="http://u:pw@proxy:3128")], [], NOW
+    )
+    assert "pw" not in row.details
+
+
+def test_the_console_is_not_in_the_openapi_document():
+    paths = openapi.document("test")["paths"]
+    assert paths and not [p for p in paths if p.startswith("/console")]
 
 
 def test_the_name_given_at_login():

@@ -9,6 +9,7 @@ without a server.
 from __future__ import annotations
 
 import collections
+import re
 import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,13 @@ STATUSES = ("active", "stopped", "deleted")
 FILTER_MAX = 128
 SUMMARY_MAX = 300
 AUDIT_FIELDS_SKIPPED = frozenset(("meta", "type", "v"))
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
+
+
+def redact(text: str) -> str:
+    """Free text with the user and password of any URL in it replaced (``scheme://…@host``):
+    what services report and events hold is shown, credentials that slipped in are not."""
+    return _USERINFO.sub(r"\1…@", text)
 
 
 # ---- sessions ---------------------------------------------------------------------
@@ -173,7 +181,7 @@ def timeline_row(entry: TimelineEntry) -> dict[str, str]:
         "seq": str(entry.seq),
         "time": when(entry.time),
         "kind": entry.kind,
-        "summary": entry.summary,
+        "summary": redact(entry.summary),
         "who": who(entry.org_id, entry.user_id),
     }
 
@@ -220,7 +228,7 @@ def audit_record(seq: int, event: events.Event) -> AuditRecord:
         time=when(meta.time),
         type=events.tag_of(type(event)),
         session=session_of(event) or "",
-        summary=shown[:SUMMARY_MAX] + ("…" if len(shown) > SUMMARY_MAX else ""),
+        summary=redact(shown[:SUMMARY_MAX] + ("…" if len(shown) > SUMMARY_MAX else "")),
         who=who(meta.org_id, meta.user_id),
         by=f"{meta.service}/{meta.instance}",
     )
@@ -257,7 +265,7 @@ def instance_rows(
             version=r.version,
             since=when(r.started_at),
             report_age=f"{(now - r.reported_at).total_seconds():.1f}s",
-            details=" ".join(f"{k}={v}" for k, v in sorted(r.details.items())),
+            details=redact(" ".join(f"{k}={v}" for k, v in sorted(r.details.items()))),
         )
         for r in reports
     ]

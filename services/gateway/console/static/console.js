@@ -13,9 +13,14 @@ function who(org, user) {
   return [org, user].filter(Boolean).join(" / ");
 }
 
+function redact(text) {
+  // As views.redact: the user and password of a URL in a command are not shown.
+  return String(text).replace(/\b([a-z][a-z0-9+.-]*:\/\/)[^\/@\s]*@/gi, "$1…@");
+}
+
 const CELLS = {
   // A timeline entry (the API's TimelineEntry): as views.timeline_row renders one.
-  entry: (e) => [String(e.seq), when(e.time), e.kind, e.summary, who(e.org_id, e.user_id)],
+  entry: (e) => [String(e.seq), when(e.time), e.kind, redact(e.summary), who(e.org_id, e.user_id)],
   // An audit record (views.AuditRecord), already in text.
   record: (r) => [String(r.seq), r.time, r.type, { link: r.session }, r.summary, r.who, r.by],
 };
@@ -41,24 +46,47 @@ function live(table) {
   const body = table.tBodies[0];
   const seen = new Set(Array.from(body.rows, (row) => row.cells[0].textContent));
   const say = (text) => { if (status) status.textContent = text; };
-  const source = new EventSource(table.dataset.stream);
-  source.addEventListener("open", () => say("Live: new entries appear as they happen."));
-  source.addEventListener("error", () => say("Disconnected: reconnecting…"));
-  source.addEventListener(kind, (message) => {
+  const url = new URL(table.dataset.stream, window.location.href);
+  let last = Number(url.searchParams.get("after") || 0);
+  let source = null;
+  let wait = 2000;
+
+  function add(message) {
     const item = JSON.parse(message.data);
+    last = Math.max(last, item.seq);
     const key = String(item.seq);
     if (seen.has(key)) return;
     seen.add(key);
     const row = document.createElement("tr");
     CELLS[kind](item).forEach((value, i) => {
       const td = cell(value);
-      if (i === 3 && kind === "entry") td.className = "summary";
+      if ((kind === "entry" && i === 3) || (kind === "record" && i === 4)) td.className = "summary";
       row.appendChild(td);
     });
     row.className = "fresh";
     body.appendChild(row);
-  });
-  window.addEventListener("pagehide", () => source.close());
+  }
+
+  function connect() {
+    url.searchParams.set("after", String(last));
+    source = new EventSource(url.pathname + url.search);
+    source.addEventListener("open", () => { wait = 2000; say("Live: new entries appear as they happen."); });
+    source.addEventListener(kind, add);
+    source.addEventListener("error", () => {
+      // The browser reconnects by itself after a dropped stream; an answer that is not a
+      // stream (503: too many streams; 401: logged out) closes it for good: try again later.
+      if (source.readyState === EventSource.CLOSED) {
+        say("Disconnected: trying again in " + Math.round(wait / 1000) + " s…");
+        setTimeout(connect, wait);
+        wait = Math.min(wait * 2, 60000);
+      } else {
+        say("Disconnected: reconnecting…");
+      }
+    });
+  }
+
+  connect();
+  window.addEventListener("pagehide", () => source && source.close());
 }
 
 document.addEventListener("DOMContentLoaded", () => {
