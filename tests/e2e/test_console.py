@@ -181,6 +181,18 @@ async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack,
     assert await tab.page.evaluate("window.__sameDocument") is True  # no reload happened
     await shot(tab, shots, "session-live", capsys)
 
+    # Its sandbox, on the sandboxes page, filtered by the session's user.
+    await tab.page.click("nav a[href='/console/sandboxes']")
+    await tab.page.fill("#f-user", "ann")
+    await tab.page.press("#f-user", "Enter")
+    await tab.page.wait_for_url("**/console/sandboxes?*user=ann*")
+    sandboxes = tab.page.locator("#sandboxes tbody")
+    await playwright.expect(sandboxes.locator("tr")).to_have_count(1)
+    await playwright.expect(sandboxes).to_contain_text("con-a")
+    await shot(tab, shots, "sandboxes", capsys)
+    await tab.page.click("#sandboxes a[href='/console/sessions/con-a']")
+    await tab.page.wait_for_url("**/console/sessions/con-a")
+
     # Stop it from the page (keyboard again): the event carries who did it.
     await tab.page.focus("#stop")
     await tab.page.keyboard.press("Enter")
@@ -322,6 +334,12 @@ async def test_an_organisation_bound_key_sees_only_its_organisation(tab, stack, 
     table = tab.page.locator("#sessions tbody")
     await playwright.expect(table).to_contain_text("org-a")
     await playwright.expect(table).not_to_contain_text("org-g")
+    assert rest.post("/v1/sessions/org-g/run", json={"command": "true"}).status_code == 200
+    await tab.goto("/console/sandboxes")  # globex's sandbox and the idle pool are not acme's
+    listed = tab.page.locator("#sandboxes tbody tr")
+    assert await listed.count() > 0
+    for text in await listed.all_inner_texts():
+        assert "acme" in text and "org-g" not in text and "globex" not in text, text
     assert await tab.page.locator("#f-org").get_attribute("readonly") is not None
     assert await tab.page.locator("#f-org").input_value() == "acme"
     assert (await tab.goto("/console/sessions?org=globex")).status == 403

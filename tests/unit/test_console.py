@@ -152,6 +152,26 @@ def test_session_rows_filter_and_hide_other_organisations():
     assert not views.visible_session(session("n1"), "acme") and views.visible_session(session("n1"), None)
 
 
+def test_sandbox_rows_filter_and_show_their_sessions_owner():
+    owners = {"a1": session("a1", "acme", user_id="ann"), "g1": session("g1", "globex")}
+    boxes = [
+        sandbox("sb-a", session_id="a1", image="python:3.12", created_at=NOW),
+        sandbox("sb-g", session_id="g1", status="paused", created_at=NOW + timedelta(seconds=1)),
+        sandbox("sb-idle", pool="default", created_at=NOW + timedelta(seconds=2)),
+        sandbox("sb-gone", session_id="a1", status="deleted"),
+    ]
+    ids = lambda rows: [r.sandbox_id for r in rows]  # noqa: E731
+    assert ids(views.sandbox_rows(boxes, owners, views.Filters(), None)) == ["sb-a", "sb-g", "sb-idle"]
+    assert ids(views.sandbox_rows(boxes, owners, views.Filters(), "acme")) == ["sb-a"]
+    assert ids(views.sandbox_rows(boxes, owners, views.Filters(status="deleted"), "acme")) == ["sb-gone"]
+    assert ids(views.sandbox_rows(boxes, owners, views.Filters(status="paused"), None)) == ["sb-g"]
+    assert ids(views.sandbox_rows(boxes, owners, views.Filters(image="python"), None)) == ["sb-a"]
+    (row,) = views.sandbox_rows(boxes, owners, views.Filters(user="ann"), None)
+    assert (row.session_id, row.org, row.user) == ("a1", "acme", "ann")
+    assert views.filters({"status": "paused"}, None, views.SANDBOX_STATUSES).status == "paused"
+    assert "lost" in views.SANDBOX_STATUSES
+
+
 def test_a_bound_key_sees_the_events_of_its_organisation_only():
     def meta(org=None, sid=None):
         return events.Meta(

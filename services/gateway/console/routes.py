@@ -109,6 +109,7 @@ class Console:
             Route(p + "/static/{name}", self.static_file, methods=["GET"]),
             Route(p + "/sessions", self.page(self.session_list), methods=["GET"]),
             Route(p + "/sessions/{session_id}", self.page(self.session_page), methods=["GET"]),
+            Route(p + "/sandboxes", self.page(self.sandbox_list), methods=["GET"]),
             Route(p + "/sessions/{session_id}/stop", self.action(self.stop), methods=["POST"]),
             Route(p + "/sessions/{session_id}/delete", self.action(self.delete), methods=["POST"]),
             Route(
@@ -252,21 +253,29 @@ class Console:
         body = templating.render(
             "sessions.html",
             done=self.done(request),
-            status_options=templating.join(
-                templating.render(
-                    "option.html", value=v, label=v or "active and stopped", selected=_sel(v == chosen.status)
-                )
-                for v in ("", *views.STATUSES)
-            ),
-            org=chosen.org,
-            org_readonly=templating.Markup(" readonly") if who.org else templating.EMPTY,
-            user=chosen.user,
-            image=chosen.image,
+            filters=_filters("sessions", chosen, views.STATUSES, "active and stopped", who),
             count=len(rows),
             rows=templating.join(templating.render("session_row.html", **vars(r)) for r in rows)
             or templating.render("empty_row.html", columns=8, text="No sessions match."),
         )
         return self.html(request, who, "Sessions", body)
+
+    async def sandbox_list(self, request: Request, who: tokens.Identity) -> Response:
+        chosen = views.filters(request.query_params, who.org, views.SANDBOX_STATUSES)
+        sessions = await self.sessions.all()
+        by_id = {s.session_id: s for s in sessions.values()}
+        rows = views.sandbox_rows((await self.all(projections.SANDBOXES)).values(), by_id, chosen, who.org)
+        body = templating.render(
+            "sandboxes.html",
+            filters=_filters("sandboxes", chosen, views.SANDBOX_STATUSES, "all but deleted", who),
+            count=len(rows),
+            rows=templating.join(
+                templating.render("sandbox_row.html", **vars(r), session_link=_session_link(r.session_id))
+                for r in rows
+            )
+            or templating.render("empty_row.html", columns=10, text="No sandboxes match."),
+        )
+        return self.html(request, who, "Sandboxes", body)
 
     async def visible_state(self, session_id: str, who: tokens.Identity) -> states.SessionState:
         ids.validate_session_id(session_id)
@@ -575,15 +584,34 @@ def _gauges(gauges: list[views.Gauge]) -> templating.Markup:
     )
 
 
+def _session_link(session_id: str) -> templating.Markup:
+    if not session_id:
+        return templating.EMPTY
+    return templating.render("link.html", href=views.href("sessions", session_id), text=session_id)
+
+
+def _filters(
+    what: str, chosen: views.Filters, statuses: tuple[str, ...], any_status: str, who: tokens.Identity
+) -> templating.Markup:
+    return templating.render(
+        "filters.html",
+        action=PREFIX + "/" + what,
+        what=what,
+        status_options=templating.join(
+            templating.render(
+                "option.html", value=v, label=v or any_status, selected=_sel(v == chosen.status)
+            )
+            for v in ("", *statuses)
+        ),
+        org=chosen.org,
+        org_readonly=templating.Markup(" readonly") if who.org else templating.EMPTY,
+        user=chosen.user,
+        image=chosen.image,
+    )
+
+
 def _fields(record: views.AuditRecord) -> dict[str, Any]:
-    return {
-        **msgspec.structs.asdict(record),
-        "session_link": templating.render(
-            "link.html", href=views.href("sessions", record.session), text=record.session
-        )
-        if record.session
-        else templating.EMPTY,
-    }
+    return {**msgspec.structs.asdict(record), "session_link": _session_link(record.session)}
 
 
 def _after(text: str | None) -> int:

@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
@@ -23,6 +23,7 @@ from shared.contract import codec, errors, events, ids, states
 from shared.infrastructure import health
 
 STATUSES = ("active", "stopped", "deleted")
+SANDBOX_STATUSES: tuple[str, ...] = get_args(states.SandboxStatus)
 FILTER_MAX = 128
 SUMMARY_MAX = 300
 AUDIT_FIELDS_SKIPPED = frozenset(("meta", "type", "v"))
@@ -51,13 +52,13 @@ class Filters:
         return urllib.parse.urlencode([(k, v) for k, v in pairs if v])
 
 
-def filters(query: Mapping[str, str], bound: str | None) -> Filters:
-    """The list's filters from a query string; InvalidInput for a status not offered or
-    text that is too long. A key bound to an organisation lists only that one: asking for
-    another is Forbidden."""
+def filters(query: Mapping[str, str], bound: str | None, statuses: Sequence[str] = STATUSES) -> Filters:
+    """A list's filters from a query string; InvalidInput for a status not in ``statuses``
+    or text that is too long. A key bound to an organisation lists only that one: asking
+    for another is Forbidden."""
     status = query.get("status", "")
-    if status not in ("", *STATUSES):
-        raise errors.InvalidInput(f"status must be one of: {', '.join(STATUSES)}")
+    if status not in ("", *statuses):
+        raise errors.InvalidInput(f"status must be one of: {', '.join(statuses)}")
     texts = {}
     for name in ("org", "user", "image"):
         value = query.get(name, "").strip()
@@ -134,6 +135,58 @@ def session_rows(
                 sandbox_status=box.status if box else "",
                 created=when(s.created_at),
                 updated=when(s.updated_at),
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class SandboxRow:
+    sandbox_id: str
+    status: str
+    image: str
+    backend: str
+    pool: str
+    session_id: str
+    org: str
+    user: str
+    proxy: str
+    created: str
+
+
+def sandbox_rows(
+    sandboxes: Iterable[states.SandboxState],
+    sessions: Mapping[str, states.SessionState],
+    chosen: Filters,
+    bound: str | None,
+) -> list[SandboxRow]:
+    """The sandboxes the filters choose (deleted ones only when asked for), oldest first;
+    organisation and user are those of the session it serves (``sessions`` by id). A key
+    bound to an organisation sees only its sessions' sandboxes (not idle pool ones)."""
+    rows = []
+    for b in sorted(sandboxes, key=lambda b: (b.created_at, b.sandbox_id)):
+        owner = sessions.get(b.session_id) if b.session_id else None
+        org, user = (owner.org_id or "", owner.user_id or "") if owner else ("", "")
+        if bound is not None and (owner is None or owner.org_id != bound):
+            continue
+        if (b.status != chosen.status) if chosen.status else b.status == "deleted":
+            continue
+        if (chosen.org and org != chosen.org) or (chosen.user and user != chosen.user):
+            continue
+        if chosen.image and chosen.image not in b.image:
+            continue
+        rows.append(
+            SandboxRow(
+                sandbox_id=b.sandbox_id,
+                status=b.status,
+                image=b.image,
+                backend=b.backend,
+                pool=b.pool or "",
+                session_id=b.session_id or "",
+                org=org,
+                user=user,
+                proxy=b.proxy_id or "",
+                created=when(b.created_at),
             )
         )
     return rows
