@@ -178,6 +178,13 @@ async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack,
     timeline = tab.page.locator("#timeline tbody")
     await playwright.expect(timeline).to_contain_text(f"shell: echo {marker} -> exit 0")
     await playwright.expect(timeline).to_contain_text("sandbox.claimed")  # a sandbox that joined live
+    ok, _ = await agent.call(
+        "str_replace_based_edit_tool", command="create", path=f"/workspace/{marker}.txt", file_text="x\n"
+    )
+    assert ok
+    await playwright.expect(timeline.locator("tr", has_text=f"/workspace/{marker}.txt")).to_contain_text(
+        "edit"
+    )
     assert await tab.page.evaluate("window.__sameDocument") is True  # no reload happened
     await shot(tab, shots, "session-live", capsys)
 
