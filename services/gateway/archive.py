@@ -11,7 +11,8 @@ paths of a session's sandbox as a tar, upload a tar into it.
   :class:`~shared.contract.hostapi.ArchiveWritten`.
 
 An upload, as the rest of the host API, gives a session with no sandbox one; a download
-(a GET: safe) never does: 404 if the session has no running sandbox.
+(a GET: safe) never does: 404 if the session has no running sandbox (a paused one is
+resumed: it runs already, frozen).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ OPERATIONS: tuple[rest.Operation, ...] = (
             **hostapi.ERRORS,
             404: (
                 schemas.Problem,
-                "The session has no running sandbox (a download never starts one), or a path or the "
-                "root does not exist in it.",
+                "The session has no running or paused sandbox (a download never starts one), or a "
+                "path or the root does not exist in it.",
             ),
             406: (schemas.Problem, "The Accept header does not admit application/x-tar."),
         },

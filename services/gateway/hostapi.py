@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import media, rest, schemas, sessions
-from shared.contract import checks, errors, execution, hostapi, ids, subjects
+from shared.contract import checks, commands, errors, execution, hostapi, ids, subjects
 from shared.infrastructure import rpc, streams
 
 log = structlog.get_logger(__name__)
@@ -281,11 +281,29 @@ class HostAPI:
         running = self.resolver.running_sandbox
         sandbox_id = await running(who.session_id, who.org_id) if running is not None else None
         if sandbox_id is None:
+            sandbox_id = await self._resumed(who)
+        if sandbox_id is None:
             raise errors.NotFound(
                 f"session {who.session_id!r} has no running sandbox "
                 "(a download never starts one: run something first)"
             )
         return await call(sandbox_id)
+
+    async def _resumed(self, who: sessions.Identity) -> str | None:
+        """The session's sandbox if it was paused and runs again now; None if it has none to
+        resume (none, stopped, another organisation's): a download never starts one."""
+        command = commands.ResumeSession(
+            session_id=who.session_id,
+            command_id=ids.new_id(),
+            correlation_id=who.correlation_id,
+            actor=who.actor,
+            reason="call",
+        )
+        try:
+            sandbox = (await self.resolver.commands.call(command)).sandbox
+        except (errors.NotFound, errors.Conflict):
+            return None
+        return sandbox.sandbox_id if sandbox is not None and sandbox.status == "running" else None
 
     async def open(
         self,

@@ -47,7 +47,7 @@ class Pausing:
         before = await self.sandboxes.get(sandbox_id)
         try:
             if isinstance(command, commands.ResumeSession):
-                after = await self._send(provisioning.Resume, command, sandbox_id, "requested")
+                after = await self._send(provisioning.Resume, command, sandbox_id, command.reason)
             else:
                 after = await self._pause(command, sandbox_id, before)
         except errors.NotFound:

@@ -92,9 +92,12 @@ class PauseSession(Command, frozen=True, kw_only=True, tag="session.pause"):
 
 
 class ResumeSession(Command, frozen=True, kw_only=True, tag="session.resume"):
-    """Let the session's paused sandbox run again. Running already: nothing changes."""
+    """Let the session's paused sandbox run again. Running already: nothing changes. It
+    never starts a stopped one (a download resumes a paused sandbox with it)."""
 
     session_id: str
+    reason: str = "requested"
+    """Why (``requested``: an operator; ``call``: a host API download): on ``sandbox.resumed``."""
 
 
 SessionCommand = (

@@ -92,7 +92,11 @@ async def test_a_paused_sandbox_is_frozen_and_the_next_call_resumes_it_as_it_was
         assert freezer_state(sandbox_id) == "THAWED"
         support_wait(lambda: host_count(state, sandbox_id) > seen, 30)  # and it goes on
 
-        # A host API call resumes it just as well.
+        # A download (a GET never starts a sandbox) resumes a paused one.
+        assert (await rest.post("/v1/sessions/pausee/pause")).json()["changed"] is True
+        got = await rest.get("/v1/sessions/pausee/archive", params={"root": "/workspace", "path": "f"})
+        assert got.status_code == 200 and b"data" in got.content, got.text
+        # A host API run resumes it just as well.
         assert (await rest.post("/v1/sessions/pausee/pause")).json()["changed"] is True
         run = await rest.post(
             "/v1/sessions/pausee/run", json={"command": "cat /workspace/f", "cwd": "/workspace"}
@@ -109,6 +113,8 @@ async def test_a_paused_sandbox_is_frozen_and_the_next_call_resumes_it_as_it_was
         assert (await rest.post("/v1/sessions/ghost/pause")).status_code == 404
         await rest.post("/v1/sessions", json={"session_id": "empty"})
         assert (await rest.post("/v1/sessions/empty/pause")).status_code == 409
+        nothing = await rest.get("/v1/sessions/empty/archive", params={"root": "/workspace"})
+        assert nothing.status_code == 404  # a download still never starts a sandbox
 
     # The CLI, then the stream and the projections.
     out = sbx("pause", "pausee", "--json", state=state)
@@ -123,7 +129,9 @@ async def test_a_paused_sandbox_is_frozen_and_the_next_call_resumes_it_as_it_was
         ("sandbox.paused", "requested"),
         ("sandbox.resumed", "call"),
         ("sandbox.paused", "requested"),
-        ("sandbox.resumed", "call"),
+        ("sandbox.resumed", "call"),  # the download
+        ("sandbox.paused", "requested"),
+        ("sandbox.resumed", "call"),  # the run
         ("sandbox.paused", "requested"),
         ("sandbox.resumed", "requested"),
     ]

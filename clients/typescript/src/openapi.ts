@@ -1537,7 +1537,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session has no running sandbox (a download never starts one), or a path or the root does not exist in it. */
+            /** @description The session has no running or paused sandbox (a download never starts one), or a path or the root does not exist in it. */
             404: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
