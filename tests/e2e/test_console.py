@@ -160,6 +160,7 @@ async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack,
     await tab.page.select_option("#f-status", "stopped")
     await tab.page.fill("#f-user", "")
     await tab.page.click(".filters button[type=submit]")
+    await tab.page.wait_for_url("**/console/sessions?status=stopped&*")
     await playwright.expect(table).not_to_contain_text("con-a")
     await tab.goto("/console/sessions?org=acme")
     await playwright.expect(table).to_contain_text("con-c")

@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 
 from sbx_client.api import Timeline, TimelineEntry
 from services.gateway import auth, openapi
-from services.gateway.console import routes, templating, tokens, views
+from services.gateway.console import asgi, routes, templating, tokens, views
 from shared.contract import commands, errors, events, states, subjects
 from shared.infrastructure import health
 
@@ -347,6 +347,7 @@ def console():
     )
     with TestClient(c.app(), base_url="https://testserver") as http:
         http.fake = fake  # type: ignore[attr-defined]
+        http.app_state = SimpleNamespace(console=c)  # type: ignore[attr-defined]
         yield http
 
 
@@ -376,8 +377,8 @@ def test_login_sets_a_safe_cookie_and_every_answer_is_locked_down(console):
     assert OPERATOR_KEY.lower() not in cookie
     page = console.get("/console/sessions")
     assert page.status_code == 200
-    assert page.headers["content-security-policy"] == routes.CSP and page.headers["x-frame-options"] == "DENY"
-    assert "frame-ancestors 'none'" in routes.CSP and "'unsafe-inline'" not in routes.CSP
+    assert page.headers["content-security-policy"] == asgi.CSP and page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in asgi.CSP and "'unsafe-inline'" not in asgi.CSP
     assert "&lt;i&gt;ann&lt;/i&gt;" in page.text and "<i>" not in page.text and OPERATOR_KEY not in page.text
     assert "g1" in page.text
 
@@ -405,3 +406,12 @@ def test_forms_need_their_csrf_token_and_actions_record_who(console):
     logout = console.post("/console/logout", data={"csrf": csrf_of(page.text)}, follow_redirects=False)
     assert logout.status_code == 303
     assert console.get("/console/sessions", follow_redirects=False).status_code == 303
+
+
+def test_live_streams_are_bounded_and_need_a_login(console):
+    assert console.get("/console/audit/stream").status_code == 401
+    assert console.get("/console/sessions/a1/timeline/stream").status_code == 401
+    login(console, OPERATOR_KEY)
+    console.app_state.console._streams = routes.STREAMS_MAX
+    full = console.get("/console/audit/stream")
+    assert full.status_code == 503 and full.headers["retry-after"]

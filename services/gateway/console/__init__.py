@@ -14,7 +14,7 @@ from __future__ import annotations
 from starlette.types import ASGIApp
 
 from services.gateway import auth, rest, timeline
-from services.gateway.console import routes, tokens
+from services.gateway.console import asgi, routes, tokens
 from shared.infrastructure import service, settings
 
 
@@ -37,4 +37,4 @@ def mount(
         client=api.client,
         history=history,
     )
-    return routes.Mount(api_app, console.app())
+    return asgi.Mount(api_app, console.app())

@@ -27,39 +27,26 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Scope
 
 from sbx_client.api import Timeline
 from services.gateway import auth, hostapi, timeline
-from services.gateway.console import templating, tokens, views
+from services.gateway.console import asgi, templating, tokens, views
 from shared.contract import commands, errors, events, ids, states
 from shared.domain import projections
 from shared.infrastructure import health, projector, replay, rpc, service
 
 log = structlog.get_logger(__name__)
 
-PREFIX = "/console"
+PREFIX = asgi.PREFIX
 COOKIE = "sbx_console"
 LOGIN_COOKIE = "sbx_console_login"
-FORM_MAX = 16 * 1024
 TIMELINE_SHOWN = 1000
 """Entries a session page renders; the rest are a link away (``?after=``)."""
 AUDIT_SHOWN = 200
 """Events of the stream's end the audit page renders before it goes live."""
 STREAMS_MAX = 64
 """Live streams (timelines and audit) the console serves at once, per gateway instance."""
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'; object-src 'none'"
-)
-SECURITY_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cross-origin-opener-policy", b"same-origin"),
-    (b"cross-origin-resource-policy", b"same-origin"),
-]
 STATIC = Path(__file__).parent / "static"
 STATIC_TYPES = {
     "console.js": "text/javascript; charset=utf-8",
@@ -130,7 +117,7 @@ class Console:
             return self.error(request, None, 405, f"{request.method} is not allowed here.")
 
         inner = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_allowed})
-        return SecurityHeaders(inner)
+        return asgi.SecurityHeaders(inner)
 
     # ---- who is asking ------------------------------------------------------------
 
@@ -162,7 +149,7 @@ class Console:
             who = self.identity(request)
             if who is None:
                 return self.error(request, None, 401, "Log in first.")
-            form = await read_form(request)
+            form = await asgi.read_form(request)
             if form is None or not self.signer.csrf_ok(who.nonce, form.get("csrf")):
                 return self.error(request, who, 403, "This form is stale or was not sent by the console.")
             if operator and not who.operator:
@@ -207,7 +194,7 @@ class Console:
         return response
 
     async def login(self, request: Request) -> Response:
-        form = await read_form(request)
+        form = await asgi.read_form(request)
         binding = request.cookies.get(LOGIN_COOKIE)
         if (
             form is None
@@ -644,52 +631,3 @@ async def _sse(records: AsyncGenerator[views.AuditRecord | None, None]) -> Async
                 yield b": keepalive\n\n"
             else:
                 yield b"event: record\nid: %d\ndata: %s\n\n" % (record.seq, encoder.encode(record))
-
-
-async def read_form(request: Request) -> dict[str, str] | None:
-    """A url-encoded form's fields (the first of each), or None if it is not one or too big."""
-    if request.headers.get("content-type", "").split(";")[0].strip() != "application/x-www-form-urlencoded":
-        return None
-    body = b""
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > FORM_MAX:
-            return None
-    try:
-        pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True, max_num_fields=20)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    form: dict[str, str] = {}
-    for name, value in pairs:
-        form.setdefault(name, value)
-    return form
-
-
-class SecurityHeaders:
-    """Every console answer: a strict CSP, no framing, no sniffing, no cross-origin use."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
-            await send(message)
-
-        await self.app(scope, receive, sending)
-
-
-class Mount:
-    """``/console`` and below to the console; everything else to the API as it was."""
-
-    def __init__(self, api: ASGIApp, console: ASGIApp) -> None:
-        self.api = api
-        self.console = console
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] == "http" and (path == PREFIX or path.startswith(PREFIX + "/")):
-            await self.console(scope, receive, send)
-        else:
-            await self.api(scope, receive, send)
