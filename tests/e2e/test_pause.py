@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -49,6 +50,17 @@ def sandbox_events(state: Path, session: str) -> list[tuple[str, str]]:
         if event["type"] in ("sandbox.paused", "sandbox.resumed") and event["meta"]["session_id"] == session:
             found.append((event["type"], event["reason"]))
     return found
+
+
+def pause_times(state: Path, session: str) -> list[datetime]:
+    """When the session's sandboxes were paused, in stream order."""
+    out = sbx("events", "--json", state=state)
+    events = [json.loads(line)["event"] for line in out.stdout.splitlines()]
+    return [
+        datetime.fromisoformat(e["meta"]["time"].replace("Z", "+00:00"))
+        for e in events
+        if e["type"] == "sandbox.paused" and e["meta"]["session_id"] == session
+    ]
 
 
 def host_count(state: Path, sandbox_id: str) -> int:
@@ -156,6 +168,16 @@ def test_the_reaper_pauses_an_idle_session_and_its_next_call_resumes_it(tmp_path
         assert ("sandbox.resumed", "call") in sandbox_events(state, "dozer")
         verified = sbx("replay", "--verify", state=state)
         assert verified.returncode == 0, verified.stdout + verified.stderr
+
+        # An async job that runs keeps its session from being paused, however idle...
+        jobber = Agent(url, key, "jobber")
+        ok, text = asyncio.run(jobber.call("shell_async", command="sleep 4; echo done > /workspace/job"))
+        assert ok, text
+        (done,) = support_wait(lambda: list((state / "sandboxes").glob("*/**/workspace/job")), 60)
+        # ...and once it has ended, the session is paused as any idle one: not before (the
+        # reaper asked every 0.5 s meanwhile; a job frozen mid-way would never have ended).
+        first = support_wait(lambda: pause_times(state, "jobber"), 60)[0]
+        assert first >= datetime.fromtimestamp(done.stat().st_mtime, UTC), (first, done.stat().st_mtime)
 
         # Stopping the stack stops a paused sandbox as a running one: nothing left behind.
         paused = sbx("pause", "dozer", "--json", state=state)
