@@ -121,8 +121,11 @@ class Scaler:
             report.stopped += 1
         # Routes first (one transaction for the round), then the events that record them.
         routed = await self._route(sandboxes, records, plan.assign)
+        seen_on = {s.sandbox_id: s.proxy_id for s in sandboxes}
         for sandbox_id, proxy_id in plan.assign.items():
-            if sandbox_id in routed and await self._record_assignment(sandbox_id, proxy_id):
+            if sandbox_id in routed and await self._record_assignment(
+                sandbox_id, proxy_id, seen_on.get(sandbox_id)
+            ):
                 report.assigned += 1
         report.rerouted = len(routed - set(plan.assign))
         report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
@@ -175,10 +178,14 @@ class Scaler:
             self._verified.clear()
         return routed
 
-    async def _record_assignment(self, sandbox_id: str, proxy_id: str) -> bool:
+    async def _record_assignment(self, sandbox_id: str, proxy_id: str, moving_from: str | None) -> bool:
         def decide(state: states.SandboxState | None) -> list[events.Event]:
             return sandbox_rules.decide_proxy_assigned(
-                state, sandbox_id, proxy_id, lambda session_id: self.ctx.meta(session_id=session_id)
+                state,
+                sandbox_id,
+                proxy_id,
+                lambda session_id: self.ctx.meta(session_id=session_id),
+                moving_from=moving_from,
             )
 
         outcome = await aggregates.transact(self.sandboxes, sandbox_id, decide)

@@ -262,10 +262,20 @@ def decide_lost(
 
 
 def decide_proxy_assigned(
-    state: states.SandboxState | None, sandbox_id: str, proxy_id: str, meta: MetaFor
+    state: states.SandboxState | None,
+    sandbox_id: str,
+    proxy_id: str,
+    meta: MetaFor,
+    *,
+    moving_from: str | None = None,
 ) -> list[events.Event]:
-    """A running sandbox's egress goes through ``proxy_id`` (new, or moved off another)."""
+    """A running sandbox's egress goes through ``proxy_id`` (new, or moved off another).
+    ``moving_from``: the proxy the plan saw it on (None: none); if it is on another one
+    now, the plan was made from a view that lagged behind, and nothing moves (a sandbox
+    just moved off a dead proxy must not be moved again for it)."""
     if state is None or state.status not in ("running", "paused") or state.proxy_id == proxy_id:
+        return []
+    if state.proxy_id != moving_from:
         return []
     reason = "new" if state.proxy_id is None else "reassigned"
     return [

@@ -818,3 +818,19 @@ def test_a_paused_sandbox_stops_deletes_and_counts_as_live() -> None:
     assert len(sandbox_rules.decide_deleted(paused, SB, lambda s: meta(4))) == 1
     assert sandbox_rules.at_stack_stop(paused) == "stop"
     assert len(sandbox_rules.decide_proxy_assigned(paused, SB, "px-9", lambda s: meta(4))) == 1
+
+
+def test_a_proxy_move_planned_from_a_lagging_view_moves_nothing() -> None:
+    """The scaler plans from its followed copy of the sandboxes; the decision reads the
+    aggregate. A sandbox it already moved off a dead proxy (the copy still shows the dead
+    one) is not moved a second time."""
+
+    def m(session_id: str | None) -> events.Meta:
+        return meta(4)
+
+    on_b = sandbox("running", proxy_id="px-b")
+    assert sandbox_rules.decide_proxy_assigned(on_b, SB, "px-c", m, moving_from="px-dead") == []
+    [moved] = sandbox_rules.decide_proxy_assigned(on_b, SB, "px-c", m, moving_from="px-b")
+    assert (moved.proxy_id, moved.reason) == ("px-c", "reassigned")
+    [first] = sandbox_rules.decide_proxy_assigned(sandbox("running"), SB, "px-b", m)
+    assert first.reason == "new"
