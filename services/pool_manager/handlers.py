@@ -379,7 +379,7 @@ class PoolHandlers:
             raise errors.NotFound(f"sandbox {request.sandbox_id!r} does not exist")
         if await self.runtime.get(request.sandbox_id) is not None:
             await self.runtime.stop(request.sandbox_id)
-        stopped = await self._record(request, sandbox_rules.decide_stopped)
+        stopped = await self._record(request, sandbox_rules.decide_stopped, reason=request.reason)
         assert stopped is not None
         return stopped
 

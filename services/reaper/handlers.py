@@ -76,7 +76,7 @@ class Reaper:
         activity: dict[str, datetime] = {}
         for session in sessions:
             sandbox = records.get(session.sandbox_id or "")
-            if session.status == "active" and sandbox is not None and sandbox.status in ("running", "paused"):
+            if session.status == "active" and sandbox is not None and sandbox.status in sandbox_rules.LIVE:
                 if logic.needs_activity(session, sandbox, now, self.rules, self.runtime.pausable):
                     last = await self.last_activity(session.session_id, now)
                     if last is not None:
@@ -86,7 +86,7 @@ class Reaper:
         )
         for reap in reaps:
             if await self._reap(reap):
-                counted = "pause" if reap.action == "pause" else reap.reason
+                counted = reap.action if reap.action in ("pause", "hibernate") else reap.reason
                 report.reaps[counted] += 1
                 metrics.reaps.labels(counted).inc()
         seen = {
@@ -104,6 +104,16 @@ class Reaper:
 
     def _command(self, reap: logic.Reap) -> commands.SessionCommand:
         actor, command_id = commands.Actor(via="reaper"), ids.new_id()
+        if reap.action == "hibernate":
+            return commands.HibernateSession(
+                command_id=command_id,
+                session_id=reap.session_id,
+                actor=actor,
+                if_last_seq=reap.last_seq,
+                reason=reap.reason,
+                quiet_since=reap.quiet_since,
+                unless_jobs=not self.rules.pause_running_jobs,
+            )
         if reap.action == "pause":
             return commands.PauseSession(
                 command_id=command_id,

@@ -21,12 +21,13 @@ DEAD = ("deleted", "failed", "refused", "lost")
 @dataclass(frozen=True)
 class Reap:
     session_id: str
-    action: Literal["pause", "stop", "delete"]
+    action: Literal["pause", "hibernate", "stop", "delete"]
     reason: Literal["lifetime", "idle", "retention", "max_stopped"]
     last_seq: int | None = field(default=None, compare=False)
     """The session's ``last_seq`` the decision was made on (sent as a precondition)."""
     quiet_since: datetime | None = field(default=None, compare=False)
-    """A pause's: the session's last call as seen (a later one undoes the pause)."""
+    """A pause's or hibernation's: the session's last call as seen (a later one undoes the
+    pause, or leaves the sandbox running)."""
 
 
 def session_start(session: states.SessionState, sandbox: states.SandboxState) -> datetime:
@@ -43,9 +44,20 @@ def pauses(rules: settings.LifecycleSettings, pausable: bool) -> bool:
     return pausable and 0 < rules.pause_timeout < rules.idle_timeout
 
 
+def hibernates(rules: settings.LifecycleSettings) -> bool:
+    """Whether idle sandboxes are hibernated (stopped, the session left active) before the
+    session is stopped: with a hibernate timeout shorter than the idle (stop) timeout."""
+    return 0 < rules.hibernate_timeout < rules.idle_timeout
+
+
 def first_idle_step(rules: settings.LifecycleSettings, pausable: bool) -> float:
-    """Seconds without a call after which the idle rules first act (pause, else stop)."""
-    return rules.pause_timeout if pauses(rules, pausable) else rules.idle_timeout
+    """Seconds without a call after which the idle rules first act (pause, hibernate, stop)."""
+    steps = [rules.idle_timeout]
+    if pauses(rules, pausable):
+        steps.append(rules.pause_timeout)
+    if hibernates(rules):
+        steps.append(rules.hibernate_timeout)
+    return min(steps)
 
 
 def needs_activity(session: states.SessionState, sandbox: states.SandboxState, now: datetime,
@@ -74,7 +86,7 @@ def decide_reaps(
     for session in sessions:
         if session.status == "active" and session.sandbox_id:
             sandbox = sandboxes.get(session.sandbox_id)
-            if sandbox is not None and sandbox.status in ("running", "paused"):
+            if sandbox is not None and sandbox.status in ("running", "paused", "stopped"):
                 reap = _lifetime_rule(session, sandbox, last_activity.get(session.session_id), now, rules,
                                       pausable)  # fmt: skip
                 if reap is not None:
@@ -100,12 +112,16 @@ def _lifetime_rule(
     pausable: bool,
 ) -> Reap | None:
     start = session_start(session, sandbox)
-    if now - start >= timedelta(seconds=rules.max_lifetime):
+    if sandbox.status != "stopped" and now - start >= timedelta(seconds=rules.max_lifetime):
         return Reap(session.session_id, "stop", "lifetime", session.last_seq)
     quiet_since = max(t for t in (start, session.updated_at, last_call) if t is not None)
     quiet = now - quiet_since
     if quiet >= timedelta(seconds=rules.idle_timeout):
         return Reap(session.session_id, "stop", "idle", session.last_seq)
+    if sandbox.status == "stopped":  # hibernated: the session is stopped at the idle timeout
+        return None
+    if hibernates(rules) and quiet >= timedelta(seconds=rules.hibernate_timeout):
+        return Reap(session.session_id, "hibernate", "idle", session.last_seq, quiet_since)
     if (
         sandbox.status == "running"
         and pauses(rules, pausable)

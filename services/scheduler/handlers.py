@@ -69,7 +69,7 @@ class SessionCommands:
 
     async def _answer(self, command: commands.SessionCommand) -> commands.CommandReply:
         session_rules.validate(command)
-        if isinstance(command, commands.PauseSession | commands.ResumeSession):
+        if isinstance(command, commands.PauseSession | commands.ResumeSession | commands.HibernateSession):
             reply = await self.pausing.handle(command)
             metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
             return reply
@@ -337,7 +337,7 @@ class SessionCommands:
                 state = outcome.state
                 assert state is not None
                 return await self._replace(command, state), len(outcome.appended)
-            case commands.PauseSession() | commands.ResumeSession():
+            case commands.PauseSession() | commands.ResumeSession() | commands.HibernateSession():
                 reply = await self.pausing.handle(command)
                 return reply.session, reply.appended
 

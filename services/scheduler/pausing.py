@@ -21,7 +21,7 @@ from shared.infrastructure import activity, projector, rpc, service
 
 log = structlog.get_logger(__name__)
 
-PauseCommand = commands.PauseSession | commands.ResumeSession
+PauseCommand = commands.PauseSession | commands.ResumeSession | commands.HibernateSession
 
 
 class Pausing:
@@ -48,6 +48,8 @@ class Pausing:
         try:
             if isinstance(command, commands.ResumeSession):
                 after = await self._send(provisioning.Resume, command, sandbox_id, command.reason)
+            elif isinstance(command, commands.HibernateSession):
+                after = await self._hibernate(command, sandbox_id, before)
             else:
                 after = await self._pause(command, sandbox_id, before)
         except errors.NotFound:
@@ -76,6 +78,34 @@ class Pausing:
             log.info("session.pause_undone", session_id=command.session_id, reason="a call came")
             return await self._send(provisioning.Resume, command, sandbox_id, "activity")
         return paused
+
+    async def _hibernate(
+        self, command: commands.HibernateSession, sandbox_id: str, before: states.SandboxState | None
+    ) -> states.SandboxState | None:
+        """Stop it, files kept, the session left active; unlike a pause, a stop cannot be
+        undone, so a call since ``quiet_since`` (or a job that runs) leaves it as it is."""
+        if before is None or before.status not in ("running", "paused"):
+            return before
+        if command.quiet_since is not None and await self._used_since(
+            command.session_id, command.quiet_since
+        ):
+            return before
+        if (
+            before.status == "running"
+            and command.unless_jobs
+            and await self._jobs_running(command, sandbox_id)
+        ):
+            log.debug("session.hibernate_skipped", session_id=command.session_id, reason="async job running")
+            return before
+        return await self.pool.send(
+            provisioning.Stop(
+                sandbox_id=sandbox_id,
+                command_id=command.command_id,
+                correlation_id=command.correlation_id,
+                actor=command.actor,
+                reason="hibernated",
+            )
+        )
 
     async def _send(
         self,

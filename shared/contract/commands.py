@@ -100,6 +100,21 @@ class ResumeSession(Command, frozen=True, kw_only=True, tag="session.resume"):
     """Why (``requested``: an operator; ``call``: a host API download): on ``sandbox.resumed``."""
 
 
+class HibernateSession(Command, frozen=True, kw_only=True, tag="session.hibernate"):
+    """Stop the session's running or paused sandbox, its files kept, while the session stays
+    active (the reaper, after a longer idle): its next call starts it again. Stopped
+    already: nothing changes."""
+
+    session_id: str
+    reason: str = "idle"
+    if_last_seq: int | None = None
+    """As for ``StopSession``: a no-op if the session changed since the sender looked."""
+    quiet_since: datetime | None = None
+    """The session's last call as the sender saw it: a later call leaves it running."""
+    unless_jobs: bool = False
+    """Leave it running while one of its async jobs runs."""
+
+
 SessionCommand = (
     CreateSession
     | StopSession
@@ -109,6 +124,7 @@ SessionCommand = (
     | ClearSession
     | PauseSession
     | ResumeSession
+    | HibernateSession
 )
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CreateSession,
@@ -119,6 +135,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     ClearSession,
     PauseSession,
     ResumeSession,
+    HibernateSession,
 )
 
 

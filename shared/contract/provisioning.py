@@ -33,7 +33,9 @@ class Start(PoolRequest, frozen=True, kw_only=True, tag="start"):
 
 
 class Stop(PoolRequest, frozen=True, kw_only=True, tag="stop"):
-    pass
+    reason: str = "requested"
+    """Recorded on ``sandbox.stopped``: ``requested``, or ``hibernated`` (an idle session's
+    sandbox stopped while the session stays active: its next call starts it again)."""
 
 
 class Delete(PoolRequest, frozen=True, kw_only=True, tag="delete"):

@@ -117,6 +117,7 @@ def decide(  # noqa: C901
                 | commands.DeleteSession()
                 | commands.PauseSession()
                 | commands.ResumeSession()
+                | commands.HibernateSession()
             ):
                 raise errors.NotFound(f"session {sid!r} does not exist")
             case commands.CreateSession():
@@ -166,7 +167,7 @@ def decide(  # noqa: C901
                 ]
             assert state is not None
             return [events.SessionResumed(meta=meta, session_id=sid)] if state.status == "stopped" else []
-        case commands.PauseSession() | commands.ResumeSession():
+        case commands.PauseSession() | commands.ResumeSession() | commands.HibernateSession():
             if not exists:
                 raise errors.NotFound(f"session {sid!r} does not exist")
             return []  # the sandbox's transition, not the session's: see ``pause_target``
@@ -174,9 +175,10 @@ def decide(  # noqa: C901
 
 
 def pause_target(
-    state: states.SessionState | None, command: commands.PauseSession | commands.ResumeSession
+    state: states.SessionState | None,
+    command: commands.PauseSession | commands.ResumeSession | commands.HibernateSession,
 ) -> str | None:
-    """The sandbox a pause or resume acts on: the session's, while it is active. None when
+    """The sandbox a pause, resume or hibernation acts on: the session's, while it is active. None when
     the session moved on since the sender's snapshot (``if_last_seq``): nothing to do.
     Raises NotFound (no such session, or another organisation's) and Conflict (a session
     with no sandbox to pause: never used, stopped)."""

@@ -348,6 +348,11 @@ class LifecycleSettings:
     """A running session's sandbox is paused (every process frozen, memory kept) after this
     long without a tool call, where the runtime can pause (``SBX_PAUSE_TIMEOUT``; 0: never;
     at or above ``idle_timeout``: it is stopped first). Its next call resumes it."""
+    hibernate_timeout: float = 0.0
+    """A session's sandbox, running or paused, is hibernated after this long without a tool
+    call (``SBX_HIBERNATE_TIMEOUT``; 0, the default: never): stopped with its files kept
+    (``sandbox.stopped``, reason ``hibernated``) while the session stays active, so its
+    next call starts it again. Only below ``idle_timeout``, which then stops the session."""
     pause_running_jobs: bool = False
     """Whether an idle pause may freeze a sandbox while one of its async jobs runs
     (``SBX_PAUSE_RUNNING_JOBS=true``); by default a running job counts as activity."""
@@ -377,6 +382,7 @@ class LifecycleSettings:
             idle_timeout=_duration(env, "SBX_IDLE_TIMEOUT", cls.idle_timeout, minimum=1),
             pause_timeout=_duration(env, "SBX_PAUSE_TIMEOUT", cls.pause_timeout, minimum=0),
             pause_running_jobs=_yes(env, "SBX_PAUSE_RUNNING_JOBS"),
+            hibernate_timeout=_duration(env, "SBX_HIBERNATE_TIMEOUT", cls.hibernate_timeout, minimum=0),
             stopped_retention=_duration(env, "SBX_STOPPED_RETENTION", cls.stopped_retention, minimum=1),
             reaper_interval=_duration(env, "SBX_REAPER_INTERVAL", cls.reaper_interval, minimum=0.1),
             caches_at_create=env.get("SBX_RUNTIME", "local").strip().lower() == "kubernetes"

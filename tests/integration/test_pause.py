@@ -176,3 +176,36 @@ async def test_a_sandbox_frozen_but_never_recorded_paused_is_thawed_by_the_next_
     assert reply.ok and reply.output.startswith("thawed"), reply
     assert (await h.runtime.get(sandbox_id)).status == "running"
     assert not (await replay.verify(h.nc.jetstream(), h.topology)).differences
+
+
+HIBERNATING = settings.LifecycleSettings(
+    pool_min_idle=0,
+    max_lifetime=3600,
+    idle_timeout=600,
+    pause_timeout=300,
+    hibernate_timeout=450,
+    stopped_retention=86400,
+)
+
+
+async def test_an_idle_sandbox_is_paused_then_hibernated_and_its_next_call_starts_it(pausing):
+    """Hibernated: stopped with its files kept, the session left active; the next call
+    starts it again with its files, directory and exports; idle long enough, the session
+    is stopped as before."""
+    h = pausing
+    h.reaper.rules = HIBERNATING
+    await h.shell("bear", "echo kept > /workspace/file; cd /tmp; export KEPT=yes")
+    assert (await h.reaper.pass_once(later(minutes=5))).reaps == {"pause": 1}
+    assert (await h.reaper.pass_once(later(minutes=8))).reaps == {"hibernate": 1}
+    sandbox = await sandbox_of(h, "bear")
+    assert sandbox.status == "stopped" and (await h.session("bear")).status == "active"
+    assert (await h.runtime.get(sandbox.sandbox_id)).status == "stopped"  # no process left, files kept
+    reply = await h.shell("bear", 'cat /workspace/file; echo "$KEPT $PWD"')
+    assert reply.ok and reply.output.endswith("kept\nyes /tmp\n"), reply
+    assert (await sandbox_of(h, "bear")).status == "running"
+    assert await sandbox_events(h) == [("sandbox.paused", "idle"), ("sandbox.stopped", "hibernated")]
+    # Idle again: hibernated straight from running (no pause first at 8 minutes), then stopped.
+    assert (await h.reaper.pass_once(later(minutes=8))).reaps == {"hibernate": 1}
+    assert (await h.reaper.pass_once(later(minutes=11))).reaps == {"idle": 1}
+    assert (await h.session("bear")).status == "stopped"
+    assert not (await replay.verify(h.nc.jetstream(), h.topology)).differences

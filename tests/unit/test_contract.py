@@ -258,6 +258,14 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.ResumeSession: lambda: commands.ResumeSession(
         command_id="pause:key-8", correlation_id="req-8", session_id=SID
     ),
+    commands.HibernateSession: lambda: commands.HibernateSession(
+        command_id="cmd-9",
+        actor=commands.Actor(via="reaper"),
+        session_id=SID,
+        if_last_seq=44,
+        quiet_since=datetime(2026, 12, 3, 8, 0, tzinfo=UTC),
+        unless_jobs=True,
+    ),
 }
 
 REQUEST_BASE: dict[str, Any] = dict(
@@ -314,7 +322,7 @@ POOL_FACTORIES: dict[type, Any] = {
         use_kata=True,
     ),
     provisioning.Start: lambda: provisioning.Start(**POOL_BASE),
-    provisioning.Stop: lambda: provisioning.Stop(sandbox_id=SBX, command_id="cmd-2"),
+    provisioning.Stop: lambda: provisioning.Stop(sandbox_id=SBX, command_id="cmd-2", reason="hibernated"),
     provisioning.Delete: lambda: provisioning.Delete(**POOL_BASE),
     provisioning.Pause: lambda: provisioning.Pause(**POOL_BASE, reason="idle"),
     provisioning.Resume: lambda: provisioning.Resume(**POOL_BASE, reason="call"),
@@ -401,6 +409,7 @@ def test_command_tags_are_stable() -> None:
         commands.ClearSession: "session.clear",
         commands.PauseSession: "session.pause",
         commands.ResumeSession: "session.resume",
+        commands.HibernateSession: "session.hibernate",
     }
 
 

@@ -201,9 +201,18 @@ def test_activity_of_another_session_does_not_count() -> None:
 # ---- skipped sessions -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("status", ["requested", "stopped", "deleted", "failed", "refused", "lost"])
+@pytest.mark.parametrize("status", ["requested", "deleted", "failed", "refused", "lost"])
 def test_active_session_whose_sandbox_is_not_running_is_skipped(status: str) -> None:
     assert reaps([session(created=0)], [sandbox(status=status, started=0)], now=at(10 * LIFETIME)) == []
+
+
+def test_an_active_session_whose_sandbox_is_stopped_is_stopped_when_idle_never_for_its_lifetime() -> None:
+    """A hibernated session (its sandbox stopped, files kept; the session active)."""
+    hibernated = sandbox(status="stopped", started=0)
+    assert reaps([session(created=0)], [hibernated], {"s1": at(LIFETIME)}, now=at(LIFETIME + IDLE) - US) == []
+    assert reaps([session(created=0)], [hibernated], {"s1": at(LIFETIME)}, now=at(LIFETIME + IDLE)) == [
+        logic.Reap("s1", "stop", "idle")
+    ]
 
 
 def test_active_session_without_sandbox_or_record_is_skipped() -> None:
@@ -453,7 +462,8 @@ def test_decide_reaps_is_safe(population: Any) -> None:
             assert reap.action == "stop" and reap.reason in ("lifetime", "idle")
             assert s.sandbox_id is not None
             sb = sandboxes[s.sandbox_id]
-            assert sb.status == "running"
+            assert sb.status in ("running", "stopped")  # (stopped, the session active: hibernated)
+            assert sb.status == "running" or reap.reason == "idle"
             start = logic.session_start(s, sb)
             assert now - start >= timedelta(seconds=min(rules.idle_timeout, rules.max_lifetime))
             if reap.reason == "lifetime":
@@ -588,3 +598,35 @@ def test_activity_is_looked_up_from_the_pause_timeout_on() -> None:
     assert not logic.needs_activity(s, running, at(PAUSE) - US, PAUSING, pausable=True)
     assert logic.needs_activity(s, running, at(PAUSE), PAUSING, pausable=True)
     assert not logic.needs_activity(s, running, at(PAUSE), PAUSING, pausable=False)
+
+
+# ---- hibernate: stopped, the session left active, before the session is stopped ----------
+
+HIBERNATE = 450.0
+LONG = settings.LifecycleSettings(
+    max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=PAUSE, hibernate_timeout=HIBERNATE
+)
+
+
+def test_an_idle_sandbox_is_paused_then_hibernated_then_its_session_stopped() -> None:
+    s = session()
+    running, paused = sandbox(), sandbox(status="paused")
+    hibernated = sandbox(status="stopped")
+    assert [r.action for r in pause_reaps([s], [running], now=at(PAUSE), rules=LONG)] == ["pause"]
+    assert pause_reaps([s], [paused], now=at(HIBERNATE) - US, rules=LONG) == []
+    [reap] = pause_reaps([s], [paused], now=at(HIBERNATE), rules=LONG)
+    assert (reap.action, reap.reason, reap.quiet_since) == ("hibernate", "idle", T0)
+    # A running one (a job kept it from the pause) is hibernated too; nothing runs in it then.
+    assert [r.action for r in pause_reaps([s], [running], now=at(HIBERNATE), rules=LONG)] == ["hibernate"]
+    assert pause_reaps([s], [hibernated], now=at(IDLE) - US, rules=LONG) == []
+    assert pause_reaps([s], [hibernated], now=at(IDLE), rules=LONG) == [logic.Reap("s1", "stop", "idle")]
+    assert logic.first_idle_step(LONG, pausable=False) == HIBERNATE
+
+
+@pytest.mark.parametrize("hibernate", [0.0, IDLE, IDLE + 1])
+def test_without_hibernation_idle_sandboxes_are_stopped_as_before(hibernate: float) -> None:
+    rules = settings.LifecycleSettings(max_lifetime=LIFETIME, idle_timeout=IDLE, hibernate_timeout=hibernate)
+    assert not logic.hibernates(rules)
+    assert pause_reaps([session()], [sandbox()], now=at(IDLE), rules=rules, pausable=False) == [
+        logic.Reap("s1", "stop", "idle")
+    ]

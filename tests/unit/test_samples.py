@@ -239,6 +239,10 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "actor.via": "reaper",
         },
     ),
+    "session.hibernate.json": (
+        commands.HibernateSession,
+        {"session_id": "task-42", "reason": "idle", "if_last_seq": 23, "unless_jobs": True},
+    ),
     "session.resume.json": (
         commands.ResumeSession,
         {"command_id": "resume:op-2026-12-03-1", "session_id": "task-42", "actor.org_id": "acme"},

@@ -252,6 +252,10 @@ def resume(cid: str = "cmd-r", sid: str = SID) -> commands.ResumeSession:
     return commands.ResumeSession(command_id=cid, session_id=sid)
 
 
+def hibernate(cid: str = "cmd-h", sid: str = SID) -> commands.HibernateSession:
+    return commands.HibernateSession(command_id=cid, session_id=sid)
+
+
 KINDS: dict[str, Any] = {
     "create": create,
     "stop": stop,
@@ -261,6 +265,7 @@ KINDS: dict[str, Any] = {
     "clear": clear,
     "pause": pause,
     "resume": resume,
+    "hibernate": hibernate,
 }
 #: Status a command leaves the session in whenever it appends an event.
 STATUS_AFTER = {
@@ -272,6 +277,7 @@ STATUS_AFTER = {
     commands.ClearSession: "deleted",
     commands.PauseSession: "never",  # the sandbox's transition: no session event
     commands.ResumeSession: "never",
+    commands.HibernateSession: "never",
 }
 SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(
@@ -330,7 +336,8 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                     commands.StopSession
                     | commands.DeleteSession
                     | commands.PauseSession
-                    | commands.ResumeSession,
+                    | commands.ResumeSession
+                    | commands.HibernateSession,
                 )
                 produced = []
             if is_dup:  # a retry never transitions again, even after an assign/release
