@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -186,3 +187,57 @@ def test_the_reaper_pauses_an_idle_session_and_its_next_call_resumes_it(tmp_path
         assert sbx("down", state=state).returncode == 0
         assert leftovers(state) == {}
         assert asyncio.run(local.LocalRuntime(state).get(sandbox_id)).status == "stopped"  # files kept
+
+
+def stopped_reasons(state: Path, session: str) -> list[str]:
+    out = sbx("events", "--json", state=state)
+    events = [json.loads(line)["event"] for line in out.stdout.splitlines()]
+    return [
+        e["reason"] for e in events if e["type"] == "sandbox.stopped" and e["meta"]["session_id"] == session
+    ]
+
+
+def test_a_hibernated_session_comes_back_after_every_service_restarted(tmp_path):
+    """Paused, then hibernated (stopped, files kept, the session active); every service is
+    SIGKILLed and restarted by `sbx up`'s supervisor; the next call starts the sandbox
+    again with its files, directory and exports."""
+    state = tmp_path / "state"
+    settings = {
+        "SBX_PAUSE_TIMEOUT": "1",
+        "SBX_HIBERNATE_TIMEOUT": "2",
+        "SBX_REAPER_INTERVAL": "0.5",
+        "SBX_POOL_MIN_IDLE": "1",
+    }
+    with running_stack(state, **settings) as (_, url):
+        key = (state / "api-key").read_text().strip()
+        agent = Agent(url, key, "bear")
+        ok, text = asyncio.run(
+            agent.call("shell", command="echo kept > /workspace/file; cd /tmp; export KEPT=yes")
+        )
+        assert ok, text
+        support_wait(lambda: "hibernated" in stopped_reasons(state, "bear"), 60)
+        assert ("sandbox.paused", "idle") in sandbox_events(state, "bear")  # paused first
+
+        before = json.loads(sbx("status", "--json", state=state).stdout)["services"]
+        for service in before:
+            os.kill(service["pid"], signal.SIGKILL)
+        old = {s["pid"] for s in before}
+
+        def restarted() -> bool:
+            now = json.loads(sbx("status", "--json", state=state).stdout)["services"]
+            return {s["service"] for s in now if s["status"] == "ok" and s["pid"] not in old} >= {
+                s["service"] for s in before
+            }
+
+        support_wait(restarted, 120)
+        text = ""
+        for _ in range(100):  # the gateway may still be binding its port
+            try:
+                ok, text = asyncio.run(agent.call("shell", command='cat /workspace/file; echo "$KEPT $PWD"'))
+                break
+            except Exception:
+                time.sleep(0.2)
+        lines = [line for line in text.splitlines() if not line.startswith("[a new shell:")]
+        assert ok and lines[:2] == ["kept", "yes /tmp"], text
+        verified = sbx("replay", "--verify", state=state)
+        assert verified.returncode == 0, verified.stdout + verified.stderr
