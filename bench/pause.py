@@ -1,6 +1,6 @@
-"""Pause and resume: how long they take, and what a pause adds to the session's next call.
+"""Pause, resume and hibernate: how long they take, and what they add to the session's next call.
 
-Two parts, figures only (nothing is asserted; needs root):
+Three parts, figures only (nothing is asserted; needs root):
 
 1. **Runtime** (the local backend alone, no services): ``pause`` and ``resume`` of one
    sandbox that holds a bash, a Python process with ``--mib`` MiB of memory touched and a
@@ -10,6 +10,9 @@ Two parts, figures only (nothing is asserted; needs root):
    the first `shell true` call after a REST pause (the call resumes it:
    EnsureSession → pool-manager Start → thaw → ``sandbox.resumed``); their p50s side by
    side, the added latency and the ratio. Also REST pause and REST resume round trips.
+3. **Hibernate** (same stack): the reaper's ``session.hibernate`` (stop, files kept, the
+   session active), then the first `shell true`, which starts the sandbox again, against a
+   normal call in the same run.
 
     .venv/bin/python bench/pause.py [--rounds 100] [--mib 64]
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -30,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from bench.agents import Agent, start_stack, stop_stack
+from sbx import observe, stack
+from shared.contract import commands, ids
+from shared.infrastructure import rpc
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 
@@ -122,8 +129,43 @@ async def stack_part(rounds: int) -> None:
         )
         print(common.row("  REST pause (freeze + record)", pauses, seconds))
         print(common.row("  REST resume (thaw + record)", resumes, seconds))
+        await hibernate_part(state, url, key, max(10, rounds // 5))
     finally:
         stop_stack(proc, state)
+
+
+async def hibernate_part(state: Path, url: str, key: str, rounds: int) -> None:
+    """Hibernation (the sandbox stopped, files kept, the session active) by the command the
+    reaper sends, then the first call, which starts the sandbox again: against a normal
+    call, alternating in the same run."""
+    nc, topology = await observe.connect(stack.bus_settings(state, os.environ))
+    scheduler = rpc.SessionClient(nc, topology)
+    normal: list[float] = []
+    after: list[float] = []
+    hibernations: list[float] = []
+    try:
+        async with Agent(f"{url}/mcp", key, "hibernate-bench") as agent:
+            await agent.shell("true")
+            started = time.perf_counter()
+            for _ in range(rounds):
+                t0 = time.perf_counter()
+                await agent.shell("true")
+                normal.append(time.perf_counter() - t0)
+                command = commands.HibernateSession(command_id=ids.new_id(), session_id="hibernate-bench")
+                t0 = time.perf_counter()
+                reply = await scheduler.call(command)
+                hibernations.append(time.perf_counter() - t0)
+                assert reply.sandbox is not None and reply.sandbox.status == "stopped", reply
+                t0 = time.perf_counter()
+                await agent.shell("true")  # starts it again
+                after.append(time.perf_counter() - t0)
+            seconds = time.perf_counter() - started
+    finally:
+        await nc.close()
+    print("\nhibernate (stop, files kept, the session active), alternating in the same run")
+    print(common.row("  shell `true`, running sandbox", normal, seconds))
+    print(common.row("  shell `true`, first after hibernation", after, seconds))
+    print(common.row("  hibernate (stop + record)", hibernations, seconds))
 
 
 async def main(rounds: int, mib: int) -> None:
