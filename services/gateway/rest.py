@@ -348,8 +348,15 @@ class SessionsAPI:
             session_id=self._path_session_id(request), **self._command_fields(request, "stop")
         )
         state = await self.client.session(command)
+        self._forget(command.session_id)
         assert state is not None
         return json_response(schemas.session_of(state))
+
+    def _forget(self, session_id: str) -> None:
+        """This gateway's remembered placement of the session is stale now: a download right
+        after a stop or delete must not reach the sandbox being stopped through it."""
+        if self.forget is not None:
+            self.forget(session_id)
 
     async def pause_session(self, request: Request) -> Response:
         command = commands.PauseSession(
@@ -365,8 +372,7 @@ class SessionsAPI:
 
     async def _sandbox_answer(self, command: commands.PauseSession | commands.ResumeSession) -> Response:
         reply = await self.client.call(command)
-        if self.forget is not None:
-            self.forget(command.session_id)
+        self._forget(command.session_id)
         if reply.sandbox is None:
             raise errors.Conflict(f"session {command.session_id!r} has no sandbox to pause or resume")
         return json_response(schemas.sandbox_of(command.session_id, reply.sandbox, reply.appended > 0))
@@ -376,6 +382,7 @@ class SessionsAPI:
             session_id=self._path_session_id(request), **self._command_fields(request, "delete")
         )
         await self.client.session(command)
+        self._forget(command.session_id)
         return json_response(None, 204)
 
     def endpoint(self, operation: Operation) -> Handler:
