@@ -36,5 +36,6 @@ def mount(
         sessions=api.sessions,
         client=api.client,
         history=history,
+        forget=api.forget,
     )
     return asgi.Mount(api_app, console.app())

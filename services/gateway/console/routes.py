@@ -70,8 +70,11 @@ class Console:
         client: rpc.SessionClient,
         history: timeline.TimelineAPI,
         clock: Callable[[], float] = time.time,
+        forget: Callable[[str], None] | None = None,
     ) -> None:
         self.keys = keys
+        self.forget = forget
+        """Drops this gateway's remembered placement of a session it stopped or deleted."""
         self.signer = signer
         self.ctx = ctx
         self.sessions = sessions
@@ -341,6 +344,8 @@ class Console:
         await self.client.session(
             commands.StopSession(session_id=state.session_id, **self.command_fields(who))
         )
+        if self.forget is not None:
+            self.forget(state.session_id)
         return RedirectResponse(views.href("sessions", state.session_id) + "?done=stopped", 303)
 
     async def delete(self, request: Request, who: tokens.Identity) -> Response:
@@ -350,6 +355,8 @@ class Console:
         await self.client.session(
             commands.DeleteSession(session_id=state.session_id, **self.command_fields(who))
         )
+        if self.forget is not None:
+            self.forget(state.session_id)
         return RedirectResponse(PREFIX + "/sessions?done=deleted", 303)
 
     @staticmethod
