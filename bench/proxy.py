@@ -7,8 +7,10 @@
 * bulk download throughput, tunnelled vs direct (target: tunnelled within 10 %), and
   injected for reference: the median of three alternating rounds, with the proxy's CPU
   time per GiB (client, upstream and proxy share the machine's cores);
-* each proxy path twice, through the same proxy without and with metrics (the Prometheus
-  sink on its unix socket), alternating, so the metrics' cost is a ratio of one run;
+* each proxy path three times, through the same proxy without metrics, with metrics (the
+  Prometheus sink on its unix socket) and with metrics and egress records (the default:
+  a record per connection, collected every 0.5 s over the same socket as the
+  proxy-scaler does), alternating, so each one's cost is a ratio of one run;
 * the same bulk download through a **bare hop**: a relay that does nothing but accept a
   CONNECT and move the bytes with blocking ``splice(2)`` in two threads of its own
   process (no checks, no event loop). It is the floor of any relay on this machine: what
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import json
 import multiprocessing
 import os
 import socket
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "proxy"))
 
 from bench import common
-from sbx_proxy import egress, front, metrics
+from sbx_proxy import egress, front, metrics, records
 from tests.proxy import harness
 
 TOKEN = "ghp_" + "benchToken" * 4
@@ -170,7 +173,7 @@ class Client:
 
 
 def _ways(target, trust, proxies):
-    """direct, then each proxy path through the proxy with metrics off and on."""
+    """direct, then each proxy path through each proxy (metrics off, on, records on)."""
     ways = {"direct": lambda: Client(target, "github.com", trust, None)}
     for name, host in (("tunnelled", "other.example"), ("injected", "github.com")):
         for state, proxy in proxies.items():
@@ -204,19 +207,45 @@ def _keep_alive(ways, requests: int) -> tuple[list[str], dict[str, float]]:
     return rows, {label: common.percentiles(samples[label])["p50"] for label in ways}
 
 
-def _new_connections(ways, count: int) -> list[str]:
-    rows = []
-    for label, make in ways.items():
-        samples = []
-        start = time.perf_counter()
-        for _ in range(count):
+def _new_connections(ways, count: int) -> tuple[list[str], dict[str, float]]:
+    """Per way, ``count`` requests each on a new connection, in ROUNDS alternating slices."""
+    samples: dict[str, list[float]] = {label: [] for label in ways}
+    elapsed = dict.fromkeys(ways, 0.0)
+    for turn in range(ROUNDS):
+        for label, make in _rotated(ways, turn):
+            start = time.perf_counter()
+            for _ in range(max(1, count // ROUNDS)):
+                t0 = time.perf_counter()
+                client = make()
+                assert client.get("/small") == 200
+                client.close()
+                samples[label].append(time.perf_counter() - t0)
+            elapsed[label] += time.perf_counter() - start
+    rows = [common.row(f"new connection, {label}", samples[label], elapsed[label]) for label in ways]
+    return rows, {label: common.percentiles(samples[label])["p50"] for label in ways}
+
+
+class Collector(threading.Thread):
+    """What the proxy-scaler does with a proxy's egress records: read the batch every
+    ``every`` seconds, acknowledging the one before."""
+
+    def __init__(self, proxy, every: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.proxy, self.every = proxy, every
+        self.stopped = threading.Event()
+        self.records = self.reads = 0
+        self.read_seconds = 0.0
+
+    def run(self) -> None:
+        acked = 0
+        while not self.stopped.wait(self.every):
             t0 = time.perf_counter()
-            client = make()
-            assert client.get("/small") == 200
-            client.close()
-            samples.append(time.perf_counter() - t0)
-        rows.append(common.row(f"new connection, {label}", samples, time.perf_counter() - start))
-    return rows
+            batch = json.loads(harness.scrape_unix(self.proxy.metrics_socket, f"/egress?ack={acked}"))
+            self.read_seconds += time.perf_counter() - t0
+            self.reads += 1
+            if batch["batch"] != acked:
+                self.records += sum(r["connections"] for r in batch["records"])
+            acked = batch["batch"]
 
 
 def _bulk(ways, bulk_mib: int, pids: dict[str, int]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
@@ -298,7 +327,13 @@ def unit_costs(mib: int = 1024) -> None:
     sink.rules(["bench"])
     print(f"\nmetrics' own cost, in process (relay of {mib} MiB on loopback):")
     print(f"  relay: {per_gib:.0f} splice calls per GiB; {relay:.3f} s/GiB of CPU (sender, reader included)")
-    for label, tracker in (("metrics off", egress.Tracker()), ("metrics on", egress.Tracker([sink]))):
+    log = records.EgressLog(per_peer=10**9, pending_max=10**9)
+    trackers = (
+        ("metrics off", egress.Tracker()),
+        ("metrics on", egress.Tracker([sink])),
+        ("records on", egress.Tracker([sink, log])),
+    )
+    for label, tracker in trackers:
         conn = tracker.opened(None)
         meter = tracker.counter(conn, egress.Direction.DOWN)
         n = 1_000_000
@@ -315,6 +350,14 @@ def unit_costs(mib: int = 1024) -> None:
             tracker.requested(conn, egress.Outcome.INJECTED, "bench")
             tracker.closed(conn)
         per_conn = (time.process_time() - t0) / n
+        if log.pending:
+            t0 = time.process_time()
+            batch = log.collect(0)
+            encoded = json.dumps(batch.wire())
+            per_record = (time.process_time() - t0) / len(batch.entries)
+            print(f"  (a batch of {len(batch.entries)} records: {per_record * 1e6:.1f} us and "
+                  f"{len(encoded) / len(batch.entries):.0f} bytes a record to hand over)")  # fmt: skip
+            log.pending.clear()
         print(
             f"  {label:11}: {per_call * 1e6:5.2f} us per byte count "
             f"-> {per_call * per_gib * 1e3:6.3f} ms/GiB "
@@ -338,10 +381,11 @@ kind = "bearer"
 hosts = ["github.com:{port}"]
 token_env = "SBX_BENCH_TOKEN"
 """
-        # The same proxy twice: without metrics (no sink: connections are still tracked)
-        # and with them (the Prometheus sink, served on its unix socket), side by side; and
-        # with --baseline, an older checkout's proxy (its sbx_proxy first on PYTHONPATH).
-        states = {"metrics off": {}, "metrics on": {}}
+        # The same proxy three times: without metrics (no sink: connections are still
+        # tracked), with them (the Prometheus sink, served on its unix socket, no records),
+        # and with records too (the default), side by side; and with --baseline, an older
+        # checkout's proxy (its sbx_proxy first on PYTHONPATH).
+        states: dict[str, dict[str, str]] = {"metrics off": {}, "metrics on": {}, "records on": {}}
         if baseline:
             states = {"before": {"PYTHONPATH": str(Path(baseline).resolve() / "proxy")}} | states
         proxies = {
@@ -351,13 +395,16 @@ token_env = "SBX_BENCH_TOKEN"
                 pki.ca_cert,
                 {n: "127.0.0.1" for n in harness.NAMES},
                 env={"SBX_BENCH_TOKEN": TOKEN, **extra},
-                metrics=state == "metrics on",
+                metrics=state in ("metrics on", "records on"),
+                extra=("--no-egress-records",) if state == "metrics on" else (),
             )
             for state, extra in states.items()
         }
         trust = [pki.ca_cert, *(p.ca_cert for p in proxies.values())]
         target = ("127.0.0.1", port)
         hop = BareHop(port)
+        collector = Collector(proxies["records on"])
+        collector.start()
         ways = _ways(target, trust, proxies)
         try:
             for make in ways.values():  # warm up each path once
@@ -365,7 +412,8 @@ token_env = "SBX_BENCH_TOKEN"
                 c.get("/small")
                 c.close()
             rows, p50 = _keep_alive(ways, requests)
-            rows += _new_connections(ways, max(20, requests // 5))
+            new_rows, new_p50 = _new_connections(ways, max(30, requests // 5))
+            rows += new_rows
             rates, cpu = _bulk(ways, bulk_mib, {s: p.proc.pid for s, p in proxies.items()})
             # The floor: a bare hop, alternating with direct again (its own pairs).
             pairs: dict[str, list[float]] = {"direct": [], "bare hop": []}
@@ -385,6 +433,8 @@ token_env = "SBX_BENCH_TOKEN"
             text = harness.scrape_unix(proxies["metrics on"].metrics_socket)
             scrape_ms = (time.perf_counter() - scrape_t0) * 1000
         finally:
+            collector.stopped.set()
+            collector.join(5)
             hop.close()
             for proxy in proxies.values():
                 proxy.close()
@@ -406,16 +456,22 @@ token_env = "SBX_BENCH_TOKEN"
         print(
             f"bulk {bulk_mib} MiB, {label:24} {mib_s:8.1f} MiB/s (median of {ROUNDS}: {spread})  {proxy_cpu}"
         )
-    print("\nmetrics on vs off (same run):")
+    print("\nmetrics and egress records, on vs off (same run):")
     for name in ("tunnelled", "injected"):
-        pairs_to_compare = [("metrics on", "metrics off")] + ([("metrics on", "before")] if baseline else [])
+        pairs_to_compare = [("metrics on", "metrics off"), ("records on", "metrics on")]
+        pairs_to_compare += [("records on", "before")] if baseline else []
         for a, b in pairs_to_compare:
             on, off = f"{name}, {a}", f"{name}, {b}"
             print(
                 f"  {name:9} {a} / {b:11}  throughput {throughput[on] / throughput[off]:.3f}   "
                 f"proxy CPU/GiB {statistics.median(cpu[on]) / statistics.median(cpu[off]):.3f}   "
-                f"keep-alive p50 {p50[on] - p50[off]:+.3f} ms"
+                f"keep-alive p50 {p50[on] - p50[off]:+.3f} ms   "
+                f"new connection p50 {new_p50[on] - new_p50[off]:+.3f} ms"
             )
+    print(
+        f"  egress records collected: {collector.records} connections in {collector.reads} reads, "
+        f"{collector.read_seconds / max(1, collector.reads) * 1000:.2f} ms a read"
+    )
     up = harness.sample(counted, "sbx_proxy_bytes_total", direction="up")
     down = harness.sample(counted, "sbx_proxy_bytes_total", direction="down")
     print(f"  counted by the proxy with metrics: {down / 2**30:.2f} GiB down, {up / 2**20:.1f} MiB up; "

@@ -176,7 +176,7 @@ def timeline_command(
     session: Annotated[str, typer.Argument(metavar="SESSION", help="The session id.")],
     kind: Annotated[
         list[str] | None,
-        typer.Option(metavar="KIND", help="Only lifecycle, command or edit entries (repeat for more)."),
+        typer.Option(metavar="KIND", help="Only lifecycle, command, edit or egress entries (repeat it)."),
     ] = None,
     after: Annotated[int, typer.Option(metavar="SEQ", help="Only entries after this sequence.", min=0)] = 0,
     limit: Annotated[
@@ -186,7 +186,7 @@ def timeline_command(
     state_dir: StateDir = None,
     json: Annotated[bool, typer.Option("--json", help="One JSON object a line (NDJSON).")] = False,
 ) -> None:
-    """Print what happened to a session and in its sandboxes, in order: lifecycle, commands, edits."""
+    """Print what happened to a session and in its sandboxes, in order: lifecycle, commands, edits, egress."""
     from sbx import observe
 
     _with_stack(

@@ -31,7 +31,7 @@ import os
 from mitmproxy import ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
-from sbx_proxy import config, credentials, egress, front, hosts, metrics, redact
+from sbx_proxy import config, credentials, egress, front, hosts, metrics, records, redact, refusals
 
 log = logging.getLogger("sbx_proxy")
 SECRETS = "sbx_secrets"
@@ -57,6 +57,8 @@ class CredentialProxy:
         self.conns: dict[str, egress.Connection] = {}
         """The egress record of each mitmproxy client connection."""
         self.metrics: metrics.Metrics | None = None
+        self.records: records.EgressLog | None = None
+        """The connections' egress records, until the proxy-scaler collects them."""
         self._metrics_server: asyncio.AbstractServer | None = None
 
     def load(self, loader) -> None:
@@ -71,7 +73,14 @@ class CredentialProxy:
             "sbx_metrics_socket",
             str,
             "",
-            "Serve Prometheus /metrics on this unix socket (never on a port a sandbox could reach).",
+            "Serve Prometheus /metrics and the egress records on this unix socket (never on a "
+            "port a sandbox could reach).",
+        )
+        loader.add_option(
+            "sbx_egress_records",
+            bool,
+            True,
+            "Keep a record of every connection for the audit stream (served on the metrics socket).",
         )
 
     async def running(self) -> None:
@@ -96,8 +105,12 @@ class CredentialProxy:
         self.metrics = metrics.Metrics()
         self.metrics.rules(rule.name for rule in self.config.rules)
         self.tracker.sinks = (self.metrics,)
+        if ctx.options.sbx_egress_records:
+            self.records = records.EgressLog()
+            self.metrics.registry.register(metrics.EgressCollector(self.records))
+            self.tracker.sinks += (self.records,)
         try:
-            self._metrics_server = await metrics.serve(self.metrics, path)
+            self._metrics_server = await metrics.serve(self.metrics, path, self.records)
         except OSError as exc:  # counted anyway; egress must not stop for want of a scrape
             log.error("sbx_proxy: cannot serve metrics at %s: %s", path, exc)
             return
@@ -163,7 +176,7 @@ class CredentialProxy:
             conn.host, conn.port = host, port
             self.tracker.refused(conn, why)
             flow.metadata[REFUSED] = True
-            flow.response = http.Response.make(403, f"{DESTINATION_REFUSED}: {why}\n")
+            flow.response = _response(refusals.answer(f"CONNECT {host}:{port}", why))
             return
         self.pins[flow.client_conn.id] = (host, address)
         flow.request.data.host = address  # the tunnel's server address: no second lookup later
@@ -241,11 +254,11 @@ class CredentialProxy:
 
     # ---- requests ----------------------------------------------------------------
 
-    def _refuse(
-        self, flow: http.HTTPFlow, status: int, why: str | egress.Refusal, reason: egress.Reason
-    ) -> None:
-        flow.response = http.Response.make(status, f"refused by the credential proxy: {why}\n")
-        self.tracker.refused(self._conn(flow.client_conn), reason, request=True)
+    def _refuse(self, flow: http.HTTPFlow, why: egress.Refusal, status: int | None = None) -> None:
+        request = flow.request
+        what = f"{request.method} {request.pretty_host}:{request.port}"
+        flow.response = _response(refusals.answer(what, why, status=status))
+        self.tracker.refused(self._conn(flow.client_conn), why, request=True)
         flow.metadata[REFUSED] = True
 
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
@@ -257,7 +270,7 @@ class CredentialProxy:
             return
         if any(_bad_field(k) or _bad_field(v) for k, v in request.headers.fields):
             # mitmproxy keeps an obs-folded line as "value\r\n more": refuse, never forward it.
-            return self._refuse(flow, 400, "folded or malformed header", egress.Reason.BAD_REQUEST)
+            return self._refuse(flow, egress.Refusal(egress.Reason.BAD_REQUEST, "folded or malformed header"))
         request.headers.pop("Proxy-Authorization", None)
         connect = self.connects.get(flow.client_conn.id)
         route = hosts.Route(
@@ -277,21 +290,21 @@ class CredentialProxy:
             return
         if decision.action == "refuse":
             log.warning("sbx_proxy: refused a request to %s: %s", decision.host, decision.reason)
-            return self._refuse(flow, 421, decision.reason, egress.Reason.HOST_MISMATCH)
+            return self._refuse(flow, egress.Refusal(egress.Reason.HOST_MISMATCH, decision.reason or ""))
         assert connect is not None and decision.host is not None
         rule = self.config.rule_for(*connect)
         assert rule is not None
         pin = self.pins.get(flow.client_conn.id)
         if pin is None:
             unchecked = "the tunnel's destination was not checked"
-            return self._refuse(flow, 502, unchecked, egress.Reason.UNCHECKED_TUNNEL)
+            return self._refuse(flow, egress.Refusal(egress.Reason.UNCHECKED_TUNNEL, unchecked))
         path, _, query = request.path.partition("?")
         try:
             injection = await self.providers[rule.name].injection(decision.host, request.method, path, query)
         except Exception as exc:  # never forward without the credential the host expects
             log.error("sbx_proxy: rule %s could not provide a credential (%s)", rule.name, type(exc).__name__)
             missing = f"no credential could be had for {decision.host}"
-            return self._refuse(flow, 502, missing, egress.Reason.CREDENTIAL_UNAVAILABLE)
+            return self._refuse(flow, egress.Refusal(egress.Reason.CREDENTIAL_UNAVAILABLE, missing))
         request.data.host = pin[1]  # the checked address: the tunnel's connection is reused
         request.headers.pop("Authorization", None)
         request.stream = True  # never buffer a body (git pushes)
@@ -317,7 +330,7 @@ class CredentialProxy:
         else:
             address, why = await self._resolve(request.host, request.port)
         if why is not None:
-            self._refuse(flow, 502, f"{DESTINATION_REFUSED}: {why}", why.reason)
+            self._refuse(flow, why, status=502)
             return False
         assert address is not None
         request.data.host = address  # keeps Host; lets connections be reused
@@ -370,6 +383,12 @@ class CredentialProxy:
             message = flow.websocket.messages[-1]
             masker = redact.Redactor(secrets)
             message.content = masker(message.content) + masker(b"")
+
+
+def _response(found: refusals.Answer) -> http.Response:
+    response = http.Response.make(found.status, found.body, found.headers)
+    response.reason = found.phrase
+    return response
 
 
 def _is_ip(host: str) -> bool:

@@ -7,8 +7,10 @@ The CA is created in ``--confdir`` on first start (``mitmproxy-ca-cert.pem`` is 
 certificate to give sandboxes; ``mitmproxy-ca.pem`` holds the private key and must stay
 on the proxy's side). Prometheus metrics are served only on a unix socket
 (``--metrics-socket``; ``curl --unix-socket PATH http://proxy/metrics``), never on a port
-a sandbox could ask the proxy to connect to. The config is checked before mitmdump starts: a bad config stops
-start-up with a message naming the field.
+a sandbox could ask the proxy to connect to; the same socket hands the per-connection
+egress records to the proxy-scaler (``GET /egress``, ``records.py``). The config is
+checked before mitmdump starts: a bad config stops start-up with a message naming the
+field.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ def mitmdump_args(args: argparse.Namespace) -> list[str]:
         argv += ["--set", f"ssl_verify_upstream_trusted_ca={args.upstream_ca}"]
     if args.metrics_socket:
         argv += ["--set", f"sbx_metrics_socket={args.metrics_socket}"]
+    if args.no_egress_records:
+        argv += ["--set", "sbx_egress_records=false"]
     return argv
 
 
@@ -71,7 +75,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--metrics-socket",
-        help="serve Prometheus /metrics on this unix socket (mode 0600; no TCP port is ever opened)",
+        help="serve Prometheus /metrics and the egress records (GET /egress) on this unix socket "
+        "(mode 0600; no TCP port is ever opened)",
+    )
+    parser.add_argument(
+        "--no-egress-records",
+        action="store_true",
+        help="keep no per-connection egress records (they are collected from --metrics-socket)",
     )
     args = parser.parse_args(argv)
     try:

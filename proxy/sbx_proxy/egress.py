@@ -5,8 +5,9 @@ and only here: a connection opened, where it goes and how it is handled (tunnell
 intercepted under a rule, plain HTTP forwarded), each request and its outcome, each
 refusal and why, upstream failures, bytes each way, the close. A :class:`Tracker` keeps
 one :class:`Connection` per sandbox connection and tells its sinks; the Prometheus
-counters (``metrics.py``) are one sink, and a per-connection egress record (the audit
-trail of issue 21) is another one to come, built from :meth:`Connection.record`.
+counters (``metrics.py``) are one sink, and the per-connection egress records
+(``records.py``: the sessions' audit trail, built from :meth:`Connection.record`) are
+another.
 
 Everything a label can take is a closed enum here (verdicts, reasons, stages, outcomes,
 directions); the only other label is a configured rule's name. A host, an address or a
@@ -26,6 +27,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+
+DETAIL_MAX = 200
+"""A refusal's text is kept up to this many characters."""
 
 
 class Verdict(enum.StrEnum):
@@ -127,6 +131,9 @@ class Connection:
     """Refusals on this connection (the CONNECT itself, or requests)."""
     reason: Reason | None = None
     """The first refusal's reason."""
+    detail: str | None = None
+    """The first refusal's text (the checker's words: an address, a name; never a header
+    value)."""
     upstream_errors: int = 0
     bytes_up: int = 0
     bytes_down: int = 0
@@ -144,7 +151,7 @@ class Connection:
         return verdict(self)
 
     def record(self) -> Record:
-        """An immutable summary: what a per-connection egress record would hold (no
+        """An immutable summary: what the connection's egress record holds (no
         header, no path, no secret)."""
         return Record(
             id=self.id,
@@ -154,6 +161,7 @@ class Connection:
             verdict=self.verdict,
             rule=self.rule,
             reason=self.reason,
+            detail=self.detail,
             requests=self.requests,
             injected=self.injected,
             refused=self.refused,
@@ -173,6 +181,7 @@ class Record:
     verdict: Verdict
     rule: str | None
     reason: Reason | None
+    detail: str | None
     requests: int
     injected: int
     refused: int
@@ -210,7 +219,7 @@ def verdict(conn: Connection) -> Verdict:
 
 
 class Sink(Protocol):
-    """Told about every observation (metrics, and later egress records)."""
+    """Told about every observation (metrics, egress records)."""
 
     def opened(self, conn: Connection) -> None: ...
 
@@ -295,6 +304,8 @@ class Tracker:
         conn.refused += 1
         if conn.reason is None:
             conn.reason = reason
+            if isinstance(refusal, Refusal):
+                conn.detail = refusal.detail[:DETAIL_MAX]
         for sink in self.sinks:
             sink.refused(conn, reason)
 

@@ -34,7 +34,7 @@ import socket
 import threading
 from collections.abc import Callable
 
-from sbx_proxy import config, egress
+from sbx_proxy import config, egress, refusals
 
 log = logging.getLogger("sbx_proxy")
 HEAD_LIMIT = 16 * 1024
@@ -107,14 +107,6 @@ def parse_connect(head: bytes) -> tuple[str, int] | None:
     if not 0 < port < 65536:
         return None
     return found.group(1).decode().strip("[]").lower(), port
-
-
-def _reply(status: str, body: str = "") -> bytes:
-    text = body.encode()
-    return (
-        f"HTTP/1.1 {status}\r\ncontent-type: text/plain\r\ncontent-length: {len(text)}\r\n"
-        f"connection: close\r\n\r\n"
-    ).encode() + text
 
 
 class Front:
@@ -239,7 +231,7 @@ class Front:
         if address is None:
             assert why is not None
             self.tracker.refused(conn, why)
-            await loop.sock_sendall(client, _reply("403 Forbidden", f"destination refused: {why}\n"))
+            await loop.sock_sendall(client, refusals.head(refusals.answer(f"CONNECT {host}:{port}", why)))
             return None
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
         upstream = socket.socket(family, socket.SOCK_STREAM)
@@ -250,10 +242,10 @@ class Front:
                 await loop.sock_connect(upstream, (address, port))
         except (TimeoutError, OSError) as exc:
             upstream.close()
+            why = egress.Refusal(egress.Reason.UPSTREAM_FAILURE, f"cannot connect to {host}:{port}: {exc}")
             self.tracker.upstream_failed(conn, egress.Stage.CONNECT)
-            self.tracker.refused(conn, egress.Reason.UPSTREAM_FAILURE)
-            text = f"cannot connect to {host}:{port}: {exc}\n"
-            await loop.sock_sendall(client, _reply("502 Bad Gateway", text))
+            self.tracker.refused(conn, why)
+            await loop.sock_sendall(client, refusals.head(refusals.answer(f"CONNECT {host}:{port}", why)))
             return None
         self.tracker.routed(conn, egress.Mode.TUNNEL, host, port)
         await loop.sock_sendall(client, b"HTTP/1.1 200 Connection established\r\n\r\n")

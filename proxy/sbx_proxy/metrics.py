@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sbx_proxy import egress
+from sbx_proxy import egress, records
 
 log = logging.getLogger("sbx_proxy")
 CONNECTION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
@@ -120,9 +122,49 @@ class Metrics:
             self._seconds[verdict].observe(conn.ended - conn.started)
 
 
-async def serve(metrics: Metrics, path: str | Path) -> asyncio.AbstractServer:
-    """``GET /metrics`` over HTTP/1.0 on the unix socket at ``path`` (mode 0600; a stale
-    socket file there is replaced, any other file is left alone and refused)."""
+class EgressCollector:
+    """The egress log's own counts on the proxy's metrics (read at each scrape: the log
+    keeps plain integers, counted on the event loop)."""
+
+    def __init__(self, log: records.EgressLog) -> None:
+        self.log = log
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(
+            "sbx_proxy_egress_records", "Connections recorded for the audit stream.", self.log.recorded
+        )
+        yield CounterMetricFamily(
+            "sbx_proxy_egress_records_lost",
+            "Connections not recorded: too many waited for collection.",
+            self.log.lost_total,
+        )
+        yield GaugeMetricFamily(
+            "sbx_proxy_egress_records_waiting", "Egress records not yet collected.", self.log.waiting
+        )
+
+
+def _egress(log: records.EgressLog | None, target: bytes) -> tuple[bytes, bytes]:
+    """``GET /egress?ack=N``: the batch out, as JSON (see ``records.py``)."""
+    if log is None:
+        return b"egress records are off on this proxy\n", b"404 Not Found"
+    _, _, query = target.partition(b"?")
+    fields = dict(part.partition(b"=")[::2] for part in query.split(b"&") if part)
+    try:
+        ack = int(fields.get(b"ack", b"0"))
+    except ValueError:
+        return b"ack must be a batch number\n", b"400 Bad Request"
+    return json.dumps(log.collect(ack).wire(), separators=(",", ":")).encode(), b"200 OK"
+
+
+async def serve(
+    metrics: Metrics, path: str | Path, egress_log: records.EgressLog | None = None
+) -> asyncio.AbstractServer:
+    """``GET /metrics`` and ``GET /egress?ack=N`` (the egress records, for the
+    proxy-scaler) over HTTP/1.0 on the unix socket at ``path`` (mode 0600; a stale socket
+    file there is replaced, any other file is left alone and refused)."""
     path = Path(path)
     with contextlib.suppress(FileNotFoundError):
         if not stat.S_ISSOCK(path.lstat().st_mode):
@@ -134,12 +176,17 @@ async def serve(metrics: Metrics, path: str | Path) -> asyncio.AbstractServer:
             async with asyncio.timeout(READ_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
             line = head.split(b"\r\n", 1)[0].split()
-            if len(line) >= 2 and line[0] == b"GET" and line[1].split(b"?")[0] == b"/metrics":
+            target = line[1] if len(line) >= 2 and line[0] == b"GET" else b""
+            kind = b"text/plain; version=0.0.4; charset=utf-8"
+            if target.split(b"?")[0] == b"/metrics":
                 body, status = metrics.render(), b"200 OK"
+            elif target.split(b"?")[0] == b"/egress":
+                body, status = _egress(egress_log, target)
+                kind = b"application/json" if status == b"200 OK" else b"text/plain"
             else:
-                body, status = b"only GET /metrics here\n", b"404 Not Found"
+                body, status = b"only GET /metrics and GET /egress here\n", b"404 Not Found"
             writer.write(
-                b"HTTP/1.0 " + status + b"\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                b"HTTP/1.0 " + status + b"\r\ncontent-type: " + kind + b"\r\n"
                 b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
             )
             await writer.drain()

@@ -38,7 +38,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "GET",
         "/v1/sessions/{session_id}/timeline",
         "getTimeline",
-        "A session's timeline: lifecycle, commands and edits in order (paged, or followed as a stream)",
+        "A session's timeline: lifecycle, commands, edits, egress in order (paged, or followed as a stream)",
         "timeline",
         {
             200: (

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from services.proxy_scaler import fleetmetrics, handlers, logic
+from services.proxy_scaler import egresslog, fleetmetrics, handlers, logic
 from shared.contract import states
 from shared.domain import projections
 from shared.infrastructure import leases, metrics, projector, service, settings
@@ -102,12 +102,36 @@ def make_setup(
             on_round=rounded,
             on_standby=standby,
         )
+        tasks = [projector.catch_up(ctx.js, proxies), loop]
+        if hasattr(fleet, "metrics_socket"):  # proxies that keep egress records on a socket
+            tasks.append(_collect_egress(ctx, fleet, sandboxes))
+        else:
+            ctx.details["egress_records"] = "not collected on this backend"
         return service.Workload(
-            tasks=[projector.catch_up(ctx.js, proxies), loop],
+            tasks=tasks,
             on_stop=[runtime.close, sandboxes.unfollow, proxies.unfollow, lambda: _unregister(exported)],
         )
 
     return setup
+
+
+async def _collect_egress(ctx: service.Context, fleet, sandboxes) -> None:
+    """Egress records into the audit stream, by the instance holding their own lease."""
+    collector = egresslog.Collector(ctx, fleet, sandboxes)
+    lease = leases.Lease(
+        await ctx.js.key_value(ctx.topology.leases_bucket), egresslog.LEASE_KEY, ctx.settings.instance
+    )
+
+    def collected(report: egresslog.Report) -> None:
+        ctx.details["egress_records"] = f"collected from {report.proxies} proxies"
+
+    await leases.lead(
+        lease,
+        collector.round,
+        name="egress_records",
+        pace=leases.Pace(egresslog.INTERVAL),
+        on_round=collected,
+    )
 
 
 def _export_metrics(ctx: service.Context, fleet) -> fleetmetrics.FleetMetrics:

@@ -36,20 +36,28 @@ class Fleet(Protocol):
     def metrics_socket(self, record: Any) -> Path: ...
 
 
-def scrape(path: Path, timeout: float = TIMEOUT) -> str:
-    """``GET /metrics`` over the unix socket at ``path``: the body (OSError on any failure)."""
+def get(path: Path, target: str, timeout: float = TIMEOUT, limit: int = LIMIT) -> bytes:
+    """``GET target`` over a proxy's unix socket at ``path``: the body (OSError on any
+    failure, or an answer longer than ``limit``)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(b"GET /metrics HTTP/1.0\r\nHost: proxy\r\n\r\n")
+        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: proxy\r\n\r\n".encode())
         data = bytearray()
-        while len(data) < LIMIT and (chunk := sock.recv(65536)):
+        while len(data) <= limit and (chunk := sock.recv(65536)):
             data += chunk
+    if len(data) > limit:
+        raise OSError(f"{path}: answer to {target} longer than {limit} bytes")
     head, _, body = bytes(data).partition(b"\r\n\r\n")
     status = head.split(b" ", 2)[1:2]
     if status != [b"200"]:
         raise OSError(f"{path}: answered {head[:40]!r}")
-    return body.decode("utf-8", errors="replace")
+    return body
+
+
+def scrape(path: Path, timeout: float = TIMEOUT) -> str:
+    """``GET /metrics`` over the unix socket at ``path``: the body (OSError on any failure)."""
+    return get(path, "/metrics", timeout).decode("utf-8", errors="replace")
 
 
 class FleetMetrics:

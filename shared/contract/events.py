@@ -274,6 +274,70 @@ class CommandExecuted(Event, frozen=True, kw_only=True, tag="exec.completed"):
         return self.session_id
 
 
+# ---- egress (audit) ----------------------------------------------------------
+
+
+class EgressConnection(msgspec.Struct, frozen=True, kw_only=True):
+    """One sandbox connection through the proxy (or, ``connections`` > 1, an aggregate of
+    several with the same destination, verdict, rule and reason). Never a header, a path
+    or a secret."""
+
+    host: str | None = None
+    """Where it went: the CONNECT target or the plain-HTTP request's host (None: the
+    connection closed before it said)."""
+    port: int | None = None
+    verdict: str
+    """``tunnelled`` (relayed, not seen), ``intercepted`` (TLS terminated under ``rule``),
+    ``forwarded`` (plain HTTP), ``refused`` (nothing went upstream) or ``empty``."""
+    rule: str | None = None
+    """The configured rule that handled it (intercepted connections)."""
+    reason: str | None = None
+    """Why something on it was refused (the first refusal): ``private_address``,
+    ``metadata_address``, ``unresolvable``, ``host_mismatch``, ``bad_request``,
+    ``credential_unavailable``, ``upstream_failure``, ``proxy_itself``..."""
+    detail: str | None = None
+    """The refusal in words (an address, a name; cut at 200 characters)."""
+    started: datetime
+    """When it (the first of an aggregate) opened."""
+    duration_ms: int = 0
+    """How long it stayed open (an aggregate: the sum)."""
+    requests: int = 0
+    """HTTP requests the proxy saw on it (not for tunnels)."""
+    injected: int = 0
+    """Requests that got a credential."""
+    refused: int = 0
+    upstream_errors: int = 0
+    bytes_up: int = 0
+    """Bytes from the sandbox towards the destination."""
+    bytes_down: int = 0
+    connections: int = 1
+    """How many connections this entry stands for (> 1: an aggregate)."""
+
+
+class EgressRecorded(Event, frozen=True, kw_only=True, tag="egress.recorded"):
+    """Connections a sandbox made through its proxy, collected from the proxy in one batch
+    (one event per session and batch). A sandbox that opens many connections between two
+    collections has them aggregated (``aggregated``); ``lost`` counts connections the
+    proxy could not keep (too many waited for collection)."""
+
+    kind: ClassVar[str] = subjects.EGRESS
+    session_id: str | None = None
+    """The session the sandbox served (None: a pool sandbox not yet claimed, or an
+    address no sandbox was known to hold)."""
+    sandbox_id: str | None = None
+    proxy_id: str
+    peer: str | None = None
+    """The sandbox's address as the proxy saw it."""
+    connections: list[EgressConnection]
+    aggregated: int = 0
+    """Connections folded into the aggregates of this event, beyond the first of each."""
+    lost: int = 0
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.session_id or self.sandbox_id or self.proxy_id
+
+
 # ---- image pulls (audit) -------------------------------------------------------------
 
 
@@ -372,6 +436,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ImagePullFailed,
     InstanceStarted,
     InstanceStopped,
+    EgressRecorded,
 )
 
 AnyEvent = (
@@ -402,6 +467,7 @@ AnyEvent = (
     | ImagePullFailed
     | InstanceStarted
     | InstanceStopped
+    | EgressRecorded
 )
 
 

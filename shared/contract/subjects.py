@@ -9,7 +9,7 @@ Subjects (``<ns>`` is the namespace):
 =================================  =============================================
 ``<ns>.evt.<kind>.<token>``        events of one aggregate: ``session``,
                                    ``instance``, ``sandbox``, ``proxy``; audit
-                                   records: ``exec``, ``image``
+                                   records: ``exec``, ``image``, ``egress``
 ``<ns>.cmd.session``               session commands, request/reply, queue group
                                    ``scheduler``
 ``<ns>.cmd.pool``                  provisioning requests, queue group
@@ -47,6 +47,9 @@ PROXY = "proxy"
 """Credential proxies of the fleet (proxy-scaler)."""
 IMAGE = "image"
 """Image pulls, per image reference (not projected: the stream is the record)."""
+EGRESS = "egress"
+"""Sandbox connections through the proxy, per session (not projected: the stream is the
+record)."""
 
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0

@@ -2,9 +2,10 @@
 :class:`~sbx_client.api.TimelineEntry`.
 
 A session's timeline is its own events (``session.*``), the audit records of what ran in
-it (``exec.completed``: commands, edits, transfers) and the events of the sandboxes it
-had, from the moment each was its own (a warm pool sandbox's life before its claim
-belongs to the pool).
+it (``exec.completed``: commands, edits, transfers) and of what its sandboxes sent
+through their proxy (``egress.recorded``), and the events of the sandboxes it had, from
+the moment each was its own (a warm pool sandbox's life before its claim belongs to the
+pool).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sbx_client.api import TIMELINE_KINDS, TimelineEntry, TimelineKind
+from sbx_client.api import TIMELINE_KINDS, EgressConnection, TimelineEntry, TimelineKind
 from shared.contract import errors, events, subjects
+from shared.domain import egress
 
 EDIT_OPERATIONS = ("create", "str_replace", "insert")
 
@@ -34,6 +36,8 @@ def subject_kinds(wanted: frozenset[TimelineKind]) -> tuple[str, ...]:
     out: list[str] = [subjects.SESSION]  # always read: they name the session's sandboxes
     if wanted & {"command", "edit"}:
         out.append(subjects.EXEC)
+    if "egress" in wanted:
+        out.append(subjects.EGRESS)
     if "lifecycle" in wanted:
         out.append(subjects.SANDBOX)
     return tuple(out)
@@ -63,7 +67,7 @@ class Membership:
         if isinstance(event, events.SandboxEvent):
             since = self.sandboxes.get(event.sandbox_id)
             return (since is not None and seq >= since) or event.meta.session_id == self.session_id
-        if isinstance(event, events.SessionEvent | events.CommandExecuted):
+        if isinstance(event, events.SessionEvent | events.CommandExecuted | events.EgressRecorded):
             return event.session_id == self.session_id
         return False
 
@@ -101,6 +105,17 @@ def entry_of(seq: int, event: events.Event) -> TimelineEntry | None:
             path=event.path,
             operation=operation if operation in EDIT_OPERATIONS else None,
             size=event.size,
+        )
+    if isinstance(event, events.EgressRecorded):
+        return msgspec.structs.replace(
+            base,
+            kind="egress",
+            summary=egress.summary(event),
+            sandbox_id=event.sandbox_id,
+            connections=[
+                msgspec.convert(msgspec.to_builtins(c), EgressConnection) for c in event.connections
+            ],
+            lost=event.lost or None,
         )
     if isinstance(event, events.SessionEvent | events.SandboxEvent):
         return msgspec.structs.replace(

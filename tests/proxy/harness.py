@@ -181,7 +181,8 @@ class Proxy:
 
     def __init__(self, workdir: Path, config_text: str | None, upstream_ca: Path, hosts: dict[str, str],
                  env: dict[str, str] | None = None, listen_host: str = "127.0.0.1",
-                 port: int | None = None, metrics: bool = True) -> None:  # fmt: skip
+                 port: int | None = None, metrics: bool = True,
+                 extra: tuple[str, ...] = ()) -> None:  # fmt: skip
         workdir.mkdir(parents=True, exist_ok=True)
         self.confdir = workdir / "ca"
         self.log = workdir / "proxy.log"
@@ -193,6 +194,7 @@ class Proxy:
         self.metrics_socket = workdir / "metrics.sock" if metrics else None
         if self.metrics_socket is not None:
             args += ["--metrics-socket", str(self.metrics_socket)]
+        args += extra
         if config_text is not None:
             config = workdir / "config.toml"
             config.write_text(config_text)

@@ -121,7 +121,8 @@ def test_a_refused_destination_gets_403_and_no_connection(proxy, echo):
         sock, answer = connect(proxy, target)
         with sock:
             assert answer.startswith(b"HTTP/1.1 403"), (target, answer)
-            assert b"destination refused" in answer
+            assert b"refused by the sandbox's egress proxy: CONNECT" in answer, answer
+            assert b"x-sbx-refused: private_address" in answer.lower()
     assert len(echo.peers) == before
 
 

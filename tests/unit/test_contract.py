@@ -218,6 +218,37 @@ EVENT_FACTORIES: dict[type, Any] = {
         instance="scheduler-4f2a9c1d7e3b",
         reason="drained",
     ),
+    events.EgressRecorded: lambda: events.EgressRecorded(
+        meta=_meta(service="proxy-scaler", instance="proxy-scaler-1a2b3c4d5e6f", command_id=None),
+        session_id=SID,
+        sandbox_id=SBX,
+        proxy_id="px-3129",
+        peer="10.213.0.6",
+        connections=[
+            events.EgressConnection(
+                host="github.com",
+                port=443,
+                verdict="intercepted",
+                rule="github",
+                started=datetime(2025, 1, 15, 9, 30, tzinfo=UTC),
+                duration_ms=820,
+                requests=3,
+                injected=3,
+                bytes_up=2411,
+                bytes_down=183422,
+            ),
+            events.EgressConnection(
+                host="10.0.0.1",
+                port=80,
+                verdict="refused",
+                reason="private_address",
+                detail="10.0.0.1 is a private address",
+                started=datetime(2025, 1, 15, 9, 30, 1, tzinfo=UTC),
+                connections=40,
+            ),
+        ],
+        aggregated=39,
+    ),
 }
 
 COMMAND_FACTORIES: dict[type, Any] = {
@@ -366,6 +397,7 @@ def test_event_tags_are_stable() -> None:
         events.ImagePullFailed: "image.pull_failed",
         events.InstanceStarted: "instance.started",
         events.InstanceStopped: "instance.stopped",
+        events.EgressRecorded: "egress.recorded",
     }
     assert set(codec.CURRENT_VERSION) == {
         "session.created",
@@ -395,6 +427,7 @@ def test_event_tags_are_stable() -> None:
         "image.pull_failed",
         "instance.started",
         "instance.stopped",
+        "egress.recorded",
     }
 
 

@@ -84,7 +84,7 @@ def test_a_connection_tells_every_sink_and_closes_once_into_a_record():
     assert tracker.closed(c) is None, "a second close is ignored"
     assert record == E.Record(
         id=c.id, peer=("10.213.0.5", 40000), host="github.com", port=443, verdict=E.Verdict.INTERCEPTED,
-        rule="github", reason=E.Reason.HOST_MISMATCH, requests=2, injected=1, refused=1,
+        rule="github", reason=E.Reason.HOST_MISMATCH, detail=None, requests=2, injected=1, refused=1,
         upstream_errors=0, bytes_up=100, bytes_down=2000, seconds=2.5,
     )  # fmt: skip
     assert log.seen == [

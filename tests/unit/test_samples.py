@@ -194,6 +194,19 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "meta.command_id": None,
         },
     ),
+    "egress.recorded.json": (
+        events.EgressRecorded,
+        {
+            "session_id": "task-42",
+            "sandbox_id": SB,
+            "proxy_id": "px-0a1b2c3d4e5f",
+            "peer": "10.213.0.6",
+            "aggregated": 1,
+            "lost": 0,
+            "meta.service": "proxy-scaler",
+            "meta.session_id": "task-42",
+        },
+    ),
     "image.pull_started.json": (
         events.ImagePullStarted,
         {"reference": "docker.io/library/python:3.12-slim", "sandbox_id": SB, "meta.service": "pool-manager"},

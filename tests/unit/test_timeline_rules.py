@@ -69,7 +69,7 @@ def test_lifecycle_entries_say_what_changed():
 
 
 def test_kinds_are_checked():
-    assert timeline.kinds([]) == frozenset(("lifecycle", "command", "edit"))
+    assert timeline.kinds([]) == frozenset(("lifecycle", "command", "edit", "egress"))
     assert timeline.kinds(["edit"]) == {"edit"}
     with pytest.raises(errors.InvalidInput, match="kind must be one of"):
         timeline.kinds(["secrets"])

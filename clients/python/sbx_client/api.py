@@ -48,8 +48,32 @@ class Health(msgspec.Struct, kw_only=True):
     version: str
 
 
-TimelineKind = Literal["lifecycle", "command", "edit"]
-TIMELINE_KINDS: tuple[TimelineKind, ...] = ("lifecycle", "command", "edit")
+TimelineKind = Literal["lifecycle", "command", "edit", "egress"]
+TIMELINE_KINDS: tuple[TimelineKind, ...] = ("lifecycle", "command", "edit", "egress")
+
+
+class EgressConnection(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """A connection the sandbox made through its proxy (``connections`` > 1: several
+    aggregated, same destination and verdict). Never a header, a path or a secret."""
+
+    host: str | None = None
+    port: int | None = None
+    verdict: str
+    """``tunnelled``, ``intercepted`` (a rule added its credential), ``forwarded`` (plain
+    HTTP), ``refused`` or ``empty``."""
+    rule: str | None = None
+    reason: str | None = None
+    """Why it was refused (``private_address``, ``host_mismatch``...)."""
+    detail: str | None = None
+    started: datetime
+    duration_ms: int = 0
+    requests: int = 0
+    injected: int = 0
+    """Requests that got a credential."""
+    refused: int = 0
+    bytes_up: int = 0
+    bytes_down: int = 0
+    connections: int = 1
 
 
 class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -60,7 +84,8 @@ class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     time: datetime
     kind: TimelineKind
     """``lifecycle`` (the session's and its sandboxes' transitions), ``command`` (a tool
-    call or host API operation that ran something) or ``edit`` (a file edit)."""
+    call or host API operation that ran something), ``edit`` (a file edit) or ``egress``
+    (connections through the proxy, one batch)."""
     type: str
     """The event's type (``session.created``, ``sandbox.started``, ``exec.completed``...)."""
     summary: str
@@ -86,6 +111,10 @@ class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     """An edit's operation: ``create``, ``str_replace``, ``insert``."""
     size: int | None = None
     """Bytes an edit wrote (the new text)."""
+    connections: list[EgressConnection] | None = None
+    """Egress entries: the connections of the batch, in the order they closed."""
+    lost: int | None = None
+    """Egress entries: connections the proxy could not record (too many at once)."""
 
 
 class Timeline(msgspec.Struct, kw_only=True):

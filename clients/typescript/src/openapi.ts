@@ -186,7 +186,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** A session's timeline: lifecycle, commands and edits in order (paged, or followed as a stream) */
+        /** A session's timeline: lifecycle, commands, edits, egress in order (paged, or followed as a stream) */
         get: operations["getTimeline"];
         put?: never;
         post?: never;
@@ -406,7 +406,7 @@ export interface components {
             seq: number;
             time: string;
             /** @enum {string} */
-            kind: "command" | "edit" | "lifecycle";
+            kind: "command" | "edit" | "egress" | "lifecycle";
             type: string;
             summary: string;
             /** @default null */
@@ -435,6 +435,43 @@ export interface components {
             operation?: string | null;
             /** @default null */
             size?: number | null;
+            /** @default null */
+            connections?: components["schemas"]["EgressConnection"][] | null;
+            /** @default null */
+            lost?: number | null;
+        };
+        /**
+         * EgressConnection
+         * @description A connection the sandbox made through its proxy (``connections`` > 1: several
+         *     aggregated, same destination and verdict). Never a header, a path or a secret.
+         */
+        EgressConnection: {
+            /** @default null */
+            host?: string | null;
+            /** @default null */
+            port?: number | null;
+            verdict: string;
+            /** @default null */
+            rule?: string | null;
+            /** @default null */
+            reason?: string | null;
+            /** @default null */
+            detail?: string | null;
+            started: string;
+            /** @default 0 */
+            duration_ms?: number;
+            /** @default 0 */
+            requests?: number;
+            /** @default 0 */
+            injected?: number;
+            /** @default 0 */
+            refused?: number;
+            /** @default 0 */
+            bytes_up?: number;
+            /** @default 0 */
+            bytes_down?: number;
+            /** @default 1 */
+            connections?: number;
         };
     };
     responses: never;
@@ -1725,7 +1762,7 @@ export interface operations {
         parameters: {
             query?: {
                 /** @description Only entries of this kind (repeat for more); none: all. */
-                kind?: ("lifecycle" | "command" | "edit")[];
+                kind?: ("lifecycle" | "command" | "edit" | "egress")[];
                 /** @description Only entries after this seq (a page's next_after); default 0: from the start. */
                 after?: number;
                 /** @description At most this many entries in a page (default 100). */

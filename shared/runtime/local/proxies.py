@@ -214,6 +214,10 @@ class LocalProxies:
         )
         return set(routable), relisted
 
+    def peer_address(self, sandbox_id: str) -> str | None:
+        """The address the sandbox's connections come from, as its proxy sees them."""
+        return self.runtime.egress_address(sandbox_id)
+
     def routed_port(self, sandbox_id: str, routes: dict[int, int]) -> int | None:
         link = self.runtime.egress_link(sandbox_id)
         return None if link is None else routes.get(link)

@@ -694,6 +694,11 @@ class LocalRuntime(api.Runtime):
         record = self._net_record(sandbox_id)
         return None if record is None else int(record["ifindex"])
 
+    def egress_address(self, sandbox_id: str) -> str | None:
+        """The sandbox's address on its proxy link while it runs (what its proxy sees)."""
+        record = self._net_record(sandbox_id)
+        return None if record is None else str(record["address"])
+
     def _net_record(self, sandbox_id: str) -> dict | None:
         d = self._dir(sandbox_id)
         running = self._running(d)

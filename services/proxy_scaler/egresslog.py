@@ -1,0 +1,108 @@
+"""Egress records from every proxy into the audit stream (the lease holder's job).
+
+Each proxy keeps a record of every sandbox connection until it is collected
+(``proxy/sbx_proxy/records.py``). The scaler, which knows the fleet and holds the NATS
+credentials the proxies never get, reads each live proxy's batch over its private unix
+socket (``GET /egress?ack=N``) every ``INTERVAL``, turns it into ``egress.recorded``
+events on the sessions' subjects (``shared/domain/egress.py``), and acknowledges the
+batch on the next read once they are stored. A batch read twice (this service restarted
+between storing and acknowledging) is stored once: event ids are derived from it.
+
+Which sandbox a connection came from is its address on the proxy link: read from the
+runtime for every routed sandbox whose record changed, and kept after the sandbox
+stops (its last connections are collected a moment later) until another sandbox holds
+the address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+
+from services.proxy_scaler import fleetmetrics, logic
+from shared.contract import events, states, subjects
+from shared.domain import egress
+from shared.infrastructure import projector, service
+
+log = structlog.get_logger(__name__)
+INTERVAL = 0.5
+"""Between two collections (a connection reaches the timeline within about this)."""
+LEASE_KEY = "proxy-scaler-egress"
+
+
+@dataclass
+class Report:
+    proxies: int = 0
+    connections: int = 0
+    events: int = 0
+    failed: int = 0
+
+
+class Collector:
+    def __init__(
+        self,
+        ctx: service.Context,
+        fleet: Any,
+        sandboxes: projector.ProjectionStore[states.SandboxState],
+    ) -> None:
+        self.ctx, self.fleet, self.sandboxes = ctx, fleet, sandboxes
+        self.acked: dict[str, int] = {}
+        """Per proxy: the last batch whose events are stored (sent as ``ack`` next time)."""
+        self.owners: dict[str, egress.Owner] = {}
+        """Sandbox address -> the sandbox that last held it."""
+        self._read: dict[str, int] = {}
+        """Sandbox id -> its record's ``last_seq`` when its address was read."""
+
+    async def round(self) -> Report:
+        report = Report()
+        records = [r for r in self.fleet.records() if self.fleet.alive(r)]
+        live = {r.proxy_id for r in records}
+        self.acked = {p: n for p, n in self.acked.items() if p in live}
+        for record in records:
+            report.proxies += 1
+            try:
+                await self._collect(record, report)
+            except FileNotFoundError:
+                report.failed += 1  # a proxy starting: its socket comes once it serves
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                report.failed += 1  # it keeps its records; the next round asks again
+                log.warning("egress.collect_failed", proxy=record.proxy_id, error=str(exc)[:200])
+        return report
+
+    async def _collect(self, record: Any, report: Report) -> None:
+        target = f"/egress?ack={self.acked.get(record.proxy_id, 0)}"
+        data = await asyncio.to_thread(fleetmetrics.get, self.fleet.metrics_socket(record), target)
+        batch = egress.decode_batch(data)
+        if batch.records or batch.lost:
+            if any(r.peer is not None and r.peer not in self.owners for r in batch.records):
+                await self._learn()
+            for event in egress.recorded(record.proxy_id, batch, self._owner, self._meta):
+                subject = self.ctx.topology.aggregate_subject(subjects.EGRESS, event.aggregate_id)
+                await self.ctx.store.record(subject, event)
+                report.events += 1
+            report.connections += sum(r.connections for r in batch.records)
+        self.acked[record.proxy_id] = batch.batch
+
+    def _owner(self, peer: str | None) -> egress.Owner | None:
+        return None if peer is None else self.owners.get(peer)
+
+    def _meta(self, event_id: str, owner: egress.Owner | None) -> events.Meta:
+        meta = self.ctx.meta(session_id=owner.session_id if owner else None)
+        return msgspec.structs.replace(meta, event_id=event_id)
+
+    async def _learn(self) -> None:
+        """Read the address of every routed sandbox whose record changed since."""
+        routed = [s for s in (await self.sandboxes.all()).values() if s.status in logic.ROUTED]
+        self._read = {s.sandbox_id: n for s in routed if (n := self._read.get(s.sandbox_id)) is not None}
+        for sandbox in routed:
+            if self._read.get(sandbox.sandbox_id) == sandbox.last_seq:
+                continue
+            address = await asyncio.to_thread(self.fleet.peer_address, sandbox.sandbox_id)
+            if address is None:
+                continue
+            self._read[sandbox.sandbox_id] = sandbox.last_seq
+            self.owners[address] = egress.Owner(sandbox.sandbox_id, sandbox.session_id)
