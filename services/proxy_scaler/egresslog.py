@@ -9,9 +9,11 @@ batch on the next read once they are stored. A batch read twice (this service re
 between storing and acknowledging) is stored once: event ids are derived from it.
 
 Which sandbox a connection came from is its address on the proxy link: read from the
-runtime for every routed sandbox whose record changed, and kept after the sandbox
-stops (its last connections are collected a moment later) until another sandbox holds
-the address.
+runtime for every routed sandbox whose record changed since the last read, and kept
+after the sandbox stops (its last connections are collected a moment later) until
+another sandbox holds the address. (A connection of a stopped sandbox collected after
+its address went to a new one is counted as the new one's: slots are spread over
+16,000 addresses by sandbox id, so this needs a slot reused within half a second.)
 """
 
 from __future__ import annotations
@@ -78,8 +80,7 @@ class Collector:
         data = await asyncio.to_thread(fleetmetrics.get, self.fleet.metrics_socket(record), target)
         batch = egress.decode_batch(data)
         if batch.records or batch.lost:
-            if any(r.peer is not None and r.peer not in self.owners for r in batch.records):
-                await self._learn()
+            await self._learn()  # (reads only sandboxes that changed: a new one may hold an old address)
             for event in egress.recorded(record.proxy_id, batch, self._owner, self._meta):
                 subject = self.ctx.topology.aggregate_subject(subjects.EGRESS, event.aggregate_id)
                 await self.ctx.store.record(subject, event)

@@ -186,6 +186,10 @@ async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack,
     await playwright.expect(timeline.locator("tr", has_text=f"/workspace/{marker}.txt")).to_contain_text(
         "edit"
     )
+    # A request through the proxy, refused: the agent reads why; the timeline shows it.
+    ok, out = await agent.call("shell", command="curl -sS --max-time 10 http://169.254.169.254/latest/")
+    assert ok and "reason: metadata_address" in str(out), out
+    await playwright.expect(timeline).to_contain_text("169.254.169.254:80 refused (metadata_address)")
     assert await tab.page.evaluate("window.__sameDocument") is True  # no reload happened
     await shot(tab, shots, "session-live", capsys)
 
