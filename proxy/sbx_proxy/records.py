@@ -17,9 +17,11 @@ collected twice (a scaler restarted between storing and acknowledging) is stored
 Bounded: a sandbox that opens thousands of connections between two collections does not
 make thousands of records. Past ``PER_PEER`` records of one sandbox address, further
 connections to the same place with the same verdict are folded into one aggregate record
-(``connections`` > 1, bytes and requests summed); past ``PENDING_MAX`` entries in all,
-new connections are only counted (``lost``, reported with the next batch and on the
-proxy's metrics).
+(``connections`` > 1, bytes and requests summed); past ``2 * PER_PEER`` entries of that
+address, by verdict alone (no host: "many destinations"), so one sandbox holds at most
+about ``2 * PER_PEER`` + a few entries; past ``PENDING_MAX`` entries in all, new
+connections are only counted (``lost``, reported with the next batch and on the proxy's
+metrics).
 """
 
 from __future__ import annotations
@@ -176,6 +178,11 @@ class EgressLog:
     # ---- keeping -------------------------------------------------------------------
 
     def add(self, entry: Entry) -> None:
+        """Keep one connection's entry: as it is while its address has had fewer than
+        ``per_peer`` entries; else folded by destination (a new aggregate while it has
+        fewer than twice that), else by verdict alone (``host`` and ``port`` dropped: a
+        sandbox naming thousands of hosts keeps a bounded share of the pending entries,
+        so it cannot crowd the others' records out)."""
         self.recorded += 1
         seen = self._per_peer.get(entry.peer, 0)
         if seen < self.per_peer and len(self.pending) < self.pending_max:
@@ -183,6 +190,9 @@ class EgressLog:
             self.pending.append(entry)
             return
         key = entry.key()
+        if key not in self._aggregates and seen >= 2 * self.per_peer:
+            entry.host = entry.port = entry.detail = None  # "many destinations"
+            key = entry.key()
         aggregate = self._aggregates.get(key)
         if aggregate is not None:
             aggregate.fold(entry)
@@ -190,6 +200,7 @@ class EgressLog:
         elif len(self.pending) < self.pending_max:
             entry.folded = True
             self._aggregates[key] = entry
+            self._per_peer[entry.peer] = seen + 1
             self.pending.append(entry)
         else:
             self._lost += 1

@@ -76,7 +76,7 @@ def test_one_address_past_its_bound_is_aggregated_by_destination_and_verdict():
 def test_past_the_pending_bound_connections_are_counted_as_lost():
     log = records.EgressLog(per_peer=1, pending_max=3)
     for n in range(10):
-        log.add(entry(host=f"h{n}"))  # every one a new place: one record, two aggregates, then lost
+        log.add(entry(peer=f"10.213.0.{n}"))  # ten sandboxes: three kept, then lost
     batch = log.collect(0)
     assert len(batch.entries) == 3 and batch.lost == 7 and log.lost_total == 7 and log.recorded == 10
     assert log.collect(1).lost == 0
@@ -144,3 +144,20 @@ def test_an_egress_event_is_a_timeline_entry_of_its_session():
     assert found.summary == "egress: 1 connection: h0:443 tunnelled"
     assert found.connections is not None and found.connections[0].host == "h0"
     assert timeline.kinds(["egress"]) == frozenset({"egress"})
+
+
+def test_a_sandbox_naming_thousands_of_hosts_keeps_a_bounded_share():
+    """Unique destinations cannot be folded by destination: past twice its bound an
+    address's connections fold by verdict alone, so another sandbox's records still fit."""
+    log = records.EgressLog(per_peer=10, pending_max=100)
+    for n in range(5000):
+        log.add(entry(host=f"h{n}.example"))
+    log.add(entry(peer="10.213.0.10", host="pypi.org"))
+    batch = log.collect(0)
+    assert batch.lost == 0 and log.lost_total == 0
+    flooding = [e for e in batch.entries if e.peer == "10.213.0.2"]
+    assert len(flooding) == 21  # 10 as they are, 10 by destination, 1 by verdict alone
+    many = [e for e in flooding if e.host is None]
+    assert len(many) == 1 and many[0].connections == 5000 - 20
+    assert sum(e.connections for e in flooding) == 5000
+    assert [e.host for e in batch.entries if e.peer == "10.213.0.10"] == ["pypi.org"]
