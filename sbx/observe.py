@@ -18,7 +18,7 @@ from nats.js.errors import NotFoundError
 from sbx import bars, stack
 from sbx_client.api import TimelineEntry
 from shared.contract import codec, errors, events, ids, subjects
-from shared.domain import projections
+from shared.domain import describe, projections
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings
 
 CONNECT_WAIT = 5.0
@@ -127,12 +127,6 @@ async def _all(js: JetStreamContext, projection: Any, store: eventstore.EventSto
 # ---- events -----------------------------------------------------------------
 
 
-def _summary(event: events.Event) -> str:
-    fields = codec.to_builtins(event)
-    fields.pop("meta"), fields.pop("type"), fields.pop("v")
-    return " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
-
-
 def event_record(stored: eventstore.Stored) -> dict[str, Any]:
     return {"seq": stored.seq, "subject": stored.subject, "event": codec.to_builtins(stored.event)}
 
@@ -148,11 +142,12 @@ async def follow_events(
 ) -> int:
     store = eventstore.EventStore(nc.jetstream(), topology)
     subject = None
-    if session is not None:  # the session's own events and the audit records of its executions
+    if session is not None:  # the session's own events and the audit records of what it did
         sid = ids.validate_session_id(session)
         subject = [
             topology.aggregate_subject(subjects.SESSION, sid),
             topology.aggregate_subject(subjects.EXEC, sid),
+            topology.aggregate_subject(subjects.EGRESS, sid),
         ]
     # Closed here, while NATS is still connected, whatever stops the loop (a closed pipe,
     # Ctrl-C): left to the event loop's shutdown it would fail and print a traceback.
@@ -167,7 +162,7 @@ def _line(stored: eventstore.Stored) -> str:
     who = " ".join(f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v)
     return (
         f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
-        f"{events.tag_of(type(stored.event)):18} {_summary(stored.event)}  "
+        f"{events.tag_of(type(stored.event)):18} {describe.line(stored.event)}  "
         f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]"
     )
 

@@ -3,7 +3,9 @@ event stream (an :class:`egress.Sink`; no I/O here).
 
 When a connection closes, its :class:`egress.Record` (where it went, the verdict, the
 rule, the refusal and why, requests, injections, bytes each way, how long; never a
-header, a path or a secret) joins the pending records. The proxy-scaler collects them
+header, a path or a secret) joins the pending records; one that closed before it said
+where it goes (verdict ``empty``: a port probe, a health check) is only counted in the
+metrics. The proxy-scaler collects them
 over the proxy's private unix socket (``GET /egress?ack=N``, served by ``metrics.serve``)
 and appends them to the sessions' subjects as ``egress.recorded`` events: the proxy holds
 no NATS credential and needs none.
@@ -173,7 +175,9 @@ class EgressLog:
         pass
 
     def closed(self, conn: egress.Connection) -> None:
-        self.add(entry_of(conn.record(), self.wall()))
+        record = conn.record()
+        if record.verdict is not egress.Verdict.EMPTY:  # port probes, health checks: metrics only
+            self.add(entry_of(record, self.wall()))
 
     # ---- keeping -------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import msgspec
 from sbx_proxy import egress as proxy_egress
 from sbx_proxy import records
 from shared.contract import events
-from shared.domain import egress, timeline
+from shared.domain import describe, egress, timeline
 
 
 def entry(
@@ -161,3 +161,20 @@ def test_a_sandbox_naming_thousands_of_hosts_keeps_a_bounded_share():
     assert len(many) == 1 and many[0].connections == 5000 - 20
     assert sum(e.connections for e in flooding) == 5000
     assert [e.host for e in batch.entries if e.peer == "10.213.0.10"] == ["pypi.org"]
+
+
+def test_a_connection_that_never_named_a_destination_is_not_recorded():
+    log = records.EgressLog()
+    tracker = proxy_egress.Tracker([log])
+    tracker.closed(tracker.opened(("10.213.255.254", 5000)))  # a probe: opened, closed
+    assert log.collect(0).entries == [] and log.recorded == 0
+
+
+def test_egress_events_read_as_one_line():
+    (event,) = egress.recorded("px-1", wire_batch(1, {"10.213.0.2": 1}), OWNERS.get, meta)
+    assert (
+        describe.line(event)
+        == "session_id=task-1 sandbox_id=sb-1 proxy_id=px-1 egress: 1 connection: h0:443 tunnelled"
+    )
+    stopped = events.SessionStopped(meta=meta("x", None), session_id="s", reason="idle")
+    assert describe.line(stopped) == "session_id=s reason=idle"

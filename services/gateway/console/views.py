@@ -19,14 +19,14 @@ from typing import Any, get_args
 import msgspec
 
 from sbx_client.api import TimelineEntry
-from shared.contract import codec, errors, events, ids, states
+from shared.contract import errors, events, ids, states
+from shared.domain import describe
 from shared.infrastructure import health
 
 STATUSES = ("active", "stopped", "deleted")
 SANDBOX_STATUSES: tuple[str, ...] = get_args(states.SandboxStatus)
 FILTER_MAX = 128
 SUMMARY_MAX = 300
-AUDIT_FIELDS_SKIPPED = frozenset(("meta", "type", "v"))
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 
 
@@ -271,10 +271,7 @@ class AuditRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def audit_record(seq: int, event: events.Event) -> AuditRecord:
-    fields = codec.to_builtins(event)
-    shown = " ".join(
-        f"{k}={v}" for k, v in fields.items() if k not in AUDIT_FIELDS_SKIPPED and v not in (None, "", [], {})
-    )
+    shown = describe.line(event)
     meta = event.meta
     return AuditRecord(
         seq=seq,

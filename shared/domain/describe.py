@@ -1,0 +1,23 @@
+"""One line for people about any event (pure): what `sbx events` prints and the console's
+audit stream shows, one rule for both.
+
+Most events say enough as their fields, ``name=value``; an egress record says it as the
+summary its timeline entry has (where, verdict, why), not as a list of dictionaries.
+"""
+
+from __future__ import annotations
+
+from shared.contract import codec, events
+from shared.domain import egress
+
+SKIPPED = frozenset(("meta", "type", "v"))
+
+
+def line(event: events.Event) -> str:
+    if isinstance(event, events.EgressRecorded):
+        who = " ".join(
+            f"{k}={v}" for k, v in (("session_id", event.session_id), ("sandbox_id", event.sandbox_id)) if v
+        )
+        return f"{who} proxy_id={event.proxy_id} {egress.summary(event)}".strip()
+    fields = codec.to_builtins(event)
+    return " ".join(f"{k}={v}" for k, v in fields.items() if k not in SKIPPED and v not in (None, "", [], {}))
