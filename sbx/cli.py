@@ -374,6 +374,91 @@ def resume_command(session: str, state_dir: StateDir = None, json: Json = False)
     _pause_command(session, state_dir, json, pause=False)
 
 
+# ---- snapshots: take, list, fork, restore (issue 22) -------------------------------------
+
+snapshot_app = typer.Typer(
+    help="Snapshots of sessions' files: take, list, show, delete, fork sessions from one, restore one.",
+    **_SETTINGS,
+)
+app.add_typer(snapshot_app, name="snapshot")
+SnapshotId = Annotated[str, typer.Argument(metavar="SNAPSHOT", help="A snapshot id.")]
+SessionArg = Annotated[str, typer.Argument(metavar="SESSION", help="A session id.")]
+
+
+def _snapshot_action(state_dir: Path | None, action: str, **kwargs: Any) -> None:
+    from sbx import snapshots
+    from shared.contract import ids
+
+    for name in ("session", "snapshot_id"):  # before connecting: a bad id touches nothing
+        if kwargs.get(name):
+            ids.validate_session_id(kwargs[name], what=name.replace("_", " "))
+    for sid in kwargs.get("session_ids", ()):
+        ids.validate_session_id(sid)
+    _with_stack(state_dir, getattr(snapshots, action), **kwargs)
+
+
+@snapshot_app.command("create")
+def snapshot_create(
+    session: SessionArg,
+    snapshot_id: Annotated[str | None, typer.Option("--id", metavar="ID", help="The snapshot's id.")] = None,
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Snapshot SESSION's files (workspace, installed packages, shell directory and
+    exports): its processes frozen while they are copied."""
+    _snapshot_action(state_dir, "create", session=session, snapshot_id=snapshot_id, as_json=json)
+
+
+@snapshot_app.command("list")
+def snapshot_list(
+    session: Annotated[
+        str | None, typer.Option("--session", metavar="SESSION", help="Only this session's.")
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Deleted snapshots too.")] = False,
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Snapshots, oldest first (NDJSON with --json)."""
+    _snapshot_action(state_dir, "listing", session=session, include_deleted=all_, as_json=json)
+
+
+@snapshot_app.command("show")
+def snapshot_show(snapshot: SnapshotId, state_dir: StateDir = None, json: Json = False) -> None:
+    """One snapshot: its session, digest, sizes, layers, parent."""
+    _snapshot_action(state_dir, "show", snapshot_id=snapshot, as_json=json)
+
+
+@snapshot_app.command("delete")
+def snapshot_delete(snapshot: SnapshotId, state_dir: StateDir = None, json: Json = False) -> None:
+    """Delete SNAPSHOT; sessions forked or restored from it keep their files."""
+    _snapshot_action(state_dir, "delete", snapshot_id=snapshot, as_json=json)
+
+
+@snapshot_app.command("fork")
+def snapshot_fork(
+    snapshot: SnapshotId,
+    count: Annotated[int, typer.Option("--count", "-n", min=1, max=100, help="How many sessions.")] = 1,
+    session_ids: Annotated[
+        list[str] | None, typer.Option("--session-id", metavar="ID", help="Name the new sessions (repeat).")
+    ] = None,
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Create sessions whose sandboxes start from SNAPSHOT (exit 1 if any was not made)."""
+    from shared.contract import ids
+
+    wanted = list(session_ids or []) or [f"{snapshot[:90]}-{ids.new_id()[:8]}" for _ in range(count)]
+    _snapshot_action(state_dir, "fork", snapshot_id=snapshot, session_ids=wanted, as_json=json)
+
+
+@snapshot_app.command("restore")
+def snapshot_restore(
+    session: SessionArg, snapshot: SnapshotId, state_dir: StateDir = None, json: Json = False
+) -> None:
+    """Put SESSION back to SNAPSHOT: a new sandbox from it replaces the session's."""
+    _snapshot_action(state_dir, "restore", session=session, snapshot_id=snapshot, as_json=json)
+
+
 if __name__ == "__main__":
     from sbx.entry import main
 

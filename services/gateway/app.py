@@ -29,6 +29,7 @@ from services.gateway import (
     rest,
     schemas,
     sessions,
+    snapshots,
     timeline,
 )
 from services.gateway import console as web_console
@@ -52,6 +53,7 @@ def build_app(
     api: rest.SessionsAPI,
     mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
+    copies: snapshots.SnapshotsAPI | None = None,
 ) -> ASGIApp:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -65,6 +67,12 @@ def build_app(
     routes: list[BaseRoute] = [
         Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
     ]
+
+    if copies is not None:
+        routes += [
+            Route(op.path, copies.endpoint(op), methods=[op.method], name=op.operation_id)
+            for op in snapshots.OPERATIONS
+        ]
 
     history = timeline.TimelineAPI(ctx.store, api.sessions, ctx.topology)
     routes += [
@@ -194,7 +202,10 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
-        app = build_app(gateway, ctx, rest.SessionsAPI(client, session_states, where.forget), mcp_app, host)
+        rest_api = rest.SessionsAPI(client, session_states, where.forget)
+        snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
+        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states)
+        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
         server = _Server(
             uvicorn.Config(
                 app,

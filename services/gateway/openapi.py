@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from services.gateway import archive, hostapi, rest, schemas, timeline
+from services.gateway import archive, hostapi, rest, schemas, snapshots, timeline
 from shared.contract.hostapi import MEDIA_TYPE as FRAMES
 
 REF = "#/components/schemas/{name}"
@@ -22,7 +22,13 @@ BYTES = {"type": "string", "format": "binary"}
 # Long on purpose: the document is one literal.
 def document(version: str) -> dict[str, Any]:
     types: list[Any] = [schemas.Health]
-    operations = (*rest.OPERATIONS, *hostapi.OPERATIONS, *archive.OPERATIONS, *timeline.OPERATIONS)
+    operations = (
+        *rest.OPERATIONS,
+        *snapshots.OPERATIONS,
+        *hostapi.OPERATIONS,
+        *archive.OPERATIONS,
+        *timeline.OPERATIONS,
+    )
     for op in operations:
         if op.body is not None:
             types.append(op.body)

@@ -76,6 +76,7 @@ def session_of(state: states.SessionState) -> Session:
         updated_at=state.updated_at,
         incarnation=state.incarnation,
         version=state.version,
+        forked_from=state.forked_from,
     )
 
 

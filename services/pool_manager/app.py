@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from services.pool_manager import handlers, logic, refill
+from services.pool_manager import handlers, logic, refill, snapshots
 from shared.contract import states
 from shared.domain import pools as pool_specs
 from shared.domain import projections
@@ -29,6 +29,7 @@ def make_setup(
             images=runtime_settings,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        snapshot_store = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
         limits = api.Limits(
             memory_bytes=runtime_settings.memory_bytes,
             cpus=runtime_settings.cpus,
@@ -43,6 +44,13 @@ def make_setup(
             limits,
             max_running=lifecycle.max_running,
             leases_kv=await ctx.js.key_value(ctx.topology.leases_bucket),
+            snapshots=snapshots.SnapshotHandlers(
+                ctx,
+                runtime,
+                sandboxes,
+                snapshot_store,
+                per_session=runtime_settings.snapshots_per_session,
+            ),
         )
         ctx.details["runtime"] = runtime.name
         # Listed by every refill round (which also reports how many are requested,
@@ -63,7 +71,7 @@ def make_setup(
 
         ctx.answer(rpc.POOL, pool.handle, workers=MAX_WORKERS)
 
-        tasks = [projector.catch_up(ctx.js, sandboxes)]
+        tasks = [projector.catch_up(ctx.js, sandboxes), projector.catch_up(ctx.js, snapshot_store)]
         pools = pool_specs.configured(lifecycle)
         if pools:
             tasks.append(

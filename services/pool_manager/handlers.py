@@ -16,6 +16,7 @@ import structlog
 from nats.js.kv import KeyValue
 
 from services.pool_manager import logic
+from services.pool_manager import snapshots as pool_snapshots
 from shared.contract import errors, events, ids, provisioning, references, states, subjects
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, faults, leases, metrics, projector, rpc, service
@@ -42,6 +43,7 @@ class PoolHandlers:
         limits: api.Limits,
         max_running: int = 1_000_000,
         leases_kv: KeyValue | None = None,
+        snapshots: pool_snapshots.SnapshotHandlers | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
@@ -52,6 +54,13 @@ class PoolHandlers:
         self._admission = asyncio.Lock()
         self._awaiting: dict[str, set[asyncio.Event]] = {}
         self._pulls: dict[str, asyncio.Future[api.PulledImage | None]] = {}
+        self._snapshots = snapshots
+
+    @property
+    def snapshots(self) -> pool_snapshots.SnapshotHandlers:
+        if self._snapshots is None:
+            raise errors.NotBuiltYet("this pool-manager was started without snapshots")
+        return self._snapshots
 
     @contextlib.asynccontextmanager
     async def _admitting(self) -> AsyncIterator[None]:
@@ -95,6 +104,10 @@ class PoolHandlers:
                 state = await self.pause(request)
             case provisioning.Resume():
                 state = await self.resume(request, request.reason)
+            case provisioning.Snapshot():
+                return provisioning.PoolReply(ok=True, snapshot=await self.snapshots.take(request))
+            case provisioning.DropSnapshot():
+                return provisioning.PoolReply(ok=True, snapshot=await self.snapshots.drop(request))
         return provisioning.PoolReply(ok=True, sandbox=state)
 
     def _meta(self, request: provisioning.PoolRequest, session_id: str | None = None) -> events.Meta:
@@ -186,6 +199,7 @@ class PoolHandlers:
                 backend=self.runtime.name,
                 pool=request.pool,
                 cache_org=self._cache_org(request),
+                snapshot=request.snapshot,
             ),
         )
 
@@ -210,6 +224,7 @@ class PoolHandlers:
             limits=self.limits,
             labels={"session": request.session_id or "", "pool": request.pool or ""},
             cache=ids.token(org) if (org := self._cache_org(request)) else None,
+            snapshot=request.snapshot,
         )
         try:
             await self._ensure_image(request)

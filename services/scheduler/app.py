@@ -16,6 +16,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
     async def setup(ctx: service.Context) -> service.Workload:
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        snapshots = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
         warm = pools.configured(lifecycle) if lifecycle else []
         for spec in warm:
             await warmpool.ensure_consumer(ctx.js, ctx.topology, spec.pool_id)
@@ -26,6 +27,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
             rpc.PoolClient(ctx.nc, ctx.topology),
             warm,
             caches_at_create=lifecycle.caches_at_create if lifecycle else False,
+            snapshot_store=snapshots,
         )
 
         ctx.answer(rpc.SESSIONS, commands.handle, workers=MAX_WORKERS)

@@ -10,7 +10,7 @@ from typing import TypedDict
 
 import structlog
 
-from services.scheduler import pausing
+from services.scheduler import pausing, snapshots
 from shared.contract import commands, errors, events, ids, provisioning, states
 from shared.domain import pools
 from shared.domain import sandbox as sandbox_rules
@@ -46,6 +46,7 @@ class SessionCommands:
         warm: list[pools.PoolSpec] | None = None,
         *,
         caches_at_create: bool = False,
+        snapshot_store: projector.ProjectionStore[states.SnapshotState] | None = None,
     ) -> None:
         self.ctx = ctx
         self.sessions = sessions
@@ -54,6 +55,7 @@ class SessionCommands:
         self.warm = warm or []
         self.caches_at_create = caches_at_create
         self.pausing = pausing.Pausing(ctx, sessions, sandboxes, pool)
+        self.snapshotting = snapshots.Snapshotting(self, snapshot_store) if snapshot_store else None
         self._waiting: dict[str, int] = {}
         """Sessions of this instance waiting for a pool sandbox being prepared, per pool."""
 
@@ -71,6 +73,12 @@ class SessionCommands:
         session_rules.validate(command)
         if isinstance(command, commands.PauseSession | commands.ResumeSession | commands.HibernateSession):
             reply = await self.pausing.handle(command)
+            metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
+            return reply
+        if isinstance(command, commands.SnapshotCommand):
+            if self.snapshotting is None:
+                raise errors.NotBuiltYet("this scheduler was started without snapshots")
+            reply = await self.snapshotting.handle(command)
             metrics.commands.labels(events.tag_of(type(command)), "ok").inc()
             return reply
         state, appended = await self.execute(command)
@@ -96,7 +104,7 @@ class SessionCommands:
         _log_transition(command, outcome)
         return outcome
 
-    def _pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> _PoolFields:
+    def pool_fields(self, command: commands.SessionCommand, sandbox_id: str) -> _PoolFields:
         return {
             "sandbox_id": sandbox_id,
             "command_id": command.command_id,
@@ -160,7 +168,7 @@ class SessionCommands:
                 return sandbox_id
         return None
 
-    async def _obtain(
+    async def obtain(
         self, command: commands.SessionCommand, options: session_rules.SandboxOptions, org: str | None
     ) -> str:
         """A running sandbox for this session (of organisation ``org``): claimed from a
@@ -177,7 +185,7 @@ class SessionCommands:
                         session_id=command.session_id,
                         org_id=org,
                         **options,
-                        **self._pool_fields(command, sandbox_id),
+                        **self.pool_fields(command, sandbox_id),
                     )
                 )
             except errors.LimitExceeded:
@@ -196,7 +204,7 @@ class SessionCommands:
         """Obtain a sandbox and assign it; if another request assigned one first, discard
         ours and use theirs."""
         options = session_rules.sandbox_options(command, state)
-        sandbox_id = await self._obtain(command, options, state.org_id)
+        sandbox_id = await self.obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -204,7 +212,7 @@ class SessionCommands:
             lambda s: session_rules.decide_assign(s, sandbox_id, options["image"], meta),
         )
         if not outcome.appended:
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
+            await self.pool.send(provisioning.Delete(**self.pool_fields(command, sandbox_id)))
         assert outcome.state is not None
         return outcome.state
 
@@ -216,7 +224,7 @@ class SessionCommands:
         write to the session's stream, not two. A crash in between leaves a claimed
         sandbox no session points to, which the reaper's sweep deletes (``delete_unowned``)."""
         image, org = command.image or "default", command.actor.org_id
-        sandbox_id = await self._obtain(command, {"image": image}, org)
+        sandbox_id = await self.obtain(command, {"image": image}, org)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         try:
             outcome = await aggregates.transact(
@@ -229,12 +237,12 @@ class SessionCommands:
             )
         except BaseException:  # refused (another organisation took the id) or failed: ours goes
             with contextlib.suppress(Exception):
-                await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
+                await self.pool.send(provisioning.Delete(**self.pool_fields(command, sandbox_id)))
             raise
         state = outcome.state
         assert state is not None
         if state.sandbox_id != sandbox_id:  # another request got there first: theirs stands
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
+            await self.pool.send(provisioning.Delete(**self.pool_fields(command, sandbox_id)))
             state = await (
                 self._ensure_running(command, state) if state.sandbox_id else self._provision(command, state)
             )
@@ -249,7 +257,7 @@ class SessionCommands:
         one append (whatever sandbox the session has by then: one claimed at connect is
         replaced, never adopted), and only then is the released one deleted."""
         options = session_rules.sandbox_options(command, state)
-        new = await self._obtain(command, options, state.org_id)
+        new = await self.obtain(command, options, state.org_id)
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         outcome = await aggregates.transact(
             self.sessions,
@@ -260,7 +268,7 @@ class SessionCommands:
         appended = [stored.event for stored in outcome.appended]
         gone = session_rules.released(appended) if outcome.state.sandbox_id == new else [new]
         for sandbox_id in gone:
-            await self.pool.send(provisioning.Delete(**self._pool_fields(command, sandbox_id)))
+            await self.pool.send(provisioning.Delete(**self.pool_fields(command, sandbox_id)))
         return outcome.state
 
     async def _release(
@@ -272,7 +280,7 @@ class SessionCommands:
         outcome = await aggregates.transact(
             self.sessions, command.session_id, lambda s: session_rules.decide_release(s, old, meta)
         )
-        await self.pool.send(provisioning.Delete(**self._pool_fields(command, old)))
+        await self.pool.send(provisioning.Delete(**self.pool_fields(command, old)))
         assert outcome.state is not None
         return outcome.state
 
@@ -289,7 +297,7 @@ class SessionCommands:
         sandbox = await self.sandboxes.get(state.sandbox_id)
         if sandbox is not None and sandbox.status in sandbox_rules.LIVE:  # a paused one is resumed
             try:
-                await self.pool.send(provisioning.Start(**self._pool_fields(command, state.sandbox_id)))
+                await self.pool.send(provisioning.Start(**self.pool_fields(command, state.sandbox_id)))
                 return state
             except errors.NotFound:
                 pass
@@ -308,7 +316,7 @@ class SessionCommands:
                 outcome = await self._decide(command)
                 if outcome.appended and outcome.state and outcome.state.sandbox_id:
                     await self.pool.send(
-                        provisioning.Stop(**self._pool_fields(command, outcome.state.sandbox_id))
+                        provisioning.Stop(**self.pool_fields(command, outcome.state.sandbox_id))
                     )
                 return outcome.state, len(outcome.appended)
             case commands.DeleteSession() | commands.ClearSession():
@@ -316,7 +324,7 @@ class SessionCommands:
                 # The sandbox of the state the deletion was decided on (not an earlier read).
                 gone = outcome.before.sandbox_id if outcome.before is not None else None
                 if outcome.appended and gone:
-                    await self.pool.send(provisioning.Delete(**self._pool_fields(command, gone)))
+                    await self.pool.send(provisioning.Delete(**self.pool_fields(command, gone)))
                 return outcome.state, len(outcome.appended)
             case commands.EnsureSession():
                 read = await self.sessions.get_entry(self.sessions.projection.key_of(command.session_id))
@@ -340,6 +348,8 @@ class SessionCommands:
             case commands.PauseSession() | commands.ResumeSession() | commands.HibernateSession():
                 reply = await self.pausing.handle(command)
                 return reply.session, reply.appended
+            case _:  # snapshots: see ``_answer``
+                raise errors.InvalidInput(f"{events.tag_of(type(command))} is answered elsewhere")
 
 
 def _log_transition(

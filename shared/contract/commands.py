@@ -115,6 +115,41 @@ class HibernateSession(Command, frozen=True, kw_only=True, tag="session.hibernat
     """Leave it running while one of its async jobs runs."""
 
 
+class SnapshotSession(Command, frozen=True, kw_only=True, tag="session.snapshot"):
+    """Take a snapshot of the session's sandbox files (``snapshot.created``): its processes
+    are frozen while they are copied. ``snapshot_id`` is chosen by the sender (the same
+    id again: the same snapshot)."""
+
+    session_id: str
+    snapshot_id: str
+
+
+class ForkSession(Command, frozen=True, kw_only=True, tag="session.fork"):
+    """Create session ``session_id`` (a new id) whose sandbox starts from a snapshot."""
+
+    session_id: str
+    snapshot_id: str
+
+
+class RestoreSession(Command, frozen=True, kw_only=True, tag="session.restore"):
+    """Give the session a new sandbox that starts from a snapshot (the session's files go
+    back to the snapshot's); its current sandbox is deleted, its processes with it."""
+
+    session_id: str
+    snapshot_id: str
+
+
+class DeleteSnapshot(Command, frozen=True, kw_only=True, tag="snapshot.delete"):
+    """Delete a snapshot (``session_id``: the session it was taken of). Sandboxes started
+    from it keep its files."""
+
+    session_id: str
+    snapshot_id: str
+    reason: str = "requested"
+
+
+SnapshotCommand = SnapshotSession | ForkSession | RestoreSession | DeleteSnapshot
+
 SessionCommand = (
     CreateSession
     | StopSession
@@ -125,6 +160,10 @@ SessionCommand = (
     | PauseSession
     | ResumeSession
     | HibernateSession
+    | SnapshotSession
+    | ForkSession
+    | RestoreSession
+    | DeleteSnapshot
 )
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CreateSession,
@@ -136,6 +175,10 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     PauseSession,
     ResumeSession,
     HibernateSession,
+    SnapshotSession,
+    ForkSession,
+    RestoreSession,
+    DeleteSnapshot,
 )
 
 
@@ -155,3 +198,5 @@ class CommandReply(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorInfo | None = None
     sandbox: states.SandboxState | None = None
     """The session's sandbox as the command left it (``session.pause``/``session.resume``)."""
+    snapshot: states.SnapshotState | None = None
+    """The snapshot a snapshot command made or deleted."""

@@ -69,6 +69,8 @@ class SessionCreated(SessionEvent, frozen=True, kw_only=True, tag="session.creat
     """Image the session's sandbox should use; ``None`` means the default."""
     org_id: str | None = None
     user_id: str | None = None
+    forked_from: str | None = None
+    """The snapshot it was forked from (its sandbox starts with that snapshot's files)."""
 
 
 class SessionStopped(SessionEvent, frozen=True, kw_only=True, tag="session.stopped"):
@@ -128,6 +130,9 @@ class SandboxRequested(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.req
     """The organisation whose package cache it shows from its start (an organisation's
     pool or session, where the runtime has caches); else shown on a session's first call
     (``sandbox.cache_attached``) where the runtime can, or never."""
+    snapshot: str | None = None
+    """The snapshot it starts from (a fork, or a restore): its files shown read-only below
+    the sandbox's own writes."""
 
 
 class SandboxClaimed(SandboxEvent, frozen=True, kw_only=True, tag="sandbox.claimed"):
@@ -242,6 +247,55 @@ class ProxyStopped(ProxyEvent, frozen=True, kw_only=True, tag="proxy.stopped"):
     sandboxes are reassigned)."""
 
     reason: str
+
+
+# ---- snapshots -----------------------------------------------------------------
+
+
+class SnapshotEvent(Event, frozen=True, kw_only=True):
+    kind: ClassVar[str] = subjects.SNAPSHOT
+    snapshot_id: str
+
+    @property
+    def aggregate_id(self) -> str:
+        return self.snapshot_id
+
+
+class SnapshotCreated(SnapshotEvent, frozen=True, kw_only=True, tag="snapshot.created"):
+    """A consistent, immutable copy of a session's sandbox files (``/workspace``, its
+    copy-on-write root, the shell's directory and exported variables) was made: its
+    processes frozen while the files were copied. Sessions can be forked from it and
+    restored to it; its layers are content-addressed and shared."""
+
+    session_id: str
+    sandbox_id: str
+    org_id: str | None = None
+    digest: str
+    """``sha256:…`` of its content: equal files, equal digest."""
+    layers: tuple[str, ...] = ()
+    """Its layers' digests, bottom first (a fork's snapshot: its parent's, then its own)."""
+    parent: str | None = None
+    """The snapshot the sandbox started from (it was forked or restored), or None."""
+    size: int = 0
+    """Bytes it added on disk (0 when an equal layer was there already)."""
+    total_size: int = 0
+    """Bytes of all its layers: what a fork of it shows."""
+    files: int = 0
+    image: str = "default"
+    image_digest: str | None = None
+    run_as_root: bool = True
+    writable_root: bool = True
+    frozen_ms: float = 0.0
+    """How long the sandbox's processes were frozen while its files were copied."""
+
+
+class SnapshotDeleted(SnapshotEvent, frozen=True, kw_only=True, tag="snapshot.deleted"):
+    """The snapshot is gone: no new fork or restore can use it. Sandboxes started from it
+    keep its files (its layers stay until the last of them is deleted). ``reason``:
+    ``requested`` or ``retention`` (the session kept more than it may)."""
+
+    session_id: str | None = None
+    reason: str = "requested"
 
 
 # ---- executions (audit) ------------------------------------------------------
@@ -430,6 +484,8 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ProxyStarted,
     ProxyDraining,
     ProxyStopped,
+    SnapshotCreated,
+    SnapshotDeleted,
     CommandExecuted,
     ImagePullStarted,
     ImagePulled,
@@ -461,6 +517,8 @@ AnyEvent = (
     | ProxyStarted
     | ProxyDraining
     | ProxyStopped
+    | SnapshotCreated
+    | SnapshotDeleted
     | CommandExecuted
     | ImagePullStarted
     | ImagePulled

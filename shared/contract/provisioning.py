@@ -26,6 +26,9 @@ class Provision(PoolRequest, frozen=True, kw_only=True, tag="provision"):
     org_id: str | None = None
     """The organisation of the session (or of the pool) the sandbox is for: where the
     runtime has package caches, the sandbox shows that organisation's from its start."""
+    snapshot: str | None = None
+    """Start from this snapshot (a fork or a restore): ``image``, ``run_as_root`` and
+    ``writable_root`` are then the snapshot's."""
 
 
 class Start(PoolRequest, frozen=True, kw_only=True, tag="start"):
@@ -54,14 +57,32 @@ class Resume(PoolRequest, frozen=True, kw_only=True, tag="resume"):
     reason: str = "requested"
 
 
-AnyPoolRequest = Provision | Start | Stop | Delete | Pause | Resume
-POOL_REQUEST_TYPES = (Provision, Start, Stop, Delete, Pause, Resume)
+class Snapshot(PoolRequest, frozen=True, kw_only=True, tag="snapshot"):
+    """Snapshot the sandbox's files as ``snapshot_id`` (idempotent) and record
+    ``snapshot.created``; then apply the session's retention rule."""
+
+    snapshot_id: str
+    session_id: str
+    org_id: str | None = None
+
+
+class DropSnapshot(PoolRequest, frozen=True, kw_only=True, tag="snapshot_delete"):
+    """Delete snapshot ``snapshot_id`` (``sandbox_id``: the sandbox it was taken of) and
+    record ``snapshot.deleted``; deleted already: nothing to do."""
+
+    snapshot_id: str
+    reason: str = "requested"
+
+
+AnyPoolRequest = Provision | Start | Stop | Delete | Pause | Resume | Snapshot | DropSnapshot
+POOL_REQUEST_TYPES = (Provision, Start, Stop, Delete, Pause, Resume, Snapshot, DropSnapshot)
 
 
 class PoolReply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: commands.ErrorInfo | None = None
     sandbox: states.SandboxState | None = None
+    snapshot: states.SnapshotState | None = None
 
 
 _request_decoder = msgspec.json.Decoder(AnyPoolRequest)

@@ -33,6 +33,8 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """The command that caused the last event (makes retries idempotent)."""
     sandbox_id: str | None = None
     """The sandbox currently assigned to this session (None until first use)."""
+    forked_from: str | None = None
+    """The snapshot this incarnation was forked from."""
 
 
 SandboxStatus = Literal["requested", "running", "paused", "stopped", "deleted", "failed", "refused", "lost"]
@@ -70,6 +72,8 @@ class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
     pause_command_id: str | None = None
     """The command that caused its last pause or resume: the same command again (a
     retried request with its Idempotency-Key) changes nothing."""
+    snapshot: str | None = None
+    """The snapshot it started from (a fork or a restore), if any."""
     last_seq: int
 
 
@@ -84,6 +88,33 @@ class ProxyState(msgspec.Struct, frozen=True, kw_only=True):
     started_at: datetime
     updated_at: datetime
     stop_reason: str | None = None
+    last_seq: int
+
+
+SnapshotStatus = Literal["ready", "deleted"]
+
+
+class SnapshotState(msgspec.Struct, frozen=True, kw_only=True):
+    snapshot_id: str
+    status: SnapshotStatus
+    session_id: str
+    sandbox_id: str
+    org_id: str | None = None
+    user_id: str | None = None
+    digest: str
+    layers: tuple[str, ...] = ()
+    parent: str | None = None
+    size: int = 0
+    total_size: int = 0
+    files: int = 0
+    image: str = "default"
+    image_digest: str | None = None
+    run_as_root: bool = True
+    writable_root: bool = True
+    frozen_ms: float = 0.0
+    created_at: datetime
+    updated_at: datetime
+    delete_reason: str | None = None
     last_seq: int
 
 

@@ -8,7 +8,8 @@ Subjects (``<ns>`` is the namespace):
 
 =================================  =============================================
 ``<ns>.evt.<kind>.<token>``        events of one aggregate: ``session``,
-                                   ``instance``, ``sandbox``, ``proxy``; audit
+                                   ``instance``, ``sandbox``, ``proxy``,
+                                   ``snapshot``; audit
                                    records: ``exec``, ``image``, ``egress``
 ``<ns>.cmd.session``               session commands, request/reply, queue group
                                    ``scheduler``
@@ -23,8 +24,8 @@ Subjects (``<ns>`` is the namespace):
 ``<ns>.pool.idle.<pool token>``    offers of idle pool sandboxes (work queue)
 =================================  =============================================
 
-Buckets: ``<ns>_sessions``, ``<ns>_instances``, ``<ns>_sandboxes``, ``<ns>_proxies``
-(projections), ``<ns>_health``, ``<ns>_activity``, ``<ns>_leases``.
+Buckets: ``<ns>_sessions``, ``<ns>_instances``, ``<ns>_sandboxes``, ``<ns>_proxies``,
+``<ns>_snapshots`` (projections), ``<ns>_health``, ``<ns>_activity``, ``<ns>_leases``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ PROXY = "proxy"
 """Credential proxies of the fleet (proxy-scaler)."""
 IMAGE = "image"
 """Image pulls, per image reference (not projected: the stream is the record)."""
+SNAPSHOT = "snapshot"
+"""Snapshots of sessions' sandboxes (pool-manager)."""
 EGRESS = "egress"
 """Sandbox connections through the proxy, per session (not projected: the stream is the
 record)."""
@@ -178,5 +181,11 @@ class Topology:
         return f"{self.namespace}_leases"
 
 
-PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX, PROXY)
-PLURALS = {SESSION: "sessions", INSTANCE: "instances", SANDBOX: "sandboxes", PROXY: "proxies"}
+PROJECTED_KINDS = (SESSION, INSTANCE, SANDBOX, PROXY, SNAPSHOT)
+PLURALS = {
+    SESSION: "sessions",
+    INSTANCE: "instances",
+    SANDBOX: "sandboxes",
+    PROXY: "proxies",
+    SNAPSHOT: "snapshots",
+}

@@ -40,6 +40,7 @@ class PoolSpec:
             and options.get("run_as_root", True) == self.run_as_root
             and options.get("writable_root", True) == self.writable_root
             and not options.get("use_kata", False)
+            and not options.get("snapshot")  # a snapshot's files are below its sandbox's from the start
         )
 
 

@@ -8,9 +8,16 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from shared.contract import events, ids, states, subjects
-from shared.domain import instance, proxy, sandbox, session
+from shared.domain import instance, proxy, sandbox, session, snapshot
 
-S = TypeVar("S", states.SessionState, states.InstanceState, states.SandboxState, states.ProxyState)
+S = TypeVar(
+    "S",
+    states.SessionState,
+    states.InstanceState,
+    states.SandboxState,
+    states.ProxyState,
+    states.SnapshotState,
+)
 
 
 @dataclass(frozen=True)
@@ -43,4 +50,10 @@ SANDBOXES: Projection[states.SandboxState] = Projection(subjects.SANDBOX, states
 
 PROXIES: Projection[states.ProxyState] = Projection(subjects.PROXY, states.ProxyState, proxy.evolve)
 
-BY_KIND: dict[str, Projection[Any]] = {p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES, PROXIES)}
+SNAPSHOTS: Projection[states.SnapshotState] = Projection(
+    subjects.SNAPSHOT, states.SnapshotState, snapshot.evolve
+)
+
+BY_KIND: dict[str, Projection[Any]] = {
+    p.kind: p for p in (SESSIONS, INSTANCES, SANDBOXES, PROXIES, SNAPSHOTS)
+}

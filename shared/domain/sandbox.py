@@ -36,6 +36,7 @@ def evolve(state: states.SandboxState | None, event: events.Event, seq: int) -> 
                 backend=event.backend,
                 pool=event.pool,
                 cache_org=event.cache_org,
+                snapshot=event.snapshot,
                 created_at=event.meta.time,
                 updated_at=event.meta.time,
                 last_seq=seq,

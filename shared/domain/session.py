@@ -49,6 +49,7 @@ def evolve(  # noqa: C901
                 image=event.image,
                 org_id=event.org_id,
                 user_id=event.user_id,
+                forked_from=event.forked_from,
                 created_at=event.meta.time,
                 updated_at=event.meta.time,
                 incarnation=state.incarnation + 1 if state else 1,
@@ -93,6 +94,8 @@ def validate(command: commands.SessionCommand) -> None:
     ids.validate_attribution(command.actor.user_id, what="user id")
     if isinstance(command, commands.CreateSession | commands.EnsureSession | commands.ProvisionSandbox):
         ids.validate_image(command.image)
+    if isinstance(command, commands.SnapshotCommand):
+        ids.validate_session_id(command.snapshot_id, what="snapshot id")
 
 
 # Long on purpose: one case per command, each with its guard, as one table.
@@ -118,6 +121,8 @@ def decide(  # noqa: C901
                 | commands.PauseSession()
                 | commands.ResumeSession()
                 | commands.HibernateSession()
+                | commands.SnapshotSession()
+                | commands.RestoreSession()
             ):
                 raise errors.NotFound(f"session {sid!r} does not exist")
             case commands.CreateSession():
@@ -171,7 +176,45 @@ def decide(  # noqa: C901
             if not exists:
                 raise errors.NotFound(f"session {sid!r} does not exist")
             return []  # the sandbox's transition, not the session's: see ``pause_target``
+        case commands.SnapshotSession() | commands.RestoreSession():
+            if not exists:
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            assert state is not None
+            if state.status != "active":
+                raise errors.Conflict(f"session {sid!r} is {state.status}: resume it first")
+            return []  # a snapshot's events, or a sandbox swap: see the scheduler
+        case commands.ForkSession():
+            if exists:
+                assert state is not None
+                raise errors.Conflict(f"session {sid!r} already exists (status: {state.status})")
+            return []  # created with its sandbox: see ``decide_fork``
     return []
+
+
+def decide_fork(
+    state: states.SessionState | None,
+    command: commands.ForkSession,
+    snapshot: states.SnapshotState,
+    sandbox_id: str,
+    meta: events.Meta,
+) -> list[events.SessionEvent]:
+    """A fork: the new session, of the snapshot's organisation, created with its sandbox
+    (started from the snapshot) in one append. Nothing if the id was taken meanwhile (the
+    caller then deletes the sandbox and says so)."""
+    if (state is not None and state.status != "deleted") or decide(state, command, meta):
+        return []
+    sid = command.session_id
+    return [
+        events.SessionCreated(
+            meta=meta,
+            session_id=sid,
+            image=snapshot.image,
+            org_id=snapshot.org_id,
+            user_id=command.actor.user_id,
+            forked_from=snapshot.snapshot_id,
+        ),
+        events.SessionSandboxAssigned(meta=meta, session_id=sid, sandbox_id=sandbox_id, image=snapshot.image),
+    ]
 
 
 def pause_target(
@@ -278,6 +321,18 @@ class SandboxOptions(TypedDict, total=False):
     use_kata: bool
     run_as_root: bool
     writable_root: bool
+    snapshot: str
+    """Start from this snapshot (never from a warm pool: its files are below the sandbox's)."""
+
+
+def snapshot_options(snapshot: states.SnapshotState) -> SandboxOptions:
+    """What a sandbox that starts from ``snapshot`` is provisioned with: what its sandbox had."""
+    return {
+        "image": snapshot.image,
+        "run_as_root": snapshot.run_as_root,
+        "writable_root": snapshot.writable_root,
+        "snapshot": snapshot.snapshot_id,
+    }
 
 
 def sandbox_options(command: commands.SessionCommand, state: states.SessionState) -> SandboxOptions:

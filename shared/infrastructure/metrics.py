@@ -45,6 +45,12 @@ pause_seconds = Histogram(
     "sbx_pause_seconds", "Time to pause (freeze and record) or resume (thaw and record) a sandbox.",
     ["action"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
 )  # fmt: skip
+snapshot_seconds = Histogram(
+    "sbx_snapshot_seconds",
+    "Snapshots: how long a sandbox was frozen while its files were copied (frozen), and the "
+    "whole snapshot, copy, hash and record (total).",
+    ["phase"], buckets=LATENCY_BUCKETS, registry=REGISTRY,
+)  # fmt: skip
 pool_sandboxes = Gauge(
     "sbx_pool_sandboxes",
     "Sandboxes by state, as the pool-manager last counted them.",

@@ -286,6 +286,12 @@ class RuntimeSettings:
     """Most bytes one image may download, and most it may unpack to (``SBX_IMAGE_MAX_BYTES``)."""
     pull_timeout: float = 600.0
     """Longest an image pull may take (``SBX_IMAGE_PULL_TIMEOUT``)."""
+    snapshot_budget: int = 20 * 1024**3
+    """Most disk the snapshot store may hold, every layer counted once
+    (``SBX_SNAPSHOT_BUDGET``): a snapshot that would pass it is refused."""
+    snapshots_per_session: int = 20
+    """Most snapshots kept per session (``SBX_SNAPSHOTS_PER_SESSION``; 0: no limit): a new
+    one past it deletes the session's oldest (``snapshot.deleted``, reason ``retention``)."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
@@ -312,6 +318,10 @@ class RuntimeSettings:
             registries_file=Path(env["SBX_REGISTRIES_FILE"]) if env.get("SBX_REGISTRIES_FILE") else None,
             image_max_bytes=_size(env, "SBX_IMAGE_MAX_BYTES", cls.image_max_bytes, minimum=1024**2),
             pull_timeout=_duration(env, "SBX_IMAGE_PULL_TIMEOUT", cls.pull_timeout, minimum=1),
+            snapshot_budget=_size(env, "SBX_SNAPSHOT_BUDGET", cls.snapshot_budget, minimum=0),
+            snapshots_per_session=_count(
+                env, "SBX_SNAPSHOTS_PER_SESSION", cls.snapshots_per_session, 0, 1_000_000
+            ),
         )
 
 

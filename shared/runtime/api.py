@@ -12,6 +12,7 @@ its own records (``get``/``list``) after the service restarts.
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -80,6 +81,10 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     """The package cache (an organisation's token) the sandbox shows at ``/.sbx/cache``
     from its start; set only where ``Runtime.tenant_caches``. Runtimes whose sandboxes
     cannot take one later (Kubernetes: a pod's volumes are fixed) need it here."""
+    snapshot: str | None = None
+    """Start from this snapshot (``Runtime.snapshot``): its files are shown read-only below
+    the sandbox's own writes (nothing copied), so the sandbox begins where the snapshot's
+    sandbox was. ``image``, ``run_as_root`` and ``writable_root`` must be the snapshot's."""
 
 
 class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,6 +100,36 @@ class SandboxInfo(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def sandbox_id(self) -> str:
         return self.spec.sandbox_id
+
+
+class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """An immutable copy of a sandbox's files (``/workspace``, its copy-on-write root and
+    the shell's saved state), made of content-addressed layers shared with other snapshots."""
+
+    snapshot_id: str
+    sandbox_id: str
+    """The sandbox it was taken of."""
+    digest: str
+    """``sha256:…`` of its content (its layers, in order): equal files, equal digest."""
+    layers: tuple[str, ...]
+    """Its layers' digests, bottom first: the layers of the snapshot its sandbox started
+    from (if any), then one layer of what the sandbox wrote since."""
+    parent: str | None
+    """The snapshot its sandbox started from (a fork's or a restored session's), or None."""
+    size: int
+    """Bytes of its own (top) layer: what it added on disk unless an equal layer existed."""
+    total_size: int
+    """Bytes of all its layers: what a fork of it shows."""
+    files: int
+    """Entries (files, directories, links) in its own layer."""
+    image: str
+    image_digest: str | None
+    run_as_root: bool
+    writable_root: bool
+    created_at: datetime
+    frozen_seconds: float
+    """How long the sandbox's processes were frozen while its files were copied (0 for a
+    stopped sandbox)."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +273,33 @@ class Runtime(abc.ABC):
     async def paused(self, sandbox_id: str) -> bool:
         """Whether the sandbox is paused (cheap: callers ask before using a helper they keep)."""
         return False
+
+    snapshots: bool = False
+    """Whether :meth:`snapshot` and ``SandboxSpec.snapshot`` work here."""
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> SnapshotInfo:
+        """Copy the sandbox's files as snapshot ``snapshot_id``, consistently: a running
+        sandbox's processes are frozen while its files are copied and thawed after (a
+        paused one stays paused; a stopped one is copied as it is). Idempotent: an existing
+        ``snapshot_id`` of the same sandbox is returned as it is. Raises NotFound for an
+        unknown sandbox, LimitExceeded when the snapshot store's budget would be passed,
+        NotBuiltYet where snapshots cannot be made."""
+        raise errors.NotBuiltYet(f"snapshots are not available on the {self.name} runtime yet")
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotInfo | None:
+        return None
+
+    async def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        return []
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Forget the snapshot (True if it existed). Its layers stay while a sandbox started
+        from it, or another snapshot, still uses them: deleting never breaks a fork."""
+        return False
+
+    def snapshot_bytes(self) -> int:
+        """Bytes the snapshot store holds on disk (every layer once)."""
+        return 0
 
     tenant_caches: bool = False
     """Whether :meth:`attach_cache` works here."""

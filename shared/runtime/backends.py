@@ -47,6 +47,7 @@ def open_runtime(
             registries=RegistryConfig.load(images.registries_file) if images else None,
             image_max_bytes=images.image_max_bytes if images else None,
             pull_timeout=images.pull_timeout if images else None,
+            snapshot_budget=images.snapshot_budget if images else None,
         )
         if opened.egress_problem:
             import structlog

@@ -23,6 +23,7 @@ async def test_buckets_have_their_plural_names(bus):
         ("instance", "instances"),
         ("sandbox", "sandboxes"),
         ("proxy", "proxies"),
+        ("snapshot", "snapshots"),
     ):
         assert topology.bucket(kind) == f"{topology.namespace}_{plural}"
         await js.key_value(topology.bucket(kind))  # exists

@@ -172,6 +172,28 @@ EVENT_FACTORIES: dict[type, Any] = {
         proxy_id="px-3129",
         reason="died",
     ),
+    events.SnapshotCreated: lambda: events.SnapshotCreated(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        snapshot_id="snap-7f3a",
+        session_id=SID,
+        sandbox_id=SBX,
+        org_id="acme",
+        digest="sha256:" + "ab" * 32,
+        layers=("cd" * 32, "ef" * 32),
+        parent="snap-1a2b",
+        size=4096,
+        total_size=8192,
+        files=12,
+        image="python:3.12-slim",
+        image_digest="sha256:" + "01" * 32,
+        frozen_ms=3.25,
+    ),
+    events.SnapshotDeleted: lambda: events.SnapshotDeleted(
+        meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
+        snapshot_id="snap-7f3a",
+        session_id=SID,
+        reason="retention",
+    ),
     events.CommandExecuted: lambda: events.CommandExecuted(
         meta=_meta(service="executor", instance="executor-0a1b2c3d4e5f"),
         session_id=SID,
@@ -297,6 +319,21 @@ COMMAND_FACTORIES: dict[type, Any] = {
         quiet_since=datetime(2026, 12, 3, 8, 0, tzinfo=UTC),
         unless_jobs=True,
     ),
+    commands.SnapshotSession: lambda: commands.SnapshotSession(
+        command_id="cmd-10",
+        actor=commands.Actor(via="rest", org_id="acme"),
+        session_id=SID,
+        snapshot_id="snap-1",
+    ),
+    commands.ForkSession: lambda: commands.ForkSession(
+        command_id="cmd-11", session_id="task-42-fork-1", snapshot_id="snap-1"
+    ),
+    commands.RestoreSession: lambda: commands.RestoreSession(
+        command_id="cmd-12", session_id=SID, snapshot_id="snap-1"
+    ),
+    commands.DeleteSnapshot: lambda: commands.DeleteSnapshot(
+        command_id="cmd-13", session_id=SID, snapshot_id="snap-1", reason="requested"
+    ),
 }
 
 REQUEST_BASE: dict[str, Any] = dict(
@@ -357,6 +394,12 @@ POOL_FACTORIES: dict[type, Any] = {
     provisioning.Delete: lambda: provisioning.Delete(**POOL_BASE),
     provisioning.Pause: lambda: provisioning.Pause(**POOL_BASE, reason="idle"),
     provisioning.Resume: lambda: provisioning.Resume(**POOL_BASE, reason="call"),
+    provisioning.Snapshot: lambda: provisioning.Snapshot(
+        **POOL_BASE, snapshot_id="snap-1", session_id=SID, org_id="acme"
+    ),
+    provisioning.DropSnapshot: lambda: provisioning.DropSnapshot(
+        **POOL_BASE, snapshot_id="snap-1", reason="retention"
+    ),
 }
 
 
@@ -391,6 +434,8 @@ def test_event_tags_are_stable() -> None:
         events.ProxyStarted: "proxy.started",
         events.ProxyDraining: "proxy.draining",
         events.ProxyStopped: "proxy.stopped",
+        events.SnapshotCreated: "snapshot.created",
+        events.SnapshotDeleted: "snapshot.deleted",
         events.CommandExecuted: "exec.completed",
         events.ImagePullStarted: "image.pull_started",
         events.ImagePulled: "image.pulled",
@@ -421,6 +466,8 @@ def test_event_tags_are_stable() -> None:
         "proxy.started",
         "proxy.draining",
         "proxy.stopped",
+        "snapshot.created",
+        "snapshot.deleted",
         "exec.completed",
         "image.pull_started",
         "image.pulled",
@@ -443,6 +490,10 @@ def test_command_tags_are_stable() -> None:
         commands.PauseSession: "session.pause",
         commands.ResumeSession: "session.resume",
         commands.HibernateSession: "session.hibernate",
+        commands.SnapshotSession: "session.snapshot",
+        commands.ForkSession: "session.fork",
+        commands.RestoreSession: "session.restore",
+        commands.DeleteSnapshot: "snapshot.delete",
     }
 
 
@@ -606,6 +657,8 @@ def test_request_ops_are_stable() -> None:
         provisioning.Delete: "delete",
         provisioning.Pause: "pause",
         provisioning.Resume: "resume",
+        provisioning.Snapshot: "snapshot",
+        provisioning.DropSnapshot: "snapshot_delete",
     }
 
 

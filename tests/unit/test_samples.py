@@ -166,6 +166,22 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     ),
     "proxy.draining.json": (events.ProxyDraining, {"proxy_id": "px-3129", "reason": "scale-down"}),
     "proxy.stopped.json": (events.ProxyStopped, {"proxy_id": "px-3129", "reason": "drained"}),
+    "snapshot.created.json": (
+        events.SnapshotCreated,
+        {
+            "snapshot_id": "snap-7f3a",
+            "session_id": "task-42",
+            "org_id": "acme",
+            "size": 1048576,
+            "parent": None,
+            "frozen_ms": 4.5,
+            "meta.service": "pool-manager",
+        },
+    ),
+    "snapshot.deleted.json": (
+        events.SnapshotDeleted,
+        {"snapshot_id": "snap-7f3a", "session_id": "task-42", "reason": "requested"},
+    ),
     "sandbox.lost.json": (
         events.SandboxLost,
         {
@@ -251,6 +267,22 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "unless_jobs": True,
             "actor.via": "reaper",
         },
+    ),
+    "session.snapshot.json": (
+        commands.SnapshotSession,
+        {"session_id": "task-42", "snapshot_id": "snap-7f3a", "actor.via": "rest", "actor.org_id": "acme"},
+    ),
+    "session.fork.json": (
+        commands.ForkSession,
+        {"session_id": "task-42-try-2", "snapshot_id": "snap-7f3a", "actor.via": "cli"},
+    ),
+    "session.restore.json": (
+        commands.RestoreSession,
+        {"session_id": "task-42", "snapshot_id": "snap-7f3a"},
+    ),
+    "snapshot.delete.json": (
+        commands.DeleteSnapshot,
+        {"session_id": "task-42", "snapshot_id": "snap-7f3a", "reason": "requested"},
     ),
     "session.hibernate.json": (
         commands.HibernateSession,

@@ -256,6 +256,22 @@ def hibernate(cid: str = "cmd-h", sid: str = SID) -> commands.HibernateSession:
     return commands.HibernateSession(command_id=cid, session_id=sid)
 
 
+def snapshot(cid: str = "cmd-s", sid: str = SID) -> commands.SnapshotSession:
+    return commands.SnapshotSession(command_id=cid, session_id=sid, snapshot_id="snap-1")
+
+
+def fork(cid: str = "cmd-f", sid: str = SID) -> commands.ForkSession:
+    return commands.ForkSession(command_id=cid, session_id=sid, snapshot_id="snap-1")
+
+
+def restore(cid: str = "cmd-rs", sid: str = SID) -> commands.RestoreSession:
+    return commands.RestoreSession(command_id=cid, session_id=sid, snapshot_id="snap-1")
+
+
+def unsnap(cid: str = "cmd-u", sid: str = SID) -> commands.DeleteSnapshot:
+    return commands.DeleteSnapshot(command_id=cid, session_id=sid, snapshot_id="snap-1")
+
+
 KINDS: dict[str, Any] = {
     "create": create,
     "stop": stop,
@@ -266,6 +282,10 @@ KINDS: dict[str, Any] = {
     "pause": pause,
     "resume": resume,
     "hibernate": hibernate,
+    "snapshot": snapshot,
+    "fork": fork,
+    "restore": restore,
+    "unsnap": unsnap,
 }
 #: Status a command leaves the session in whenever it appends an event.
 STATUS_AFTER = {
@@ -278,6 +298,10 @@ STATUS_AFTER = {
     commands.PauseSession: "never",  # the sandbox's transition: no session event
     commands.ResumeSession: "never",
     commands.HibernateSession: "never",
+    commands.SnapshotSession: "never",  # a snapshot's events, or a sandbox swap (the scheduler's)
+    commands.ForkSession: "never",  # created with its sandbox: decide_fork
+    commands.RestoreSession: "never",
+    commands.DeleteSnapshot: "never",
 }
 SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(
@@ -327,8 +351,14 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
             command = previous if is_dup else KINDS["create" if kind == "dup" else kind](arg)
             try:
                 produced = session.decide(current, command, meta(n, command.command_id))
-            except errors.Conflict:
-                assert isinstance(command, commands.CreateSession)
+            except errors.Conflict:  # exists already; or stopped, for a snapshot or a restore
+                assert isinstance(
+                    command,
+                    commands.CreateSession
+                    | commands.ForkSession
+                    | commands.SnapshotSession
+                    | commands.RestoreSession,
+                )
                 produced = []
             except errors.NotFound:
                 assert isinstance(
@@ -337,7 +367,9 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                     | commands.DeleteSession
                     | commands.PauseSession
                     | commands.ResumeSession
-                    | commands.HibernateSession,
+                    | commands.HibernateSession
+                    | commands.SnapshotSession
+                    | commands.RestoreSession,
                 )
                 produced = []
             if is_dup:  # a retry never transitions again, even after an assign/release

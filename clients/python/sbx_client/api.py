@@ -24,12 +24,70 @@ class Session(msgspec.Struct, kw_only=True):
     """1 for the first life of this id, +1 each time it is created again after deletion."""
     version: int
     """Number of events recorded for this id."""
+    forked_from: str | None
+    """The snapshot this session was forked from (null: it was not)."""
 
 
 class SessionList(msgspec.Struct, kw_only=True):
     sessions: list[Session]
     count: int
     """How many sessions matched (``sessions`` holds at most ``limit`` of them)."""
+
+
+SnapshotStatus = Literal["ready", "deleted"]
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """An immutable, consistent copy of a session's sandbox files: ``/workspace``, its
+    copy-on-write root (installed packages), the shell's directory and exported variables.
+    Not its processes: a fork or restore starts a new shell there."""
+
+    snapshot_id: str
+    status: SnapshotStatus
+    """``deleted``: no new fork or restore can use it (sessions made from it keep its files)."""
+    session_id: str
+    """The session it was taken of."""
+    org_id: str | None
+    user_id: str | None
+    digest: str
+    """``sha256:…`` of its content: equal files, equal digest."""
+    parent: str | None
+    """The snapshot its session's sandbox started from (a fork's, a restored session's)."""
+    size: int
+    """Bytes it added to the snapshot store (0: an equal copy was there already)."""
+    total_size: int
+    """Bytes a fork of it shows (its layers and its parents')."""
+    files: int
+    """Files, directories and links it added."""
+    layers: int
+    """How many layers it is made of (one per snapshot in its line, itself included)."""
+    image: str
+    frozen_ms: float
+    """How long the sandbox's processes were frozen while its files were copied."""
+    created_at: datetime
+    delete_reason: str | None
+    """Why it was deleted (``requested``, ``retention``), while ``deleted``."""
+
+
+class SnapshotList(msgspec.Struct, kw_only=True):
+    snapshots: list[Snapshot]
+    count: int
+    """How many snapshots matched (``snapshots`` holds at most ``limit`` of them)."""
+
+
+class ForkFailure(msgspec.Struct, kw_only=True):
+    session_id: str
+    error: str
+    message: str
+
+
+class Forks(msgspec.Struct, kw_only=True):
+    """The sessions a fork made, each with its own sandbox started from the snapshot."""
+
+    snapshot_id: str
+    sessions: list[Session]
+    failed: list[ForkFailure]
+    """Forks that were not made (e.g. ``limit_exceeded`` at ``max_running``), each said why."""
 
 
 class Problem(msgspec.Struct, kw_only=True):

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import msgspec
 
@@ -141,6 +142,59 @@ class Client:
     def delete_session(self, session_id: str, *, idempotency_key: str | None = None) -> None:
         path = self.gateway.session_path(session_id)
         self._json("DELETE", path, None, idempotency_key=idempotency_key or _key())
+
+    # ---- snapshots ------------------------------------------------------------------------------
+
+    def snapshot(
+        self, session_id: str, *, snapshot_id: str | None = None, idempotency_key: str | None = None
+    ) -> api.Snapshot:
+        """Snapshot the session's files (workspace, installed packages, shell directory and
+        exports); its processes are frozen while they are copied."""
+        body = {"snapshot_id": snapshot_id} if snapshot_id else {}
+        path = self.gateway.session_path(session_id, "/snapshots")
+        return self._json("POST", path, api.Snapshot, body=body, idempotency_key=idempotency_key or _key())
+
+    def list_snapshots(
+        self,
+        *,
+        session_id: str | None = None,
+        status: api.SnapshotStatus | None = None,
+        limit: int | None = None,
+    ) -> api.SnapshotList:
+        query = {"session_id": session_id, "status": status, "limit": limit}
+        return self._json("GET", self.gateway.path("/v1/snapshots", query), api.SnapshotList)
+
+    def get_snapshot(self, snapshot_id: str) -> api.Snapshot:
+        return self._json(
+            "GET", self.gateway.path(f"/v1/snapshots/{quote(snapshot_id, safe='')}"), api.Snapshot
+        )
+
+    def delete_snapshot(self, snapshot_id: str, *, idempotency_key: str | None = None) -> None:
+        """Delete it; sessions forked or restored from it keep their files."""
+        path = self.gateway.path(f"/v1/snapshots/{quote(snapshot_id, safe='')}")
+        self._json("DELETE", path, None, idempotency_key=idempotency_key or _key())
+
+    def fork(
+        self,
+        snapshot_id: str,
+        count: int | None = None,
+        *,
+        session_ids: list[str] | None = None,
+        idempotency_key: str | None = None,
+    ) -> api.Forks:
+        """New sessions (``count``, or named by ``session_ids``) whose sandboxes start from the
+        snapshot; the answer also lists those that could not be made, each with its reason."""
+        body: dict[str, Any] = {"session_ids": session_ids} if session_ids else {"count": count or 1}
+        path = self.gateway.path(f"/v1/snapshots/{quote(snapshot_id, safe='')}/forks")
+        return self._json("POST", path, api.Forks, body=body, idempotency_key=idempotency_key or _key())
+
+    def restore(
+        self, session_id: str, snapshot_id: str, *, idempotency_key: str | None = None
+    ) -> api.Session:
+        """Put the session back to the snapshot: a new sandbox from it replaces the session's."""
+        path = self.gateway.session_path(session_id, "/restore")
+        body = {"snapshot_id": snapshot_id}
+        return self._json("POST", path, api.Session, body=body, idempotency_key=idempotency_key or _key())
 
     # ---- runs -----------------------------------------------------------------------------------
 

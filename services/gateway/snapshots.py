@@ -1,0 +1,312 @@
+"""Snapshots, forks and restores over REST: ``/v1/sessions/{id}/snapshots``,
+``/v1/snapshots``, ``/v1/snapshots/{id}/forks``, ``/v1/sessions/{id}/restore``.
+
+Each write is a scheduler command (``session.snapshot``, ``session.fork``,
+``session.restore``, ``snapshot.delete``); reads come from the snapshots projection. A key
+bound to an organisation sees, forks and restores only its organisation's snapshots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Annotated, Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sbx_client.api import ForkFailure, Forks, Snapshot, SnapshotList
+from services.gateway import rest, schemas
+from shared.contract import commands, errors, ids, states
+
+FORKS_MAX = 100
+"""Most sessions one fork request makes."""
+LIST_LIMIT_MAX = 1000
+
+SNAPSHOT_ID_PARAM = rest.Param(
+    "snapshot_id", "path", "The snapshot id.", rest.SESSION_ID_SCHEMA, required=True
+)
+
+
+class CreateSnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key)."""
+
+    snapshot_id: schemas.SessionId | None = None
+
+
+class ForkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Either ``count`` new sessions with ids made up, or the ``session_ids`` to create."""
+
+    count: Annotated[int, msgspec.Meta(ge=1, le=FORKS_MAX)] | None = None
+    session_ids: (
+        Annotated[list[schemas.SessionId], msgspec.Meta(min_length=1, max_length=FORKS_MAX)] | None
+    ) = None
+
+
+class RestoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    snapshot_id: schemas.SessionId
+
+
+def snapshot_of(state: states.SnapshotState) -> Snapshot:
+    return Snapshot(
+        snapshot_id=state.snapshot_id,
+        status=state.status,
+        session_id=state.session_id,
+        org_id=state.org_id,
+        user_id=state.user_id,
+        digest=state.digest,
+        parent=state.parent,
+        size=state.size,
+        total_size=state.total_size,
+        files=state.files,
+        layers=len(state.layers),
+        image=state.image,
+        frozen_ms=state.frozen_ms,
+        created_at=state.created_at,
+        delete_reason=state.delete_reason,
+    )
+
+
+_SNAPSHOT_ERRORS: dict[int, tuple[type | None, str]] = {
+    404: (schemas.Problem, "No such session or snapshot (or another organisation's)."),
+    409: (
+        schemas.Problem,
+        "The session is stopped or has no sandbox yet, or the id is taken; or another write won the "
+        "race (code concurrency): retry.",
+    ),
+    429: (schemas.Problem, "The snapshot store's disk budget, or max_running for forks, is reached."),
+    501: (schemas.Problem, "The runtime cannot snapshot sandboxes (Kubernetes, for now)."),
+    **rest.COMMON_ERRORS,
+}
+
+OPERATIONS: tuple[rest.Operation, ...] = (
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/snapshots",
+        "createSnapshot",
+        "Snapshot a session's files: processes frozen while they are copied, then thawed",
+        "create_snapshot",
+        {201: (Snapshot, "Taken (or taken before with the same id)."), **_SNAPSHOT_ERRORS},
+        body=CreateSnapshotRequest,
+        params=(rest.SESSION_ID_PARAM, rest.IDEMPOTENCY),
+        tag="snapshots",
+        answer_headers=("Location",),
+    ),
+    rest.Operation(
+        "GET",
+        "/v1/snapshots",
+        "listSnapshots",
+        "List snapshots, oldest first (deleted ones only when asked for)",
+        "list_snapshots",
+        {200: (SnapshotList, "Matching snapshots."), **rest.COMMON_ERRORS},
+        params=(
+            rest.Param("session_id", "query", "Only snapshots of this session.", rest.SESSION_ID_SCHEMA),
+            rest.Param(
+                "status",
+                "query",
+                "Only snapshots in this status.",
+                {"type": "string", "enum": ["ready", "deleted"]},
+            ),
+            rest.Param(
+                "limit",
+                "query",
+                "At most this many (default 100).",
+                {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
+            ),
+        ),
+        tag="snapshots",
+    ),
+    rest.Operation(
+        "GET",
+        "/v1/snapshots/{snapshot_id}",
+        "getSnapshot",
+        "Get one snapshot",
+        "get_snapshot",
+        {200: (Snapshot, "The snapshot."), 404: (schemas.Problem, "No such snapshot."), **rest.COMMON_ERRORS},
+        params=(SNAPSHOT_ID_PARAM,),
+        tag="snapshots",
+    ),
+    rest.Operation(
+        "DELETE",
+        "/v1/snapshots/{snapshot_id}",
+        "deleteSnapshot",
+        "Delete a snapshot (sessions forked or restored from it keep their files)",
+        "delete_snapshot",
+        {
+            204: (None, "Deleted (or deleted before)."),
+            404: (schemas.Problem, "No such snapshot."),
+            **rest.COMMON_ERRORS,
+        },
+        params=(SNAPSHOT_ID_PARAM, rest.IDEMPOTENCY),
+        tag="snapshots",
+    ),
+    rest.Operation(
+        "POST",
+        "/v1/snapshots/{snapshot_id}/forks",
+        "forkSnapshot",
+        f"Create 1 to {FORKS_MAX} sessions starting from a snapshot (its files shared read-only)",
+        "fork_snapshot",
+        {201: (Forks, "The sessions made (and those that could not be, each said why)."), **_SNAPSHOT_ERRORS},
+        body=ForkRequest,
+        params=(SNAPSHOT_ID_PARAM, rest.IDEMPOTENCY),
+        tag="snapshots",
+    ),
+    rest.Operation(
+        "POST",
+        "/v1/sessions/{session_id}/restore",
+        "restoreSession",
+        "Put a session back to a snapshot: a new sandbox from it replaces the session's (processes gone)",
+        "restore_session",
+        {
+            200: (schemas.Session, "Restored: the session's next call runs in the snapshot's files."),
+            **_SNAPSHOT_ERRORS,
+        },
+        body=RestoreRequest,
+        params=(rest.SESSION_ID_PARAM, rest.IDEMPOTENCY),
+        tag="snapshots",
+    ),
+)
+
+
+class SnapshotsAPI:
+    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any) -> None:
+        self.api = sessions_api
+        self.client = sessions_api.client
+        self.snapshots = snapshots
+        """projector.ProjectionStore[states.SnapshotState]"""
+
+    @staticmethod
+    def _snapshot_id(request: Request) -> str:
+        return ids.validate_session_id(request.path_params["snapshot_id"], what="snapshot id")
+
+    def _visible(
+        self, request: Request, state: states.SnapshotState | None, snapshot_id: str
+    ) -> states.SnapshotState:
+        bound = request.scope.get("sbx.org")
+        if state is None or (bound is not None and state.org_id not in (None, bound)):
+            raise errors.NotFound(f"snapshot {snapshot_id!r} does not exist")
+        return state
+
+    @staticmethod
+    def _derived(request: Request, what: str) -> str:
+        """An id that a retry with the same Idempotency-Key gets again; else a new one."""
+        key = request.headers.get("idempotency-key")
+        if key is None:
+            return ids.new_id()[:20]
+        return hashlib.sha256(f"{what}:{key}".encode()).hexdigest()[:20]
+
+    async def _optional_body(self, request: Request, body_type: type[Any]) -> Any:
+        if not await request.body():
+            return body_type()
+        return await self.api._body(request, body_type)
+
+    async def create_snapshot(self, request: Request) -> Response:
+        body: CreateSnapshotRequest = await self._optional_body(request, CreateSnapshotRequest)
+        snapshot_id = body.snapshot_id or f"snap-{self._derived(request, 'snapshot')}"
+        command = commands.SnapshotSession(
+            session_id=self.api._path_session_id(request),
+            snapshot_id=ids.validate_session_id(snapshot_id, what="snapshot id"),
+            **self.api._command_fields(request, "snapshot"),
+        )
+        reply = await self.client.call(command)
+        assert reply.snapshot is not None
+        return rest.json_response(
+            snapshot_of(reply.snapshot), 201, location=f"/v1/snapshots/{reply.snapshot.snapshot_id}"
+        )
+
+    async def list_snapshots(self, request: Request) -> Response:
+        query = request.query_params
+        status, session_id = query.get("status"), query.get("session_id")
+        if status not in (None, "ready", "deleted"):
+            raise errors.InvalidInput("status must be one of: ready, deleted")
+        if session_id is not None:
+            ids.validate_session_id(session_id)
+        raw_limit = query.get("limit", "100")
+        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_LIMIT_MAX:
+            raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
+        bound = request.scope.get("sbx.org")
+        matched = sorted(
+            (
+                s
+                for s in (await self.snapshots.all()).values()
+                if (s.status == status if status else s.status != "deleted")
+                and (session_id is None or s.session_id == session_id)
+                and (bound is None or s.org_id == bound)
+            ),
+            key=lambda s: (s.created_at, s.snapshot_id),
+        )
+        return rest.json_response(
+            SnapshotList(snapshots=[snapshot_of(s) for s in matched[: int(raw_limit)]], count=len(matched))
+        )
+
+    async def get_snapshot(self, request: Request) -> Response:
+        snapshot_id = self._snapshot_id(request)
+        state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
+        return rest.json_response(snapshot_of(state))
+
+    async def delete_snapshot(self, request: Request) -> Response:
+        snapshot_id = self._snapshot_id(request)
+        state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
+        await self.client.call(
+            commands.DeleteSnapshot(
+                session_id=state.session_id,
+                snapshot_id=snapshot_id,
+                **self.api._command_fields(request, "unsnap"),
+            )
+        )
+        return rest.json_response(None, 204)
+
+    async def fork_snapshot(self, request: Request) -> Response:
+        snapshot_id = self._snapshot_id(request)
+        body: ForkRequest = await self.api._body(request, ForkRequest)
+        if (body.count is None) == (body.session_ids is None):
+            raise errors.InvalidInput("give either count or session_ids")
+        if body.session_ids is not None:
+            wanted = [ids.validate_session_id(s) for s in body.session_ids]
+            if len(set(wanted)) != len(wanted):
+                raise errors.InvalidInput("session_ids has the same id twice")
+        else:
+            assert body.count is not None
+            stem = f"{snapshot_id[:90]}-{self._derived(request, 'fork')[:8]}"
+            wanted = [f"{stem}-{n}" for n in range(1, body.count + 1)]
+        self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
+        fields = self.api._command_fields(request, "fork")
+        forks = [
+            commands.ForkSession(
+                session_id=session_id,
+                snapshot_id=snapshot_id,
+                **{**fields, "command_id": f"{fields['command_id']}:{session_id}"},
+            )
+            for session_id in wanted
+        ]
+        results = await asyncio.gather(*(self.client.session(f) for f in forks), return_exceptions=True)
+        made, failed = [], []
+        for fork, result in zip(forks, results, strict=True):
+            if isinstance(result, errors.SandboxError):
+                failed.append(
+                    ForkFailure(session_id=fork.session_id, error=result.code, message=result.message)
+                )
+            elif isinstance(result, BaseException):
+                raise result
+            elif result is not None:
+                made.append(schemas.session_of(result))
+        if not made:  # nothing made: the first reason, as the answer's status
+            first = next(r for r in results if isinstance(r, errors.SandboxError))
+            raise first
+        return rest.json_response(Forks(snapshot_id=snapshot_id, sessions=made, failed=failed), 201)
+
+    async def restore_session(self, request: Request) -> Response:
+        body: RestoreRequest = await self.api._body(request, RestoreRequest)
+        command = commands.RestoreSession(
+            session_id=self.api._path_session_id(request),
+            snapshot_id=ids.validate_session_id(body.snapshot_id, what="snapshot id"),
+            **self.api._command_fields(request, "restore"),
+        )
+        state = await self.client.session(command)
+        self.api._forget(command.session_id)
+        assert state is not None
+        return rest.json_response(schemas.session_of(state))
+
+    def endpoint(self, operation: rest.Operation) -> rest.Handler:
+        return rest.guarded(getattr(self, operation.handler_name), operation.operation_id)

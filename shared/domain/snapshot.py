@@ -1,0 +1,71 @@
+"""A snapshot of a session's sandbox files: its state fold and the pure rules around it
+(what may be recorded, which snapshots retention removes, what a fork is given)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import msgspec
+
+from shared.contract import errors, events, states
+
+
+def evolve(state: states.SnapshotState | None, event: events.Event, seq: int) -> states.SnapshotState:
+    status = state.status if state else None
+    match event:
+        case events.SnapshotCreated() if state is None:
+            return states.SnapshotState(
+                snapshot_id=event.snapshot_id,
+                status="ready",
+                session_id=event.session_id,
+                sandbox_id=event.sandbox_id,
+                org_id=event.org_id,
+                user_id=event.meta.user_id,
+                digest=event.digest,
+                layers=event.layers,
+                parent=event.parent,
+                size=event.size,
+                total_size=event.total_size,
+                files=event.files,
+                image=event.image,
+                image_digest=event.image_digest,
+                run_as_root=event.run_as_root,
+                writable_root=event.writable_root,
+                frozen_ms=event.frozen_ms,
+                created_at=event.meta.time,
+                updated_at=event.meta.time,
+                last_seq=seq,
+            )
+        case events.SnapshotDeleted() if status == "ready":
+            assert state is not None
+            return msgspec.structs.replace(
+                state, status="deleted", delete_reason=event.reason, updated_at=event.meta.time, last_seq=seq
+            )
+    raise errors.InvalidTransition(
+        f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a snapshot"
+    )
+
+
+def decide_created(state: states.SnapshotState | None, event: events.SnapshotCreated) -> list[events.Event]:
+    """Recorded once per snapshot id (a retried request finds it recorded)."""
+    return [event] if state is None else []
+
+
+def decide_deleted(state: states.SnapshotState | None, event: events.SnapshotDeleted) -> list[events.Event]:
+    return [event] if state is not None and state.status == "ready" else []
+
+
+def usable(state: states.SnapshotState | None, snapshot_id: str, org: str | None) -> states.SnapshotState:
+    """The snapshot a fork or restore by a caller acting for ``org`` may start from (a
+    caller without one, the operator, may use any). Raises NotFound otherwise: another
+    organisation's snapshot is as unknown as a missing one."""
+    if state is None or state.status != "ready" or (org is not None and state.org_id not in (None, org)):
+        raise errors.NotFound(f"snapshot {snapshot_id!r} does not exist")
+    return state
+
+
+def over_retention(snapshots: Iterable[states.SnapshotState], keep: int) -> list[states.SnapshotState]:
+    """A session's ready snapshots past the newest ``keep``, oldest first (``keep`` 0: no
+    limit)."""
+    ready = sorted((s for s in snapshots if s.status == "ready"), key=lambda s: (s.created_at, s.snapshot_id))
+    return ready[: max(0, len(ready) - keep)] if keep > 0 else []

@@ -1,0 +1,188 @@
+"""Snapshots, forks and restores as an operator and an agent see them: a real `sbx up`, real
+sandboxes, the official MCP client, the REST API and the CLI.
+
+An agent's files (``/workspace``, a file written in the copy-on-write root) and its shell's
+directory and exports are snapshotted while a background writer runs; forks start with
+them, each on its own; the origin is restored to the snapshot; deleting the snapshot
+leaves its forks whole (a fork stopped and started again after the delete still has its
+files); another organisation's snapshot is as unknown as a missing one; every transition
+is in the stream and replay agrees."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import httpx
+import pytest
+
+from tests.e2e.test_mcp import Agent
+from tests.e2e.test_sbx_up import running_stack, sbx
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
+WRITER = (  # each file is written whole, then renamed: a copy never sees half of one
+    "(i=0; while :; do i=$((i+1)); echo $i > /workspace/.n && mv /workspace/.n /workspace/n; done) "
+    ">/dev/null 2>&1 </dev/null &"
+)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("snapshots") / "state"
+    with running_stack(state) as (_, url):
+        yield state, url, (state / "api-key").read_text().strip()
+
+
+def stream_types(state, *types: str) -> list[dict]:
+    out = sbx("events", "--json", state=state)
+    assert out.returncode == 0, out.stderr
+    return [e for e in (json.loads(line)["event"] for line in out.stdout.splitlines()) if e["type"] in types]
+
+
+async def test_snapshot_fork_restore_and_delete_over_rest(stack):
+    state, url, key = stack
+    auth = {"Authorization": f"Bearer {key}"}
+    origin = Agent(url, key, "origin", **{"X-Org-Id": "acme"})
+    ok, text = await origin.call(
+        "shell",
+        command=(
+            "echo v1 > /workspace/f; echo doomed > /workspace/gone; mkdir -p /usr/local/share/sbx && "
+            f"echo installed > /usr/local/share/sbx/marker; export MODE=one; cd /tmp; {WRITER} echo ready"
+        ),
+    )
+    assert ok and "ready" in text, text
+    ok, text = await origin.call("shell", command="rm /workspace/gone; echo removed")
+    assert ok, text
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=120) as rest:
+        made = await rest.post(
+            "/v1/sessions/origin/snapshots", headers={"Idempotency-Key": "snap-1", "X-Org-Id": "acme"}
+        )
+        assert made.status_code == 201, made.text
+        snap = made.json()
+        assert snap["status"] == "ready" and snap["session_id"] == "origin" and snap["org_id"] == "acme"
+        assert snap["digest"].startswith("sha256:") and snap["size"] > 0 and snap["layers"] == 1
+        assert made.headers["location"] == f"/v1/snapshots/{snap['snapshot_id']}"
+        again = await rest.post(
+            "/v1/sessions/origin/snapshots", headers={"Idempotency-Key": "snap-1", "X-Org-Id": "acme"}
+        )
+        assert again.status_code == 201 and again.json() == snap  # the same request again: the same one
+        assert (await rest.get(f"/v1/snapshots/{snap['snapshot_id']}")).json() == snap
+        listed = (await rest.get("/v1/snapshots", params={"session_id": "origin"})).json()
+        assert listed["count"] == 1 and listed["snapshots"] == [snap]
+
+        # The origin goes on; the snapshot keeps what was.
+        ok, text = await origin.call("shell", command="echo v2 > /workspace/f; echo changed")
+        assert ok, text
+
+        forked = await rest.post(
+            f"/v1/snapshots/{snap['snapshot_id']}/forks", json={"count": 3}, headers={"X-Org-Id": "acme"}
+        )
+        assert forked.status_code == 201, forked.text
+        sessions = forked.json()["sessions"]
+        assert len(sessions) == 3 and forked.json()["failed"] == []
+        assert all(s["forked_from"] == snap["snapshot_id"] and s["org_id"] == "acme" for s in sessions)
+        forks = [Agent(url, key, s["session_id"], **{"X-Org-Id": "acme"}) for s in sessions]
+        seen = await asyncio.gather(
+            *(
+                f.call(
+                    "shell",
+                    command=(
+                        "cat /workspace/f /usr/local/share/sbx/marker; "
+                        'ls /workspace/gone 2>&1 | head -1; echo "$MODE $PWD"; cat /workspace/n'
+                    ),
+                )
+                for f in forks
+            )
+        )
+        for ok, text in seen:
+            lines = text.splitlines()
+            assert ok and lines[:2] == ["v1", "installed"], text
+            assert "No such file" in lines[2] and lines[3] == "one /tmp", text
+            assert lines[4].isdigit(), f"the writer's file is whole in the fork: {text}"
+
+        # Forks are isolated from each other and from the origin.
+        ok, _ = await forks[0].call("shell", command="echo mine > /workspace/only-0; echo v3 > /workspace/f")
+        assert ok
+        ok, text = await forks[1].call("shell", command="ls /workspace; cat /workspace/f")
+        assert ok and "only-0" not in text and text.splitlines()[-2] == "v1", text
+        ok, text = await origin.call("shell", command="ls /workspace; cat /workspace/f")
+        assert ok and "only-0" not in text and "v2" in text, text
+
+        # Restore: the origin's files go back to the snapshot (a new sandbox; a new shell).
+        restored = await rest.post(
+            "/v1/sessions/origin/restore",
+            json={"snapshot_id": snap["snapshot_id"]},
+            headers={"X-Org-Id": "acme"},
+        )
+        assert restored.status_code == 200, restored.text
+        ok, text = await origin.call("shell", command="cat /workspace/f; pwd")
+        assert ok and text.splitlines()[:2] == ["v1", "/tmp"], text
+
+        # Another organisation's snapshot is unknown to it; a fork of a taken id is refused.
+        other = {"X-Org-Id": "globex"}
+        refused = await rest.post(
+            f"/v1/snapshots/{snap['snapshot_id']}/forks", json={"count": 1}, headers=other
+        )
+        assert refused.status_code == 404, refused.text
+        taken = await rest.post(
+            f"/v1/snapshots/{snap['snapshot_id']}/forks",
+            json={"session_ids": ["origin"]},
+            headers={"X-Org-Id": "acme"},
+        )
+        assert taken.status_code == 409, taken.text
+        bad = await rest.post(f"/v1/snapshots/{snap['snapshot_id']}/forks", json={"count": 0})
+        assert bad.status_code == 400, bad.text
+        assert (await rest.post("/v1/sessions/ghost/snapshots")).status_code == 404
+        await rest.post("/v1/sessions", json={"session_id": "unused"})
+        assert (await rest.post("/v1/sessions/unused/snapshots")).status_code == 409  # no sandbox yet
+
+        # Deleting the snapshot never breaks a fork: stopped and started again, it has its files.
+        assert (await rest.delete(f"/v1/snapshots/{snap['snapshot_id']}")).status_code == 204
+        assert (await rest.delete(f"/v1/snapshots/{snap['snapshot_id']}")).status_code == 204  # idempotent
+        gone = (await rest.get(f"/v1/snapshots/{snap['snapshot_id']}")).json()
+        assert gone["status"] == "deleted" and gone["delete_reason"] == "requested"
+        assert (await rest.post(f"/v1/sessions/{sessions[1]['session_id']}/stop")).status_code == 200
+        ok, text = await forks[1].call("shell", command="cat /workspace/f /usr/local/share/sbx/marker")
+        assert ok and text.splitlines()[:2] == ["v1", "installed"], text
+        late = await rest.post(f"/v1/snapshots/{snap['snapshot_id']}/forks", json={"count": 1})
+        assert late.status_code == 404, late.text
+
+    created = stream_types(state, "snapshot.created", "snapshot.deleted")
+    assert [e["type"] for e in created] == ["snapshot.created", "snapshot.deleted"]
+    assert created[0]["meta"]["org_id"] == "acme" and created[0]["frozen_ms"] >= 0
+    requested = [e for e in stream_types(state, "sandbox.requested") if e.get("snapshot")]
+    assert len(requested) == 4  # three forks and one restore
+    verified = sbx("replay", "--verify", state=state)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):
+    state, url, key = stack
+    agent = Agent(url, key, "cli-origin")
+    ok, text = await agent.call("shell", command="echo cli > /workspace/c; echo ok")
+    assert ok, text
+    out = sbx("snapshot", "create", "cli-origin", "--id", "cli-snap", "--json", state=state)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["snapshot_id"] == "cli-snap"
+    listed = sbx("snapshot", "list", "--session", "cli-origin", state=state)
+    assert listed.returncode == 0 and "cli-snap" in listed.stdout, listed
+    shown = sbx("snapshot", "show", "cli-snap", "--json", state=state)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["status"] == "ready"
+    forked = sbx("snapshot", "fork", "cli-snap", "--session-id", "cli-fork", state=state)
+    assert forked.returncode == 0 and "cli-fork: forked from cli-snap" in forked.stdout, forked
+    ok, text = await Agent(url, key, "cli-fork").call("shell", command="cat /workspace/c")
+    assert ok and text.startswith("cli"), text
+    ok, _ = await agent.call("shell", command="rm /workspace/c")
+    restored = sbx("snapshot", "restore", "cli-origin", "cli-snap", state=state)
+    assert restored.returncode == 0 and "restored to cli-snap" in restored.stdout, restored
+    ok, text = await agent.call("shell", command="cat /workspace/c")
+    assert ok and text.startswith("cli"), text
+    assert sbx("snapshot", "delete", "cli-snap", state=state).returncode == 0
+    assert sbx("snapshot", "show", "nope", state=state).returncode == 1
+    assert sbx("snapshot", "fork", "cli-snap", state=state).returncode == 1  # deleted: not forked
+    assert sbx("snapshot", "create", "bad id!", state=state).returncode == 2
