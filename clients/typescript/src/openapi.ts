@@ -93,6 +93,92 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/sessions/{session_id}/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Snapshot a session's files: processes frozen while they are copied, then thawed */
+        post: operations["createSnapshot"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** List snapshots, oldest first (deleted ones only when asked for) */
+        get: operations["listSnapshots"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots/{snapshot_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** Get one snapshot */
+        get: operations["getSnapshot"];
+        put?: never;
+        post?: never;
+        /** Delete a snapshot (sessions forked or restored from it keep their files) */
+        delete: operations["deleteSnapshot"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/snapshots/{snapshot_id}/forks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Create 1 to 100 sessions starting from a snapshot (its files shared read-only) */
+        post: operations["forkSnapshot"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/sessions/{session_id}/restore": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Put a session back to a snapshot: a new sandbox from it replaces the session's (processes gone) */
+        post: operations["restoreSession"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/run": {
         parameters: {
             query?: never;
@@ -253,6 +339,7 @@ export interface components {
             updated_at: string;
             incarnation: number;
             version: number;
+            forked_from: string | null;
         };
         /**
          * Problem
@@ -282,6 +369,76 @@ export interface components {
             status: "paused" | "running";
             paused_at: string | null;
             changed: boolean;
+        };
+        /**
+         * CreateSnapshotRequest
+         * @description Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key).
+         */
+        CreateSnapshotRequest: {
+            /** @default null */
+            snapshot_id?: string | null;
+        };
+        /**
+         * Snapshot
+         * @description An immutable, consistent copy of a session's sandbox files: ``/workspace``, its
+         *     copy-on-write root (installed packages), the shell's directory and exported variables.
+         *     Not its processes: a fork or restore starts a new shell there.
+         */
+        Snapshot: {
+            snapshot_id: string;
+            /** @enum {string} */
+            status: "deleted" | "ready";
+            session_id: string;
+            org_id: string | null;
+            user_id: string | null;
+            digest: string;
+            parent: string | null;
+            size: number;
+            total_size: number;
+            files: number;
+            layers: number;
+            image: string;
+            frozen_ms: number;
+            created_at: string;
+            delete_reason: string | null;
+        };
+        /** SnapshotList */
+        SnapshotList: {
+            snapshots: components["schemas"]["Snapshot"][];
+            count: number;
+        };
+        /**
+         * ForkRequest
+         * @description Either ``count`` new sessions with ids made up, or the ``session_ids`` to create.
+         */
+        ForkRequest: {
+            /** @default null */
+            count?: number | null;
+            /** @default null */
+            session_ids?: string[] | null;
+        };
+        /**
+         * Forks
+         * @description The sessions a fork made, each with its own sandbox started from the snapshot.
+         */
+        Forks: {
+            snapshot_id: string;
+            sessions: components["schemas"]["Session"][];
+            failed: components["schemas"]["ForkFailure"][];
+        };
+        /** ForkFailure */
+        ForkFailure: {
+            session_id: string;
+            error: string;
+            message: string;
+        };
+        /** RestoreRequest */
+        RestoreRequest: {
+            /**
+             * @description Letters, digits, '-' and '_'; starts with a letter or digit.
+             * @example task-42
+             */
+            snapshot_id: string;
         };
         /** RunBody */
         RunBody: {
@@ -1075,6 +1232,590 @@ export interface operations {
                 };
             };
             /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    createSnapshot: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["CreateSnapshotRequest"];
+            };
+        };
+        responses: {
+            /** @description Taken (or taken before with the same id). */
+            201: {
+                headers: {
+                    /** @description Where the new session is (/v1/sessions/{id}). */
+                    Location: string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session or snapshot (or another organisation's). */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The snapshot store's disk budget, or max_running for forks, is reached. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    listSnapshots: {
+        parameters: {
+            query?: {
+                /** @description Only snapshots of this session. */
+                session_id?: string;
+                /** @description Only snapshots in this status. */
+                status?: "ready" | "deleted";
+                /** @description At most this many (default 100). */
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Matching snapshots. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SnapshotList"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    getSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The snapshot id. */
+                snapshot_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The snapshot. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such snapshot. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    deleteSnapshot: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The snapshot id. */
+                snapshot_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Deleted (or deleted before). */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such snapshot. */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    forkSnapshot: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The snapshot id. */
+                snapshot_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ForkRequest"];
+            };
+        };
+        responses: {
+            /** @description The sessions made (and those that could not be, each said why). */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Forks"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session or snapshot (or another organisation's). */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The snapshot store's disk budget, or max_running for forks, is reached. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
+            501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    restoreSession: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description Makes retries of a write safe: the same key never causes a second transition. */
+                "Idempotency-Key"?: string;
+            };
+            path: {
+                /** @description The session id. */
+                session_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["RestoreRequest"];
+            };
+        };
+        responses: {
+            /** @description Restored: the session's next call runs in the snapshot's files. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Session"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such session or snapshot (or another organisation's). */
+            404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The snapshot store's disk budget, or max_running for forks, is reached. */
+            429: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
