@@ -3,9 +3,9 @@
 
 A session's timeline is its own events (``session.*``), the audit records of what ran in
 it (``exec.completed``: commands, edits, transfers) and of what its sandboxes sent
-through their proxy (``egress.recorded``), and the events of the sandboxes it had, from
+through their proxy (``egress.recorded``), the events of the sandboxes it had, from
 the moment each was its own (a warm pool sandbox's life before its claim belongs to the
-pool).
+pool), and its snapshots' (``snapshot.created``/``deleted``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def subject_kinds(wanted: frozenset[TimelineKind]) -> tuple[str, ...]:
     if "egress" in wanted:
         out.append(subjects.EGRESS)
     if "lifecycle" in wanted:
-        out.append(subjects.SANDBOX)
+        out += [subjects.SANDBOX, subjects.SNAPSHOT]
     return tuple(out)
 
 
@@ -69,6 +69,8 @@ class Membership:
             return (since is not None and seq >= since) or event.meta.session_id == self.session_id
         if isinstance(event, events.SessionEvent | events.CommandExecuted | events.EgressRecorded):
             return event.session_id == self.session_id
+        if isinstance(event, events.SnapshotEvent):  # the session's snapshots, taken or deleted
+            return getattr(event, "session_id", None) == self.session_id
         return False
 
 
@@ -117,7 +119,7 @@ def entry_of(seq: int, event: events.Event) -> TimelineEntry | None:
             ],
             lost=event.lost or None,
         )
-    if isinstance(event, events.SessionEvent | events.SandboxEvent):
+    if isinstance(event, events.SessionEvent | events.SandboxEvent | events.SnapshotEvent):
         return msgspec.structs.replace(
             base,
             summary=_lifecycle_summary(event),
@@ -130,7 +132,16 @@ def _lifecycle_summary(event: events.Event) -> str:
     tag = events.tag_of(type(event))
     details = [
         f"{name}={value}"
-        for name in ("sandbox_id", "image", "reason", "error", "exit_code")
+        for name in (
+            "snapshot_id",
+            "sandbox_id",
+            "image",
+            "snapshot",
+            "forked_from",
+            "reason",
+            "error",
+            "exit_code",
+        )
         if (value := getattr(event, name, None)) not in (None, "")
     ]
     return tag + (f" ({', '.join(details)})" if details else "")

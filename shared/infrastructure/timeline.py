@@ -71,7 +71,9 @@ class TimelineReader:
     ) -> list[str]:
         out = []
         for kind in rules.subject_kinds(frozenset(kinds)):
-            if kind != subjects.SANDBOX:
+            if kind == subjects.SNAPSHOT:  # named by snapshot ids: every one, the session's kept
+                out.append(self.topology.events_of_kind(subjects.SNAPSHOT))
+            elif kind != subjects.SANDBOX:
                 out.append(self.topology.aggregate_subject(kind, session_id))
             elif every_sandbox:
                 out.append(self.topology.events_of_kind(subjects.SANDBOX))

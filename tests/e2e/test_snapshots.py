@@ -152,6 +152,15 @@ async def test_snapshot_fork_restore_and_delete_over_rest(stack):
         late = await rest.post(f"/v1/snapshots/{snap['snapshot_id']}/forks", json={"count": 1})
         assert late.status_code == 404, late.text
 
+        # The origin's timeline says when it was snapshotted, restored, and the snapshot deleted;
+        # a fork's says what it was forked from.
+        timeline = (await rest.get("/v1/sessions/origin/timeline", params={"kind": "lifecycle"})).json()
+        types = [e["type"] for e in timeline["entries"]]
+        assert "snapshot.created" in types and "snapshot.deleted" in types, types
+        assert types.index("snapshot.created") < types.index("session.sandbox_released"), types
+        fork_line = (await rest.get(f"/v1/sessions/{sessions[0]['session_id']}/timeline")).json()
+        assert any(f"forked_from={snap['snapshot_id']}" in e["summary"] for e in fork_line["entries"])
+
     created = stream_types(state, "snapshot.created", "snapshot.deleted")
     assert [e["type"] for e in created] == ["snapshot.created", "snapshot.deleted"]
     assert created[0]["meta"]["org_id"] == "acme" and created[0]["frozen_ms"] >= 0
