@@ -17,6 +17,10 @@ export type CreateSessionRequest = Schemas["CreateSessionRequest"];
 export type ListSessionsQuery = NonNullable<operations["listSessions"]["parameters"]["query"]>;
 export type RunBody = Schemas["RunBody"];
 export type ArchiveWritten = Schemas["ArchiveWritten"];
+export type Snapshot = Schemas["Snapshot"];
+export type SnapshotList = Schemas["SnapshotList"];
+export type Forks = Schemas["Forks"];
+export type ListSnapshotsQuery = NonNullable<operations["listSnapshots"]["parameters"]["query"]>;
 
 export interface SandboxClientOptions {
   /** The gateway, e.g. `http://127.0.0.1:8080` (what `sbx up` prints, without `/v1/...`). */
@@ -55,6 +59,8 @@ type TarBody = Uint8Array | Blob | ReadableStream<Uint8Array>;
 export class SandboxClient {
   /** The session registry: create, list, get, stop, delete. */
   readonly sessions: Sessions;
+  /** Snapshots of sessions' files: take, list, get, delete, fork, restore. */
+  readonly snapshots: Snapshots;
   private readonly base: string;
   private readonly headers: Record<string, string>;
   private readonly fetcher: typeof fetch;
@@ -67,6 +73,7 @@ export class SandboxClient {
     const fetcher = options.fetch ?? globalThis.fetch;
     this.fetcher = (input, init) => fetcher(input, init); // (a browser's fetch must not be called as a method)
     this.sessions = new Sessions(this);
+    this.snapshots = new Snapshots(this);
   }
 
   /**
@@ -214,6 +221,68 @@ export class Sessions {
       signal: options.signal,
     });
   }
+}
+
+/** Snapshots of sessions' files (`client.snapshots`). */
+export class Snapshots {
+  constructor(private readonly client: SandboxClient) {}
+
+  /** Snapshot the session's files (its processes frozen while they are copied). */
+  async take(sessionId: string, options: WriteOptions & { snapshotId?: string } = {}): Promise<Snapshot> {
+    const body = options.snapshotId === undefined ? {} : { snapshot_id: options.snapshotId };
+    return (await this.post(`${sessionPath(sessionId)}/snapshots`, body, options)) as Snapshot;
+  }
+
+  /** Snapshots matching the filters, oldest first. */
+  async list(query: ListSnapshotsQuery = {}, options: RequestOptions = {}): Promise<SnapshotList> {
+    const params = new URLSearchParams();
+    for (const [key, value] of Object.entries(query)) {
+      if (value !== undefined) params.set(key, String(value));
+    }
+    const response = await this.client.request("GET", `/v1/snapshots${suffix(params)}`, options);
+    return (await response.json()) as SnapshotList;
+  }
+
+  async get(snapshotId: string, options: RequestOptions = {}): Promise<Snapshot> {
+    const response = await this.client.request("GET", snapshotPath(snapshotId), options);
+    return (await response.json()) as Snapshot;
+  }
+
+  /** Delete it; sessions forked or restored from it keep their files. */
+  async delete(snapshotId: string, options: WriteOptions = {}): Promise<void> {
+    await this.client.request("DELETE", snapshotPath(snapshotId), {
+      headers: idempotency(options),
+      signal: options.signal,
+    });
+  }
+
+  /** New sessions (a count, or named) whose sandboxes start from the snapshot. */
+  async fork(
+    snapshotId: string,
+    wanted: { count: number } | { session_ids: string[] },
+    options: WriteOptions = {},
+  ): Promise<Forks> {
+    return (await this.post(`${snapshotPath(snapshotId)}/forks`, wanted, options)) as Forks;
+  }
+
+  /** Put the session back to the snapshot: a new sandbox from it replaces the session's. */
+  async restore(sessionId: string, snapshotId: string, options: WriteOptions = {}): Promise<Session> {
+    const body = { snapshot_id: snapshotId };
+    return (await this.post(`${sessionPath(sessionId)}/restore`, body, options)) as Session;
+  }
+
+  private async post(path: string, body: unknown, options: WriteOptions): Promise<unknown> {
+    const response = await this.client.request("POST", path, {
+      body: JSON.stringify(body),
+      headers: { "content-type": "application/json", ...idempotency(options) },
+      signal: options.signal,
+    });
+    return response.json();
+  }
+}
+
+function snapshotPath(snapshotId: string): string {
+  return `/v1/snapshots/${encodeURIComponent(snapshotId)}`;
 }
 
 function sessionPath(sessionId: string): string {

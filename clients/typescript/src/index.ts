@@ -7,16 +7,21 @@
 export {
   SandboxClient,
   Sessions,
+  Snapshots,
   type ArchiveOptions,
   type ArchiveWritten,
   type CreateSessionRequest,
   type DownloadOptions,
+  type Forks,
   type ListSessionsQuery,
+  type ListSnapshotsQuery,
   type RequestOptions,
   type RunBody,
   type SandboxClientOptions,
   type Session,
   type SessionList,
+  type Snapshot,
+  type SnapshotList,
   type WriteOptions,
 } from "./client.js";
 export { SandboxApiError, type Problem } from "./errors.js";
