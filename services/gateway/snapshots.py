@@ -123,7 +123,11 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "getSnapshot",
         "Get one snapshot",
         "get_snapshot",
-        {200: (Snapshot, "The snapshot."), 404: (schemas.Problem, "No such snapshot."), **rest.COMMON_ERRORS},
+        {
+            200: (Snapshot, "The snapshot."),
+            404: (schemas.Problem, "No such snapshot, or it was deleted (listed with status=deleted)."),
+            **rest.COMMON_ERRORS,
+        },
         params=(SNAPSHOT_ID_PARAM,),
         tag="snapshots",
     ),
@@ -247,7 +251,7 @@ class SnapshotsAPI:
 
     async def delete_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)
-        state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
+        state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id, deleted=True)
         await self.client.call(
             commands.DeleteSnapshot(
                 session_id=state.session_id,

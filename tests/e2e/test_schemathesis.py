@@ -29,6 +29,7 @@ def test_schemathesis_finds_nothing(tmp_path):
         done = subprocess.run(
             [
                 str(Path(sys.executable).with_name("schemathesis")),
+                "--config-file", str(Path(__file__).with_name("schemathesis.toml")),
                 "run",
                 f"{url}/openapi.json",
                 "--checks", "all",

@@ -144,8 +144,9 @@ async def test_snapshot_fork_restore_and_delete_over_rest(stack):
         # Deleting the snapshot never breaks a fork: stopped and started again, it has its files.
         assert (await rest.delete(f"/v1/snapshots/{snap['snapshot_id']}")).status_code == 204
         assert (await rest.delete(f"/v1/snapshots/{snap['snapshot_id']}")).status_code == 204  # idempotent
-        gone = (await rest.get(f"/v1/snapshots/{snap['snapshot_id']}")).json()
-        assert gone["status"] == "deleted" and gone["delete_reason"] == "requested"
+        assert (await rest.get(f"/v1/snapshots/{snap['snapshot_id']}")).status_code == 404
+        gone = (await rest.get("/v1/snapshots", params={"status": "deleted"})).json()["snapshots"]
+        assert [(g["snapshot_id"], g["delete_reason"]) for g in gone] == [(snap["snapshot_id"], "requested")]
         assert (await rest.post(f"/v1/sessions/{sessions[1]['session_id']}/stop")).status_code == 200
         ok, text = await forks[1].call("shell", command="cat /workspace/f /usr/local/share/sbx/marker")
         assert ok and text.splitlines()[:2] == ["v1", "installed"], text

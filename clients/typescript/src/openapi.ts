@@ -1500,7 +1500,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No such snapshot. */
+            /** @description No such snapshot, or it was deleted (listed with status=deleted). */
             404: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */

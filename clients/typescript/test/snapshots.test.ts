@@ -32,7 +32,10 @@ test("take a snapshot, fork it, restore to it, delete it", async () => {
   assert.equal((await sandbox.run(origin, { command: "cat /workspace/f" })).stdout, "one\n");
 
   await sandbox.snapshots.delete(snapshot.snapshot_id);
-  assert.equal((await sandbox.snapshots.get(snapshot.snapshot_id)).status, "deleted");
+  const gone = await sandbox.snapshots.get(snapshot.snapshot_id).catch((e: unknown) => e);
+  assert.ok(gone instanceof SandboxApiError && gone.status === 404);
+  const deleted = await sandbox.snapshots.list({ session_id: origin, status: "deleted" });
+  assert.deepEqual(deleted.snapshots.map((s) => [s.snapshot_id, s.delete_reason]), [[snapshot.snapshot_id, "requested"]]);
   const refused = await sandbox.snapshots.fork(snapshot.snapshot_id, { count: 1 }).catch((e: unknown) => e);
   assert.ok(refused instanceof SandboxApiError);
   assert.equal(refused.status, 404);
