@@ -200,12 +200,14 @@ class LocalRuntime(api.Runtime):
         registries: RegistryConfig | None = None,
         image_max_bytes: int | None = None,
         pull_timeout: float | None = None,
+        snapshot_budget: int | None = None,
     ) -> None:
         """``egress``: ``none`` (only loopback) or ``proxy`` (the proxy address and nothing
         else; see network.py). Where proxy egress cannot work here, sandboxes get no
         network and ``egress_problem`` says why. ``proxy_ca``: the proxy's CA certificate
         (public part), trusted inside sandboxes."""
         self.state_dir = state_dir
+        self.snapshot_budget = 20 * api.GiB if snapshot_budget is None else snapshot_budget
         self.network = network.Network()
         self.egress_problem = self.network.unavailable() if egress == "proxy" else None
         self.egress = "proxy" if egress == "proxy" and self.egress_problem is None else "none"
