@@ -185,10 +185,13 @@ class SnapshotsAPI:
         return ids.validate_session_id(request.path_params["snapshot_id"], what="snapshot id")
 
     def _visible(
-        self, request: Request, state: states.SnapshotState | None, snapshot_id: str
+        self, request: Request, state: states.SnapshotState | None, snapshot_id: str, *, deleted: bool = False
     ) -> states.SnapshotState:
+        """The snapshot the caller may see (a deleted one only if ``deleted``: a list asked
+        for ``status=deleted`` shows those, as sessions' do)."""
         bound = request.scope.get("sbx.org")
-        if state is None or (bound is not None and state.org_id not in (None, bound)):
+        foreign = bound is not None and state is not None and state.org_id not in (None, bound)
+        if state is None or foreign or (state.status == "deleted" and not deleted):
             raise errors.NotFound(f"snapshot {snapshot_id!r} does not exist")
         return state
 
