@@ -92,6 +92,11 @@ class Plan:
     writable: tuple[tuple[Path, str], ...] = ()
     """Host directories shown writable at the given inside paths (``/root``, ``/var``...
     of an image whose root is not a layer: on the sandbox's disk, not in memory)."""
+    lowers: dict[str, tuple[Path, ...]] = field(default_factory=dict)
+    """A sandbox started from a snapshot: the snapshot's read-only directories below each of
+    its writable places, bottom first, by place: ``workspace``, ``root/<n>`` (above image
+    layer ``n``), ``dirs/<top>``. Each place is then an overlay (work directories under
+    ``upper/work``); without them ``/workspace`` and the writable dirs are plain binds."""
     tmp_bytes: int = TMP_BYTES
     """The size of ``/tmp`` (a tmpfs, whose pages count against the memory limit)."""
     proc_read_only: tuple[str, ...] = PROC_READ_ONLY
@@ -137,6 +142,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         if plan.writable_root:
             upper = plan.upper / "upper" / str(index)
             work = plan.upper / "work" / str(index)
+            sources += _overlay_sources(plan.lowers.get(f"root/{index}", ()))
             args += [*sources, "--overlay", str(upper), str(work), layer.dest]
         elif layer.lower:
             args += [*sources, "--ro-overlay", layer.dest]
@@ -147,7 +153,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
     for directory in plan.dirs:
         args += ["--dir", directory]
     for source, dest in plan.writable:
-        args += ["--bind", str(source), dest]
+        args += _writable(plan, f"dirs/{source.name}", source, dest)
     args += [
         "--proc",
         "/proc",
@@ -168,9 +174,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         "1777",
         "--tmpfs",
         OUTPUT_DIR,
-        "--bind",
-        str(plan.workspace),
-        WORKSPACE,
+        *_writable(plan, "workspace", plan.workspace, WORKSPACE),
         "--bind",
         str(plan.control),
         CONTROL,
@@ -197,6 +201,24 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
     for key, value in sorted(env.items()):
         args += ["--setenv", key, value]
     return [*args, "--", *main]
+
+
+def _overlay_sources(lowers: tuple[Path, ...]) -> list[str]:
+    return [arg for lower in lowers for arg in ("--overlay-src", str(lower))]
+
+
+def work_dir(plan: Plan, place: str) -> Path:
+    """The overlay work directory of a writable place of a sandbox started from a snapshot."""
+    return plan.upper / "work" / place.replace("/", "-")
+
+
+def _writable(plan: Plan, place: str, source: Path, dest: str) -> list[str]:
+    """A writable place: a bind of ``source``, or, over a snapshot's directories, an overlay
+    whose upper is ``source``."""
+    lowers = plan.lowers.get(place, ())
+    if not lowers:
+        return ["--bind", str(source), dest]
+    return [*_overlay_sources(lowers), "--overlay", str(source), str(work_dir(plan, place)), dest]
 
 
 def hold_main() -> list[str]:

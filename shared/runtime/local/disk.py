@@ -78,6 +78,12 @@ class Disk:
         _loop_mount(directory / IMAGE, mount)
 
     @staticmethod
+    def mounted(directory: Path) -> bool:
+        """Whether the sandbox's writable directories can be read now: it has no filesystem
+        of its own, or that filesystem is mounted."""
+        return not (directory / IMAGE).exists() or os.path.ismount(directory / MOUNT)
+
+    @staticmethod
     def unmount(directory: Path) -> None:
         """Detach the sandbox's filesystem (its processes are gone: nothing holds it)."""
         mount = directory / MOUNT

@@ -4,7 +4,9 @@ Layout under ``<state>/sandboxes/<token>/`` (the token is derived from the sandb
 id, never the raw id): ``spec.json`` (what was asked), ``state.json`` (the host pid
 and start time of the sandbox's init while it runs), ``workspace/`` (``/workspace``),
 ``control/`` (``/.sbx``), ``upper/`` (copy-on-write root changes), ``hold`` (FIFO),
-``image.json`` (the digest of a pulled image it was made from, and who it runs as).
+``image.json`` (the digest of a pulled image it was made from, and who it runs as),
+``base.json`` (a sandbox started from a snapshot: the snapshot's layers, see
+``snapstore.py``, shown read-only below its own writes).
 
 The sandbox is started detached (``setsid --fork``): it is not a child of the
 service that created it and survives that service; any process holding the same
@@ -36,7 +38,19 @@ import msgspec
 from shared.contract import errors, ids, references
 from shared.infrastructure import processes
 from shared.runtime import api
-from shared.runtime.local import bwrap, caches, cgroups, disk, enter, images, layers, network, seccomp, userns
+from shared.runtime.local import (
+    bwrap,
+    caches,
+    cgroups,
+    disk,
+    enter,
+    images,
+    layers,
+    network,
+    seccomp,
+    snapstore,
+    userns,
+)
 from shared.runtime.local.registries import RegistryConfig
 
 START_TIMEOUT = 10.0
@@ -208,6 +222,7 @@ class LocalRuntime(api.Runtime):
         (public part), trusted inside sandboxes."""
         self.state_dir = state_dir
         self.snapshot_budget = 20 * api.GiB if snapshot_budget is None else snapshot_budget
+        self.snapshot_store = snapstore.SnapshotStore(state_dir / "snapshots", self.snapshot_budget)
         self.network = network.Network()
         self.egress_problem = self.network.unavailable() if egress == "proxy" else None
         self.egress = "proxy" if egress == "proxy" and self.egress_problem is None else "none"
@@ -353,8 +368,10 @@ class LocalRuntime(api.Runtime):
         )
 
     def images_in_use(self) -> set[str]:
-        """Digests of the pulled images some sandbox here (or one being made) is pinned to."""
-        return set(self._image_users())
+        """Digests of the pulled images some sandbox here (or one being made), or some
+        snapshot (its forks need it), is pinned to."""
+        snapshots = {s.image_digest for s in self.snapshot_store.all() if s.image_digest}
+        return set(self._image_users()) | snapshots
 
     def _image_users(self) -> dict[str, int]:
         users: dict[str, int] = {}
@@ -392,7 +409,8 @@ class LocalRuntime(api.Runtime):
         removed, freed = self.images.pulled.prune(self.images_in_use, keep_bytes)
         return [f"{image.reference}@{image.digest}" for image in removed], freed
 
-    async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
+    def _check(self, spec: api.SandboxSpec) -> None:
+        """Refuse a spec this runtime cannot make, before anything is written."""
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
         if spec.isolation == "strong":
             raise errors.NotBuiltYet(
@@ -407,8 +425,14 @@ class LocalRuntime(api.Runtime):
             raise errors.InvalidInput("disk limits too small: at least 64 MiB and 1024 inodes")
         if spec.limits.disk_bytes and (problem := self.disk.unavailable()):
             raise errors.ConfigError(f"sandboxes with a disk limit cannot be made here: {problem}")
-        await self.pull(spec.image)  # a reference not here yet is pulled first
-        image = self.images.resolve(spec.image)  # a bad image: said before anything is written
+
+    async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
+        self._check(spec)
+        snapshot = self._fork_of(spec)
+        if snapshot is None:
+            await self.pull(spec.image)  # a reference not here yet is pulled first
+        # (a bad image: said before anything is written; a fork runs its snapshot's image)
+        image = self.images.resolve(spec.image, snapshot.image_digest if snapshot else None)
         d = self._dir(spec.sandbox_id)
         existing = self._read_spec(d)
         if existing is not None:
@@ -433,6 +457,8 @@ class LocalRuntime(api.Runtime):
                 (rw / sub).mkdir(parents=True)
             os.mkfifo(tmp / "hold", 0o600)
             _write_pin(tmp, image)
+            if snapshot is not None:
+                await asyncio.to_thread(self._write_base, tmp, rw, snapshot)
             created_at = datetime.now(UTC)
             record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
             (tmp / "spec.json").write_text(json.dumps(record))
@@ -449,6 +475,36 @@ class LocalRuntime(api.Runtime):
         return api.SandboxInfo(
             spec=spec, status="created", created_at=created_at, backend=self.name, image_digest=image.digest
         )
+
+    def _fork_of(self, spec: api.SandboxSpec) -> api.SnapshotInfo | None:
+        """The snapshot a sandbox is to start from (checked against the spec), or None."""
+        if spec.snapshot is None:
+            return None
+        snapshot = self.snapshot_store.get(spec.snapshot)
+        if snapshot is None:
+            raise errors.NotFound(f"snapshot {spec.snapshot!r} does not exist")
+        differs = [
+            f"{name} {theirs!r}"
+            for name, ours, theirs in (
+                ("image", spec.image, snapshot.image),
+                ("run_as_root", spec.run_as_root, snapshot.run_as_root),
+                ("writable_root", spec.writable_root, snapshot.writable_root),
+            )
+            if ours != theirs
+        ]
+        if differs:
+            raise errors.InvalidInput(
+                f"a sandbox from snapshot {spec.snapshot!r} has its snapshot's {', '.join(differs)}"
+            )
+        return snapshot
+
+    def _write_base(self, d: Path, rw: Path, snapshot: api.SnapshotInfo) -> None:
+        """The snapshot's layers (they stay while this sandbox is), and its shell's saved
+        directory and exports, where the sandbox's shell reads them when it starts."""
+        (d / "base.json").write_bytes(msgspec.json.encode(_Base(snapshot.snapshot_id, snapshot.layers)))
+        shell = self.snapshot_store.layer(snapshot.layers[-1]) / "shell"
+        if shell.is_dir():
+            snapstore.copy_tree(shell, rw / "control" / "shell")
 
     def _repull_if_pruned(self, image: str, digest: str) -> None:
         with self.images.pulled.using():  # waits for a prune under way to finish
@@ -535,6 +591,14 @@ class LocalRuntime(api.Runtime):
         rw = disk.Disk.root(d)
         writable = self._writable_dirs(image, rw, spec.writable_root)
         inside = {dest for _, dest in writable}
+        lowers = self._lowers(d, len(image.layers), writable)
+        for index, layer in enumerate(image.layers):
+            stacked = (*layer.lower, layer.source, *lowers.get(f"root/{index}", ()))
+            if sum(len(str(p)) + 9 for p in stacked) > LOWERDIR_MAX:
+                raise errors.ConfigError(
+                    f"image {spec.image!r} and its snapshot's layers are too many to stack under a state "
+                    f"directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
+                )
         return bwrap.Plan(
             bwrap=self.bwrap,
             layers=image.layers,
@@ -556,7 +620,24 @@ class LocalRuntime(api.Runtime):
             tmp_bytes=bwrap.tmp_bytes(spec.limits.memory_bytes),
             proc_read_only=self._proc_read_only,
             proc_masked=self._proc_masked,
+            lowers=lowers,
         )
+
+    def _lowers(
+        self, d: Path, image_layers: int, writable: tuple[tuple[Path, str], ...]
+    ) -> dict[str, tuple[Path, ...]]:
+        """A sandbox from a snapshot: each writable place's read-only directories from the
+        snapshot's layers (those there are), bottom first."""
+        base = _base(d)
+        if not base.layers:
+            return {}
+        places = ["workspace", *(f"root/{n}" for n in range(image_layers))]
+        places += [f"dirs/{source.name}" for source, _ in writable]
+        layer_dirs = [self.snapshot_store.layer(digest) for digest in base.layers]
+        found = {
+            place: tuple(p for p in (top / place for top in layer_dirs) if p.is_dir()) for place in places
+        }
+        return {place: dirs for place, dirs in found.items() if dirs}
 
     # Long on purpose: the steps of a start in the order they must happen, each undone by
     # delete; split up, the order would be harder to check.
@@ -588,6 +669,8 @@ class LocalRuntime(api.Runtime):
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
+        for place in plan.lowers:  # over a snapshot: an overlay's work directory per place
+            bwrap.work_dir(plan, place).mkdir(parents=True, exist_ok=True)
         image_dirs = image.dirs if plan.writable else ()
         for source, dest in plan.writable:  # with the image's directories below them
             source.mkdir(parents=True, exist_ok=True)
@@ -765,10 +848,135 @@ class LocalRuntime(api.Runtime):
             return
         await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
         await asyncio.to_thread(self.caches.release, d.name)  # before anything is removed
+        had_base = bool(_base(d).layers)
         graveyard = self.root / f".deleting.{d.name}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             d.rename(graveyard)
         await asyncio.to_thread(self._discard, graveyard)
+        if had_base:  # the last sandbox on a deleted snapshot's layers frees them
+            await asyncio.to_thread(self._collect_layers)
+
+    # ---- snapshots ---------------------------------------------------------------
+
+    snapshots = True
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> api.SnapshotInfo:
+        """Copy the sandbox's writable files (``/workspace``, its copy-on-write root, the
+        shell's saved directory and exports) into a layer of the snapshot store: a running
+        sandbox is frozen for the copy and thawed after; hashing and storing come after the
+        thaw. See ``snapstore.py``."""
+        ids.validate_session_id(snapshot_id, what="snapshot id")
+        existing = self.snapshot_store.get(snapshot_id)
+        if existing is not None:
+            if existing.sandbox_id != sandbox_id:
+                raise errors.Conflict(f"snapshot id {snapshot_id!r} is taken by another sandbox")
+            return existing
+        info = await self._require(sandbox_id)
+        base = _base(self._dir(sandbox_id))
+        if len(base.layers) >= snapstore.MAX_LAYERS:
+            raise errors.LimitExceeded(
+                f"sandbox {sandbox_id!r} stands on {len(base.layers)} snapshot layers, the most there can "
+                "be: snapshot a session forked from an earlier snapshot instead"
+            )
+        return await asyncio.to_thread(self._snapshot, info, base, snapshot_id)
+
+    def _snapshot(self, info: api.SandboxInfo, base: _Base, snapshot_id: str) -> api.SnapshotInfo:
+        d, store = self._dir(info.sandbox_id), self.snapshot_store
+        mounted_here = info.status in ("stopped", "created") and not disk.Disk.mounted(d)
+        if mounted_here:
+            disk.Disk.mount(d)
+        try:
+            rw = disk.Disk.root(d)
+            sources = self._snapshot_sources(rw)
+            store.check_room(snapstore.apparent_bytes(source for source, _ in sources))
+            copy = store.new_copy()
+            try:
+                frozen = self._copy_frozen(info, sources, copy)
+                digest, size, entries, new = store.add(copy)
+            except BaseException:
+                shutil.rmtree(copy, ignore_errors=True)
+                raise
+        finally:
+            if mounted_here:
+                disk.Disk.unmount(d)
+        layers = (*base.layers, digest)
+        snapshot = api.SnapshotInfo(
+            snapshot_id=snapshot_id,
+            sandbox_id=info.sandbox_id,
+            digest=snapstore.snapshot_digest(layers),
+            layers=layers,
+            parent=base.snapshot,
+            size=size if new else 0,
+            total_size=sum(store.size_of(layer) for layer in layers),
+            files=entries,
+            image=info.spec.image,
+            image_digest=_pin(d).digest,
+            run_as_root=info.spec.run_as_root,
+            writable_root=info.spec.writable_root,
+            created_at=datetime.now(UTC),
+            frozen_seconds=frozen,
+        )
+        store.save(snapshot)
+        return snapshot
+
+    @staticmethod
+    def _snapshot_sources(rw: Path) -> builtins.list[tuple[Path, str]]:
+        """What a snapshot copies, and where in its layer: ``workspace``, ``root/<n>``,
+        ``dirs/<top>``, ``shell/cwd`` and ``shell/env``."""
+        sources = [(rw / "workspace", "workspace")]
+        for place, folder in (("root", rw / "upper" / "upper"), ("dirs", rw / "dirs")):
+            if folder.is_dir():
+                sources += [(sub, f"{place}/{sub.name}") for sub in sorted(folder.iterdir()) if sub.is_dir()]
+        shell = rw / "control" / "shell"
+        sources += [(shell / name, f"shell/{name}") for name in ("cwd", "env") if (shell / name).is_file()]
+        return sources
+
+    def _copy_frozen(
+        self, info: api.SandboxInfo, sources: builtins.list[tuple[Path, str]], copy: Path
+    ) -> float:
+        """Copy ``sources`` into ``copy`` with the sandbox's processes frozen (a running one:
+        frozen now and thawed after; a paused one stays frozen); how long it was frozen."""
+        freeze = info.status == "running" and self.pausable
+        name = self._cgroup(info.sandbox_id)
+        started = time.monotonic()
+        if freeze:
+            self.cgroups.freeze(name)
+        try:
+            for source, where in sources:
+                if where.startswith("shell/"):
+                    (copy / "shell").mkdir(exist_ok=True)
+                    shutil.copystat(source.parent, copy / "shell")
+                    os.chown(copy / "shell", source.parent.stat().st_uid, source.parent.stat().st_gid)
+                    shutil.copy2(source, copy / where)
+                    os.chown(copy / where, source.stat().st_uid, source.stat().st_gid)
+                else:
+                    snapstore.copy_tree(source, copy / where)
+        finally:
+            if freeze:
+                self.cgroups.thaw(name)
+        return time.monotonic() - started if freeze else 0.0
+
+    async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo | None:
+        return self.snapshot_store.get(snapshot_id)
+
+    async def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        return self.snapshot_store.all()
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Forget it; its layers go once no other snapshot and no sandbox uses them."""
+        forgotten = self.snapshot_store.forget(snapshot_id)
+        if forgotten:
+            await asyncio.to_thread(self._collect_layers)
+        return forgotten
+
+    def snapshot_bytes(self) -> int:
+        return self.snapshot_store.bytes()
+
+    def _collect_layers(self) -> int:
+        used: set[str] = set()
+        for d in self.root.iterdir():
+            used.update(_base(d).layers)
+        return self.snapshot_store.collect(used)
 
     # ---- exec ------------------------------------------------------------------
 
@@ -851,6 +1059,23 @@ class _Pin(msgspec.Struct, frozen=True):
 
 
 _pin_decoder = msgspec.json.Decoder(_Pin)
+
+
+class _Base(msgspec.Struct, frozen=True, array_like=True):
+    """What a sandbox from a snapshot stands on (``base.json``): the snapshot, its layers."""
+
+    snapshot: str | None = None
+    layers: tuple[str, ...] = ()
+
+
+_base_decoder = msgspec.json.Decoder(_Base)
+
+
+def _base(d: Path) -> _Base:
+    try:
+        return _base_decoder.decode((d / "base.json").read_bytes())
+    except (OSError, msgspec.DecodeError):
+        return _Base()
 
 
 def _pin(d: Path) -> _Pin:

@@ -1,0 +1,242 @@
+"""The local runtime's snapshot store: content-addressed layers of sandbox files, shared
+read-only by the sandboxes started from them.
+
+Layout under ``<state>/snapshots/``:
+
+* ``layers/<sha256>/``: one layer, never changed once there: ``workspace/`` (what the
+  sandbox had in ``/workspace``, or wrote there over its own base), ``root/<n>/`` (its
+  copy-on-write root's changes over image layer ``n``, whiteouts and opaque directories as
+  overlayfs keeps them), ``dirs/<top>/`` (``/root``, ``/var``... of an image without a root
+  layer), ``shell/cwd`` and ``shell/env`` (where its shell was and what it exported);
+* ``records/<token>.json``: a snapshot (its :class:`~shared.runtime.api.SnapshotInfo`):
+  the layers it is made of, bottom first (a fork's snapshot: its base's, then its own);
+* ``tmp/``: copies being made (anything left there by a crash is removed at start).
+
+A layer's name is the SHA-256 of its content (paths, types, modes, owners, sizes, file
+contents, link targets, devices, overlay xattrs, in sorted order): a copy equal to a layer
+that exists is dropped, and its snapshot uses that one. A layer is removed once no record
+and no sandbox (``base.json`` in its directory) names it: deleting a snapshot never
+breaks a sandbox started from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import stat
+import subprocess
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+
+from shared.contract import errors, ids
+from shared.runtime import api
+
+OVERLAY_XATTR = b"user.overlay."
+READ_SIZE = 1024 * 1024
+MAX_LAYERS = 16
+"""Most layers one snapshot stacks (a fork of a fork of …): each is one more overlay lower
+directory of every overlay of a sandbox started from it."""
+
+_record_decoder = msgspec.json.Decoder(api.SnapshotInfo)
+
+
+class SnapshotStore:
+    def __init__(self, root: Path, budget: int) -> None:
+        self.root = root
+        self.budget = budget
+        self.layers = root / "layers"
+        self.records = root / "records"
+        self.tmp = root / "tmp"
+        for directory in (self.layers, self.records, self.tmp):
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for left in self.tmp.iterdir():  # copies a crash left half made
+            shutil.rmtree(left, ignore_errors=True)
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        for layer in self.layers.iterdir():
+            self._sizes[layer.name] = disk_bytes(layer)
+
+    # ---- records -----------------------------------------------------------------
+
+    def _record_path(self, snapshot_id: str) -> Path:
+        return self.records / f"{ids.token(snapshot_id)}.json"
+
+    def get(self, snapshot_id: str) -> api.SnapshotInfo | None:
+        try:
+            return _record_decoder.decode(self._record_path(snapshot_id).read_bytes())
+        except (OSError, msgspec.DecodeError):
+            return None
+
+    def all(self) -> list[api.SnapshotInfo]:
+        found = []
+        for path in self.records.glob("*.json"):
+            with contextlib.suppress(OSError, msgspec.DecodeError):
+                found.append(_record_decoder.decode(path.read_bytes()))
+        return sorted(found, key=lambda s: (s.created_at, s.snapshot_id))
+
+    def save(self, info: api.SnapshotInfo) -> None:
+        path = self._record_path(info.snapshot_id)
+        tmp = self.records / f".{path.name}.{os.getpid()}.{threading.get_ident()}"
+        tmp.write_bytes(msgspec.json.encode(info))
+        tmp.rename(path)
+
+    def forget(self, snapshot_id: str) -> bool:
+        try:
+            self._record_path(snapshot_id).unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    # ---- layers ------------------------------------------------------------------
+
+    def layer(self, digest: str) -> Path:
+        return self.layers / digest
+
+    def bytes(self) -> int:
+        """Bytes the layers take on disk (every layer once)."""
+        with self._lock:
+            return sum(self._sizes.values())
+
+    def size_of(self, digest: str) -> int:
+        with self._lock:
+            return self._sizes.get(digest, 0)
+
+    def check_room(self, needed: int) -> None:
+        """Raise LimitExceeded if ``needed`` more bytes would take the store past its budget."""
+        held = self.bytes()
+        if held + needed > self.budget:
+            raise errors.LimitExceeded(
+                f"the snapshot store holds {_mib(held)} of its {_mib(self.budget)} budget "
+                f"(SBX_SNAPSHOT_BUDGET) and this snapshot needs about {_mib(needed)}: delete snapshots first"
+            )
+
+    def new_copy(self) -> Path:
+        """An empty directory to copy a layer into (``add`` makes it a layer)."""
+        path = self.tmp / f"{os.getpid()}.{threading.get_ident()}.{ids.new_id()[:12]}"
+        path.mkdir(mode=0o755)
+        return path
+
+    def add(self, copy: Path) -> tuple[str, int, int, bool]:
+        """Make the copy a layer: (its digest, bytes on disk, entries, whether it is new). An
+        equal layer already there is kept and the copy dropped."""
+        digest, entries = tree_digest(copy)
+        target = self.layer(digest)
+        with self._lock:
+            if target.exists():
+                shutil.rmtree(copy, ignore_errors=True)
+                return digest, self._sizes.get(digest, 0), entries, False
+            size = disk_bytes(copy)
+            copy.rename(target)
+            self._sizes[digest] = size
+            return digest, size, entries, True
+
+    def collect(self, used_by_sandboxes: Iterable[str]) -> int:
+        """Remove every layer no record and no sandbox names; the bytes freed."""
+        wanted = set(used_by_sandboxes)
+        for info in self.all():
+            wanted.update(info.layers)
+        freed = 0
+        with self._lock:
+            for digest in [d for d in self._sizes if d not in wanted]:
+                freed += self._sizes.pop(digest)
+                shutil.rmtree(self.layer(digest), ignore_errors=True)
+        return freed
+
+
+def copy_tree(source: Path, dest: Path) -> None:
+    """``source`` as ``dest`` (which must not exist), everything kept: owners, modes, links,
+    devices (overlay whiteouts), xattrs (opaque directories); empty if there is no source."""
+    if not source.exists():
+        dest.mkdir(parents=True, mode=0o755)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["cp", "-a", "--reflink=auto", "--", str(source), str(dest)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise errors.InfrastructureError(
+            f"copying {source.name} for a snapshot failed: {done.stderr.strip()[-500:]}"
+        )
+
+
+def copy_file(source: Path, dest: Path) -> None:
+    if source.is_file():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, dest)
+
+
+def apparent_bytes(paths: Iterable[Path]) -> int:
+    """Bytes of the regular files under ``paths`` (what a copy of them needs, about)."""
+    total = 0
+    for top in paths:
+        for directory, _, files in os.walk(top):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(directory, name)).st_size
+    return total
+
+
+def disk_bytes(top: Path) -> int:
+    """Bytes ``top`` takes on disk (blocks of everything under it)."""
+    total = 0
+    for directory, dirs, files in os.walk(top):
+        for name in (*dirs, *files):
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+    return total
+
+
+def tree_digest(top: Path) -> tuple[str, int]:
+    """The SHA-256 of everything under ``top`` (hex), and how many entries it holds."""
+    outer = hashlib.sha256()
+    entries = 0
+    for directory, dirs, files in os.walk(top):
+        dirs.sort()
+        for name in sorted((*dirs, *files)):
+            path = os.path.join(directory, name)
+            st = os.lstat(path)
+            entries += 1
+            rel = os.path.relpath(path, top).encode("utf-8", "surrogateescape")
+            outer.update(b"%s\0%o\0%d\0%d\0" % (rel, st.st_mode, st.st_uid, st.st_gid))
+            if stat.S_ISREG(st.st_mode):
+                outer.update(b"f%d\0%s" % (st.st_size, _file_digest(path)))
+            elif stat.S_ISLNK(st.st_mode):
+                outer.update(b"l" + os.fsencode(os.readlink(path)))
+            elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+                outer.update(b"d%d" % st.st_rdev)
+            for attr in sorted(_overlay_xattrs(path)):
+                outer.update(b"x%s=%s" % (attr, os.getxattr(path, attr, follow_symlinks=False)))
+            outer.update(b"\n")
+    return outer.hexdigest(), entries
+
+
+def _file_digest(path: str) -> bytes:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_SIZE):
+            digest.update(chunk)
+    return digest.digest()
+
+
+def _overlay_xattrs(path: str) -> list[bytes]:
+    try:
+        names = os.listxattr(path, follow_symlinks=False)
+    except OSError:
+        return []
+    return [n.encode() for n in names if n.encode().startswith(OVERLAY_XATTR)]
+
+
+def snapshot_digest(layers: Iterable[str]) -> str:
+    return "sha256:" + hashlib.sha256("\n".join(layers).encode()).hexdigest()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**2:.1f} MiB"

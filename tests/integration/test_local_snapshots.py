@@ -1,0 +1,156 @@
+"""Snapshots and forks on the local runtime, with real sandboxes: what a snapshot holds,
+that forks see it and nothing of each other, that a snapshot taken while a writer runs is
+consistent, that layers are shared and reference counted, and the store's budget."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from shared.contract import errors
+from shared.runtime import api
+from shared.runtime.local import runtime as local
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime's cgroup limits need root")
+
+
+@pytest.fixture
+async def rt(tmp_path):
+    runtime = local.LocalRuntime(tmp_path / "state", snapshot_budget=512 * 1024**2)
+    yield runtime
+    for info in await runtime.list():
+        await runtime.delete(info.sandbox_id)
+
+
+async def sh(rt: local.LocalRuntime, sandbox_id: str, command: str) -> str:
+    result, out, err = await rt.run(sandbox_id, ["sh", "-c", command])
+    assert result.exit_code == 0, (command, out, err)
+    return out.decode()
+
+
+async def started(rt: local.LocalRuntime, sandbox_id: str, **spec: object) -> str:
+    await rt.create(api.SandboxSpec(sandbox_id=sandbox_id, **spec))  # type: ignore[arg-type]
+    await rt.start(sandbox_id)
+    return sandbox_id
+
+
+async def test_a_fork_starts_with_the_snapshots_files_and_forks_are_isolated(rt):
+    await started(rt, "origin")
+    await sh(
+        rt,
+        "origin",
+        "echo v1 > /workspace/f; echo doomed > /workspace/gone; mkdir -p /workspace/d/e; "
+        "mkdir -p /usr/local/share/sbx && echo installed > /usr/local/share/sbx/marker; "
+        "mkdir -p /.sbx/shell && echo /tmp > /.sbx/shell/cwd && echo 'export MODE=one' > /.sbx/shell/env",
+    )
+    first = await rt.snapshot("origin", "snap-1")
+    assert first.layers and first.size > 0 and first.parent is None and first.digest.startswith("sha256:")
+    assert first.frozen_seconds > 0 and first.files >= 5
+    assert (await rt.get("origin")).status == "running"  # thawed after the copy
+    assert await rt.snapshot("origin", "snap-1") == first  # the same id again: the same snapshot
+    with pytest.raises(errors.Conflict):
+        await rt.snapshot(await started(rt, "other"), "snap-1")
+
+    await sh(rt, "origin", "echo v2 > /workspace/f; rm /workspace/gone")
+    for fork in ("fork-a", "fork-b"):
+        await started(rt, fork, snapshot="snap-1")
+        out = await sh(
+            rt, fork, "cat /workspace/f /workspace/gone /usr/local/share/sbx/marker /.sbx/shell/cwd"
+        )
+        assert out.split() == ["v1", "doomed", "installed", "/tmp"]
+    await sh(rt, "fork-a", "echo mine > /workspace/only-a; rm /workspace/gone; echo a > /workspace/d/e/x")
+    assert "only-a" not in await sh(rt, "fork-b", "ls /workspace")
+    assert (await sh(rt, "fork-b", "cat /workspace/gone")).strip() == "doomed"
+    assert (await sh(rt, "origin", "cat /workspace/f")).strip() == "v2"
+    assert "only-a" not in await sh(rt, "origin", "ls /workspace")
+
+    # A fork of a fork: the fork's own writes (a deletion too) over the first snapshot's.
+    second = await rt.snapshot("fork-a", "snap-2")
+    assert second.parent == "snap-1" and second.layers[:-1] == first.layers and len(second.layers) == 2
+    await started(rt, "grandchild", snapshot="snap-2")
+    out = await sh(rt, "grandchild", "cat /workspace/only-a /workspace/f /workspace/d/e/x; ls /workspace")
+    assert out.split()[:3] == ["mine", "v1", "a"] and "gone" not in out.split()[3:]
+
+    # The spec of a fork must be its snapshot's; an unknown snapshot is said so.
+    with pytest.raises(errors.InvalidInput, match="run_as_root"):
+        await rt.create(api.SandboxSpec(sandbox_id="wrong", snapshot="snap-1", run_as_root=False))
+    with pytest.raises(errors.NotFound, match="snapshot 'nope' does not exist"):
+        await rt.create(api.SandboxSpec(sandbox_id="wrong", snapshot="nope"))
+
+
+async def test_a_snapshot_taken_while_a_writer_runs_is_consistent(rt):
+    """The writer writes b then a, each the same counter, each file whole (written, then
+    renamed over): at any instant b >= a, and a frozen copy keeps that."""
+    await started(rt, "busy")
+    await sh(
+        rt,
+        "busy",
+        "(i=0; while :; do i=$((i+1)); echo $i > /workspace/.b; mv /workspace/.b /workspace/b; "
+        "echo $i > /workspace/.a; mv /workspace/.a /workspace/a; done) >/dev/null 2>&1 &",
+    )
+    await asyncio.sleep(0.3)
+    for n in range(5):
+        await rt.snapshot("busy", f"busy-{n}")
+        await started(rt, f"busy-fork-{n}", snapshot=f"busy-{n}")
+        a, b = (await sh(rt, f"busy-fork-{n}", "cat /workspace/a /workspace/b")).split()
+        assert int(b) >= int(a) >= 1, (a, b)
+        await rt.delete(f"busy-fork-{n}")
+    assert int((await sh(rt, "busy", "cat /workspace/a")).strip()) > int(a)  # it went on after the thaw
+
+
+async def test_layers_are_shared_counted_and_freed_with_the_last_user(rt):
+    await started(rt, "src")
+    await sh(rt, "src", "head -c 4000000 /dev/urandom > /workspace/blob")
+    one = await rt.snapshot("src", "one")
+    held = rt.snapshot_bytes()
+    assert held >= 4_000_000 and one.size == held
+    two = await rt.snapshot("src", "two")  # nothing changed: the same layer
+    assert two.size == 0 and two.layers == one.layers and two.digest == one.digest
+    assert rt.snapshot_bytes() == held
+
+    await started(rt, "user", snapshot="one")
+    assert await rt.delete_snapshot("one") and await rt.delete_snapshot("two")
+    assert not await rt.delete_snapshot("two")
+    assert rt.snapshot_bytes() == held  # a sandbox still stands on the layer
+    await rt.stop("user")
+    await rt.start("user")  # started again after its snapshot's deletion: files intact
+    assert (await sh(rt, "user", "wc -c < /workspace/blob")).strip() == "4000000"
+    await rt.delete("user")
+    assert rt.snapshot_bytes() == 0 and await rt.list_snapshots() == []
+
+    # A new runtime over the same state finds what there is.
+    three = await rt.snapshot("src", "three")
+    again = local.LocalRuntime(rt.state_dir)
+    assert await again.list_snapshots() == [three] and again.snapshot_bytes() == rt.snapshot_bytes()
+
+
+async def test_the_budget_refuses_a_snapshot_and_leaves_nothing(tmp_path):
+    rt = local.LocalRuntime(tmp_path / "state", snapshot_budget=1024**2)
+    try:
+        await started(rt, "big")
+        await sh(rt, "big", "head -c 3000000 /dev/urandom > /workspace/blob")
+        with pytest.raises(errors.LimitExceeded, match="SBX_SNAPSHOT_BUDGET"):
+            await rt.snapshot("big", "too-big")
+        assert await rt.list_snapshots() == [] and rt.snapshot_bytes() == 0
+        assert list((tmp_path / "state" / "snapshots" / "tmp").iterdir()) == []
+        assert (await rt.get("big")).status == "running"
+    finally:
+        await rt.delete("big")
+
+
+async def test_paused_stopped_and_disk_limited_sandboxes_can_be_snapshotted(rt):
+    limits = api.Limits(disk_bytes=128 * 1024**2, disk_inodes=4096)
+    await started(rt, "limited", limits=limits)
+    await sh(rt, "limited", "echo kept > /workspace/k")
+    await rt.pause("limited")
+    paused = await rt.snapshot("limited", "while-paused")
+    assert paused.frozen_seconds == 0 and (await rt.get("limited")).status == "paused"
+    await rt.resume("limited")
+    await rt.stop("limited")
+    stopped = await rt.snapshot("limited", "while-stopped")  # its filesystem mounted for the copy
+    assert stopped.layers == paused.layers  # the same files: the same layer
+    assert (await rt.get("limited")).status == "stopped"
+    await started(rt, "limited-fork", snapshot="while-stopped", limits=limits)
+    assert (await sh(rt, "limited-fork", "cat /workspace/k; echo more > /workspace/m")).strip() == "kept"
