@@ -19,9 +19,14 @@ from starlette.responses import Response
 from sbx_client.api import ForkFailure, Forks, Snapshot, SnapshotList
 from services.gateway import rest, schemas
 from shared.contract import commands, errors, ids, states
+from shared.infrastructure import rpc
 
 FORKS_MAX = 100
 """Most sessions one fork request makes."""
+BUDGET = rpc.PROVISION_TIMEOUT
+"""How long a snapshot (a copy, as long as the files are big), a fork or a restore (a new
+sandbox, its image maybe pulled) may take: the requests' own budget, not the gateway's
+short one for ordinary commands; a scheduler that dies is still noticed in seconds."""
 LIST_LIMIT_MAX = 1000
 
 SNAPSHOT_ID_PARAM = rest.Param(
@@ -216,7 +221,7 @@ class SnapshotsAPI:
             snapshot_id=ids.validate_session_id(snapshot_id, what="snapshot id"),
             **self.api._command_fields(request, "snapshot"),
         )
-        reply = await self.client.call(command)
+        reply = await self.client.call(command, timeout=BUDGET)
         assert reply.snapshot is not None
         return rest.json_response(
             snapshot_of(reply.snapshot), 201, location=f"/v1/snapshots/{reply.snapshot.snapshot_id}"
@@ -287,7 +292,9 @@ class SnapshotsAPI:
             )
             for session_id in wanted
         ]
-        results = await asyncio.gather(*(self.client.session(f) for f in forks), return_exceptions=True)
+        results = await asyncio.gather(
+            *(self.client.call(f, timeout=BUDGET) for f in forks), return_exceptions=True
+        )
         made, failed = [], []
         for fork, result in zip(forks, results, strict=True):
             if isinstance(result, errors.SandboxError):
@@ -296,8 +303,8 @@ class SnapshotsAPI:
                 )
             elif isinstance(result, BaseException):
                 raise result
-            elif result is not None:
-                made.append(schemas.session_of(result))
+            elif result.session is not None:
+                made.append(schemas.session_of(result.session))
         if not made:  # nothing made: the first reason, as the answer's status
             first = next(r for r in results if isinstance(r, errors.SandboxError))
             raise first
@@ -310,7 +317,7 @@ class SnapshotsAPI:
             snapshot_id=ids.validate_session_id(body.snapshot_id, what="snapshot id"),
             **self.api._command_fields(request, "restore"),
         )
-        state = await self.client.session(command)
+        state = (await self.client.call(command, timeout=BUDGET)).session
         self.api._forget(command.session_id)
         assert state is not None
         return rest.json_response(schemas.session_of(state))
