@@ -87,15 +87,32 @@ async def test_a_snapshot_taken_while_a_writer_runs_is_consistent(rt):
     await sh(
         rt,
         "busy",
+        "mkdir -p /workspace/many /workspace/churn; "
+        "for i in $(seq 2000); do echo $i > /workspace/many/$i; done",
+    )
+    await sh(
+        rt,
+        "busy",
         "(i=0; while :; do i=$((i+1)); echo $i > /workspace/.b; mv /workspace/.b /workspace/b; "
-        "echo $i > /workspace/.a; mv /workspace/.a /workspace/a; done) >/dev/null 2>&1 &",
+        "echo $i > /workspace/.a; mv /workspace/.a /workspace/a; "
+        ": > /workspace/churn/$i; rm -f /workspace/churn/$((i-1)); done) >/dev/null 2>&1 &",
     )
     await asyncio.sleep(0.3)
     for n in range(5):
-        await rt.snapshot("busy", f"busy-{n}")
+        snap = await rt.snapshot("busy", f"busy-{n}")
+        assert snap.frozen_seconds > 0
         await started(rt, f"busy-fork-{n}", snapshot=f"busy-{n}")
-        a, b = (await sh(rt, f"busy-fork-{n}", "cat /workspace/a /workspace/b")).split()
+        out = await sh(
+            rt,
+            f"busy-fork-{n}",
+            "cat /workspace/a /workspace/b; ls /workspace/churn; ls /workspace/many | wc -l",
+        )
+        a, b, *churn, many = out.split()
         assert int(b) >= int(a) >= 1, (a, b)
+        # churn holds the file of the round in flight, and maybe the one before (created, not yet removed)
+        ticks = sorted(int(c) for c in churn)
+        assert 1 <= len(ticks) <= 2 and ticks[-1] - ticks[0] <= 1 and ticks[-1] >= int(b) - 1, (ticks, a, b)
+        assert many == "2000"
         await rt.delete(f"busy-fork-{n}")
     assert int((await sh(rt, "busy", "cat /workspace/a")).strip()) > int(a)  # it went on after the thaw
 

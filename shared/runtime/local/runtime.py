@@ -934,23 +934,32 @@ class LocalRuntime(api.Runtime):
     def _copy_frozen(
         self, info: api.SandboxInfo, sources: builtins.list[tuple[Path, str]], copy: Path
     ) -> float:
-        """Copy ``sources`` into ``copy`` with the sandbox's processes frozen (a running one:
-        frozen now and thawed after; a paused one stays frozen); how long it was frozen."""
+        """Copy ``sources`` into ``copy`` as they are at one instant, the sandbox's processes
+        frozen: a running sandbox is copied while it runs, then frozen while what changed
+        meanwhile is copied again (a scan, plus the changes), then thawed; a paused or
+        stopped one is copied as it is. How long it was frozen."""
+        trees = [(source, copy / where) for source, where in sources if not where.startswith("shell/")]
+        shell = [(source, copy / where) for source, where in sources if where.startswith("shell/")]
         freeze = info.status == "running" and self.pausable
+        scanned_ns = time.time_ns()
+        notes = {str(dest): snapstore.scan(source) for source, dest in trees} if freeze else {}
+        for source, dest in trees:
+            snapstore.copy_tree(source, dest)
         name = self._cgroup(info.sandbox_id)
         started = time.monotonic()
         if freeze:
             self.cgroups.freeze(name)
         try:
-            for source, where in sources:
-                if where.startswith("shell/"):
-                    (copy / "shell").mkdir(exist_ok=True)
-                    shutil.copystat(source.parent, copy / "shell")
-                    os.chown(copy / "shell", source.parent.stat().st_uid, source.parent.stat().st_gid)
-                    shutil.copy2(source, copy / where)
-                    os.chown(copy / where, source.stat().st_uid, source.stat().st_gid)
-                else:
-                    snapstore.copy_tree(source, copy / where)
+            if freeze:
+                for source, dest in trees:
+                    snapstore.refresh(source, dest, notes[str(dest)], scanned_ns)
+            for source, dest in shell:  # (small: copied at the instant itself)
+                with contextlib.suppress(FileNotFoundError):
+                    dest.parent.mkdir(exist_ok=True)
+                    shutil.copystat(source.parent, dest.parent)
+                    os.chown(dest.parent, source.parent.stat().st_uid, source.parent.stat().st_gid)
+                    shutil.copy2(source, dest)
+                    os.chown(dest, source.stat().st_uid, source.stat().st_gid)
         finally:
             if freeze:
                 self.cgroups.thaw(name)

@@ -167,10 +167,85 @@ def copy_tree(source: Path, dest: Path) -> None:
         )
 
 
-def copy_file(source: Path, dest: Path) -> None:
-    if source.is_file():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, dest)
+Note = tuple[int, int, int]
+"""What a scan notes of an entry: inode, ctime (ns) and mode. The ctime changes with any
+change of its content, metadata or (a directory) its entries, and cannot be set back."""
+
+
+def scan(top: Path) -> dict[str, Note]:
+    """Every entry under ``top`` (``.`` for itself), by relative path."""
+    found: dict[str, Note] = {}
+    if not top.is_dir():
+        return found
+    for directory, dirs, files in os.walk(top):
+        for name in (".", *dirs, *files) if directory == str(top) else (*dirs, *files):
+            path = os.path.join(directory, name)
+            with contextlib.suppress(FileNotFoundError):
+                st = os.lstat(path)
+                found[os.path.normpath(os.path.relpath(path, top))] = (st.st_ino, st.st_ctime_ns, st.st_mode)
+    return found
+
+
+CTIME_SLACK_NS = 50_000_000
+"""File times come from a coarse clock (a tick of up to 10 ms): an entry changed this
+shortly before a scan may change again without its ctime moving, so it is copied again
+whatever its ctime says."""
+
+
+def refresh(source: Path, dest: Path, before: dict[str, Note], scanned_ns: int) -> int:
+    """Bring ``dest``, a copy of ``source`` made after ``before`` was scanned (at
+    ``scanned_ns``, ``time.time_ns()``), up to what ``source`` is now: what changed since,
+    is new, or changed just before the scan is copied again, what is gone is removed. Run
+    while nothing writes ``source`` (frozen): its cost is a scan, plus the changes.
+    Returns how many entries were copied again."""
+    recent = scanned_ns - CTIME_SLACK_NS
+    now = scan(source)
+    for rel in sorted(set(scan(dest)) - set(now), key=lambda r: -r.count("/")):
+        _remove(dest / rel)
+    copied = 0
+    for rel in sorted(now, key=lambda r: (r.count("/"), r)):  # parents first
+        if rel != "." and before.get(rel) == now[rel] and now[rel][1] < recent:
+            continue
+        target = dest if rel == "." else dest / rel
+        if _copy_entry(source if rel == "." else source / rel, target):
+            copied += 1
+    return copied
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _copy_entry(source: Path, dest: Path) -> bool:
+    """One entry as it is (a directory: itself, not what is in it). False if it is gone
+    or cannot be copied (a socket)."""
+    try:
+        st = os.lstat(source)
+    except FileNotFoundError:
+        return False
+    kind = stat.S_IFMT(st.st_mode)
+    if kind == stat.S_IFDIR:
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
+            _remove(dest)
+        dest.mkdir(exist_ok=True)
+    else:
+        _remove(dest)
+        if kind == stat.S_IFREG:
+            shutil.copyfile(source, dest, follow_symlinks=False)
+        elif kind == stat.S_IFLNK:
+            os.symlink(os.readlink(source), dest)
+        elif kind in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO):
+            os.mknod(dest, st.st_mode, st.st_rdev)
+        else:
+            return False
+    os.lchown(dest, st.st_uid, st.st_gid)
+    if kind != stat.S_IFLNK:
+        shutil.copystat(source, dest, follow_symlinks=False)  # mode, times, xattrs
+    return True
 
 
 def apparent_bytes(paths: Iterable[Path]) -> int:
