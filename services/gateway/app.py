@@ -199,6 +199,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
                 resolver=resolver,
                 claim_on_connect=gateway.claim_on_connect,
                 egress=gateway.sandbox_egress,
+                checkpoint_tools=gateway.mcp_checkpoints,
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)

@@ -105,7 +105,8 @@ class Snapshotting:
         session_rules.decide(session, command, meta)  # raises: gone, foreign, stopped
         assert session is not None
         snapshot = await self._usable(command)
-        if snapshot.org_id != session.org_id:  # another tenant's files never enter a session
+        foreign = snapshot.org_id != session.org_id  # another tenant's files never enter a session
+        if foreign or (command.own and snapshot.session_id != command.session_id):
             raise errors.NotFound(f"snapshot {command.snapshot_id!r} does not exist")
         options = session_rules.snapshot_options(snapshot)
         new = await self.owner.obtain(command, options, session.org_id)

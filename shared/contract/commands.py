@@ -137,6 +137,8 @@ class RestoreSession(Command, frozen=True, kw_only=True, tag="session.restore"):
 
     session_id: str
     snapshot_id: str
+    own: bool = False
+    """Only a snapshot of this session (an agent's own checkpoints, over MCP)."""
 
 
 class DeleteSnapshot(Command, frozen=True, kw_only=True, tag="snapshot.delete"):

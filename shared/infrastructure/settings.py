@@ -487,6 +487,10 @@ class GatewaySettings:
     """Keys bound to one organisation, ``(org, key)``, from the file named by
     ``SBX_ORG_KEYS`` (lines ``ORG KEY``; ``#`` starts a comment): a call with such a key
     acts for that organisation only (``X-Org-Id`` is set from it)."""
+    mcp_checkpoints: bool = False
+    """Two more MCP tools, ``checkpoint`` and ``restore_checkpoint``, for an agent to
+    snapshot its own session and go back to one of its own snapshots
+    (``SBX_MCP_CHECKPOINTS``, ``on``/``off``; off: the eight tools only)."""
     claim_on_connect: bool = True
     """An MCP ``initialize`` with an ``X-Session-Id`` starts getting that session's sandbox
     at once, so the agent's first tool call finds it ready (``SBX_CLAIM_ON_CONNECT``,
@@ -518,6 +522,7 @@ class GatewaySettings:
             port=_port(env, "SBX_GATEWAY_PORT", cls.port),
             org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
             claim_on_connect=_choice(env, "SBX_CLAIM_ON_CONNECT", "on", ("on", "off")) == "on",
+            mcp_checkpoints=_choice(env, "SBX_MCP_CHECKPOINTS", "off", ("on", "off")) == "on",
             sandbox_egress=_egress(env),
             cors_origins=_origins(env.get("SBX_CORS_ORIGINS", "")),
         )

@@ -17,7 +17,7 @@ import os
 import httpx
 import pytest
 
-from tests.e2e.test_mcp import Agent
+from tests.e2e.test_mcp import TOOLS, Agent
 from tests.e2e.test_sbx_up import running_stack, sbx
 
 pytestmark = [
@@ -197,3 +197,31 @@ async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):
     assert sbx("snapshot", "show", "nope", state=state).returncode == 1
     assert sbx("snapshot", "fork", "cli-snap", state=state).returncode == 1  # deleted: not forked
     assert sbx("snapshot", "create", "bad id!", state=state).returncode == 2
+
+
+def test_an_agent_checkpoints_its_own_session_and_goes_back(tmp_path):
+    """With SBX_MCP_CHECKPOINTS=on an agent has two more tools (the eight are unchanged) and
+    can go back only to its own checkpoints."""
+    state = tmp_path / "state"
+    with running_stack(state, SBX_MCP_CHECKPOINTS="on") as (_, url):
+        key = (state / "api-key").read_text().strip()
+        agent, other = Agent(url, key, "explorer"), Agent(url, key, "bystander")
+
+        async def go() -> None:
+            assert await agent.tools() == TOOLS | {"checkpoint", "restore_checkpoint"}
+            ok, _ = await agent.call("shell", command="echo good > /workspace/plan; cd /tmp; export TRY=1")
+            assert ok
+            ok, text = await agent.call("checkpoint")
+            assert ok and text.startswith("checkpoint cp-"), text
+            checkpoint = text.split()[1]
+            ok, _ = await agent.call("shell", command="echo broken > /workspace/plan; export TRY=2")
+            ok, text = await other.call("restore_checkpoint", checkpoint_id=checkpoint)
+            assert not ok and "does not exist" in text, text  # not its checkpoint
+            ok, text = await agent.call("restore_checkpoint", checkpoint_id=checkpoint)
+            assert ok and checkpoint in text, text
+            ok, text = await agent.call("shell", command='cat /workspace/plan; echo "$TRY $PWD"')
+            assert ok and text.splitlines()[:2] == ["good", "1 /tmp"], text
+            ok, text = await agent.call("restore_checkpoint", checkpoint_id="../etc")
+            assert not ok and "checkpoint id" in text, text
+
+        asyncio.run(go())

@@ -21,7 +21,7 @@ from mcp import types as mt
 from mcp.shared.exceptions import MCPError
 
 from services.gateway import sessions
-from services.gateway.mcp import calls, edit, sandbox, shell, texts
+from services.gateway.mcp import calls, checkpoints, edit, sandbox, shell, texts
 from services.gateway.sessions import Identity
 from shared.contract import errors
 from shared.infrastructure import metrics, rpc, service, tracing
@@ -40,6 +40,8 @@ TOOL_NAMES: tuple[str, ...] = (
 )
 
 MCP_PATH = "/mcp"
+_LABELS = frozenset((*TOOL_NAMES, *checkpoints.TOOL_NAMES))
+"""Tool names a metric or span may carry (any other is ``unknown``)."""
 
 
 class Connect(Middleware):
@@ -106,7 +108,7 @@ class ToolMetrics(Middleware):
         context: MiddlewareContext[mt.CallToolRequestParams],
         call_next: CallNext[mt.CallToolRequestParams, ToolResult],
     ) -> ToolResult:
-        tool = context.message.name if context.message.name in TOOL_NAMES else "unknown"
+        tool = context.message.name if context.message.name in _LABELS else "unknown"
         started = time.monotonic()
         outcome = "error"
         try:
@@ -137,7 +139,7 @@ class ToolSpans(Middleware):
     ) -> ToolResult:
         if not tracing.enabled():
             return await call_next(context)
-        tool = context.message.name if context.message.name in TOOL_NAMES else "unknown"
+        tool = context.message.name if context.message.name in _LABELS else "unknown"
         attributes: tracing.Attributes = {"sbx.tool": tool}
         with contextlib.suppress(errors.SandboxError):  # (refused with its reason by the tool)
             who = self.identity()
@@ -184,6 +186,7 @@ def build_mcp(
     resolver: sessions.Resolver | None = None,
     claim_on_connect: bool = False,
     egress: str = "none",
+    checkpoint_tools: bool = False,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
@@ -191,7 +194,8 @@ def build_mcp(
     running (then no scheduler round trip is needed; if the projection was stale, the
     executor refuses, ``forget`` is told, and the call falls back to the scheduler).
     ``claim_on_connect``: connecting starts getting the session's sandbox (see ``Connect``).
-    ``egress``: what the sandboxes can reach, said in the texts."""
+    ``egress``: what the sandboxes can reach, said in the texts. ``checkpoint_tools``: the
+    two optional tools of ``checkpoints`` too."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox",
         instructions=texts.instructions(egress),
@@ -213,6 +217,8 @@ def build_mcp(
     shell.register(mcp, tools)
     edit.register(mcp, tools)
     sandbox.register(mcp, tools)
+    if checkpoint_tools:
+        checkpoints.register(mcp, tools)
     return mcp
 
 
