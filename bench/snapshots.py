@@ -14,7 +14,8 @@ session's first call is a cold start, the baseline a fork is measured against):
    were frozen and what it added on disk.
 5. **Forks to first command**: ``POST /v1/snapshots/{id}/forks`` with count 10 and 100,
    then every fork's first run (``cat`` of a file of the snapshot) at once; the time from
-   the fork request until the last first command answered, and per fork.
+   the fork request until the last first command answered, per fork, and the CPU each
+   service of the stack spent per fork (its deletion included).
 
     .venv/bin/python bench/snapshots.py [--cold 10] [--rounds 30] [--sizes 1,16,128] [--forks 10,100]
 """
@@ -36,6 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import common
 from bench.agents import start_stack, stop_stack
 from sbx import observe, stack
 from shared.contract import commands, ids
@@ -179,12 +181,19 @@ async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int
             snapshot_id = await snapshots_by_size(rest, sizes)
             print("\nforks of the last snapshot, to their first command")
             for count in fork_counts:
+                cpu_before = common.process_tree_cpu(proc.pid)
                 forked, whole, done = await forks(rest, snapshot_id, count)
+                used = common.cpu_delta(cpu_before, common.process_tree_cpu(proc.pid))
                 print(
                     f"  {count:4} forks: fork request {forked * 1000:8.1f} ms; all {count} first commands "
                     f"answered {whole * 1000:8.1f} ms after it ({count / whole:.1f} forks/s)"
                 )
                 print(summary("    per fork, request -> its first command", done))
+                shares = ", ".join(
+                    f"{k} {v * 1000 / count:.0f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])
+                )
+                total = sum(used.values()) * 1000 / count
+                print(f"    CPU per fork (ms; its deletion included): {total:.0f} ({shares})")
     finally:
         stop_stack(proc, state)
         shutil.rmtree(work, ignore_errors=True)
