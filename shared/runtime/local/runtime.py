@@ -944,7 +944,7 @@ class LocalRuntime(api.Runtime):
         scanned_ns = time.time_ns()
         notes = {str(dest): snapstore.scan(source) for source, dest in trees} if freeze else {}
         for source, dest in trees:
-            snapstore.copy_tree(source, dest)
+            snapstore.copy_tree(source, dest, changing=freeze)
         name = self._cgroup(info.sandbox_id)
         started = time.monotonic()
         if freeze:

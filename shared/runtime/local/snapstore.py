@@ -148,9 +148,15 @@ class SnapshotStore:
         return freed
 
 
-def copy_tree(source: Path, dest: Path) -> None:
+VANISHED = "No such file or directory"
+"""What cp says of an entry removed between listing its directory and copying it."""
+
+
+def copy_tree(source: Path, dest: Path, *, changing: bool = False) -> None:
     """``source`` as ``dest`` (which must not exist), everything kept: owners, modes, links,
-    devices (overlay whiteouts), xattrs (opaque directories); empty if there is no source."""
+    devices (overlay whiteouts), xattrs (opaque directories); empty if there is no source.
+    ``changing``: the source is being written meanwhile, so an entry that vanishes while it
+    is copied is no error (``refresh`` settles what the copy missed); any other is."""
     if not source.exists():
         dest.mkdir(parents=True, mode=0o755)
         return
@@ -161,10 +167,10 @@ def copy_tree(source: Path, dest: Path) -> None:
         text=True,
         check=False,
     )
-    if done.returncode != 0:
-        raise errors.InfrastructureError(
-            f"copying {source.name} for a snapshot failed: {done.stderr.strip()[-500:]}"
-        )
+    problems = [line for line in done.stderr.splitlines() if not (changing and VANISHED in line)]
+    if done.returncode != 0 and (problems or not done.stderr.strip()):
+        said = "\n".join(problems)[-500:] or f"cp exited {done.returncode}"
+        raise errors.InfrastructureError(f"copying {source.name} for a snapshot failed: {said}")
 
 
 Note = tuple[int, int, int]
