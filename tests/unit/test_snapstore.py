@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from shared.contract import errors
+from shared.runtime import api
 from shared.runtime.local import snapstore
 
 
@@ -61,17 +63,53 @@ def test_a_refresh_with_nothing_changed_copies_only_what_changed_just_before_the
     assert (dest / "a").read_text() == "changed just now"
 
 
-def test_layers_are_named_by_content_and_counted_against_the_budget(tmp_path):
+def _record(snapshot_id: str):
+    def make(added: snapstore.Added) -> api.SnapshotInfo:
+        return api.SnapshotInfo(
+            snapshot_id=snapshot_id,
+            sandbox_id="sb-1",
+            digest=snapstore.snapshot_digest([added.digest]),
+            layers=(added.digest,),
+            parent=None,
+            size=added.size,
+            total_size=added.size,
+            files=added.entries,
+            image="default",
+            image_digest=None,
+            run_as_root=True,
+            writable_root=True,
+            created_at=datetime.now(UTC),
+            frozen_seconds=0.0,
+        )
+
+    return make
+
+
+def test_layers_are_named_by_content_shared_and_counted_against_the_budget(tmp_path):
     store = snapstore.SnapshotStore(tmp_path / "store", budget=10 * 1024**2)
     first = store.new_copy()
     tree(first)
-    digest, size, entries, new = store.add(first)
-    assert new and size > 0 and entries == 8 and store.bytes() == size
+    one = store.add(first, _record("one"))
+    (digest,) = one.layers
+    assert one.size > 0 and one.files == 8 and store.bytes() == one.size and store.get("one") == one
     second = store.new_copy()
     tree(second)
-    assert store.add(second) == (digest, size, entries, False)  # equal content: the same layer
-    assert not second.exists() and store.bytes() == size
+    two = store.add(second, _record("two"))
+    assert two.layers == one.layers and two.size == 0  # equal content: the same layer
+    assert not second.exists() and store.bytes() == one.size
     with pytest.raises(errors.LimitExceeded, match="SBX_SNAPSHOT_BUDGET"):
         store.check_room(10 * 1024**2)
-    assert store.collect([digest]) == 0 and store.layer(digest).is_dir()
-    assert store.collect([]) == size and not store.layer(digest).exists() and store.bytes() == 0
+    assert store.forget("one") and store.collect(lambda: []) == 0  # "two" still names it
+    assert store.forget("two") and store.collect(lambda: [digest]) == 0  # a sandbox does
+    assert store.collect(lambda: []) == one.size and not store.layer(digest).exists()
+    assert store.bytes() == 0
+
+
+def test_another_processs_copy_in_progress_is_left_alone(tmp_path):
+    root = tmp_path / "store"
+    store = snapstore.SnapshotStore(root, budget=1024**2)
+    mine = store.new_copy()
+    dead = root / "tmp" / "999999999.1.abc"
+    dead.mkdir()
+    snapstore.SnapshotStore(root, budget=1024**2)  # another service starts
+    assert mine.exists() and not dead.exists()

@@ -500,8 +500,13 @@ class LocalRuntime(api.Runtime):
 
     def _write_base(self, d: Path, rw: Path, snapshot: api.SnapshotInfo) -> None:
         """The snapshot's layers (they stay while this sandbox is), and its shell's saved
-        directory and exports, where the sandbox's shell reads them when it starts."""
-        (d / "base.json").write_bytes(msgspec.json.encode(_Base(snapshot.snapshot_id, snapshot.layers)))
+        directory and exports, where the sandbox's shell reads them when it starts. Named
+        while the store is held, its record read again: a deletion meanwhile is said so,
+        and a collection cannot take the layers in between."""
+        with self.snapshot_store.locked():
+            if self.snapshot_store.get(snapshot.snapshot_id) is None:
+                raise errors.NotFound(f"snapshot {snapshot.snapshot_id!r} does not exist (deleted just now)")
+            (d / "base.json").write_bytes(msgspec.json.encode(_Base(snapshot.snapshot_id, snapshot.layers)))
         shell = self.snapshot_store.layer(snapshot.layers[-1]) / "shell"
         if shell.is_dir():
             snapstore.copy_tree(shell, rw / "control" / "shell")
@@ -892,32 +897,37 @@ class LocalRuntime(api.Runtime):
             copy = store.new_copy()
             try:
                 frozen = self._copy_frozen(info, sources, copy)
-                digest, size, entries, new = store.add(copy)
             except BaseException:
                 shutil.rmtree(copy, ignore_errors=True)
                 raise
         finally:
             if mounted_here:
                 disk.Disk.unmount(d)
-        layers = (*base.layers, digest)
-        snapshot = api.SnapshotInfo(
-            snapshot_id=snapshot_id,
-            sandbox_id=info.sandbox_id,
-            digest=snapstore.snapshot_digest(layers),
-            layers=layers,
-            parent=base.snapshot,
-            size=size if new else 0,
-            total_size=sum(store.size_of(layer) for layer in layers),
-            files=entries,
-            image=info.spec.image,
-            image_digest=_pin(d).digest,
-            run_as_root=info.spec.run_as_root,
-            writable_root=info.spec.writable_root,
-            created_at=datetime.now(UTC),
-            frozen_seconds=frozen,
-        )
-        store.save(snapshot)
-        return snapshot
+
+        def record(added: snapstore.Added) -> api.SnapshotInfo:
+            layers = (*base.layers, added.digest)
+            return api.SnapshotInfo(
+                snapshot_id=snapshot_id,
+                sandbox_id=info.sandbox_id,
+                digest=snapstore.snapshot_digest(layers),
+                layers=layers,
+                parent=base.snapshot,
+                size=added.size,
+                total_size=sum(store.size_of(layer) for layer in layers),
+                files=added.entries,
+                image=info.spec.image,
+                image_digest=_pin(d).digest,
+                run_as_root=info.spec.run_as_root,
+                writable_root=info.spec.writable_root,
+                created_at=datetime.now(UTC),
+                frozen_seconds=frozen,
+            )
+
+        try:
+            return store.add(copy, record)
+        except BaseException:
+            shutil.rmtree(copy, ignore_errors=True)
+            raise
 
     @staticmethod
     def _snapshot_sources(rw: Path) -> builtins.list[tuple[Path, str]]:
@@ -982,9 +992,12 @@ class LocalRuntime(api.Runtime):
         return self.snapshot_store.bytes()
 
     def _collect_layers(self) -> int:
-        used: set[str] = set()
-        for d in self.root.iterdir():
-            used.update(_base(d).layers)
+        def used() -> set[str]:
+            found: set[str] = set()
+            for d in self.root.iterdir():  # (sandboxes being made too: their base.json is written)
+                found.update(_base(d).layers)
+            return found
+
         return self.snapshot_store.collect(used)
 
     # ---- exec ------------------------------------------------------------------

@@ -22,13 +22,15 @@ breaks a sandbox started from it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import stat
 import subprocess
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -45,6 +47,26 @@ directory of every overlay of a sandbox started from it."""
 _record_decoder = msgspec.json.Decoder(api.SnapshotInfo)
 
 
+@dataclass(frozen=True)
+class Added:
+    """A layer as ``SnapshotStore.add`` left it: its digest, the bytes it added to the store
+    (0: an equal layer was there), and how many entries it holds."""
+
+    digest: str
+    size: int
+    entries: int
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SnapshotStore:
     def __init__(self, root: Path, budget: int) -> None:
         self.root = root
@@ -54,12 +76,34 @@ class SnapshotStore:
         self.tmp = root / "tmp"
         for directory in (self.layers, self.records, self.tmp):
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        for left in self.tmp.iterdir():  # copies a crash left half made
-            shutil.rmtree(left, ignore_errors=True)
+        for left in self.tmp.iterdir():  # copies a crash left half made (their maker is gone)
+            if not _alive(left.name.split(".", 1)[0]):
+                shutil.rmtree(left, ignore_errors=True)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
-        for layer in self.layers.iterdir():
-            self._sizes[layer.name] = disk_bytes(layer)
+        self._sync()
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The store to oneself, across threads and processes (every service of a machine
+        opens it): adding a layer and its record, collecting layers, and a new sandbox
+        reading a record and naming its layers each happen whole, so a collection never
+        removes a layer that a record or a sandbox is about to name."""
+        with open(self.root / "lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _sync(self) -> None:
+        """The sizes of the layers there are (another process may have added or removed some)."""
+        there = set(os.listdir(self.layers))
+        with self._lock:
+            for gone in set(self._sizes) - there:
+                del self._sizes[gone]
+            for new in there - set(self._sizes):
+                self._sizes[new] = disk_bytes(self.layers / new)
 
     # ---- records -----------------------------------------------------------------
 
@@ -99,6 +143,7 @@ class SnapshotStore:
 
     def bytes(self) -> int:
         """Bytes the layers take on disk (every layer once)."""
+        self._sync()
         with self._lock:
             return sum(self._sizes.values())
 
@@ -121,31 +166,39 @@ class SnapshotStore:
         path.mkdir(mode=0o755)
         return path
 
-    def add(self, copy: Path) -> tuple[str, int, int, bool]:
-        """Make the copy a layer: (its digest, bytes on disk, entries, whether it is new). An
-        equal layer already there is kept and the copy dropped."""
+    def add(self, copy: Path, record: Callable[[Added], api.SnapshotInfo]) -> api.SnapshotInfo:
+        """Make the copy a layer (an equal layer already there is kept and the copy dropped),
+        then save the record ``record`` makes of it, in one hold of the store."""
         digest, entries = tree_digest(copy)
         target = self.layer(digest)
-        with self._lock:
+        with self.locked():
             if target.exists():
                 shutil.rmtree(copy, ignore_errors=True)
-                return digest, self._sizes.get(digest, 0), entries, False
-            size = disk_bytes(copy)
-            copy.rename(target)
-            self._sizes[digest] = size
-            return digest, size, entries, True
+                added = Added(digest, 0, entries)
+            else:
+                size = disk_bytes(copy)
+                copy.rename(target)
+                with self._lock:
+                    self._sizes[digest] = size
+                added = Added(digest, size, entries)
+            info = record(added)
+            self.save(info)
+            return info
 
-    def collect(self, used_by_sandboxes: Iterable[str]) -> int:
-        """Remove every layer no record and no sandbox names; the bytes freed."""
-        wanted = set(used_by_sandboxes)
-        for info in self.all():
-            wanted.update(info.layers)
-        freed = 0
-        with self._lock:
-            for digest in [d for d in self._sizes if d not in wanted]:
-                freed += self._sizes.pop(digest)
-                shutil.rmtree(self.layer(digest), ignore_errors=True)
-        return freed
+    def collect(self, used_by_sandboxes: Callable[[], Iterable[str]]) -> int:
+        """Remove every layer no record and no sandbox (``used_by_sandboxes()``, read while
+        the store is held) names; the bytes freed."""
+        with self.locked():
+            self._sync()
+            wanted = set(used_by_sandboxes())
+            for info in self.all():
+                wanted.update(info.layers)
+            freed = 0
+            with self._lock:
+                for digest in [d for d in self._sizes if d not in wanted]:
+                    freed += self._sizes.pop(digest)
+                    shutil.rmtree(self.layer(digest), ignore_errors=True)
+            return freed
 
 
 VANISHED = "No such file or directory"
