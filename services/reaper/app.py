@@ -28,7 +28,8 @@ def make_setup(
         )
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace)
+        snapshots = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
+        reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace, snapshots)
         await reaper.follow()
         lease = leases.Lease(
             await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance

@@ -39,6 +39,7 @@ class Reaper:
         sandboxes: projector.ProjectionStore[states.SandboxState],
         rules: settings.LifecycleSettings,
         grace: float = GRACE_SECONDS,
+        snapshots: projector.ProjectionStore[states.SnapshotState] | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
@@ -46,6 +47,7 @@ class Reaper:
         self.sandboxes = sandboxes
         self.rules = rules
         self.grace = grace
+        self.snapshots = snapshots
         self.scheduler = rpc.SessionClient(ctx.nc, ctx.topology)
         self.pool = rpc.PoolClient(ctx.nc, ctx.topology)
         self._activity_kv: KeyValue | None = None
@@ -98,9 +100,24 @@ class Reaper:
             if await self._fix(finding):
                 report.findings[finding.action] += 1
                 metrics.reconcile_findings.labels(finding.action).inc()
+        for snapshot_id in await self._orphan_snapshots(now):
+            if await self.runtime.delete_snapshot(snapshot_id):
+                log.warning("reaper.orphan_snapshot_deleted", snapshot_id=snapshot_id)
+                report.findings["delete_orphan_snapshot"] += 1
+                metrics.reconcile_findings.labels("delete_orphan_snapshot").inc()
         if report.reaps or report.findings:
             log.info("reaper.pass", reaps=dict(report.reaps), findings=dict(report.findings))
         return report
+
+    async def _orphan_snapshots(self, now: datetime) -> list[str]:
+        """Snapshots the runtime holds that no event names (see ``logic.orphan_snapshots``)."""
+        if self.snapshots is None or not self.runtime.snapshots:
+            return []
+        held = {s.snapshot_id: s.created_at for s in await self.runtime.list_snapshots()}
+        if not held:
+            return []
+        recorded = {s.snapshot_id: s for s in (await self.snapshots.all()).values()}  # (keyed by token)
+        return logic.orphan_snapshots(recorded, held, now)
 
     def _command(self, reap: logic.Reap) -> commands.SessionCommand:
         actor, command_id = commands.Actor(via="reaper"), ids.new_id()

@@ -147,6 +147,25 @@ class Finding:
     detail: str
 
 
+ORPHAN_SNAPSHOT_AGE = timedelta(minutes=10)
+"""A snapshot the runtime holds and no event names is removed once this old: its
+pool-manager died between the copy and ``snapshot.created``, and a retry of the request
+(same id) within this time records it instead."""
+
+
+def orphan_snapshots(
+    recorded: Mapping[str, states.SnapshotState], held: Mapping[str, datetime], now: datetime
+) -> list[str]:
+    """The snapshots the runtime holds (id -> when made) that no ready record names, made
+    at least ``ORPHAN_SNAPSHOT_AGE`` ago."""
+    return sorted(
+        snapshot_id
+        for snapshot_id, made in held.items()
+        if now - made >= ORPHAN_SNAPSHOT_AGE
+        and (snapshot_id not in recorded or recorded[snapshot_id].status != "ready")
+    )
+
+
 #: A record still "requested" this many grace periods after it was made is stuck
 #: (its provisioner died between asking the runtime and recording the outcome).
 STUCK_GRACES = 5

@@ -97,6 +97,7 @@ async def harness(nats_server, namespace, tmp_path):
         await projector.ProjectionStore.open(js, projections.SESSIONS, store),
         await projector.ProjectionStore.open(js, projections.SANDBOXES, store),
         RULES,
+        snapshots=await projector.ProjectionStore.open(js, projections.SNAPSHOTS, store),
     )
     yield Harness(nc, topology, state, reaper)
     del ctx_holder
@@ -241,3 +242,24 @@ async def test_a_long_call_in_flight_and_polls_count_as_activity(harness):
     await harness.nc.request(harness.topology.exec_requests, codec.encode(poll), timeout=30)
     assert (await harness.reaper.pass_once(later(minutes=9))).reaps == {}
     assert (await harness.reaper.pass_once(later(minutes=11))).reaps == {"idle": 1}
+
+
+async def test_a_snapshot_no_event_names_is_removed_once_old_and_a_recorded_one_never(harness):
+    """A pool-manager killed between its copy and ``snapshot.created`` leaves a snapshot in
+    the runtime that no event names: the sweep removes it after ``ORPHAN_SNAPSHOT_AGE``
+    (a retry of the request records it before that); a recorded snapshot stays."""
+    from shared.contract import commands, ids
+    from shared.infrastructure import rpc
+
+    await harness.shell("snappy", "echo kept > /workspace/k")
+    reply = await rpc.SessionClient(harness.nc, harness.topology).call(
+        commands.SnapshotSession(command_id=ids.new_id(), session_id="snappy", snapshot_id="recorded")
+    )
+    assert reply.snapshot is not None
+    rt = local.LocalRuntime(harness.state)
+    sandbox_id = reply.snapshot.sandbox_id
+    await rt.snapshot(sandbox_id, "unrecorded")  # the copy, with no event (a crash after it)
+    assert not (await harness.reaper.pass_once(later(minutes=5))).findings  # a retry may still come
+    report = await harness.reaper.pass_once(later(minutes=11))
+    assert report.findings == {"delete_orphan_snapshot": 1}
+    assert [s.snapshot_id for s in await rt.list_snapshots()] == ["recorded"]

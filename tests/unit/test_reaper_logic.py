@@ -630,3 +630,19 @@ def test_without_hibernation_idle_sandboxes_are_stopped_as_before(hibernate: flo
     assert pause_reaps([session()], [sandbox()], now=at(IDLE), rules=rules, pausable=False) == [
         logic.Reap("s1", "stop", "idle")
     ]
+
+
+def test_orphan_snapshots_are_old_ones_no_ready_record_names() -> None:
+    from shared.contract import states
+
+    def record(snapshot_id: str, status: str) -> states.SnapshotState:
+        return states.SnapshotState(
+            snapshot_id=snapshot_id, status=status, session_id="s", sandbox_id="b", digest="sha256:x",
+            created_at=T0, updated_at=T0, last_seq=1,
+        )  # fmt: skip
+
+    recorded = {"kept": record("kept", "ready"), "dropped": record("dropped", "deleted")}
+    held = {"kept": T0, "dropped": T0, "stray": T0, "young": T0 + timedelta(minutes=9)}
+    now = T0 + logic.ORPHAN_SNAPSHOT_AGE
+    assert logic.orphan_snapshots(recorded, held, now) == ["dropped", "stray"]
+    assert logic.orphan_snapshots(recorded, held, T0 + timedelta(minutes=5)) == []
