@@ -171,3 +171,27 @@ async def test_paused_stopped_and_disk_limited_sandboxes_can_be_snapshotted(rt):
     assert (await rt.get("limited")).status == "stopped"
     await started(rt, "limited-fork", snapshot="while-stopped", limits=limits)
     assert (await sh(rt, "limited-fork", "cat /workspace/k; echo more > /workspace/m")).strip() == "kept"
+
+
+@pytest.mark.parametrize("link", ["file", "directory"])
+async def test_a_shell_file_linked_to_a_host_path_is_never_read_on_the_host(rt, tmp_path, link):
+    """The snapshot reads the shell's saved state as the host: a sandbox that makes
+    ``/.sbx/shell/cwd`` (or ``/.sbx/shell``) a link to a host path it cannot see must not
+    get that file into a fork."""
+    secret = tmp_path / "host-only"
+    secret.mkdir()
+    (secret / "cwd").write_text("host secret\n")
+    await started(rt, "sneaky")
+    if link == "file":
+        attack = f"mkdir -p /.sbx/shell && ln -sf {secret}/cwd /.sbx/shell/cwd"
+    else:
+        attack = f"rm -rf /.sbx/shell && ln -s {secret} /.sbx/shell"
+    await sh(rt, "sneaky", attack)
+    await rt.snapshot("sneaky", f"sneaky-{link}")
+    await started(rt, f"sneaky-fork-{link}", snapshot=f"sneaky-{link}")
+    out = await sh(rt, f"sneaky-fork-{link}", "cat /.sbx/shell/cwd 2>/dev/null; true")
+    assert "host secret" not in out
+    store = rt.state_dir / "snapshots" / "layers"
+    assert not any(
+        b"host secret" in p.read_bytes() for p in store.rglob("*") if p.is_file() and not p.is_symlink()
+    )

@@ -937,8 +937,10 @@ class LocalRuntime(api.Runtime):
         for place, folder in (("root", rw / "upper" / "upper"), ("dirs", rw / "dirs")):
             if folder.is_dir():
                 sources += [(sub, f"{place}/{sub.name}") for sub in sorted(folder.iterdir()) if sub.is_dir()]
-        shell = rw / "control" / "shell"
-        sources += [(shell / name, f"shell/{name}") for name in ("cwd", "env") if (shell / name).is_file()]
+        shell = (
+            rw / "control" / "shell"
+        )  # (what is there is the sandbox's: read in _copy_frozen, never followed)
+        sources += [(shell / name, f"shell/{name}") for name in snapstore.SHELL_FILES]
         return sources
 
     def _copy_frozen(
@@ -964,12 +966,7 @@ class LocalRuntime(api.Runtime):
                 for source, dest in trees:
                     snapstore.refresh(source, dest, notes[str(dest)], scanned_ns)
             for source, dest in shell:  # (small: copied at the instant itself)
-                with contextlib.suppress(FileNotFoundError):
-                    dest.parent.mkdir(exist_ok=True)
-                    shutil.copystat(source.parent, dest.parent)
-                    os.chown(dest.parent, source.parent.stat().st_uid, source.parent.stat().st_gid)
-                    shutil.copy2(source, dest)
-                    os.chown(dest, source.stat().st_uid, source.stat().st_gid)
+                snapstore.copy_untrusted_file(source, dest)
         finally:
             if freeze:
                 self.cgroups.thaw(name)

@@ -201,6 +201,42 @@ class SnapshotStore:
             return freed
 
 
+SHELL_FILES = ("cwd", "env")
+"""What a snapshot keeps of the shell's saved state (``/.sbx/shell``)."""
+SHELL_FILE_MAX = 4 * 1024**2
+
+
+def copy_untrusted_file(source: Path, dest: Path) -> bool:
+    """Copy ``source``, a file the sandbox controls (its ``/.sbx/shell/cwd``), as the host:
+    only a regular file of at most ``SHELL_FILE_MAX`` bytes in a real directory, never
+    through a symbolic link (one pointing at a host path would otherwise be read on the
+    host), with its owner and mode. False (nothing copied) for anything else."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        folder = os.open(source.parent, flags | os.O_DIRECTORY)
+    except OSError:
+        return False
+    try:
+        try:
+            fd = os.open(source.name, flags, dir_fd=folder)
+        except OSError:
+            return False
+        with os.fdopen(fd, "rb") as f:
+            st, where = os.fstat(fd), os.fstat(folder)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > SHELL_FILE_MAX:
+                return False
+            data = f.read(SHELL_FILE_MAX + 1)[:SHELL_FILE_MAX]
+    finally:
+        os.close(folder)
+    dest.parent.mkdir(exist_ok=True)
+    os.chmod(dest.parent, stat.S_IMODE(where.st_mode))
+    os.chown(dest.parent, where.st_uid, where.st_gid)
+    dest.write_bytes(data)
+    os.chmod(dest, stat.S_IMODE(st.st_mode))
+    os.chown(dest, st.st_uid, st.st_gid)
+    return True
+
+
 VANISHED = "No such file or directory"
 """What cp says of an entry removed between listing its directory and copying it."""
 
