@@ -287,7 +287,9 @@ class Executor:
         not running, or joined if it is being started); while it is busy with another call
         of the session, a helper of this call's own does (it waits on the session's lock,
         with this call's timeout counting)."""
-        if await self.runtime.paused(request.sandbox_id):  # its helper is frozen with it
+        # A frozen sandbox's helper is frozen with it (where a pause keeps processes; else the
+        # helper is gone with the pod, and entering says the sandbox is not running).
+        if self.runtime.pause_keeps_processes and await self.runtime.paused(request.sandbox_id):
             raise errors.NotRunning(f"sandbox {request.sandbox_id!r} is paused: resume it first")
         server = await self.shells.get(request.sandbox_id)
         if server is None:

@@ -127,7 +127,7 @@ PAUSE_ERRORS: dict[int, tuple[type | None, str]] = {
         "The session has no sandbox to pause or resume (never used, stopped, or its sandbox is "
         "gone or still starting); or another write won the race (code concurrency): retry.",
     ),
-    501: (schemas.Problem, "The runtime cannot pause sandboxes (Kubernetes, for now)."),
+    501: (schemas.Problem, "The runtime cannot pause sandboxes."),
     **COMMON_ERRORS,
 }
 

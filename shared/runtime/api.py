@@ -259,6 +259,10 @@ class Runtime(abc.ABC):
 
     pausable: bool = False
     """Whether :meth:`pause` and :meth:`resume` work here."""
+    pause_keeps_processes: bool = True
+    """Whether a paused sandbox's processes go on where they were when it resumes (local:
+    frozen in memory), or only its files are kept (Kubernetes: scaled to zero, its claim
+    kept; the processes start over)."""
 
     async def pause(self, sandbox_id: str) -> SandboxInfo:
         """Freeze every process of the running sandbox where it is: memory kept, no CPU

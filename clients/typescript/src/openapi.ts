@@ -1128,7 +1128,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            /** @description The runtime cannot pause sandboxes. */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1231,7 +1231,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The runtime cannot pause sandboxes (Kubernetes, for now). */
+            /** @description The runtime cannot pause sandboxes. */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */

@@ -25,6 +25,9 @@ SPEC = "sbx.dev/spec"
 """Annotation on the workspace claim: the SandboxSpec as JSON (what ``create`` was asked)."""
 STARTED = "sbx.dev/started"
 """Annotation on the workspace claim once the sandbox has run (``stopped``, not ``created``)."""
+PAUSED = "sbx.dev/paused"
+"""Annotation on the workspace claim of a paused sandbox: scaled to zero (no pod), its
+claim kept, ``paused`` until it is resumed or stopped."""
 LABEL_PREFIX = "label.sbx.dev/"
 CONTAINER = "sandbox"
 PROXY_POD_LABEL = ("app.kubernetes.io/name", "sbx-proxy")

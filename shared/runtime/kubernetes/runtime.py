@@ -217,6 +217,8 @@ class KubernetesRuntime(api.Runtime):
             ) from None
         if self._running(pod):
             status: api.SandboxStatus = "running"
+        elif annotations.get(names.PAUSED) == "true":
+            status = "paused"
         else:
             status = "stopped" if annotations.get(names.STARTED) == "true" else "created"
         created = claim.metadata.creation_timestamp or datetime.now(UTC)
@@ -371,6 +373,8 @@ class KubernetesRuntime(api.Runtime):
 
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
+        if spec.snapshot is not None:
+            raise errors.NotBuiltYet("snapshots are not available on the kubernetes runtime yet")
         if spec.isolation == "strong" and not self.settings.strong_runtime_class:
             raise errors.NotBuiltYet(
                 "strong isolation (Kata) is not configured on this cluster: set SBX_K8S_STRONG_RUNTIME_CLASS"
@@ -476,7 +480,9 @@ class KubernetesRuntime(api.Runtime):
         pod = await self._pod(sandbox_id)
         if self._running(pod) and self._owned_by(pod, claim):
             await self._ensure_trust(sandbox_id)  # a start that died half-way is finished here
-            return self._info(claim, pod)
+            if info.status == "paused":  # (a pause or resume that died half-way)
+                await self._mark_paused(sandbox_id, False)
+            return self._info(await self._require(sandbox_id), pod)
         if pod is not None and not self._owned_by(pod, claim):  # left from an earlier claim
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
@@ -516,7 +522,54 @@ class KubernetesRuntime(api.Runtime):
                 since = None  # another instance is starting it: wait with them
         await self._until_ready(sandbox_id, since)
         await self._ensure_trust(sandbox_id)
+        if info.status == "paused":  # running again: no longer paused (after the start, so a
+            await self._mark_paused(sandbox_id, False)  # start that dies leaves it paused)
         return msgspec.structs.replace(info, status="running")
+
+    # ---- pause: scale to zero, the claim kept ---------------------------------------------
+
+    pausable = True
+    pause_keeps_processes = False  # a pod cannot be frozen through the API: files only
+
+    async def _mark_paused(self, sandbox_id: str, paused: bool) -> None:
+        core, _, _ = await self._open()
+        await self.call(
+            "marking a workspace claim paused" if paused else "marking a workspace claim resumed",
+            core.patch_namespaced_persistent_volume_claim(
+                names.claim_name(sandbox_id),
+                self.ns,
+                {"metadata": {"annotations": {names.PAUSED: "true" if paused else None}}},
+            ),
+        )
+
+    async def pause(self, sandbox_id: str) -> api.SandboxInfo:
+        """Scale the sandbox to zero: its pod is deleted, its workspace claim (its files) kept
+        and marked paused. Unlike the local runtime, its processes do not survive: a pod
+        cannot be frozen through the API. :meth:`resume` (or ``start``) makes the pod again."""
+        claim = await self._require(sandbox_id)
+        pod = await self._pod(sandbox_id)
+        info = self._info(claim, pod)
+        if info.status == "paused":
+            return info
+        if info.status != "running":
+            raise errors.NotRunning(f"sandbox {sandbox_id!r} is {info.status}: nothing to pause")
+        await self._mark_paused(sandbox_id, True)  # first: a pause that dies leaves it paused, not lost
+        await self._delete_pod(sandbox_id)
+        await self._until_gone(sandbox_id, pod)
+        return msgspec.structs.replace(info, status="paused")
+
+    async def resume(self, sandbox_id: str) -> api.SandboxInfo:
+        """Make the paused sandbox's pod again, on its kept claim (a running one: nothing to do)."""
+        info = self._info(await self._require(sandbox_id), await self._pod(sandbox_id))
+        if info.status == "running":
+            return info
+        if info.status != "paused":
+            raise errors.NotRunning(f"sandbox {sandbox_id!r} is {info.status}, not paused")
+        return await self.start(sandbox_id)
+
+    async def paused(self, sandbox_id: str) -> bool:
+        claim = await self._claim(sandbox_id)
+        return claim is not None and (claim.metadata.annotations or {}).get(names.PAUSED) == "true"
 
     async def _ensure_trust(self, sandbox_id: str) -> None:
         if self.egress != "proxy":
@@ -571,6 +624,9 @@ class KubernetesRuntime(api.Runtime):
         if pod is not None:
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
+        if (claim.metadata.annotations or {}).get(names.PAUSED) == "true":  # stopped, no longer paused
+            await self._mark_paused(sandbox_id, False)
+            claim = await self._require(sandbox_id)
         return self._info(claim, None)  # no pod: "stopped", or "created" if it never ran
 
     async def delete(self, sandbox_id: str) -> None:
