@@ -239,7 +239,7 @@ class SessionsAPI:
     # ---- request helpers -------------------------------------------------------
 
     @staticmethod
-    def _command_fields(
+    def command_fields(
         request: Request, operation: str, *, org_id: str | None = None, user_id: str | None = None
     ) -> dict[str, Any]:
         """The fields every session command carries. An ``Idempotency-Key`` names one request
@@ -272,11 +272,11 @@ class SessionsAPI:
         }
 
     @staticmethod
-    def _path_session_id(request: Request) -> str:
+    def path_session_id(request: Request) -> str:
         return ids.validate_session_id(request.path_params["session_id"])
 
     @staticmethod
-    async def _body(request: Request, body_type: type[Any]) -> Any:
+    async def read_body(request: Request, body_type: type[Any]) -> Any:
         raw = await request.body()
         if len(raw) > MAX_BODY:
             raise errors.InvalidInput(f"request body is larger than {MAX_BODY} bytes")
@@ -292,11 +292,11 @@ class SessionsAPI:
     # ---- operations ------------------------------------------------------------
 
     async def create_session(self, request: Request) -> Response:
-        body: schemas.CreateSessionRequest = await self._body(request, schemas.CreateSessionRequest)
+        body: schemas.CreateSessionRequest = await self.read_body(request, schemas.CreateSessionRequest)
         command = commands.CreateSession(
             session_id=ids.validate_session_id(body.session_id),
             image=ids.validate_image(body.image),
-            **self._command_fields(request, "create", org_id=body.org_id, user_id=body.user_id),
+            **self.command_fields(request, "create", org_id=body.org_id, user_id=body.user_id),
         )
         state = await self.client.session(command)
         assert state is not None
@@ -335,7 +335,7 @@ class SessionsAPI:
         )
 
     async def get_session(self, request: Request) -> Response:
-        session_id = self._path_session_id(request)
+        session_id = self.path_session_id(request)
         state = await self.sessions.get(session_id)
         bound = request.scope.get("sbx.org")
         foreign = bound is not None and state is not None and state.org_id not in (None, bound)
@@ -345,14 +345,14 @@ class SessionsAPI:
 
     async def stop_session(self, request: Request) -> Response:
         command = commands.StopSession(
-            session_id=self._path_session_id(request), **self._command_fields(request, "stop")
+            session_id=self.path_session_id(request), **self.command_fields(request, "stop")
         )
         state = await self.client.session(command)
-        self._forget(command.session_id)
+        self.forget_placement(command.session_id)
         assert state is not None
         return json_response(schemas.session_of(state))
 
-    def _forget(self, session_id: str) -> None:
+    def forget_placement(self, session_id: str) -> None:
         """This gateway's remembered placement of the session is stale now: a download right
         after a stop or delete must not reach the sandbox being stopped through it."""
         if self.forget is not None:
@@ -360,29 +360,29 @@ class SessionsAPI:
 
     async def pause_session(self, request: Request) -> Response:
         command = commands.PauseSession(
-            session_id=self._path_session_id(request), **self._command_fields(request, "pause")
+            session_id=self.path_session_id(request), **self.command_fields(request, "pause")
         )
         return await self._sandbox_answer(command)
 
     async def resume_session(self, request: Request) -> Response:
         command = commands.ResumeSession(
-            session_id=self._path_session_id(request), **self._command_fields(request, "resume")
+            session_id=self.path_session_id(request), **self.command_fields(request, "resume")
         )
         return await self._sandbox_answer(command)
 
     async def _sandbox_answer(self, command: commands.PauseSession | commands.ResumeSession) -> Response:
         reply = await self.client.call(command)
-        self._forget(command.session_id)
+        self.forget_placement(command.session_id)
         if reply.sandbox is None:
             raise errors.Conflict(f"session {command.session_id!r} has no sandbox to pause or resume")
         return json_response(schemas.sandbox_of(command.session_id, reply.sandbox, reply.appended > 0))
 
     async def delete_session(self, request: Request) -> Response:
         command = commands.DeleteSession(
-            session_id=self._path_session_id(request), **self._command_fields(request, "delete")
+            session_id=self.path_session_id(request), **self.command_fields(request, "delete")
         )
         await self.client.session(command)
-        self._forget(command.session_id)
+        self.forget_placement(command.session_id)
         return json_response(None, 204)
 
     def endpoint(self, operation: Operation) -> Handler:

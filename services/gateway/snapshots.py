@@ -211,15 +211,15 @@ class SnapshotsAPI:
     async def _optional_body(self, request: Request, body_type: type[Any]) -> Any:
         if not await request.body():
             return body_type()
-        return await self.api._body(request, body_type)
+        return await self.api.read_body(request, body_type)
 
     async def create_snapshot(self, request: Request) -> Response:
         body: CreateSnapshotRequest = await self._optional_body(request, CreateSnapshotRequest)
         snapshot_id = body.snapshot_id or f"snap-{self._derived(request, 'snapshot')}"
         command = commands.SnapshotSession(
-            session_id=self.api._path_session_id(request),
+            session_id=self.api.path_session_id(request),
             snapshot_id=ids.validate_session_id(snapshot_id, what="snapshot id"),
-            **self.api._command_fields(request, "snapshot"),
+            **self.api.command_fields(request, "snapshot"),
         )
         reply = await self.client.call(command, timeout=BUDGET)
         assert reply.snapshot is not None
@@ -264,14 +264,14 @@ class SnapshotsAPI:
             commands.DeleteSnapshot(
                 session_id=state.session_id,
                 snapshot_id=snapshot_id,
-                **self.api._command_fields(request, "unsnap"),
+                **self.api.command_fields(request, "unsnap"),
             )
         )
         return rest.json_response(None, 204)
 
     async def fork_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)
-        body: ForkRequest = await self.api._body(request, ForkRequest)
+        body: ForkRequest = await self.api.read_body(request, ForkRequest)
         if (body.count is None) == (body.session_ids is None):
             raise errors.InvalidInput("give either count or session_ids")
         if body.session_ids is not None:
@@ -283,7 +283,7 @@ class SnapshotsAPI:
             stem = f"{snapshot_id[:90]}-{self._derived(request, 'fork')[:8]}"
             wanted = [f"{stem}-{n}" for n in range(1, body.count + 1)]
         self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
-        fields = self.api._command_fields(request, "fork")
+        fields = self.api.command_fields(request, "fork")
         forks = [
             commands.ForkSession(
                 session_id=session_id,
@@ -311,14 +311,14 @@ class SnapshotsAPI:
         return rest.json_response(Forks(snapshot_id=snapshot_id, sessions=made, failed=failed), 201)
 
     async def restore_session(self, request: Request) -> Response:
-        body: RestoreRequest = await self.api._body(request, RestoreRequest)
+        body: RestoreRequest = await self.api.read_body(request, RestoreRequest)
         command = commands.RestoreSession(
-            session_id=self.api._path_session_id(request),
+            session_id=self.api.path_session_id(request),
             snapshot_id=ids.validate_session_id(body.snapshot_id, what="snapshot id"),
-            **self.api._command_fields(request, "restore"),
+            **self.api.command_fields(request, "restore"),
         )
         state = (await self.client.call(command, timeout=BUDGET)).session
-        self.api._forget(command.session_id)
+        self.api.forget_placement(command.session_id)
         assert state is not None
         return rest.json_response(schemas.session_of(state))
 
