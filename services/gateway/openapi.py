@@ -37,6 +37,9 @@ def document(version: str) -> dict[str, Any]:
     unique = list(dict.fromkeys(types))
     refs, components = msgspec.json.schema_components(unique, ref_template=REF)
     ref_of = dict(zip(unique, refs, strict=True))
+    for t, ref in ref_of.items():  # rules across fields a type states itself (e.g. "one of")
+        if (extra := getattr(t, "JSON_SCHEMA_EXTRA", None)) is not None:
+            components[ref["$ref"].rsplit("/", 1)[1]].update(extra)
     answers = [t for op in operations for t, _ in op.responses.values()]
     answers += [t for op in operations for _, t in op.answer_media]
     exact_answers(components, [schemas.Health, *answers])
@@ -78,7 +81,7 @@ def document(version: str) -> dict[str, Any]:
                 entry["responses"][str(status)]["headers"] = {"Retry-After": _header("Retry-After")}
         if op.body is not None:
             entry["requestBody"] = {
-                "required": True,
+                "required": not op.body_optional,
                 "content": {"application/json": {"schema": ref_of[op.body]}},
             }
         elif op.body_media_type is not None:

@@ -60,6 +60,8 @@ class Operation:
     handler_name: str
     responses: dict[int, tuple[type | None, str]]
     body: type | None = None
+    body_optional: bool = False
+    """The JSON body may be left out (every field of ``body`` has a default)."""
     params: tuple[Param, ...] = ()
     tag: str = "sessions"
     body_media_type: str | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 import msgspec
 from starlette.requests import Request
@@ -43,10 +43,20 @@ class CreateSnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=
 class ForkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Either ``count`` new sessions with ids made up, or the ``session_ids`` to create."""
 
-    count: Annotated[int, msgspec.Meta(ge=1, le=FORKS_MAX)] | None = None
+    JSON_SCHEMA_EXTRA: ClassVar[dict[str, Any]] = {
+        "oneOf": [{"required": ["count"]}, {"required": ["session_ids"]}]
+    }
+    count: Annotated[float, msgspec.Meta(ge=1, le=FORKS_MAX, multiple_of=1)] | msgspec.UnsetType = (
+        msgspec.UNSET
+    )
+    """A whole number (JSON does not tell 2 from 2.0; both are taken)."""
     session_ids: (
-        Annotated[list[schemas.SessionId], msgspec.Meta(min_length=1, max_length=FORKS_MAX)] | None
-    ) = None
+        Annotated[
+            list[schemas.SessionId],
+            msgspec.Meta(min_length=1, max_length=FORKS_MAX, extra_json_schema={"uniqueItems": True}),
+        ]
+        | msgspec.UnsetType
+    ) = msgspec.UNSET
 
 
 class RestoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -94,6 +104,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "create_snapshot",
         {201: (Snapshot, "Taken (or taken before with the same id)."), **_SNAPSHOT_ERRORS},
         body=CreateSnapshotRequest,
+        body_optional=True,
         params=(rest.SESSION_ID_PARAM, rest.IDEMPOTENCY),
         tag="snapshots",
         answer_headers=("Location",),
@@ -272,16 +283,16 @@ class SnapshotsAPI:
     async def fork_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)
         body: ForkRequest = await self.api.read_body(request, ForkRequest)
-        if (body.count is None) == (body.session_ids is None):
+        if (body.count is msgspec.UNSET) == (body.session_ids is msgspec.UNSET):
             raise errors.InvalidInput("give either count or session_ids")
-        if body.session_ids is not None:
+        if body.session_ids is not msgspec.UNSET:
             wanted = [ids.validate_session_id(s) for s in body.session_ids]
             if len(set(wanted)) != len(wanted):
                 raise errors.InvalidInput("session_ids has the same id twice")
         else:
-            assert body.count is not None
+            assert body.count is not msgspec.UNSET
             stem = f"{snapshot_id[:90]}-{self._derived(request, 'fork')[:8]}"
-            wanted = [f"{stem}-{n}" for n in range(1, body.count + 1)]
+            wanted = [f"{stem}-{n}" for n in range(1, int(body.count) + 1)]
         self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
         fields = self.api.command_fields(request, "fork")
         forks = [

@@ -412,11 +412,9 @@ export interface components {
          * @description Either ``count`` new sessions with ids made up, or the ``session_ids`` to create.
          */
         ForkRequest: {
-            /** @default null */
-            count?: number | null;
-            /** @default null */
-            session_ids?: string[] | null;
-        };
+            count?: number;
+            session_ids?: string[];
+        } & (unknown | unknown);
         /**
          * Forks
          * @description The sessions a fork made, each with its own sandbox started from the snapshot.
@@ -1279,7 +1277,7 @@ export interface operations {
             };
             cookie?: never;
         };
-        requestBody: {
+        requestBody?: {
             content: {
                 "application/json": components["schemas"]["CreateSnapshotRequest"];
             };
