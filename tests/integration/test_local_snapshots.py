@@ -195,3 +195,22 @@ async def test_a_shell_file_linked_to_a_host_path_is_never_read_on_the_host(rt, 
     assert not any(
         b"host secret" in p.read_bytes() for p in store.rglob("*") if p.is_file() and not p.is_symlink()
     )
+
+
+async def test_a_pause_or_resume_waits_for_a_snapshots_frozen_instant(rt):
+    """A snapshot's frozen instant holds the sandbox's freezer: a resume (or a pause) that
+    comes meanwhile waits for it, so the snapshot never thaws what a pause just froze."""
+    await started(rt, "held")
+    d = rt._dir("held")
+    await rt.pause("held")
+    with rt._freezer(d):  # as a snapshot's instant does
+        resuming = asyncio.create_task(rt.resume("held"))
+        await asyncio.sleep(0.2)
+        assert not resuming.done() and (await rt.get("held")).status == "paused"
+    assert (await resuming).status == "running"
+    with rt._freezer(d):
+        pausing = asyncio.create_task(rt.pause("held"))
+        await asyncio.sleep(0.2)
+        assert not pausing.done() and (await rt.get("held")).status == "running"
+    assert (await pausing).status == "paused"
+    await rt.resume("held")

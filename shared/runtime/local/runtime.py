@@ -20,6 +20,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -29,7 +30,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -804,6 +805,46 @@ class LocalRuntime(api.Runtime):
         await self._require(sandbox_id)
         return await asyncio.to_thread(self.caches.attach, self._dir(sandbox_id).name, key)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _freezer(d: Path, *, wait: bool = True) -> Iterator[bool]:
+        """The sandbox's freezer to oneself (a lock file in its directory, held across threads
+        and processes): a pause, a resume and a snapshot's frozen instant never interleave,
+        so a snapshot never thaws a sandbox a pause just froze. Yields whether it is held
+        (False only without ``wait``, when another holds it)."""
+        try:
+            lock = open(d / "freeze.lock", "a")  # (held for the block below)
+        except FileNotFoundError:
+            raise errors.NotFound(f"sandbox directory {d.name} is gone") from None
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _freeze(self, sandbox_id: str) -> None:
+        with self._freezer(self._dir(sandbox_id)):
+            self.cgroups.freeze(self._cgroup(sandbox_id))
+
+    def _thaw(self, sandbox_id: str, *, wait: bool = True) -> bool:
+        """Thaw it with its freezer held; False (nothing done) if ``wait`` is off and the
+        freezer is held by another."""
+        with self._freezer(self._dir(sandbox_id), wait=wait) as held:
+            if held:
+                self.cgroups.thaw(self._cgroup(sandbox_id))
+            return held
+
+    async def _thaw_soon(self, sandbox_id: str) -> None:
+        """Thaw now (one small write, not worth a thread) unless the freezer is held (a
+        snapshot's instant, a few ms): then wait for it in a thread."""
+        if not self._thaw(sandbox_id, wait=False):
+            await asyncio.to_thread(self._thaw, sandbox_id)
+
     async def pause(self, sandbox_id: str) -> api.SandboxInfo:
         """Freeze every process of the running sandbox (its cgroup's freezer): memory and
         open files kept, no CPU time, nothing runs until :meth:`resume`. Its network link
@@ -813,20 +854,20 @@ class LocalRuntime(api.Runtime):
             return info
         if info.status != "running":
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}: nothing to pause")
-        await asyncio.to_thread(self.cgroups.freeze, self._cgroup(sandbox_id))
+        await asyncio.to_thread(self._freeze, sandbox_id)
         if self._running(self._dir(sandbox_id)) is None:  # it stopped meanwhile: nothing was paused
-            await asyncio.to_thread(self.cgroups.thaw, self._cgroup(sandbox_id))
+            await asyncio.to_thread(self._thaw, sandbox_id)
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} stopped while it was being paused")
         return msgspec.structs.replace(info, status="paused")
 
     async def resume(self, sandbox_id: str) -> api.SandboxInfo:
         """Thaw a paused sandbox: its processes go on where they were."""
         if self._frozen(self._dir(sandbox_id)):  # the common case, first: one small write
-            self.cgroups.thaw(self._cgroup(sandbox_id))
+            await self._thaw_soon(sandbox_id)
             return await self._require(sandbox_id)
         info = await self._require(sandbox_id)
         if info.status == "paused":
-            self.cgroups.thaw(self._cgroup(sandbox_id))  # one small write: not worth a thread
+            await self._thaw_soon(sandbox_id)
             return msgspec.structs.replace(info, status="running")
         if info.status != "running":
             raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not paused")
@@ -946,31 +987,33 @@ class LocalRuntime(api.Runtime):
     def _copy_frozen(
         self, info: api.SandboxInfo, sources: builtins.list[tuple[Path, str]], copy: Path
     ) -> float:
-        """Copy ``sources`` into ``copy`` as they are at one instant, the sandbox's processes
-        frozen: a running sandbox is copied while it runs, then frozen while what changed
-        meanwhile is copied again (a scan, plus the changes), then thawed; a paused or
-        stopped one is copied as it is. How long it was frozen."""
+        """Copy ``sources`` into ``copy`` as they are at one instant: everything is copied
+        as it is (the sandbox may run meanwhile), then, with the sandbox's freezer held
+        (``_freezer``: no pause or resume meanwhile), what changed since is copied again
+        (a scan, plus the changes) while its processes are frozen: frozen now and thawed
+        after if it runs, left as they are if it is paused or stopped. How long it was
+        frozen for this (0: it was not running)."""
         trees = [(source, copy / where) for source, where in sources if not where.startswith("shell/")]
         shell = [(source, copy / where) for source, where in sources if where.startswith("shell/")]
-        freeze = info.status == "running" and self.pausable
         scanned_ns = time.time_ns()
-        notes = {str(dest): snapstore.scan(source) for source, dest in trees} if freeze else {}
+        notes = {str(dest): snapstore.scan(source) for source, dest in trees}
         for source, dest in trees:
-            snapstore.copy_tree(source, dest, changing=freeze)
-        name = self._cgroup(info.sandbox_id)
-        started = time.monotonic()
-        if freeze:
-            self.cgroups.freeze(name)
-        try:
+            snapstore.copy_tree(source, dest, changing=True)
+        d, name = self._dir(info.sandbox_id), self._cgroup(info.sandbox_id)
+        with self._freezer(d):
+            freeze = self.pausable and self._running(d) is not None and not self._frozen(d)
+            started = time.monotonic()
             if freeze:
+                self.cgroups.freeze(name)
+            try:
                 for source, dest in trees:
                     snapstore.refresh(source, dest, notes[str(dest)], scanned_ns)
-            for source, dest in shell:  # (small: copied at the instant itself)
-                snapstore.copy_untrusted_file(source, dest)
-        finally:
-            if freeze:
-                self.cgroups.thaw(name)
-        return time.monotonic() - started if freeze else 0.0
+                for source, dest in shell:  # (small: copied at the instant itself)
+                    snapstore.copy_untrusted_file(source, dest)
+            finally:
+                if freeze:
+                    self.cgroups.thaw(name)
+            return time.monotonic() - started if freeze else 0.0
 
     async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo | None:
         return self.snapshot_store.get(snapshot_id)
