@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.test_sbx_up import running_stack, support_wait
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 
@@ -66,7 +66,13 @@ async def test_what_an_agent_did_is_on_its_timeline_in_order(stack, client):
     ran = client.post("/v1/sessions/tl-1/run", json={"command": "true"})
     assert ran.status_code == 200
 
-    timeline = page(client, "tl-1")
+    # A run's audit record is appended as its stream ends, so it may land a moment after the
+    # answer (CI saw the page without it once): wait for it, then check the page.
+    def with_the_run() -> dict | None:
+        found = page(client, "tl-1")
+        return found if any(e.get("tool") == "run" for e in found["entries"]) else None
+
+    timeline = support_wait(with_the_run, 10)
     entries = timeline["entries"]
     assert [e["seq"] for e in entries] == sorted(e["seq"] for e in entries)
     assert timeline["session_id"] == "tl-1" and not timeline["more"]
