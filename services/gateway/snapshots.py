@@ -91,7 +91,7 @@ _SNAPSHOT_ERRORS: dict[int, tuple[type | None, str]] = {
         "race (code concurrency): retry.",
     ),
     429: (schemas.Problem, "The snapshot store's disk budget, or max_running for forks, is reached."),
-    501: (schemas.Problem, "The runtime cannot snapshot sandboxes (Kubernetes, for now)."),
+    501: (schemas.Problem, "Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS)."),
     **rest.COMMON_ERRORS,
 }
 

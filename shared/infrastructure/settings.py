@@ -660,6 +660,9 @@ class KubernetesSettings:
     """How long a pod may take to become ready, image pull included (``SBX_K8S_START_TIMEOUT``)."""
     kubeconfig: str = ""
     """A kubeconfig file (``KUBECONFIG``); empty: the in-cluster service account."""
+    snapshot_class: str = ""
+    """The CSI VolumeSnapshotClass snapshots of workspace claims are made with
+    (``SBX_K8S_SNAPSHOT_CLASS``; empty: no snapshots on this cluster, said plainly)."""
 
     def image(self, name: str) -> str:
         """The reference a sandbox of ``name`` runs: its alias's, or ``name`` itself."""
@@ -727,6 +730,9 @@ class KubernetesSettings:
             seccomp_profile=seccomp,
             start_timeout=_duration(env, "SBX_K8S_START_TIMEOUT", cls.start_timeout, minimum=1),
             kubeconfig=env.get("KUBECONFIG", "").strip(),
+            snapshot_class=name_of("SBX_K8S_SNAPSHOT_CLASS", env["SBX_K8S_SNAPSHOT_CLASS"])
+            if env.get("SBX_K8S_SNAPSHOT_CLASS", "").strip()
+            else "",
         )
 
 

@@ -391,6 +391,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             elif resource.plural == "persistentvolumeclaims" and meta.get("deletionTimestamp"):
                 async with self._pod_locks[f"claim/{meta['namespace']}/{meta['name']}"]:
                     await self._collect_claim(obj)
+            elif resource.plural == "volumesnapshots" and kind == "ADDED":
+                await self._take_volume_snapshot(obj)
             elif resource.plural == "deployments" and kind in ("ADDED", "MODIFIED"):
                 async with self._pod_locks[f"deployment/{meta['namespace']}/{meta['name']}"]:
                     await self._reconcile_deployment(meta["namespace"], meta["name"])
@@ -481,11 +483,100 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             ),
             cache=cache,
         )
+        made = False
         with contextlib.suppress(errors.Conflict):
-            await self._runtime.create(spec)
+            made = (await self._runtime.create(spec)).status == "created"
+        if made and (why := await self._provision_from_snapshot(meta["namespace"], claim)) is not None:
+            condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+            await self._runtime.delete(claim)  # (not provisioned: made again on the next try)
+            await self.write(
+                "pods", meta["namespace"], meta["name"],
+                {"status": {"phase": "Pending", "conditions": [{**condition, "message": why}]}},
+            )  # fmt: skip
+            return
         await self._runtime.start(spec.sandbox_id)
         await self._mount_volumes(pod, spec.sandbox_id)
         await self._mark_running(pod)
+
+    # ---- the CSI snapshot controller and provisioner ---------------------------------------
+
+    def _volume_snapshot_dir(self, namespace: str, name: str) -> Any:
+        return self.state_dir / "volumesnapshots" / namespace / name
+
+    async def _take_volume_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """As the CSI snapshotter does: a copy of what the source claim's volume holds (its
+        ``workspace`` and ``control`` sub-paths: the local sandbox's directories), then
+        ``readyToUse`` with its ``restoreSize`` and bound content's name."""
+        meta = snapshot["metadata"]
+        source = snapshot.get("spec", {}).get("source", {}).get("persistentVolumeClaimName")
+        _, claim = self._find("persistentvolumeclaims", meta["namespace"], source or "")
+        if claim is None or claim.deleted:
+            error = {"message": f'persistentvolumeclaim "{source}" not found', "time": _now()}
+            await self.write(
+                "volumesnapshots",
+                meta["namespace"],
+                meta["name"],
+                {"status": {"readyToUse": False, "error": error}},
+            )
+            return
+        target = self._volume_snapshot_dir(meta["namespace"], meta["name"])
+        size = await asyncio.to_thread(self._copy_volume, self._volume_of(source), target)
+        status = {
+            "readyToUse": True,
+            "restoreSize": str(max(size, 1)),
+            "boundVolumeSnapshotContentName": f"snapcontent-{meta['uid']}",
+            "creationTime": _now(),
+        }
+        await self.write("volumesnapshots", meta["namespace"], meta["name"], {"status": status})
+
+    def _volume_of(self, claim: str) -> Any:
+        """The local directory standing for a workspace claim's volume (its local sandbox's)."""
+        from shared.runtime.local import disk
+
+        d = self._runtime._dir(claim)
+        return disk.Disk.root(d) if d.exists() else None
+
+    @staticmethod
+    def _copy_volume(volume: Any, target: Any) -> int:
+        import shutil
+        import subprocess
+
+        shutil.rmtree(target, ignore_errors=True)
+        target.mkdir(parents=True)
+        size = 0
+        for sub in ("workspace", "control"):
+            if volume is not None and (volume / sub).is_dir():
+                subprocess.run(["cp", "-a", "--", str(volume / sub), str(target / sub)], check=True)
+                size += sum(
+                    p.stat().st_size for p in (target / sub).rglob("*") if p.is_file() and not p.is_symlink()
+                )
+            else:
+                (target / sub).mkdir()
+        return size
+
+    async def _provision_from_snapshot(self, namespace: str, claim_name: str) -> str | None:
+        """A new volume for a claim with a VolumeSnapshot ``dataSource`` holds the snapshot's
+        content (what the CSI provisioner does); why it cannot be provisioned, or None."""
+        _, claim = self._find("persistentvolumeclaims", namespace, claim_name)
+        source = (claim.raw.get("spec", {}).get("dataSource") or {}) if claim is not None else {}
+        if source.get("kind") != "VolumeSnapshot":
+            return None
+        _, snapshot = self._find("volumesnapshots", namespace, source.get("name", ""))
+        if snapshot is None or snapshot.deleted or not (snapshot.raw.get("status") or {}).get("readyToUse"):
+            return f'volumesnapshot "{source.get("name")}" not found or not ready'
+        content = self._volume_snapshot_dir(namespace, source["name"])
+        volume = self._volume_of(claim_name)
+
+        def restore() -> None:
+            import shutil
+            import subprocess
+
+            for sub in ("workspace", "control"):
+                shutil.rmtree(volume / sub, ignore_errors=True)
+                subprocess.run(["cp", "-a", "--", str(content / sub), str(volume / sub)], check=True)
+
+        await asyncio.to_thread(restore)
+        return None
 
     async def _mount_volumes(self, pod: dict[str, Any], sandbox_id: str) -> None:
         """emptyDir volumes: a world-writable directory; configMap volumes: their files.

@@ -52,10 +52,3 @@ async def test_a_paused_sandbox_has_no_pod_keeps_its_files_and_resumes(cluster, 
         await rt.resume(sid)
     await rt.delete(sid)
     assert await rt.get(sid) is None
-
-
-async def test_snapshots_are_not_available_yet_and_say_so(make_kube):
-    rt = make_kube()
-    assert not rt.snapshots
-    with pytest.raises(errors.NotBuiltYet, match="snapshots are not available on the kubernetes runtime"):
-        await rt.snapshot(new_id(), "snap-1")

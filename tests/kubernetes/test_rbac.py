@@ -49,7 +49,11 @@ def check(calls: list[tuple[str, str, str | None]], *names: str) -> None:
 
 
 async def test_the_lifecycle_role_allows_exactly_what_the_pool_manager_does(cluster, make_kube):
-    rt = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes", cache_storage_class="nfs"))
+    rt = make_kube(
+        dataclasses.replace(
+            SETTINGS, namespace="sbx-sandboxes", cache_storage_class="nfs", snapshot_class="csi-snapclass"
+        )
+    )
     cluster.objects[kmock.resource("", "v1", "services"), "sbx-system", "sbx-proxy"] = {
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "sbx-proxy", "namespace": "sbx-system"},
@@ -62,6 +66,8 @@ async def test_the_lifecycle_role_allows_exactly_what_the_pool_manager_does(clus
     await rt.run(spec.sandbox_id, ["sh", "-c", "sleep 30"], timeout=0.3)  # the warm-up probe, with a kill
     assert await rt.get(spec.sandbox_id) is not None
     await rt.list({"pool": "default"})
+    await rt.snapshot(spec.sandbox_id, "rbac-snap")  # a VolumeSnapshot: read, made, waited for
+    await rt.delete_snapshot("rbac-snap")
     await rt.stop(spec.sandbox_id)
     await rt.delete(spec.sandbox_id)
     assert await rt.proxy_url() == "http://10.96.0.20:3128"
@@ -102,9 +108,13 @@ async def test_the_reaper_role_allows_exactly_what_the_sweep_does(cluster, make_
         await owner.create(spec)
     await owner.start(specs[0].sandbox_id)  # one running, one never started
     before = len(cluster.calls)
-    reaper = make_kube(dataclasses.replace(SETTINGS, namespace="sbx-sandboxes"))
+    reaper = make_kube(
+        dataclasses.replace(SETTINGS, namespace="sbx-sandboxes", snapshot_class="csi-snapclass")
+    )
     for info in await reaper.list():
         await reaper.delete(info.sandbox_id)
+    assert await reaper.list_snapshots() == []  # the sweep's look for snapshots no event names
+    assert not await reaper.delete_snapshot("stray")
     await reaper.delete(specs[0].sandbox_id)  # again: already gone
     assert await reaper.list() == []
     check(cluster.calls[before:], "sbx-reaper")

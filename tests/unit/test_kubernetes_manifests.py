@@ -193,6 +193,11 @@ def test_settings_parse_and_refuse_clearly():
         {"SBX_K8S_IMAGES": "default=reg.example/sb:2,python=python:3.12", "SBX_K8S_RUNTIME_CLASS": ""}
     )
     assert parsed.image("python") == "python:3.12" and parsed.runtime_class == ""
+    assert parsed.snapshot_class == ""  # no snapshots unless named
+    assert (
+        KubernetesSettings.from_env({"SBX_K8S_SNAPSHOT_CLASS": "csi-snapclass"}).snapshot_class
+        == "csi-snapclass"
+    )
     for bad in (
         {"SBX_K8S_IMAGES": "python=python:3.12"},
         {"SBX_K8S_IMAGES": "default"},
@@ -202,6 +207,7 @@ def test_settings_parse_and_refuse_clearly():
         {"SBX_K8S_SECCOMP": "unconfined"},
         {"SBX_K8S_CACHE_SIZE": "lots"},
         {"SBX_K8S_CACHE_STORAGE_CLASS": "Not A Class"},
+        {"SBX_K8S_SNAPSHOT_CLASS": "Not A Class"},
     ):
         with pytest.raises(errors.ConfigError):
             KubernetesSettings.from_env(bad)
@@ -285,3 +291,37 @@ def test_the_killer_kills_even_when_other_processes_environments_are_unreadable(
         assert target.wait(10) == -9
     finally:
         target.kill()
+
+
+def test_a_snapshots_manifest_and_a_forks_claim():
+    from shared.runtime.kubernetes import snapshots
+
+    settings = KubernetesSettings(snapshot_class="csi-snapclass")
+    spec = api.SandboxSpec(sandbox_id="task-42", image="python:3.12", run_as_root=False)
+    made = snapshots.manifest("snap-1", spec, settings)
+    assert made["kind"] == "VolumeSnapshot" and made["spec"] == {
+        "volumeSnapshotClassName": "csi-snapclass",
+        "source": {"persistentVolumeClaimName": names.claim_name("task-42")},
+    }
+    assert made["metadata"]["labels"][names.COMPONENT] == "snapshot"  # never listed as a sandbox
+    meta = {**made["metadata"], "uid": "u-1", "creationTimestamp": "2026-12-04T02:00:00Z"}
+    status = {"readyToUse": True, "restoreSize": "2Gi", "boundVolumeSnapshotContentName": "c-1"}
+    ready = {**made, "metadata": meta, "status": status}
+    info = snapshots.info(ready)
+    assert (info.snapshot_id, info.sandbox_id, info.image, info.run_as_root) == (
+        "snap-1",
+        "task-42",
+        "python:3.12",
+        False,
+    )
+    assert info.size == 2 * 1024**3 and info.layers == (names.snapshot_name("snap-1"),)
+    assert snapshots.quantity_bytes("1500M") == 1_500_000_000 and snapshots.quantity_bytes("junk") == 0
+    fork = manifests.workspace_claim(api.SandboxSpec(sandbox_id="fork-1", snapshot="snap-1"), settings)
+    assert fork["spec"]["dataSource"] == {
+        "apiGroup": "snapshot.storage.k8s.io",
+        "kind": "VolumeSnapshot",
+        "name": names.snapshot_name("snap-1"),
+    }
+    assert (
+        "dataSource" not in manifests.workspace_claim(api.SandboxSpec(sandbox_id="plain"), settings)["spec"]
+    )

@@ -1349,7 +1349,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
+            /** @description Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS). */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1695,7 +1695,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
+            /** @description Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS). */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1813,7 +1813,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The runtime cannot snapshot sandboxes (Kubernetes, for now). */
+            /** @description Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS). */
             501: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */

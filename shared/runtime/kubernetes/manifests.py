@@ -23,7 +23,7 @@ import msgspec
 
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
-from shared.runtime.kubernetes import names
+from shared.runtime.kubernetes import names, snapshots
 
 SANDBOX_UID = 1000
 """The unprivileged user of ``run_as_root=False`` sandboxes (and the workspace's group)."""
@@ -87,6 +87,8 @@ def workspace_claim(spec: api.SandboxSpec, settings: KubernetesSettings) -> dict
     }
     if settings.storage_class:
         claim["spec"]["storageClassName"] = settings.storage_class
+    if spec.snapshot is not None:  # provisioned with the snapshot's content (CSI)
+        claim["spec"]["dataSource"] = snapshots.data_source(spec.snapshot)
     return claim
 
 

@@ -36,6 +36,33 @@ _LABEL_VALUE = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
+SNAPSHOT = "sbx.dev/snapshot"
+"""Label on a VolumeSnapshot of a workspace claim: the token of the snapshot's id."""
+SNAPSHOT_ID = "sbx.dev/snapshot-id"
+"""Annotation: the snapshot id itself."""
+SNAPSHOT_OF = "sbx.dev/snapshot-of"
+"""Annotation: what a sandbox started from the snapshot must be (JSON: sandbox id, image,
+run_as_root, writable_root, parent)."""
+
+
+def snapshot_name(snapshot_id: str) -> str:
+    """Name of the VolumeSnapshot of a snapshot."""
+    return f"sbx-{ids.token(snapshot_id)}-snap"
+
+
+def snapshot_labels(snapshot_id: str, sandbox_id: str) -> dict[str, str]:
+    """Labels of a VolumeSnapshot: never selected as a sandbox (another component)."""
+    return {
+        MANAGED_BY: PRODUCT,
+        COMPONENT: "snapshot",
+        SNAPSHOT: ids.token(snapshot_id),
+        SANDBOX: ids.token(sandbox_id),
+    }
+
+
+SNAPSHOT_SELECTOR = f"{MANAGED_BY}={PRODUCT},{COMPONENT}=snapshot"
+
+
 CACHE = "sbx.dev/cache"
 """Label on an organisation's package cache claim: its key (the organisation's token)."""
 _CACHE_KEY = re.compile(r"[0-9a-f]{32}")

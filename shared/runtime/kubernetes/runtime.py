@@ -10,6 +10,7 @@ and ``/.sbx`` (session state) are on the claim and survive it.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import copy
 import time
@@ -30,6 +31,7 @@ from shared.contract import errors, ids
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names
+from shared.runtime.kubernetes import snapshots as k8s_snapshots
 
 TRUST_SETUP = f"""
 [ -s {manifests.BUNDLE} ] && exit 0
@@ -374,7 +376,7 @@ class KubernetesRuntime(api.Runtime):
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
         if spec.snapshot is not None:
-            raise errors.NotBuiltYet("snapshots are not available on the kubernetes runtime yet")
+            await self._usable_snapshot(spec)
         if spec.isolation == "strong" and not self.settings.strong_runtime_class:
             raise errors.NotBuiltYet(
                 "strong isolation (Kata) is not configured on this cluster: set SBX_K8S_STRONG_RUNTIME_CLASS"
@@ -525,6 +527,145 @@ class KubernetesRuntime(api.Runtime):
         if info.status == "paused":  # running again: no longer paused (after the start, so a
             await self._mark_paused(sandbox_id, False)  # start that dies leaves it paused)
         return msgspec.structs.replace(info, status="running")
+
+    # ---- snapshots: CSI VolumeSnapshots of the workspace claim -----------------------------
+
+    @property
+    def snapshots(self) -> bool:  # type: ignore[override]  # a class attribute in the API
+        return bool(self.settings.snapshot_class)
+
+    def _no_snapshots(self) -> errors.SandboxError:
+        return errors.NotBuiltYet(
+            "snapshots are not available on this cluster: they need a CSI VolumeSnapshotClass, "
+            "named in SBX_K8S_SNAPSHOT_CLASS (none is configured)"
+        )
+
+    async def _custom(self) -> client.CustomObjectsApi:
+        await self._open()
+        assert self._clients is not None
+        return client.CustomObjectsApi(self._clients[0])
+
+    async def _volume_snapshot(self, snapshot_id: str) -> dict[str, Any] | None:
+        custom = await self._custom()
+        found = await self.call(
+            "reading a VolumeSnapshot",
+            custom.get_namespaced_custom_object(
+                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
+                names.snapshot_name(snapshot_id),
+            ),
+            missing_ok=True,
+        )  # fmt: skip
+        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        return dict(found)
+
+    async def snapshot(self, sandbox_id: str, snapshot_id: str) -> api.SnapshotInfo:
+        """A VolumeSnapshot of the sandbox's workspace claim (``/workspace`` and the shell's
+        saved state; crash-consistent: the CSI driver copies the volume as it is), ready
+        when this returns. Idempotent by ``snapshot_id``."""
+        if not self.snapshots:
+            raise self._no_snapshots()
+        ids.validate_session_id(snapshot_id, what="snapshot id")
+        existing = await self._volume_snapshot(snapshot_id)
+        if existing is not None and k8s_snapshots.of(existing).get("sandbox_id") != sandbox_id:
+            raise errors.Conflict(f"snapshot id {snapshot_id!r} is taken by another sandbox")
+        if existing is None:
+            info = self._info(await self._require(sandbox_id), None)
+            custom = await self._custom()
+            body = k8s_snapshots.manifest(snapshot_id, info.spec, self.settings)
+            try:
+                await self.call(
+                    "creating a VolumeSnapshot",
+                    custom.create_namespaced_custom_object(
+                        k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL, body
+                    ),
+                )
+            except errors.NotFound:
+                raise errors.ConfigError(
+                    "this cluster does not serve snapshot.storage.k8s.io/v1 VolumeSnapshots: install "
+                    "the CSI snapshot CRDs and controller, or unset SBX_K8S_SNAPSHOT_CLASS"
+                ) from None
+            except errors.Conflict:
+                pass  # another request made it: wait for it with them
+        return k8s_snapshots.info(await self._until_snapshot_ready(snapshot_id))
+
+    async def _until_snapshot_ready(self, snapshot_id: str) -> dict[str, Any]:
+        deadline = time.monotonic() + self.settings.start_timeout
+        delay = 0.05
+        while True:
+            found = await self._volume_snapshot(snapshot_id)
+            if found is None:
+                raise errors.NotFound(f"snapshot {snapshot_id!r} was deleted while it was being made")
+            if k8s_snapshots.ready(found):
+                return found
+            if (why := k8s_snapshots.failure(found)) is not None:
+                raise errors.InfrastructureError(f"the CSI driver could not snapshot the workspace: {why}")
+            if time.monotonic() > deadline:
+                raise errors.Unavailable(
+                    f"snapshot {snapshot_id!r} is not ready after {self.settings.start_timeout:.0f} s; "
+                    "retry with the same id"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo | None:
+        if not self.snapshots:
+            return None
+        found = await self._volume_snapshot(snapshot_id)
+        return k8s_snapshots.info(found) if found is not None and k8s_snapshots.ready(found) else None
+
+    async def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
+        if not self.snapshots:
+            return []
+        custom = await self._custom()
+        found = await self.call(
+            "listing VolumeSnapshots",
+            custom.list_namespaced_custom_object(
+                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
+                label_selector=names.SNAPSHOT_SELECTOR,
+            ),
+        )  # fmt: skip
+        items = [i for i in found.get("items", []) if k8s_snapshots.ready(i)]
+        return sorted((k8s_snapshots.info(i) for i in items), key=lambda s: (s.created_at, s.snapshot_id))
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Delete the VolumeSnapshot. Claims provisioned from it are volumes of their own."""
+        if not self.snapshots:
+            return False
+        custom = await self._custom()
+        gone = await self.call(
+            "deleting a VolumeSnapshot",
+            custom.delete_namespaced_custom_object(
+                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
+                names.snapshot_name(snapshot_id),
+            ),
+            missing_ok=True,
+        )  # fmt: skip
+        return gone is not None
+
+    async def _usable_snapshot(self, spec: api.SandboxSpec) -> None:
+        """A sandbox may start from ``spec.snapshot``: it exists, is ready, and was taken of
+        a sandbox like this one."""
+        if not self.snapshots:
+            raise self._no_snapshots()
+        assert spec.snapshot is not None
+        found = await self._volume_snapshot(spec.snapshot)
+        if found is None or not k8s_snapshots.ready(found):
+            raise errors.NotFound(f"snapshot {spec.snapshot!r} does not exist (or is not ready)")
+        taken = k8s_snapshots.of(found)
+        differs = [
+            f"{name} {taken.get(name)!r}"
+            for name, ours in (
+                ("image", spec.image),
+                ("run_as_root", spec.run_as_root),
+                ("writable_root", spec.writable_root),
+            )
+            if taken.get(name) != ours
+        ]
+        if differs:
+            raise errors.InvalidInput(
+                f"a sandbox from snapshot {spec.snapshot!r} has its snapshot's {', '.join(differs)}"
+            )
 
     # ---- pause: scale to zero, the claim kept ---------------------------------------------
 
