@@ -21,7 +21,7 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
             egress=runtime_settings.egress,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        activity_kv = await ctx.js.key_value(ctx.topology.activity_bucket)
+        activity_kv = await ctx.key_value(ctx.topology.activity_bucket)
         servers = shells.ShellServers(runtime)
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         tenant_caches = caches.TenantCaches(ctx, runtime, sessions, sandboxes)

@@ -43,7 +43,7 @@ def make_setup(
             sandboxes,
             limits,
             max_running=lifecycle.max_running,
-            leases_kv=await ctx.js.key_value(ctx.topology.leases_bucket),
+            leases_kv=await ctx.key_value(ctx.topology.leases_bucket),
             snapshots=snapshots.SnapshotHandlers(
                 ctx,
                 runtime,

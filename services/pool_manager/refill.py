@@ -54,7 +54,7 @@ async def run(
 ) -> None:
     """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
     be short (a round then starts at most MIN_GAP after the last)."""
-    lease = leases.Lease(await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
+    lease = leases.Lease(await ctx.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
     reoffered = -REOFFER_EVERY
 
     async def round_() -> int:

@@ -60,7 +60,7 @@ def make_setup(
             keep_warm=proxy_settings.keep_warm,
         )
         lease = leases.Lease(
-            await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
+            await ctx.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
         )
 
         # A round runs as soon as a sandbox waits for it (logic.wants_round: it started
@@ -119,7 +119,7 @@ async def _collect_egress(ctx: service.Context, fleet, sandboxes) -> None:
     """Egress records into the audit stream, by the instance holding their own lease."""
     collector = egresslog.Collector(ctx, fleet, sandboxes)
     lease = leases.Lease(
-        await ctx.js.key_value(ctx.topology.leases_bucket), egresslog.LEASE_KEY, ctx.settings.instance
+        await ctx.key_value(ctx.topology.leases_bucket), egresslog.LEASE_KEY, ctx.settings.instance
     )
 
     def collected(report: egresslog.Report) -> None:

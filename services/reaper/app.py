@@ -32,7 +32,7 @@ def make_setup(
         reaper = handlers.Reaper(ctx, runtime, sessions, sandboxes, lifecycle, grace, snapshots)
         await reaper.follow()
         lease = leases.Lease(
-            await ctx.js.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
+            await ctx.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance
         )
 
         passes = 0

@@ -66,7 +66,7 @@ class Reaper:
     async def last_activity(self, session_id: str, now: datetime) -> datetime | None:
         """When the session last called a tool (``now`` while a call may still be running)."""
         if self._activity_kv is None:
-            self._activity_kv = await self.ctx.js.key_value(self.ctx.topology.activity_bucket)
+            self._activity_kv = await self.ctx.key_value(self.ctx.topology.activity_bucket)
         entry = await activity.read(self._activity_kv, session_id)
         return entry.last(now) if entry is not None else None
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 from services.scheduler import handlers
 from shared.domain import pools, projections
-from shared.infrastructure import projector, rpc, service, settings, warmpool
+from shared.infrastructure import eventstore, projector, rpc, service, settings, warmpool
 
 #: Commands handled concurrently per instance (bounded: back-pressure).
 MAX_WORKERS = 64
@@ -19,7 +20,10 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
         snapshots = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
         warm = pools.configured(lifecycle) if lifecycle else []
         for spec in warm:
-            await warmpool.ensure_consumer(ctx.js, ctx.topology, spec.pool_id)
+            await eventstore.patiently(
+                functools.partial(warmpool.ensure_consumer, ctx.js, ctx.topology, spec.pool_id),
+                f"creating the claims consumer of {spec.pool_id}",
+            )
         commands = handlers.SessionCommands(
             ctx,
             sessions,

@@ -130,6 +130,6 @@ class Pausing:
 
     async def _used_since(self, session_id: str, since: datetime) -> bool:
         if self._activity_kv is None:
-            self._activity_kv = await self.ctx.js.key_value(self.ctx.topology.activity_bucket)
+            self._activity_kv = await self.ctx.key_value(self.ctx.topology.activity_bucket)
         entry = await activity.read(self._activity_kv, session_id)
         return entry is not None and entry.last(datetime.now(UTC)) > since

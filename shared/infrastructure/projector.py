@@ -41,10 +41,6 @@ RETRY_SECONDS = 0.5
 """How long a projector waits before fetching again while JetStream is unavailable."""
 
 
-OPEN_ATTEMPTS = 5
-"""How often opening a projection's bucket is tried when the JetStream API times out."""
-
-
 class ProjectionStore(Generic[projections.S]):
     """One kind's KV bucket, read and written through its projection."""
 
@@ -70,16 +66,9 @@ class ProjectionStore(Generic[projections.S]):
         store: eventstore.EventStore,
     ) -> ProjectionStore[projections.S]:
         bucket = store.topology.bucket(projection.kind)
-        for attempt in range(OPEN_ATTEMPTS):
-            try:
-                kv = await js.key_value(bucket)
-                break
-            except nats.errors.TimeoutError:
-                # The JetStream API does not answer while a cluster elects a leader (a node
-                # was lost): a read-only request, asked again a few times.
-                if attempt == OPEN_ATTEMPTS - 1:
-                    raise
-                await asyncio.sleep(1.0)
+        # The JetStream API does not answer while a cluster elects a leader (a node was
+        # lost, maybe as this service starts): wait, do not exit.
+        kv = await eventstore.patiently(lambda: js.key_value(bucket), f"opening the {projection.kind}s")
         return cls(js, kv, projection, store)
 
     async def get_entry(self, key: str) -> tuple[projections.S | None, int | None]:
@@ -175,10 +164,15 @@ class ProjectionStore(Generic[projections.S]):
         if self._mirror is not None:
             return
         mirror = kvmirror.Mirror(self.store_js, self.kv_bucket, self._decode, keep, on_change)
-        try:
-            await mirror.start()
-        except Exception as exc:
-            raise eventstore.translate(exc, f"following {self.projection.kind}s") from exc
+        doing = f"following {self.projection.kind}s"
+
+        async def start() -> None:
+            try:
+                await mirror.start()
+            except Exception as exc:
+                raise eventstore.translate(exc, doing) from exc
+
+        await eventstore.patiently(start, doing)
         self._mirror = mirror
 
     async def unfollow(self) -> None:

@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 from nats.aio.client import Client
 from nats.js.client import JetStreamContext
+from nats.js.kv import KeyValue
 
 from shared.contract import codec, commands, errors, events, ids, subjects
 from shared.domain import projections
@@ -89,6 +90,10 @@ class Context:
                 busy=lambda e: codec.encode(family.failed(e)),
             )
         )
+
+    async def key_value(self, bucket: str) -> KeyValue:
+        """A KV bucket, waiting out a leader election (as at start-up on a cluster)."""
+        return await eventstore.patiently(lambda: self.js.key_value(bucket), f"opening {bucket}")
 
     def meta(
         self,
@@ -213,7 +218,7 @@ async def run(  # noqa: C901
     instances = await patiently(
         lambda: projector.ProjectionStore.open(js, projections.INSTANCES, store), "opening the instances"
     )
-    health_kv = await patiently(lambda: js.key_value(topology.health_bucket), "opening the health bucket")
+    health_kv = await ctx.key_value(topology.health_bucket)
 
     if s.metrics_port is not None:
         port = metrics.serve(s.metrics_port, s.metrics_host)

@@ -17,6 +17,11 @@ from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = pytest.mark.slow
 
+CHECKS = ("--exclude-checks", "not_a_server_error")
+"""Every check but one (ours instead: the hooks module). Not ``--checks all``: a check the
+command line names wins over the config file's per-operation settings."""
+CONFIG = Path(__file__).with_name("schemathesis.toml")
+
 MAX_EXAMPLES = 60
 """Per operation and phase: about 2,000 requests in all, 1-2 minutes here."""
 
@@ -29,11 +34,10 @@ def test_schemathesis_finds_nothing(tmp_path):
         done = subprocess.run(
             [
                 str(Path(sys.executable).with_name("schemathesis")),
-                "--config-file", str(Path(__file__).with_name("schemathesis.toml")),
+                "--config-file", str(CONFIG),
                 "run",
                 f"{url}/openapi.json",
-                "--checks", "all",
-                "--exclude-checks", "not_a_server_error",  # (ours instead: the hooks module)
+                *CHECKS,
                 "--header", f"Authorization: Bearer {key}",
                 "--max-examples", str(MAX_EXAMPLES),
                 "--request-timeout", "60",
@@ -52,3 +56,30 @@ def test_schemathesis_finds_nothing(tmp_path):
     report = done.stdout + done.stderr
     assert done.returncode == 0, report[-12000:]
     assert "API Operations" in report and "Tested: " in report, report[-4000:]
+
+
+def test_every_check_runs_but_where_the_config_says_not():
+    """What the run above is asked for, resolved as schemathesis resolves it: every check
+    on every operation and phase, but ``not_a_server_error`` (the hooks' instead) and
+    ``use_after_free`` on the timeline (an audit record outlives its session)."""
+    import msgspec
+    import schemathesis
+    from schemathesis.checks import CHECKS as REGISTRY
+    from schemathesis.config import SchemathesisConfig
+
+    from services.gateway import openapi
+
+    config = SchemathesisConfig.from_path(str(CONFIG))
+    config.projects.override.checks.update(excluded_check_names=[CHECKS[1]])
+    document = msgspec.json.decode(msgspec.json.encode(openapi.document("test")))
+    schema = schemathesis.openapi.from_dict(document, config=config)
+    off: dict[tuple[str, str | None], list[str]] = {}
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        for phase in (None, "examples", "coverage", "fuzzing", "stateful"):
+            checks = schema.config.checks_config_for(operation=operation, phase=phase)
+            names = [n for n in REGISTRY.get_all_names() if not checks.get_by_name(name=n).enabled]
+            if names != ["not_a_server_error"]:
+                off[(operation.definition.raw["operationId"], phase)] = names
+    phases = (None, "examples", "coverage", "fuzzing", "stateful")
+    assert off == {("getTimeline", p): ["not_a_server_error", "use_after_free"] for p in phases}

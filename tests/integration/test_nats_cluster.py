@@ -11,12 +11,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
 
 from shared.contract import events, ids, subjects
-from shared.infrastructure import bus, eventstore, settings
+from shared.infrastructure import bus, eventstore, service, settings
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -123,6 +124,71 @@ async def test_killing_the_event_streams_leader_loses_no_acknowledged_event(clus
 SIX = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")
 
 
+def _assert_none_exited(procs: dict[str, subprocess.Popen[bytes]], logs) -> None:
+    exited = {m: p.returncode for m, p in procs.items() if p.poll() is not None}
+    tails = "\n".join(f"--- {m}:\n" + (logs / f"{m}.log").read_text()[-3000:] for m in exited)
+    assert exited == {}, f"services exited: {exited}\n{tails}"
+
+
+def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs.values():
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.timeout(300)
+async def test_each_service_starting_during_an_election_waits_it_out(cluster, namespace, tmp_path):
+    """Each of the six services is started (in this process, one after the other) with the
+    node leading the most streams and buckets SIGKILLed just as its own set-up begins, so
+    opening and following buckets, creating consumers and taking leases meet the
+    elections: it waits them out and reports ok instead of exiting. The node is brought
+    back between services."""
+    import importlib
+
+    nodes, nc = cluster
+    js = nc.jetstream()
+    topology = subjects.Topology(namespace)
+    await bus.ensure_topology(js, topology, replicas=3)
+    env = support.service_env(
+        nodes.url, namespace, SBX_NATS_REPLICAS="3", SBX_POOL_MIN_IDLE="0", SBX_SANDBOX_EGRESS="none",
+        SBX_STATE_DIR=str(tmp_path / "state"), SANDBOX_API_KEY="k" * 32,
+        SBX_GATEWAY_PORT=str(support.free_port()), SBX_INSTANCE_ID="",
+    )  # fmt: skip
+    running: list[tuple[asyncio.Event, asyncio.Task[int]]] = []
+    try:
+        for module in SIX:
+            leaders = [(await js.stream_info(name)).cluster.leader for name in bus.stream_names(topology)]
+            busiest = max(set(leaders), key=leaders.count)
+            killed = int(busiest[1:])
+            service_settings, setup = importlib.import_module(f"services.{module}.app").build(env)
+            service_settings = replace(service_settings, health_interval=0.2, drain_timeout=2.0)
+
+            async def setup_in_an_election(ctx, setup=setup, killed=killed):
+                nodes.kill(killed)
+                return await setup(ctx)
+
+            stop = asyncio.Event()
+            task = asyncio.create_task(service.run(service_settings, setup_in_an_election, stop=stop))
+            running.append((stop, task))
+            alive = f"nats://127.0.0.1:{nodes.ports[(killed + 1) % nodes.size]}"
+            await support.wait_for_health(
+                alive, namespace, service_settings.service, service_settings.instance, task, timeout=90
+            )
+            print(f"\n{module}: started while {leaders.count(busiest)} of {len(leaders)} streams elected")
+            nodes.start(killed)
+            await support.eventually(lambda: _rejoined(js, topology, nodes.name(killed)), timeout=30)
+        assert [t for _, t in running if t.done()] == [], "a service ended"
+    finally:
+        for stop, _ in running:
+            stop.set()
+        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+
+
 @pytest.mark.timeout(240)
 async def test_the_stack_rides_out_the_loss_of_the_event_streams_leader(cluster, namespace, tmp_path):
     """The six services, each its own process, on the 3-node cluster with 3 copies of
@@ -183,8 +249,7 @@ async def test_the_stack_rides_out_the_loss_of_the_event_streams_leader(cluster,
             nodes.kill(killed)
             for n in range(10, 40):
                 await create(n)
-            exited = {m: p.returncode for m, p in procs.items() if p.poll() is not None}
-            assert exited == {}, f"services exited: {exited}"
+            _assert_none_exited(procs, tmp_path)
 
             store = eventstore.EventStore(js, topology)
             created = [
@@ -207,11 +272,4 @@ async def test_the_stack_rides_out_the_loss_of_the_event_streams_leader(cluster,
                 f"calls worked again after {outage:.2f} s; no service exited"
             )
     finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs.values():
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        _stop_all(procs)
