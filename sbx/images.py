@@ -20,6 +20,7 @@ from typing import Any
 
 from sbx import bars
 from shared.contract import errors, events, ids, references
+from shared.domain import describe
 from shared.infrastructure import settings
 from shared.runtime import backends
 
@@ -171,7 +172,7 @@ async def pull(
     }
     text = (
         f"{pulled.reference}@{pulled.digest}: {pulled.layers} layers ({pulled.fetched} downloaded), "
-        f"{_size(pulled.size)} in {pulled.seconds:.1f}s"
+        f"{describe.size(pulled.size)} in {pulled.seconds:.1f}s"
     )
     _say(report, text, as_json)
     return 0
@@ -196,7 +197,7 @@ def print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
             print(f"{row['reference']:<50} {'(' + row['kind'] + ')':<19} {'':>9} {'':<25}")
             continue
         print(
-            f"{row['reference']:<50} {row['digest'][:19]:<19} {_size(row['size']):>9} "
+            f"{row['reference']:<50} {row['digest'][:19]:<19} {describe.size(row['size']):>9} "
             f"{row['last_used'] or '-':<25} {row['sandboxes']}"
         )
 
@@ -208,7 +209,7 @@ def prune(state_dir: Path, env: dict[str, str], keep_bytes: int, *, as_json: boo
         return
     for image in removed:
         print(f"removed {image}")
-    print(f"{len(removed)} images removed, {_size(freed)} of layers freed")
+    print(f"{len(removed)} images removed, {describe.size(freed)} of layers freed")
 
 
 def add(state_dir: Path, env: dict[str, str], name: str, rootfs: Path, *, as_json: bool) -> None:
@@ -223,15 +224,6 @@ def import_archive(state_dir: Path, env: dict[str, str], name: str, archive: Pat
         store.import_archive(name, archive, progress=progress)
     report = {"name": name, "kind": "registered", "source": str(archive)}
     _say(report, f"imported {name} from {archive}", as_json)
-
-
-def _size(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 class _Recorder:

@@ -19,6 +19,7 @@ from sbx import bars, stack
 from sbx_client.api import TimelineEntry
 from shared.contract import codec, errors, events, ids, subjects
 from shared.domain import describe, projections
+from shared.domain import timeline as timeline_rules
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings
 
 CONNECT_WAIT = 5.0
@@ -142,17 +143,29 @@ async def follow_events(
 ) -> int:
     store = eventstore.EventStore(nc.jetstream(), topology)
     subject = None
-    if session is not None:  # the session's own events and the audit records of what it did
-        sid = ids.validate_session_id(session)
+    members = None
+    if session is not None:
+        # The session's own events, the audit records of what it did, and its sandboxes'
+        # and snapshots' events (those are named by their own ids: read all, the session's
+        # kept, as the timeline does).
+        members = timeline_rules.Membership(ids.validate_session_id(session))
         subject = [
-            topology.aggregate_subject(subjects.SESSION, sid),
-            topology.aggregate_subject(subjects.EXEC, sid),
-            topology.aggregate_subject(subjects.EGRESS, sid),
+            topology.aggregate_subject(subjects.SESSION, members.session_id),
+            topology.aggregate_subject(subjects.EXEC, members.session_id),
+            topology.aggregate_subject(subjects.EGRESS, members.session_id),
+            topology.events_of_kind(subjects.SANDBOX),
+            topology.events_of_kind(subjects.SNAPSHOT),
         ]
+        async for stored in store.read(subject[0]):  # its sandboxes, should --since skip their start
+            members.learn(stored.seq, stored.event)
     # Closed here, while NATS is still connected, whatever stops the loop (a closed pipe,
     # Ctrl-C): left to the event loop's shutdown it would fail and print a traceback.
     async with contextlib.aclosing(store.read(subject, start_seq=since, follow=follow)) as stream:
         async for stored in stream:
+            if members is not None:
+                members.learn(stored.seq, stored.event)
+                if not members.owns(stored.seq, stored.event):
+                    continue
             print(json.dumps(event_record(stored)) if as_json else _line(stored), flush=True)
     return 0
 

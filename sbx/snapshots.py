@@ -10,18 +10,10 @@ from typing import Any
 from nats.aio.client import Client
 
 from shared.contract import codec, commands, errors, ids, states, subjects
-from shared.domain import projections
+from shared.domain import describe, projections
 from shared.infrastructure import eventstore, rpc
 
 ACTOR = commands.Actor(via="cli")
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
 
 
 def _line(s: states.SnapshotState) -> str:
@@ -29,7 +21,8 @@ def _line(s: states.SnapshotState) -> str:
     gone = f" ({s.status}: {s.delete_reason})" if s.status == "deleted" else ""
     return (
         f"{s.snapshot_id}  session {s.session_id}  {s.created_at.isoformat(timespec='seconds')}  "
-        f"{_size(s.size)} new, {_size(s.total_size)} in all, {len(s.layers)} layer(s){parent}  "
+        f"{describe.size(s.size)} new, {describe.size(s.total_size)} in all, "
+        f"{len(s.layers)} layer(s){parent}  "
         f"frozen {s.frozen_ms:.1f} ms{gone}"
     )
 

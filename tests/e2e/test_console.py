@@ -205,6 +205,19 @@ async def test_filter_open_watch_a_command_live_and_stop_the_session(tab, stack,
     await tab.page.click("#sandboxes a[href='/console/sessions/con-a']")
     await tab.page.wait_for_url("**/console/sessions/con-a")
 
+    # A snapshot of it: on the session's page and on the snapshots page.
+    taken = rest.post("/v1/sessions/con-a/snapshots", json={"snapshot_id": "con-a-snap"})
+    assert taken.status_code == 201, taken.text
+    await tab.page.reload()
+    await playwright.expect(tab.page.locator("#session-snapshots tbody")).to_contain_text("con-a-snap")
+    await tab.page.click("nav a[href='/console/snapshots']")
+    await tab.page.wait_for_url("**/console/snapshots")
+    snapshots = tab.page.locator("#snapshots tbody")
+    await playwright.expect(snapshots.locator("tr", has_text="con-a-snap")).to_contain_text("acme")
+    await shot(tab, shots, "snapshots", capsys)
+    await tab.page.click("#snapshots a[href='/console/sessions/con-a']")
+    await tab.page.wait_for_url("**/console/sessions/con-a")
+
     # Stop it from the page (keyboard again): the event carries who did it.
     await tab.page.focus("#stop")
     await tab.page.keyboard.press("Enter")
@@ -282,7 +295,8 @@ async def test_every_page_is_locked_down_and_html_stays_text(tab, stack, rest, s
     ran = rest.post("/v1/sessions/con-html/run", json={"command": "echo '<b id=\"pwned\">bold</b>'"})
     assert ran.status_code == 200
     await tab.login(key)
-    for path in ("/console/sessions", "/console/sessions/con-html", "/console/audit", "/console/system"):
+    pages = ("/console/sessions", "/console/sessions/con-html", "/console/snapshots", "/console/audit")
+    for path in (*pages, "/console/system"):
         response = await tab.goto(path)
         assert response.status == 200, path
         headers = await response.all_headers()
@@ -347,6 +361,11 @@ async def test_an_organisation_bound_key_sees_only_its_organisation(tab, stack, 
     await playwright.expect(table).to_contain_text("org-a")
     await playwright.expect(table).not_to_contain_text("org-g")
     assert rest.post("/v1/sessions/org-g/run", json={"command": "true"}).status_code == 200
+    taken = rest.post("/v1/sessions/org-g/snapshots", json={"snapshot_id": "org-g-snap"})
+    assert taken.status_code == 201, taken.text
+    await tab.goto("/console/snapshots")  # globex's snapshot is not acme's
+    assert "org-g-snap" not in await tab.page.locator("#snapshots").inner_text()
+    assert (await tab.goto("/console/snapshots?org=globex")).status == 403
     await tab.goto("/console/sandboxes")  # globex's sandbox and the idle pool are not acme's
     listed = tab.page.locator("#sandboxes tbody tr")
     assert await listed.count() > 0

@@ -194,6 +194,15 @@ async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):
     ok, text = await agent.call("shell", command="cat /workspace/c")
     assert ok and text.startswith("cli"), text
     assert sbx("snapshot", "delete", "cli-snap", state=state).returncode == 0
+    # The session's events: its own, its sandboxes', its snapshots' (none of the fork's).
+    out = sbx("events", "--json", "--session", "cli-origin", state=state).stdout
+    seen = [json.loads(line)["event"] for line in out.splitlines()]
+    types = [e["type"] for e in seen]
+    assert types.count("snapshot.created") == 1 and types.count("snapshot.deleted") == 1, types
+    assert "sandbox.started" in types, types
+    assert any(e["type"] == "sandbox.requested" and e.get("snapshot") == "cli-snap" for e in seen)  # restore
+    assert all(e.get("session_id") in ("cli-origin", None) for e in seen), seen
+    assert not any(e.get("session_id") == "cli-fork" for e in seen)
     assert sbx("snapshot", "show", "nope", state=state).returncode == 1
     assert sbx("snapshot", "fork", "cli-snap", state=state).returncode == 1  # deleted: not forked
     assert sbx("snapshot", "create", "bad id!", state=state).returncode == 2

@@ -172,6 +172,38 @@ def test_sandbox_rows_filter_and_show_their_sessions_owner():
     assert "lost" in views.SANDBOX_STATUSES
 
 
+def snapshot(sid: str, session_id: str, org: str | None = None, **more) -> states.SnapshotState:
+    fields = {"status": "ready", "sandbox_id": "sb", "digest": "d", "created_at": NOW, "updated_at": NOW}
+    fields |= {"last_seq": 1} | more
+    return states.SnapshotState(snapshot_id=sid, session_id=session_id, org_id=org, **fields)
+
+
+def test_snapshot_rows_filter_hide_other_organisations_and_say_sizes():
+    taken = [
+        snapshot("s1", "a1", "acme", user_id="ann", size=1536, total_size=3 * 1024**2, layers=("x", "y")),
+        snapshot("s2", "a2", "acme", created_at=NOW + timedelta(seconds=1), parent="s1"),
+        snapshot("s3", "a1", "acme", status="deleted", delete_reason="retention"),
+        snapshot("s4", "g1", "globex", image="python:3.12"),
+        snapshot("s5", "n1"),
+    ]
+    ids = lambda rows: [r.snapshot_id for r in rows]  # noqa: E731
+    assert ids(views.snapshot_rows(taken, views.Filters(), None)) == ["s1", "s4", "s5", "s2"]
+    assert ids(views.snapshot_rows(taken, views.Filters(), "acme")) == ["s1", "s2"]
+    assert ids(views.snapshot_rows(taken, views.Filters(status="deleted"), "acme")) == ["s3"]
+    assert ids(views.snapshot_rows(taken, views.Filters(org="globex"), "acme")) == []
+    assert ids(views.snapshot_rows(taken, views.Filters(image="python"), None)) == ["s4"]
+    assert ids(views.snapshot_rows(taken, views.Filters(), "acme", session_id="a1")) == ["s1"]
+    assert ids(views.snapshot_rows(taken, views.Filters(), "globex", session_id="a1")) == []
+    row = views.snapshot_rows(taken, views.Filters(user="ann"), None)[0]
+    assert (row.size, row.total, row.layers, row.org) == ("1.5 KiB", "3.0 MiB", "2", "acme")
+    (gone,) = views.snapshot_rows(taken, views.Filters(status="deleted"), None)
+    assert gone.status == "deleted (retention)"
+    assert views.snapshot_rows(taken, views.Filters(status="ready"), None)[1].parent == ""
+    assert views.filters({"status": "deleted"}, None, views.SNAPSHOT_STATUSES).status == "deleted"
+    with pytest.raises(errors.InvalidInput):
+        views.filters({"status": "active"}, None, views.SNAPSHOT_STATUSES)
+
+
 def test_a_bound_key_sees_the_events_of_its_organisation_only():
     def meta(org=None, sid=None):
         return events.Meta(

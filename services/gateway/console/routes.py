@@ -100,6 +100,7 @@ class Console:
             Route(p + "/sessions", self.page(self.session_list), methods=["GET"]),
             Route(p + "/sessions/{session_id}", self.page(self.session_page), methods=["GET"]),
             Route(p + "/sandboxes", self.page(self.sandbox_list), methods=["GET"]),
+            Route(p + "/snapshots", self.page(self.snapshot_list), methods=["GET"]),
             Route(p + "/sessions/{session_id}/stop", self.action(self.stop), methods=["POST"]),
             Route(p + "/sessions/{session_id}/delete", self.action(self.delete), methods=["POST"]),
             Route(
@@ -267,6 +268,21 @@ class Console:
         )
         return self.html(request, who, "Sandboxes", body)
 
+    async def snapshot_list(self, request: Request, who: tokens.Identity) -> Response:
+        chosen = views.filters(request.query_params, who.org, views.SNAPSHOT_STATUSES)
+        rows = views.snapshot_rows((await self.all(projections.SNAPSHOTS)).values(), chosen, who.org)
+        body = templating.render(
+            "snapshots.html",
+            filters=_filters("snapshots", chosen, views.SNAPSHOT_STATUSES, "ready", who),
+            count=len(rows),
+            rows=templating.join(
+                templating.render("snapshot_row.html", **vars(r), session_link=_session_link(r.session_id))
+                for r in rows
+            )
+            or templating.render("empty_row.html", columns=12, text="No snapshots match."),
+        )
+        return self.html(request, who, "Snapshots", body)
+
     async def visible_state(self, session_id: str, who: tokens.Identity) -> states.SessionState:
         ids.validate_session_id(session_id)
         state = await self.sessions.get(session_id)
@@ -291,6 +307,19 @@ class Console:
                 if state.status != "active"
                 else templating.EMPTY,
             )
+        taken = views.snapshot_rows(
+            (await self.all(projections.SNAPSHOTS)).values(), views.Filters(), who.org, session_id=sid
+        )
+        snapshots = (
+            templating.render(
+                "session_snapshots.html",
+                rows=templating.join(
+                    templating.render("session_snapshot_row.html", **vars(r)) for r in taken
+                ),
+            )
+            if taken
+            else templating.render("message.html", kind="note", text="No snapshots of this session.")
+        )
         more = templating.EMPTY
         if page.more:
             more = templating.render(
@@ -307,6 +336,7 @@ class Console:
                 "message.html", kind="note", text="No sandbox yet (it is made at the first command)."
             ),
             actions=actions,
+            snapshots=snapshots,
             stream=views.href("sessions", sid, "timeline", "stream") + f"?after={page.next_after}",
             rows=templating.join(
                 templating.render("timeline_row.html", **views.timeline_row(e)) for e in page.entries

@@ -192,6 +192,64 @@ def sandbox_rows(
     return rows
 
 
+# ---- snapshots ----------------------------------------------------------------------
+
+SNAPSHOT_STATUSES: tuple[str, ...] = get_args(states.SnapshotStatus)
+
+
+@dataclass(frozen=True)
+class SnapshotRow:
+    snapshot_id: str
+    status: str
+    session_id: str
+    org: str
+    user: str
+    image: str
+    size: str
+    total: str
+    layers: str
+    parent: str
+    frozen: str
+    created: str
+
+
+def snapshot_rows(
+    snapshots: Iterable[states.SnapshotState],
+    chosen: Filters,
+    bound: str | None,
+    session_id: str | None = None,
+) -> list[SnapshotRow]:
+    """The snapshots the filters choose (deleted ones only when asked for), oldest first;
+    only ``session_id``'s if given. A key bound to an organisation sees only its own."""
+    rows = []
+    for s in sorted(snapshots, key=lambda s: (s.created_at, s.snapshot_id)):
+        if (bound is not None and s.org_id != bound) or (session_id and s.session_id != session_id):
+            continue
+        if (s.status != chosen.status) if chosen.status else s.status == "deleted":
+            continue
+        if (chosen.org and s.org_id != chosen.org) or (chosen.user and s.user_id != chosen.user):
+            continue
+        if chosen.image and chosen.image not in s.image:
+            continue
+        rows.append(
+            SnapshotRow(
+                snapshot_id=s.snapshot_id,
+                status=s.status + (f" ({s.delete_reason})" if s.delete_reason else ""),
+                session_id=s.session_id,
+                org=s.org_id or "",
+                user=s.user_id or "",
+                image=s.image,
+                size=describe.size(s.size),
+                total=describe.size(s.total_size),
+                layers=str(len(s.layers)),
+                parent=s.parent or "",
+                frozen=f"{s.frozen_ms:.1f} ms",
+                created=when(s.created_at),
+            )
+        )
+    return rows
+
+
 def session_details(state: states.SessionState) -> list[tuple[str, str]]:
     return [
         ("Session", state.session_id),
@@ -202,6 +260,7 @@ def session_details(state: states.SessionState) -> list[tuple[str, str]]:
         ("Created", when(state.created_at)),
         ("Updated", when(state.updated_at)),
         ("Incarnation", str(state.incarnation)),
+        ("Forked from", state.forked_from or "(not a fork)"),
         ("Last event", str(state.last_seq)),
     ]
 
@@ -213,6 +272,7 @@ def sandbox_details(box: states.SandboxState) -> list[tuple[str, str]]:
         ("Image", box.image + (f" ({box.image_digest})" if box.image_digest else "")),
         ("Backend", box.backend),
         ("Warm pool", box.pool or "(not from a pool)"),
+        ("Started from", box.snapshot or "(its image)"),
         ("Runs as root", "yes" if box.run_as_root else "no"),
         ("Writable root", "yes" if box.writable_root else "no"),
         ("Proxy", box.proxy_id or "(none)"),
