@@ -89,7 +89,13 @@ class ProjectionStore(Generic[projections.S]):
     async def _write(self, key: str, state: projections.S, revision: int | None) -> None:
         payload = codec.encode(state)
         if revision is None:
-            await self.kv.create(key, payload)
+            try:
+                await self.kv.create(key, payload)
+            except nats.js.errors.KeyNotFoundError as exc:
+                # nats-py's create, told the key exists, reads it back to see whether it was
+                # deleted; a replica not caught up yet (during an election) says it is not
+                # there. Another writer came first all the same: the caller looks again.
+                raise nats.js.errors.KeyWrongLastSequenceError(f"{key} was created meanwhile") from exc
         else:
             await self.kv.update(key, payload, last=revision)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib.metadata
 import os
 import signal
@@ -238,7 +239,7 @@ async def run(  # noqa: C901
     for stored in await _record_start(
         store, topology.aggregate_subject(subjects.INSTANCE, s.instance), started
     ):
-        await instances.apply(stored)
+        await patiently(functools.partial(instances.apply, stored), "projecting this instance's start")
     ctx.status = "ok"
     log.info("service.started", nats=s.bus.nats_url, namespace=s.bus.namespace, pid=os.getpid())
 

@@ -141,52 +141,58 @@ def _stop_all(procs: dict[str, subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
-@pytest.mark.timeout(300)
-async def test_each_service_starting_during_an_election_waits_it_out(cluster, namespace, tmp_path):
-    """Each of the six services is started (in this process, one after the other) with the
-    node leading the most streams and buckets SIGKILLed just as its own set-up begins, so
-    opening and following buckets, creating consumers and taking leases meet the
-    elections: it waits them out and reports ok instead of exiting. The node is brought
-    back between services."""
+@pytest.mark.timeout(180)
+async def test_services_starting_during_an_election_wait_it_out(cluster, namespace, tmp_path):
+    """The six services are started in this process, and each one's set-up waits until all
+    six have come that far; then the node leading the most streams and buckets is
+    SIGKILLed, so every set-up (opening and following buckets, creating consumers, taking
+    leases) meets the elections. Each waits them out and reports ok instead of exiting."""
     import importlib
 
     nodes, nc = cluster
     js = nc.jetstream()
     topology = subjects.Topology(namespace)
     await bus.ensure_topology(js, topology, replicas=3)
+    leaders = [(await js.stream_info(name)).cluster.leader for name in bus.stream_names(topology)]
+    busiest = max(set(leaders), key=leaders.count)
+    killed = int(busiest[1:])
     env = support.service_env(
         nodes.url, namespace, SBX_NATS_REPLICAS="3", SBX_POOL_MIN_IDLE="0", SBX_SANDBOX_EGRESS="none",
         SBX_STATE_DIR=str(tmp_path / "state"), SANDBOX_API_KEY="k" * 32,
         SBX_GATEWAY_PORT=str(support.free_port()), SBX_INSTANCE_ID="",
     )  # fmt: skip
-    running: list[tuple[asyncio.Event, asyncio.Task[int]]] = []
+    arrived, all_there = 0, asyncio.Event()
+
+    def in_an_election(setup: service.Setup) -> service.Setup:
+        async def wrapped(ctx: service.Context) -> service.Workload:
+            nonlocal arrived
+            arrived += 1
+            if arrived == len(SIX):
+                nodes.kill(killed)
+                all_there.set()
+            await all_there.wait()
+            return await setup(ctx)
+
+        return wrapped
+
+    running: dict[str, tuple[settings.ServiceSettings, asyncio.Event, asyncio.Task[int]]] = {}
     try:
         for module in SIX:
-            leaders = [(await js.stream_info(name)).cluster.leader for name in bus.stream_names(topology)]
-            busiest = max(set(leaders), key=leaders.count)
-            killed = int(busiest[1:])
             service_settings, setup = importlib.import_module(f"services.{module}.app").build(env)
             service_settings = replace(service_settings, health_interval=0.2, drain_timeout=2.0)
-
-            async def setup_in_an_election(ctx, setup=setup, killed=killed):
-                nodes.kill(killed)
-                return await setup(ctx)
-
             stop = asyncio.Event()
-            task = asyncio.create_task(service.run(service_settings, setup_in_an_election, stop=stop))
-            running.append((stop, task))
-            alive = f"nats://127.0.0.1:{nodes.ports[(killed + 1) % nodes.size]}"
-            await support.wait_for_health(
-                alive, namespace, service_settings.service, service_settings.instance, task, timeout=90
-            )
-            print(f"\n{module}: started while {leaders.count(busiest)} of {len(leaders)} streams elected")
-            nodes.start(killed)
-            await support.eventually(lambda: _rejoined(js, topology, nodes.name(killed)), timeout=30)
-        assert [t for _, t in running if t.done()] == [], "a service ended"
+            task = asyncio.create_task(service.run(service_settings, in_an_election(setup), stop=stop))
+            running[module] = (service_settings, stop, task)
+        alive = f"nats://127.0.0.1:{nodes.ports[(killed + 1) % nodes.size]}"
+        for s, _, task in running.values():
+            await support.wait_for_health(alive, namespace, s.service, s.instance, task, timeout=90)
+        assert all_there.is_set()
+        assert [m for m, (_, _, t) in running.items() if t.done()] == [], "a service ended"
+        print(f"\nsix services started while {leaders.count(busiest)} of {len(leaders)} streams elected")
     finally:
-        for stop, _ in running:
+        for _, stop, _ in running.values():
             stop.set()
-        await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+        await asyncio.gather(*(t for _, _, t in running.values()), return_exceptions=True)
 
 
 @pytest.mark.timeout(240)
