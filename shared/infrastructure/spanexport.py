@@ -1,14 +1,14 @@
 """The OpenTelemetry SDK's side of tracing, made safe for a process that forks: a tracer
 provider and a batch exporter that do nothing in a forked child.
 
-The local runtime starts its sandboxes' helpers with ``preexec_fn`` (``userns.create``,
-``enter.prepare``), which runs Python between fork and exec, after the ``os.register_at_fork``
-hooks. The SDK's ``BatchSpanProcessor`` starts its export thread again there, and a process
-with a second thread may not ``unshare(CLONE_NEWUSER)``: every sandbox start failed with
-"Exception occurred in preexec_fn". Its ``TracerProvider`` detects its resource again there
-(with a thread pool). A child that execs at once needs neither: :func:`provider` skips the
-detection and :class:`Batches` is the batch exporter, without a fork hook (a child never
-exports what its parent queued). Imported only when tracing is configured
+The local runtime enters its sandboxes with a ``preexec_fn`` (``enter.prepare``), which runs
+Python between fork and exec, after the ``os.register_at_fork`` hooks. The SDK's
+``BatchSpanProcessor`` starts its export thread again there, and a process with a second
+thread may not join a user namespace (the user namespace's holder once made it there too:
+every sandbox start failed with "Exception occurred in preexec_fn"). Its ``TracerProvider``
+detects its resource again there (with a thread pool). A child that execs at once needs
+neither: :func:`provider` skips the detection and :class:`Batches` is the batch exporter,
+without a fork hook (a child never exports what its parent queued). Imported only when tracing is configured
 (:func:`shared.infrastructure.tracing.configure`).
 """
 

@@ -38,6 +38,21 @@ USERNS_FD = 5
 """The fd of the sandbox's user namespace, when the runtime made one (userns.py)."""
 SECCOMP_FD = 4
 """The fd bwrap reads the seccomp program from (see seccomp.py)."""
+INFO_FD = 3
+"""The fd bwrap writes its child's pid to (closed once written)."""
+
+
+@dataclass(frozen=True)
+class Fds:
+    """Where bwrap finds its user namespace and seccomp program and writes its info: the
+    launcher passes them at whatever numbers they have (nothing is moved between fork and
+    exec), the defaults are the conventional ones."""
+
+    info: int = INFO_FD
+    seccomp: int = SECCOMP_FD
+    userns: int = USERNS_FD
+
+
 NOFILE_MIN, NOFILE_MAX = 1024, 65536
 
 
@@ -111,8 +126,10 @@ def home(run_as_root: bool) -> str:
 
 # Long on purpose: the command line, one flag group after another, as
 # tests/unit/test_bwrap_plan.py checks it field by field.
-def argv(plan: Plan, main: list[str]) -> list[str]:
-    """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process."""
+def argv(plan: Plan, main: list[str], fds: Fds | None = None) -> list[str]:
+    """The full ``bwrap`` argv that runs ``main`` as the sandbox's main process, with
+    what bwrap reads and writes at ``fds`` (the usual numbers by default)."""
+    fds = fds or Fds()
     uid = 0 if plan.run_as_root else plan.uid
     args = [
         plan.bwrap,
@@ -120,7 +137,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         # others in it: pid, net (no network at all, only lo), ipc, uts, cgroup. Nested
         # user namespaces are refused by the seccomp filter (given at SECCOMP_FD).
         "--userns",
-        str(USERNS_FD),
+        str(fds.userns),
         "--unshare-pid",
         "--unshare-net",
         "--unshare-ipc",
@@ -134,7 +151,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
         plan.hostname,
         "--new-session",  # no controlling terminal to inject into (TIOCSTI)
         "--info-fd",
-        "3",
+        str(fds.info),
         "--clearenv",
     ]
     for index, layer in enumerate(plan.layers):
@@ -190,7 +207,7 @@ def argv(plan: Plan, main: list[str]) -> list[str]:
     if plan.run_as_root:
         for cap in ROOT_CAPS:
             args += ["--cap-add", cap]
-    args += ["--seccomp", str(SECCOMP_FD)]
+    args += ["--seccomp", str(fds.seccomp)]
     env = {
         "PATH": PATH,
         "HOME": "/root" if plan.run_as_root else plan.home,

@@ -94,6 +94,10 @@ class Cgroups:
         except OSError as exc:
             raise errors.InfrastructureError(f"cannot set up cgroup {name}: {exc}") from exc
 
+    def procs_files(self, name: str) -> list[str]:
+        """What a process writes ``0`` to, to join the group itself (the launcher does)."""
+        return [str(d / "cgroup.procs") for d in self.dirs(name)]
+
     def join(self, name: str, pid: int) -> None:
         """Move ``pid`` into the group (call in a child before exec, with its own pid)."""
         for d in self.dirs(name):

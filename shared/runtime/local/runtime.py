@@ -24,7 +24,6 @@ import fcntl
 import functools
 import json
 import os
-import resource
 import secrets
 import shutil
 import signal
@@ -55,6 +54,17 @@ from shared.runtime.local import (
 from shared.runtime.local.registries import RegistryConfig
 
 START_TIMEOUT = 10.0
+LAUNCH = """limit=$1; shift
+while [ "$1" != -- ]; do echo 0 > "$1" || exit 1; shift; done
+shift
+ulimit -n "$limit" || exit 1
+unset PWD OLDPWD
+exec "$@"
+"""
+"""The sandbox's launcher (``sh -c``): join the cgroup (each ``cgroup.procs`` given
+before ``--``), set the file limit (soft and hard), then run the rest (``setsid --fork
+bwrap ...``), which every process of the sandbox inherits. With an empty environment:
+the shell's own ``PWD`` (a host path) is unset, bwrap's environment is readable inside."""
 PULL_THREADS = 4
 """Image pulls one runtime runs at once (each downloads up to four layers at a time)."""
 READ_CHUNK = 64 * 1024
@@ -254,6 +264,7 @@ class LocalRuntime(api.Runtime):
         except (OSError, ValueError):
             self._file_max = 1 << 20
         self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
+        self.sh = shutil.which("sh") or "/bin/sh"
         self._cgroups = cgroup_driver
         self._cgroups_error: errors.ConfigError | None = None
         if cgroup_driver is None:
@@ -686,45 +697,37 @@ class LocalRuntime(api.Runtime):
             if dest == "/var":
                 (source / "tmp").mkdir(exist_ok=True)
                 (source / "tmp").chmod(0o1777)
-        argv = bwrap.argv(plan, bwrap.hold_main())
         info_path = d / "info.json"
         info_path.unlink(missing_ok=True)
         (d / "state.json").unlink(missing_ok=True)
-        info_fd = os.open(info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        info_fd = os.open(info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         # bwrap's output goes to a pipe read only if the start fails: every process of the
         # sandbox inherits it, and a file there would be a host file the sandbox could fill.
         log_read, log_write = os.pipe()
         filter_fd = os.memfd_create("sbx-seccomp")
         os.write(filter_fd, seccomp.compile_bpf())
         os.lseek(filter_fd, 0, os.SEEK_SET)
-        cg, limit = self.cgroups, self._nofile(spec)
         inside = pin.uid if not spec.run_as_root else 0
         userns_fd = await asyncio.to_thread(userns.create, userns.owner_uid(d), inside)
-
-        def child() -> None:  # between fork and exec: cgroup, fds 3 (info) and 4 (filter), limits
-            cg.join(name, os.getpid())
-            os.dup2(info_fd, 3)
-            os.close(info_fd)  # only fd 3 (bwrap closes it once written): nothing to reopen inside
-            os.dup2(filter_fd, bwrap.SECCOMP_FD)
-            os.close(filter_fd)
-            os.dup2(userns_fd, bwrap.USERNS_FD)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
+        fds = bwrap.Fds(info=info_fd, seccomp=filter_fd, userns=userns_fd)
+        argv = bwrap.argv(plan, bwrap.hold_main(), fds)
         try:
+            # No Python between fork and exec (the service is not copied): a shell joins
+            # the cgroup and sets the file limit, then setsid detaches bwrap.
             launcher = subprocess.Popen(
-                [self.setsid, "--fork", *argv],
+                [self.sh, "-c", LAUNCH, "launch", str(self._nofile(spec)), *self.cgroups.procs_files(name),
+                 "--", self.setsid, "--fork", *argv],
                 env={},  # bwrap is the sandbox's pid 1: its environment is readable inside
                 stdin=subprocess.DEVNULL,
                 stdout=log_write,
                 stderr=log_write,
-                preexec_fn=child,
-                pass_fds=(3, bwrap.SECCOMP_FD, bwrap.USERNS_FD, info_fd, filter_fd, userns_fd),  # see child()
+                pass_fds=(info_fd, filter_fd, userns_fd),
                 close_fds=True,
-            )
+            )  # fmt: skip
             os.close(log_write)
             log_write = -1
-            await asyncio.to_thread(launcher.wait, START_TIMEOUT)
-            pid = await self._wait_until_held(info_path)
+            launched = await asyncio.to_thread(launcher.wait, START_TIMEOUT)
+            pid = await self._wait_until_held(info_path) if launched == 0 else None
             starttime = processes.start_time(pid) if pid else None
             if pid is None or starttime is None:
                 self.cgroups.kill_all(name)
