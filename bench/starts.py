@@ -30,6 +30,8 @@ from shared.infrastructure import settings
 from shared.runtime import api, backends
 from shared.runtime.local import proxies
 
+EGRESS = os.environ.get("SBX_BENCH_EGRESS", "proxy")
+
 
 def cpu() -> float:
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -52,7 +54,7 @@ async def main(n: int, parallel: list[int]) -> None:
     state = Path(tempfile.mkdtemp(prefix="sbx-starts-"))
     defaults = settings.RuntimeSettings.from_env({})
     limits = api.Limits(disk_bytes=defaults.disk_bytes, disk_inodes=defaults.disk_inodes)
-    runtime = backends.open_runtime("local", state, egress="proxy")
+    runtime = backends.open_runtime("local", state, egress=EGRESS)
     await proxies.ensure_ca(state / "proxy" / "ca", str(settings.DEFAULT_PROXY_BIN))  # (sandboxes trust it)
     try:
         await one(runtime, limits, {"create": [], "start": [], "delete": []})  # the image, once

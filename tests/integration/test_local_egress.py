@@ -20,7 +20,7 @@ from tests.proxy import harness
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
-    pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft/nsenter missing"),
+    pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.slow,
 ]
 TOKEN = "ghp_" + "egressTestToken" * 3

@@ -23,7 +23,7 @@ from tests import support
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
-    pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft/nsenter missing"),
+    pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
         not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
     ),

@@ -23,7 +23,9 @@ Pure planning (``slot``, ``ruleset``) is kept apart from the commands that apply
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import ipaddress
 import json
 import os
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.contract import errors
+from shared.runtime.local import netlink
 
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")
 PROXY_ADDRESS = "10.213.255.254"
@@ -115,22 +118,12 @@ add rule inet {NAT_TABLE} prerouting iifname "{HOST_PREFIX}*" ip daddr {PROXY_AD
 """
 
 
-def sandbox_commands(s: Slot) -> str:
-    """``ip -batch`` input run inside the sandbox's network namespace."""
-    return (
-        f"addr add {s.sandbox_ip}/30 dev eth0\n"
-        "link set eth0 up\n"
-        f"route add {PROXY_ADDRESS}/32 dev eth0 src {s.sandbox_ip}\n"
-    )
-
-
 class Network:
-    """Applies the plan with ``ip``, ``nsenter`` and ``nft`` (root only)."""
+    """Applies the plan with ``nft``, ``ip`` (the host's proxy address) and netlink (root only)."""
 
     def __init__(self) -> None:
         self.ip = shutil.which("ip") or "/usr/sbin/ip"
         self.nft = shutil.which("nft") or "/usr/sbin/nft"
-        self.nsenter = shutil.which("nsenter") or "/usr/bin/nsenter"
         self._host_ready = False
         self._lock = asyncio.Lock()
 
@@ -138,7 +131,7 @@ class Network:
         """Why proxy egress cannot be set up here (None: it can)."""
         if os.geteuid() != 0:
             return "proxy egress needs root (veth pairs and nftables)"
-        for tool, package in ((self.ip, "iproute2"), (self.nft, "nftables"), (self.nsenter, "util-linux")):
+        for tool, package in ((self.ip, "iproute2"), (self.nft, "nftables")):
             if not Path(tool).exists():
                 return f"proxy egress needs {Path(tool).name} (install {package})"
         return None
@@ -158,8 +151,7 @@ class Network:
         """The nftables table and the proxy address on ``lo`` (idempotent)."""
         async with self._lock:
             if self._host_ready:  # still there? (an nftables restart or `nft flush ruleset` removes it)
-                code, out = await self._run(self.nft, "list", "tables", "inet")
-                if code == 0 and {f"table inet {TABLE}", f"table inet {NAT_TABLE}"} <= set(out.splitlines()):
+                if all(netlink.nft_table_exists(t) for t in (TABLE, NAT_TABLE)):
                     return
                 self._host_ready = False
             why = self.unavailable()
@@ -245,40 +237,51 @@ class Network:
         return len(gone)
 
     async def attach(self, token: str, pid: int) -> Slot:
-        """Give the sandbox whose init is ``pid`` its veth and its one route."""
+        """Give the sandbox whose init is ``pid`` its veth and its one route (netlink
+        requests from this process: no program run per sandbox)."""
         await self.ensure_host()
-        start = first_slot(token)
-        for step in range(SLOTS):
-            s = slot((start + step) % SLOTS)
-            code, out = await self._run(
-                self.ip, "link", "add", s.host_if, "type", "veth", "peer", "name", "eth0", "netns", str(pid)
-            )
-            if code == 0:
-                break
-            if "File exists" not in out:
-                raise errors.InfrastructureError(f"cannot create the sandbox's network link: {out[-500:]}")
-        else:
-            raise errors.LimitExceeded("no free sandbox network slot (16383 in use)")
-        disable_v6 = Path(f"/proc/sys/net/ipv6/conf/{s.host_if}/disable_ipv6")
-        if disable_v6.exists():
-            disable_v6.write_text("1\n")
-        host = f"addr add {s.host_ip}/30 dev {s.host_if}\nlink set {s.host_if} up\n"
-        code, out = await self._run(self.ip, "-batch", "-", stdin=host)
-        if code == 0:
-            code, out = await self._run(
-                self.nsenter,
-                f"--net=/proc/{pid}/ns/net",
-                "--",
-                self.ip,
-                "-batch",
-                "-",
-                stdin=sandbox_commands(s),
-            )
-        ifindex = _ifindex(s.host_if)
-        if code != 0 or ifindex is None:
-            await self._run(self.ip, "link", "del", s.host_if)
-            raise errors.InfrastructureError(f"cannot configure the sandbox's network: {out[-500:]}")
-        return dataclasses.replace(s, ifindex=ifindex)
+        return await asyncio.to_thread(self._attach, token, pid)
+
+    def _attach(self, token: str, pid: int) -> Slot:
+        rtnl = netlink.Rtnl()
+        try:
+            start = first_slot(token)
+            for step in range(SLOTS):
+                s = slot((start + step) % SLOTS)
+                try:
+                    rtnl.add_veth(s.host_if, "eth0", pid)
+                    break
+                except FileExistsError:
+                    continue
+                except OSError as exc:
+                    raise errors.InfrastructureError(
+                        f"cannot create the sandbox's network link: {exc}"
+                    ) from exc
+            else:
+                raise errors.LimitExceeded("no free sandbox network slot (16383 in use)")
+            try:
+                ifindex = socket.if_nametoindex(s.host_if)
+                disable_v6 = Path(f"/proc/sys/net/ipv6/conf/{s.host_if}/disable_ipv6")
+                if disable_v6.exists():
+                    disable_v6.write_text("1\n")
+                rtnl.add_address(ifindex, s.host_ip, 30)
+                rtnl.up(ifindex)
+                netlink.inside(pid, functools.partial(_configure_inside, s))
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    rtnl.delete_link(s.host_if)
+                raise errors.InfrastructureError(f"cannot configure the sandbox's network: {exc}") from exc
+            return dataclasses.replace(s, ifindex=ifindex)
+        finally:
+            rtnl.close()
+
+
+def _configure_inside(s: Slot, rtnl: netlink.Rtnl) -> None:
+    """Inside the sandbox's network namespace: ``eth0``'s address, up, its one route."""
+    eth0 = socket.if_nametoindex("eth0")
+    rtnl.add_address(eth0, s.sandbox_ip, 30)
+    rtnl.up(eth0)
+    rtnl.add_route(PROXY_ADDRESS, 32, eth0, s.sandbox_ip)
 
 
 def _ifindex(key: str) -> int | None:
