@@ -156,8 +156,9 @@ async def follow_events(
             topology.events_of_kind(subjects.SANDBOX),
             topology.events_of_kind(subjects.SNAPSHOT),
         ]
-        async for stored in store.read(subject[0]):  # its sandboxes, should --since skip their start
-            members.learn(stored.seq, stored.event)
+        if since:  # its sandboxes, learnt from the events --since skips
+            async for stored in store.read(subject[0]):
+                members.learn(stored.seq, stored.event)
     # Closed here, while NATS is still connected, whatever stops the loop (a closed pipe,
     # Ctrl-C): left to the event loop's shutdown it would fail and print a traceback.
     async with contextlib.aclosing(store.read(subject, start_seq=since, follow=follow)) as stream:

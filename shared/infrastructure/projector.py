@@ -171,14 +171,10 @@ class ProjectionStore(Generic[projections.S]):
             return
         mirror = kvmirror.Mirror(self.store_js, self.kv_bucket, self._decode, keep, on_change)
         doing = f"following {self.projection.kind}s"
-
-        async def start() -> None:
-            try:
-                await mirror.start()
-            except Exception as exc:
-                raise eventstore.translate(exc, doing) from exc
-
-        await eventstore.patiently(start, doing)
+        try:
+            await eventstore.patiently(mirror.start, doing)
+        except Exception as exc:
+            raise eventstore.translate(exc, doing) from exc
         self._mirror = mirror
 
     async def unfollow(self) -> None:

@@ -216,9 +216,7 @@ async def run(  # noqa: C901
     )
     store = eventstore.EventStore(js, topology)
     ctx = Context(s, nc, js, topology, store, started_at=now())
-    instances = await patiently(
-        lambda: projector.ProjectionStore.open(js, projections.INSTANCES, store), "opening the instances"
-    )
+    instances = await projector.ProjectionStore.open(js, projections.INSTANCES, store)  # (patient)
     health_kv = await ctx.key_value(topology.health_bucket)
 
     if s.metrics_port is not None:

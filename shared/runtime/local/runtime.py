@@ -599,21 +599,17 @@ class LocalRuntime(api.Runtime):
         return tuple(out)
 
     def _plan(self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image) -> bwrap.Plan:
-        for layer in image.layers:
-            if layer.lower and sum(len(str(p)) + 9 for p in (*layer.lower, layer.source)) > LOWERDIR_MAX:
-                raise errors.ConfigError(
-                    f"image {spec.image!r} has {len(layer.lower)} layers: too many to stack under a state "
-                    f"directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
-                )
         rw = disk.Disk.root(d)
         writable = self._writable_dirs(image, rw, spec.writable_root)
         inside = {dest for _, dest in writable}
         lowers = self._lowers(d, len(image.layers), writable)
         for index, layer in enumerate(image.layers):
-            stacked = (*layer.lower, layer.source, *lowers.get(f"root/{index}", ()))
-            if sum(len(str(p)) + 9 for p in stacked) > LOWERDIR_MAX:
+            over = lowers.get(f"root/{index}", ())
+            stacked = (*layer.lower, layer.source, *over)
+            if (layer.lower or over) and sum(len(str(p)) + 9 for p in stacked) > LOWERDIR_MAX:
+                what = "and its snapshot's layers are" if over else f"has {len(layer.lower)} layers:"
                 raise errors.ConfigError(
-                    f"image {spec.image!r} and its snapshot's layers are too many to stack under a state "
+                    f"image {spec.image!r} {what} too many to stack under a state "
                     f"directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
                 )
         return bwrap.Plan(
@@ -981,9 +977,7 @@ class LocalRuntime(api.Runtime):
         for place, folder in (("root", rw / "upper" / "upper"), ("dirs", rw / "dirs")):
             if folder.is_dir():
                 sources += [(sub, f"{place}/{sub.name}") for sub in sorted(folder.iterdir()) if sub.is_dir()]
-        shell = (
-            rw / "control" / "shell"
-        )  # (what is there is the sandbox's: read in _copy_frozen, never followed)
+        shell = rw / "control" / "shell"  # (the sandbox's: read in _copy_frozen, never followed)
         sources += [(shell / name, f"shell/{name}") for name in snapstore.SHELL_FILES]
         return sources
 

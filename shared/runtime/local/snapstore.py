@@ -36,6 +36,7 @@ from pathlib import Path
 import msgspec
 
 from shared.contract import errors, ids
+from shared.domain import describe
 from shared.runtime import api
 
 OVERLAY_XATTR = b"user.overlay."
@@ -156,8 +157,9 @@ class SnapshotStore:
         held = self.bytes()
         if held + needed > self.budget:
             raise errors.LimitExceeded(
-                f"the snapshot store holds {_mib(held)} of its {_mib(self.budget)} budget "
-                f"(SBX_SNAPSHOT_BUDGET) and this snapshot needs about {_mib(needed)}: delete snapshots first"
+                f"the snapshot store holds {describe.size(held)} of its {describe.size(self.budget)} budget "
+                f"(SBX_SNAPSHOT_BUDGET) and this snapshot needs about {describe.size(needed)}: "
+                "delete snapshots first"
             )
 
     def new_copy(self) -> Path:
@@ -406,7 +408,3 @@ def _overlay_xattrs(path: str) -> list[bytes]:
 
 def snapshot_digest(layers: Iterable[str]) -> str:
     return "sha256:" + hashlib.sha256("\n".join(layers).encode()).hexdigest()
-
-
-def _mib(n: int) -> str:
-    return f"{n / 1024**2:.1f} MiB"
