@@ -377,7 +377,7 @@ def resume_command(session: str, state_dir: StateDir = None, json: Json = False)
 # ---- snapshots: take, list, fork, restore (issue 22) -------------------------------------
 
 snapshot_app = typer.Typer(
-    help="Snapshots of sessions' files: take, list, show, delete, fork sessions from one, restore one.",
+    help="Snapshots of sessions' files: take, list, show, delete, keep warm, fork sessions, restore one.",
     **_SETTINGS,
 )
 app.add_typer(snapshot_app, name="snapshot")
@@ -449,6 +449,20 @@ def snapshot_fork(
 
     wanted = list(session_ids or []) or [f"{snapshot[:90]}-{ids.new_id()[:8]}" for _ in range(count)]
     _snapshot_action(state_dir, "fork", snapshot_id=snapshot, session_ids=wanted, as_json=json)
+
+
+@snapshot_app.command("warm")
+def snapshot_warm(
+    snapshot: SnapshotId,
+    count: Annotated[
+        int, typer.Argument(metavar="COUNT", min=0, max=100, help="Idle sandboxes to keep (0: none).")
+    ],
+    state_dir: StateDir = None,
+    json: Json = False,
+) -> None:
+    """Keep COUNT idle sandboxes started from SNAPSHOT ready: its forks and restores claim
+    one instead of starting one (they count against max_running)."""
+    _snapshot_action(state_dir, "warm", snapshot_id=snapshot, count=count, as_json=json)
 
 
 @snapshot_app.command("restore")

@@ -1,4 +1,4 @@
-"""``sbx snapshot …``: take, list, show, delete, fork and restore snapshots of sessions
+"""``sbx snapshot …``: take, list, show, delete, keep warm, fork and restore snapshots of sessions
 (scheduler commands over NATS, as the REST API sends them; lists read the projection)."""
 
 from __future__ import annotations
@@ -19,11 +19,12 @@ ACTOR = commands.Actor(via="cli")
 def _line(s: states.SnapshotState) -> str:
     parent = f" parent {s.parent}" if s.parent else ""
     gone = f" ({s.status}: {s.delete_reason})" if s.status == "deleted" else ""
+    warm = f"  {s.warm} kept warm" if s.warm else ""
     return (
         f"{s.snapshot_id}  session {s.session_id}  {s.created_at.isoformat(timespec='seconds')}  "
         f"{describe.size(s.size)} new, {describe.size(s.total_size)} in all, "
         f"{len(s.layers)} layer(s){parent}  "
-        f"frozen {s.frozen_ms:.1f} ms{gone}"
+        f"frozen {s.frozen_ms:.1f} ms{warm}{gone}"
     )
 
 
@@ -85,6 +86,26 @@ async def delete(nc: Client, topology: subjects.Topology, *, snapshot_id: str, a
     reply = await rpc.SessionClient(nc, topology).call(
         commands.DeleteSnapshot(
             command_id=ids.new_id(), session_id=found.session_id, snapshot_id=snapshot_id, actor=ACTOR
+        )
+    )
+    assert reply.snapshot is not None
+    _print(reply.snapshot, as_json)
+    return 0
+
+
+async def warm(
+    nc: Client, topology: subjects.Topology, *, snapshot_id: str, count: int, as_json: bool
+) -> int:
+    found = next((s for s in (await _states(nc, topology)).values() if s.snapshot_id == snapshot_id), None)
+    if found is None or found.status != "ready":
+        raise errors.NotFound(f"snapshot {snapshot_id!r} does not exist")
+    reply = await rpc.SessionClient(nc, topology).call(
+        commands.WarmSnapshot(
+            command_id=ids.new_id(),
+            session_id=found.session_id,
+            snapshot_id=snapshot_id,
+            count=count,
+            actor=ACTOR,
         )
     )
     assert reply.snapshot is not None

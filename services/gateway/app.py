@@ -205,7 +205,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
         rest_api = rest.SessionsAPI(client, session_states, where.forget)
         snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
-        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states)
+        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, sandboxes)
         app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
         server = _Server(
             uvicorn.Config(

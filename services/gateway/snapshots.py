@@ -9,7 +9,9 @@ bound to an organisation sees, forks and restores only its organisation's snapsh
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar
 
 import msgspec
@@ -19,6 +21,8 @@ from starlette.responses import Response
 from sbx_client.api import ForkFailure, Forks, Snapshot, SnapshotList
 from services.gateway import rest, schemas
 from shared.contract import commands, errors, ids, states
+from shared.domain import pools
+from shared.domain import snapshot as snapshot_rules
 from shared.infrastructure import rpc
 
 FORKS_MAX = 100
@@ -59,11 +63,20 @@ class ForkRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ) = msgspec.UNSET
 
 
+class WarmRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How many idle sandboxes started from the snapshot to keep ready (0: none)."""
+
+    count: Annotated[float, msgspec.Meta(ge=0, le=snapshot_rules.WARM_MAX, multiple_of=1)]
+    """A whole number (JSON does not tell 2 from 2.0; both are taken)."""
+
+
 class RestoreRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     snapshot_id: schemas.SessionId
 
 
-def snapshot_of(state: states.SnapshotState) -> Snapshot:
+def snapshot_of(state: states.SnapshotState, ready: Mapping[str, int] | None = None) -> Snapshot:
+    """The API's view of a snapshot; ``ready``: idle sandboxes ready per pool id."""
+    warm_ready = (ready or {}).get(pools.PoolSpec.of_snapshot(state).pool_id, 0) if state.warm else 0
     return Snapshot(
         snapshot_id=state.snapshot_id,
         status=state.status,
@@ -80,6 +93,8 @@ def snapshot_of(state: states.SnapshotState) -> Snapshot:
         frozen_ms=state.frozen_ms,
         created_at=state.created_at,
         delete_reason=state.delete_reason,
+        warm=state.warm,
+        warm_ready=warm_ready,
     )
 
 
@@ -173,6 +188,21 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         tag="snapshots",
     ),
     rest.Operation(
+        "PUT",
+        "/v1/snapshots/{snapshot_id}/warm",
+        "warmSnapshot",
+        f"Keep 0 to {snapshot_rules.WARM_MAX} idle sandboxes started from a snapshot: its forks are claims",
+        "warm_snapshot",
+        {
+            200: (Snapshot, "Set: the pool-manager starts (or removes) sandboxes to match; see warm_ready."),
+            404: (schemas.Problem, "No such snapshot (or another organisation's)."),
+            **rest.COMMON_ERRORS,
+        },
+        body=WarmRequest,
+        params=(SNAPSHOT_ID_PARAM,),
+        tag="snapshots",
+    ),
+    rest.Operation(
         "POST",
         "/v1/sessions/{session_id}/restore",
         "restoreSession",
@@ -190,11 +220,23 @@ OPERATIONS: tuple[rest.Operation, ...] = (
 
 
 class SnapshotsAPI:
-    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any) -> None:
+    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any, sandboxes: Any) -> None:
         self.api = sessions_api
         self.client = sessions_api.client
         self.snapshots = snapshots
         """projector.ProjectionStore[states.SnapshotState]"""
+        self.sandboxes = sandboxes
+        """projector.ProjectionStore[states.SandboxState]: how many of a warm pool are ready"""
+
+    async def _ready(self, *snapshots: states.SnapshotState) -> dict[str, int]:
+        """Idle, running sandboxes per pool (only read when a snapshot is kept warm)."""
+        if not any(s.warm for s in snapshots):
+            return {}
+        return dict(
+            collections.Counter(
+                s.pool for s in (await self.sandboxes.all()).values() if s.pool and pools.ready(s)
+            )
+        )
 
     @staticmethod
     def _snapshot_id(request: Request) -> str:
@@ -259,14 +301,31 @@ class SnapshotsAPI:
             ),
             key=lambda s: (s.created_at, s.snapshot_id),
         )
+        shown = matched[: int(raw_limit)]
+        ready = await self._ready(*shown)
         return rest.json_response(
-            SnapshotList(snapshots=[snapshot_of(s) for s in matched[: int(raw_limit)]], count=len(matched))
+            SnapshotList(snapshots=[snapshot_of(s, ready) for s in shown], count=len(matched))
         )
 
     async def get_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)
         state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
-        return rest.json_response(snapshot_of(state))
+        return rest.json_response(snapshot_of(state, await self._ready(state)))
+
+    async def warm_snapshot(self, request: Request) -> Response:
+        snapshot_id = self._snapshot_id(request)
+        body: WarmRequest = await self.api.read_body(request, WarmRequest)
+        state = self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
+        reply = await self.client.call(
+            commands.WarmSnapshot(
+                session_id=state.session_id,
+                snapshot_id=snapshot_id,
+                count=int(body.count),
+                **self.api.command_fields(request, "warm"),
+            )
+        )
+        assert reply.snapshot is not None
+        return rest.json_response(snapshot_of(reply.snapshot, await self._ready(reply.snapshot)))
 
     async def delete_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)

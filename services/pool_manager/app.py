@@ -69,15 +69,22 @@ def make_setup(
 
         await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
 
+        def on_snapshot(old: states.SnapshotState | None, new: states.SnapshotState | None) -> None:
+            if (old.warm if old else 0) != (new.warm if new else 0):
+                short.set()  # a snapshot kept warm, no longer, or deleted: its pool changes
+
+        await snapshot_store.follow(keep=lambda s: s.status == "ready", on_change=on_snapshot)
+
         ctx.answer(rpc.POOL, pool.handle, workers=MAX_WORKERS)
 
         tasks = [projector.catch_up(ctx.js, sandboxes), projector.catch_up(ctx.js, snapshot_store)]
-        pools = pool_specs.configured(lifecycle)
-        if pools:
-            tasks.append(
-                refill.run(ctx, pool, pools, lifecycle.max_running, short, max_age=lifecycle.pool_max_age)
-            )
-        return service.Workload(tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow])
+        pools = refill.pools_with_snapshots(pool_specs.configured(lifecycle), snapshot_store)
+        tasks.append(
+            refill.run(ctx, pool, pools, lifecycle.max_running, short, max_age=lifecycle.pool_max_age)
+        )
+        return service.Workload(
+            tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow, snapshot_store.unfollow]
+        )
 
     return setup
 

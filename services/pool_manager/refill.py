@@ -5,8 +5,10 @@ followed copy of the sandboxes once the change is in the bucket), and at least e
 ``INTERVAL``, the lease holder reads the sandboxes projection, asks the pure
 ``logic.plan`` what to do, provisions what is missing (each new sandbox is recorded,
 started, then offered on the pool's work queue), removes idle sandboxes of pools whose
-spec changed, and re-offers every idle sandbox (de-duplicated by id, so an offer lost to
-a crash between start and offer is made good).
+spec changed (or whose snapshot is no longer kept warm, or was deleted), and re-offers
+every idle sandbox (de-duplicated by id, so an offer lost to a crash between start and
+offer is made good). The pools are the configured ones and one per snapshot kept warm
+(``snapshot.warm_set``), read again every round.
 """
 
 from __future__ import annotations
@@ -14,14 +16,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import structlog
 
 from services.pool_manager import handlers, logic
-from shared.contract import errors, execution, ids, provisioning
-from shared.infrastructure import leases, metrics, rpc, service, tracing, warmpool
+from shared.contract import errors, execution, ids, provisioning, states
+from shared.domain import pools as pool_specs
+from shared.infrastructure import leases, metrics, projector, rpc, service, tracing, warmpool
 
 log = structlog.get_logger(__name__)
 
@@ -43,10 +46,25 @@ it refills after (warm first shell at 10 claims/s on 2 cores: p50 46 -> 33 ms, b
 Two at a time still refill about 40 sandboxes a second there."""
 
 
+Pools = Callable[[], Awaitable[list[logic.PoolSpec]]]
+"""The pools to keep full now: the configured ones and those of the snapshots kept warm."""
+
+
+def pools_with_snapshots(
+    configured: list[logic.PoolSpec], snapshots: projector.ProjectionStore[states.SnapshotState] | None
+) -> Pools:
+    async def current() -> list[logic.PoolSpec]:
+        if snapshots is None:
+            return configured
+        return configured + pool_specs.warm_snapshots((await snapshots.all()).values())
+
+    return current
+
+
 async def run(
     ctx: service.Context,
     pool: handlers.PoolHandlers,
-    pools: list[logic.PoolSpec],
+    pools: Pools,
     max_running: int,
     wake: asyncio.Event | None = None,
     *,
@@ -63,7 +81,7 @@ async def run(
         reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
         if reoffer:
             reoffered = time.monotonic()
-        return await refill_once(ctx, pool, pools, max_running, reoffer=reoffer, max_age=max_age)
+        return await refill_once(ctx, pool, await pools(), max_running, reoffer=reoffer, max_age=max_age)
 
     def backoff(failures: int, delay: float) -> float:
         """Failing provisions back off (up to 30 s) instead of flooding the stream."""
@@ -118,6 +136,7 @@ async def refill_once(
                 writable_root=spec.writable_root,
                 pool=pool_id,
                 org_id=spec.org,
+                snapshot=spec.snapshot,
             )
             jobs.append(_paced(pace, _make(ctx, pool, request)))
     for sandbox_id in plan.remove:
@@ -126,6 +145,9 @@ async def refill_once(
         for sandbox in sandboxes:
             if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:
                 jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))
+        # Pools with idle sandboxes are still in use: their offers are for those.
+        in_use = set(by_id) | {s.pool for s in sandboxes if logic.idle(s) and s.pool}
+        jobs.append(_drop_unused(ctx, in_use))
     results = await asyncio.gather(*jobs, return_exceptions=True)
     failures = [r for r in results if isinstance(r, Exception)]
     for failure in failures:
@@ -135,9 +157,17 @@ async def refill_once(
     # Losing max_running to sessions' own sandboxes is no reason to back off: the next
     # sandbox that goes away wakes the refill.
     failures = [f for f in failures if not isinstance(f, errors.LimitExceeded)]
+    for key in [k for k in ctx.details if k.startswith("idle:")]:
+        del ctx.details[key]  # (a snapshot no longer kept warm is not reported any more)
     for pool_id, count in plan.idle.items():
         ctx.details[f"idle:{by_id[pool_id].name}"] = str(count + plan.create.get(pool_id, 0))
     return len(failures)
+
+
+async def _drop_unused(ctx: service.Context, in_use: set[str]) -> None:
+    """The claims consumer and stale offers of each snapshot's pool no longer in use."""
+    for pool_id in await warmpool.drop_snapshot_pools(ctx.js, ctx.topology, in_use):
+        log.info("pool.snapshot_pool_dropped", pool_id=pool_id)
 
 
 #: Run once in every new pool sandbox before it is offered, when no executor prepared it:

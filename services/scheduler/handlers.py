@@ -56,6 +56,8 @@ class SessionCommands:
         self.caches_at_create = caches_at_create
         self.pausing = pausing.Pausing(ctx, sessions, sandboxes, pool)
         self.snapshotting = snapshots.Snapshotting(self, snapshot_store) if snapshot_store else None
+        self._consumers: set[str] = set()
+        """Snapshots' pools whose claims consumer this instance made sure of."""
         self._waiting: dict[str, int] = {}
         """Sessions of this instance waiting for a pool sandbox being prepared, per pool."""
 
@@ -119,11 +121,13 @@ class SessionCommands:
         org: str | None,
         *,
         preparing: bool = False,
+        warm: list[pools.PoolSpec] | None = None,
     ) -> str | None:
-        """A warm sandbox for this session, if a pool it may use has one that fits (CAS on
-        the sandbox). ``preparing``: if none is ready but some are being prepared, wait
-        for one (up to ``PREPARING_WAIT``)."""
-        pool = pools.serving(self.warm, options, org, caches_at_create=self.caches_at_create)
+        """A warm sandbox for this session, if a pool it may use (``warm``, else the
+        configured ones) has one that fits (CAS on the sandbox). ``preparing``: if none is
+        ready but some are being prepared, wait for one (up to ``PREPARING_WAIT``)."""
+        specs = self.warm if warm is None else warm
+        pool = pools.serving(specs, options, org, caches_at_create=self.caches_at_create)
         if pool is None:
             return None
         until = time.monotonic()
@@ -144,7 +148,7 @@ class SessionCommands:
         meta = self.ctx.meta(command=command, session_id=command.session_id)
         for _ in range(CLAIM_ATTEMPTS):
             wait = max(0.0, until - time.monotonic())
-            offer = await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
+            offer = await self._take(pool, wait)
             if offer is None:
                 return None  # empty pool: cold start
             sandbox_id = offer.sandbox_id
@@ -168,14 +172,39 @@ class SessionCommands:
                 return sandbox_id
         return None
 
+    async def _take(self, pool: pools.PoolSpec, wait: float) -> warmpool.Offer | None:
+        """The pool's next offer. A snapshot's pool gets its claims consumer here, the first
+        time this instance takes from it, and again if the pool-manager removed it when
+        the pool was unused (configured pools get theirs at start)."""
+        if pool.snapshot is None:
+            return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
+        for attempt in (1, 2):
+            if pool.pool_id not in self._consumers:
+                await warmpool.ensure_consumer(
+                    self.ctx.js, self.ctx.topology, pool.pool_id, snapshot=pool.snapshot
+                )
+                self._consumers.add(pool.pool_id)
+            try:
+                return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
+            except errors.Unavailable:
+                self._consumers.discard(pool.pool_id)
+                if attempt == 2:
+                    raise
+        return None
+
     async def obtain(
-        self, command: commands.SessionCommand, options: session_rules.SandboxOptions, org: str | None
+        self,
+        command: commands.SessionCommand,
+        options: session_rules.SandboxOptions,
+        org: str | None,
+        *,
+        warm: list[pools.PoolSpec] | None = None,
     ) -> str:
         """A running sandbox for this session (of organisation ``org``): claimed from a
-        pool, else cold-started. Raises (with nothing assigned) if the options are refused
-        or a limit is reached."""
+        pool (``warm``: these pools instead of the configured ones), else cold-started.
+        Raises (with nothing assigned) if the options are refused or a limit is reached."""
         started = time.perf_counter()
-        sandbox_id = await self._claim(command, options, org)
+        sandbox_id = await self._claim(command, options, org, warm=warm)
         kind = "warm" if sandbox_id else "cold"
         if sandbox_id is None:
             sandbox_id = "sb-" + ids.new_id()[:20]
@@ -190,7 +219,7 @@ class SessionCommands:
                 )
             except errors.LimitExceeded:
                 # No room for a sandbox of its own: one the pool is preparing will do.
-                waited = await self._claim(command, options, org, preparing=True)
+                waited = await self._claim(command, options, org, preparing=True, warm=warm)
                 if waited is None:
                     raise
                 sandbox_id, kind = waited, "warm"

@@ -3,7 +3,9 @@
 deletion by the pool-manager, which records them (``snapshot.created``/``deleted``).
 
 A fork is a new session created with its sandbox in one append, the sandbox started from
-the snapshot (never claimed from a warm pool: the snapshot's files are below its own). A
+the snapshot: claimed from the snapshot's own pool when it is kept warm (``snapshot.warm``,
+the pool-manager keeps that many idle sandboxes started from it), else cold-started (a
+configured pool's sandbox cannot take a snapshot's files: they are below its own). A
 restore gives the session a new sandbox started from the snapshot and deletes the old one,
 as ``create_sandbox`` replaces one: the new sandbox is obtained first, so a refusal leaves
 the session as it was.
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from shared.contract import commands, errors, events, provisioning, states
+from shared.domain import pools
 from shared.domain import session as session_rules
 from shared.domain import snapshot as snapshot_rules
 from shared.infrastructure import aggregates, projector
@@ -25,6 +28,11 @@ if TYPE_CHECKING:
     from services.scheduler.handlers import SessionCommands
 
 log = structlog.get_logger(__name__)
+
+
+def _kept(snapshot: states.SnapshotState) -> list[pools.PoolSpec]:
+    """The snapshot's own pool, if it is kept warm (else none: a cold start)."""
+    return [pools.PoolSpec.of_snapshot(snapshot)] if snapshot.warm > 0 else []
 
 
 class Snapshotting:
@@ -44,6 +52,8 @@ class Snapshotting:
                 return await self._restore(command)
             case commands.DeleteSnapshot():
                 return await self._delete(command)
+            case commands.WarmSnapshot():
+                return await self._warm(command)
 
     def _meta(self, command: commands.SessionCommand) -> events.Meta:
         return self.owner.ctx.meta(command=command, session_id=command.session_id)
@@ -79,7 +89,7 @@ class Snapshotting:
             return commands.CommandReply(ok=True, session=read[0])  # the same fork again: done
         session_rules.decide(read[0], command, meta)  # the id is taken: said before any sandbox is made
         options = session_rules.snapshot_options(snapshot)
-        sandbox_id = await self.owner.obtain(command, options, snapshot.org_id)
+        sandbox_id = await self.owner.obtain(command, options, snapshot.org_id, warm=_kept(snapshot))
         try:
             outcome = await aggregates.transact(
                 self.owner.sessions,
@@ -109,7 +119,7 @@ class Snapshotting:
         if foreign or (command.own and snapshot.session_id != command.session_id):
             raise errors.NotFound(f"snapshot {command.snapshot_id!r} does not exist")
         options = session_rules.snapshot_options(snapshot)
-        new = await self.owner.obtain(command, options, session.org_id)
+        new = await self.owner.obtain(command, options, session.org_id, warm=_kept(snapshot))
         outcome = await aggregates.transact(
             self.owner.sessions,
             command.session_id,
@@ -138,6 +148,14 @@ class Snapshotting:
             )
         )
         return commands.CommandReply(ok=True, appended=1, snapshot=reply.snapshot)
+
+    async def _warm(self, command: commands.WarmSnapshot) -> commands.CommandReply:
+        meta = self.owner.ctx.meta(command=command, session_id=command.session_id)
+        outcome = await aggregates.transact(
+            self.snapshots, command.snapshot_id, lambda s: snapshot_rules.decide_warm(s, command, meta)
+        )
+        log.info("snapshot.warm_set", snapshot_id=command.snapshot_id, count=command.count)
+        return commands.CommandReply(ok=True, appended=len(outcome.appended), snapshot=outcome.state)
 
     async def _delete_sandbox(self, command: commands.SessionCommand, sandbox_id: str) -> None:
         await self.owner.pool.send(provisioning.Delete(**self.owner.pool_fields(command, sandbox_id)))

@@ -150,7 +150,17 @@ class DeleteSnapshot(Command, frozen=True, kw_only=True, tag="snapshot.delete"):
     reason: str = "requested"
 
 
-SnapshotCommand = SnapshotSession | ForkSession | RestoreSession | DeleteSnapshot
+class WarmSnapshot(Command, frozen=True, kw_only=True, tag="snapshot.warm"):
+    """Keep ``count`` idle sandboxes started from the snapshot ready (0: none), so its forks
+    and restores claim one instead of starting one (``session_id``: the session it was
+    taken of)."""
+
+    session_id: str
+    snapshot_id: str
+    count: int
+
+
+SnapshotCommand = SnapshotSession | ForkSession | RestoreSession | DeleteSnapshot | WarmSnapshot
 
 SessionCommand = (
     CreateSession
@@ -166,6 +176,7 @@ SessionCommand = (
     | ForkSession
     | RestoreSession
     | DeleteSnapshot
+    | WarmSnapshot
 )
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CreateSession,
@@ -181,6 +192,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     ForkSession,
     RestoreSession,
     DeleteSnapshot,
+    WarmSnapshot,
 )
 
 

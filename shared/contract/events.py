@@ -298,6 +298,15 @@ class SnapshotDeleted(SnapshotEvent, frozen=True, kw_only=True, tag="snapshot.de
     reason: str = "requested"
 
 
+class SnapshotWarmSet(SnapshotEvent, frozen=True, kw_only=True, tag="snapshot.warm_set"):
+    """How many idle sandboxes started from the snapshot the pool-manager keeps ready, so
+    that forks and restores of it are claims, not cold starts (0: none; the idle ones are
+    removed). They count against ``max_running``; a deleted snapshot keeps none."""
+
+    session_id: str | None = None
+    count: int
+
+
 # ---- executions (audit) ------------------------------------------------------
 
 
@@ -486,6 +495,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     ProxyStopped,
     SnapshotCreated,
     SnapshotDeleted,
+    SnapshotWarmSet,
     CommandExecuted,
     ImagePullStarted,
     ImagePulled,
@@ -519,6 +529,7 @@ AnyEvent = (
     | ProxyStopped
     | SnapshotCreated
     | SnapshotDeleted
+    | SnapshotWarmSet
     | CommandExecuted
     | ImagePullStarted
     | ImagePulled

@@ -115,6 +115,8 @@ class SnapshotState(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime
     updated_at: datetime
     delete_reason: str | None = None
+    warm: int = 0
+    """Idle sandboxes started from it kept ready for forks (``snapshot.warm_set``)."""
     last_seq: int
 
 

@@ -23,13 +23,18 @@ class PoolSpec:
     org: str | None = None
     """The organisation this pool is for: it serves only that organisation's sessions, and
     its sandboxes show that organisation's package cache from the start."""
+    snapshot: str | None = None
+    """The snapshot its sandboxes start from (a snapshot kept warm): it serves only forks
+    and restores of that snapshot."""
 
     @property
     def pool_id(self) -> str:
         """``name@hash``: what sandboxes of this pool carry in ``pool``."""
         fields: list[object] = [self.image, self.run_as_root, self.writable_root]
-        if self.org is not None:  # (no org: the same ids as before pools had one)
+        if self.org is not None or self.snapshot is not None:  # (neither: ids as before)
             fields.append(self.org)
+        if self.snapshot is not None:
+            fields.append(self.snapshot)
         shape = json.dumps(fields).encode()
         return f"{self.name}@{hashlib.blake2b(shape, digest_size=4).hexdigest()}"
 
@@ -40,7 +45,21 @@ class PoolSpec:
             and options.get("run_as_root", True) == self.run_as_root
             and options.get("writable_root", True) == self.writable_root
             and not options.get("use_kata", False)
-            and not options.get("snapshot")  # a snapshot's files are below its sandbox's from the start
+            # A snapshot's files are below its sandbox's from the start: only its own pool fits.
+            and options.get("snapshot") == self.snapshot
+        )
+
+    @classmethod
+    def of_snapshot(cls, snapshot: states.SnapshotState) -> PoolSpec:
+        """The pool of idle sandboxes started from a snapshot kept warm (``warm`` of them)."""
+        return cls(
+            name=snapshot.snapshot_id,
+            image=snapshot.image,
+            run_as_root=snapshot.run_as_root,
+            writable_root=snapshot.writable_root,
+            min_idle=snapshot.warm,
+            org=snapshot.org_id,
+            snapshot=snapshot.snapshot_id,
         )
 
 
@@ -79,6 +98,12 @@ def configured(lifecycle: PoolSettings) -> list[PoolSpec]:
     return specs
 
 
+def warm_snapshots(snapshots: Iterable[states.SnapshotState]) -> list[PoolSpec]:
+    """The pools of the snapshots kept warm (ready ones with ``warm`` above 0), by id."""
+    kept = (s for s in snapshots if s.status == "ready" and s.warm > 0)
+    return [PoolSpec.of_snapshot(s) for s in sorted(kept, key=lambda s: s.snapshot_id)]
+
+
 def serving(
     specs: list[PoolSpec],
     options: Mapping[str, object],
@@ -96,6 +121,11 @@ def serving(
         if own is not None or caches_at_create:
             return own
     return next((s for s in specs if s.org is None and s.serves(options)), None)
+
+
+def ready(sandbox: states.SandboxState) -> bool:
+    """An unclaimed pool sandbox that is running: a claim can take it now."""
+    return sandbox.pool is not None and sandbox.session_id is None and sandbox.status == "running"
 
 
 def preparing(sandboxes: Iterable[states.SandboxState], pool_id: str) -> int:

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shared.contract import errors, events, states
+from shared.contract import commands, errors, events, states
 
 
 def evolve(state: states.SnapshotState | None, event: events.Event, seq: int) -> states.SnapshotState:
@@ -41,6 +41,9 @@ def evolve(state: states.SnapshotState | None, event: events.Event, seq: int) ->
             return msgspec.structs.replace(
                 state, status="deleted", delete_reason=event.reason, updated_at=event.meta.time, last_seq=seq
             )
+        case events.SnapshotWarmSet() if status == "ready":
+            assert state is not None
+            return msgspec.structs.replace(state, warm=event.count, updated_at=event.meta.time, last_seq=seq)
     raise errors.InvalidTransition(
         f"{events.tag_of(type(event))} at seq {seq} cannot follow {status or 'nothing'} for a snapshot"
     )
@@ -53,6 +56,27 @@ def decide_created(state: states.SnapshotState | None, event: events.SnapshotCre
 
 def decide_deleted(state: states.SnapshotState | None, event: events.SnapshotDeleted) -> list[events.Event]:
     return [event] if state is not None and state.status == "ready" else []
+
+
+WARM_MAX = 100
+"""Most idle sandboxes kept for one snapshot (as many as one fork request makes)."""
+
+
+def decide_warm(
+    state: states.SnapshotState | None, command: commands.WarmSnapshot, meta: events.Meta
+) -> list[events.Event]:
+    """Set how many idle sandboxes started from the snapshot are kept ready: once per
+    change (the same count again changes nothing)."""
+    if not 0 <= command.count <= WARM_MAX:
+        raise errors.InvalidInput(f"count must be from 0 to {WARM_MAX}, not {command.count}")
+    ready = usable(state, command.snapshot_id, command.actor.org_id)
+    if ready.warm == command.count:
+        return []
+    return [
+        events.SnapshotWarmSet(
+            meta=meta, snapshot_id=ready.snapshot_id, session_id=ready.session_id, count=command.count
+        )
+    ]
 
 
 def usable(state: states.SnapshotState | None, snapshot_id: str, org: str | None) -> states.SnapshotState:

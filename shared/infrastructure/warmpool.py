@@ -44,19 +44,53 @@ async def offer(js: JetStreamContext, topology: subjects.Topology, pool_id: str,
         raise eventstore.translate(exc, f"offering {sandbox_id}") from exc
 
 
-async def ensure_consumer(js: JetStreamContext, topology: subjects.Topology, pool_id: str) -> None:
-    """One durable consumer per pool, shared by every scheduler instance."""
+async def ensure_consumer(
+    js: JetStreamContext, topology: subjects.Topology, pool_id: str, *, snapshot: str | None = None
+) -> None:
+    """One durable consumer per pool, shared by every scheduler instance (a snapshot's pool:
+    marked with its snapshot, so that ``drop_snapshot_pools`` can remove it when unused)."""
     config = api.ConsumerConfig(
         durable_name=topology.claims_consumer(pool_id),
         filter_subject=topology.pool_offers(pool_id),
         ack_policy=api.AckPolicy.EXPLICIT,
         ack_wait=OFFER_ACK_WAIT,
         max_ack_pending=10_000,
+        metadata={SNAPSHOT_KEY: snapshot, POOL_KEY: pool_id} if snapshot else None,
     )
     try:
         await js.add_consumer(topology.pool_stream, config)
     except Exception as exc:
         raise eventstore.translate(exc, f"creating the claims consumer of {pool_id}") from exc
+
+
+SNAPSHOT_KEY = "sbx.snapshot"
+POOL_KEY = "sbx.pool"
+
+
+async def drop_snapshot_pools(js: JetStreamContext, topology: subjects.Topology, keep: set[str]) -> list[str]:
+    """Remove the claims consumer and any offers left of every snapshot's pool not in
+    ``keep`` (its snapshot no longer kept warm, or deleted, and none of its sandboxes
+    idle); returns their pool ids. Configured pools' consumers are never touched."""
+    dropped: list[str] = []
+    try:
+        for info in await _consumers(js, topology.pool_stream):
+            pool_id = (info.config.metadata or {}).get(POOL_KEY)
+            if not (info.config.metadata or {}).get(SNAPSHOT_KEY) or not pool_id or pool_id in keep:
+                continue
+            await js.delete_consumer(topology.pool_stream, info.name)
+            await js.purge_stream(topology.pool_stream, subject=topology.pool_offers(pool_id))
+            dropped.append(pool_id)
+    except Exception as exc:
+        raise eventstore.translate(exc, "removing unused snapshot pools") from exc
+    return dropped
+
+
+async def _consumers(js: JetStreamContext, stream: str) -> list[api.ConsumerInfo]:
+    """Every consumer of the stream (the server answers a page at a time)."""
+    found: list[api.ConsumerInfo] = []
+    while page := await js.consumers_info(stream, offset=len(found)):
+        found += page
+    return found
 
 
 async def take(nc: Client, topology: subjects.Topology, pool_id: str, wait: float = 0.0) -> Offer | None:

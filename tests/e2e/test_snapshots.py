@@ -172,6 +172,101 @@ async def test_snapshot_fork_restore_and_delete_over_rest(stack):
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
+async def _warm_ready(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> dict:
+    """The snapshot once ``count`` of its idle sandboxes are ready (the pool-manager's refill)."""
+    for _ in range(600):
+        snap = (await rest.get(f"/v1/snapshots/{snapshot_id}")).json()
+        if snap["warm_ready"] == count:
+            return snap
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"{snapshot_id}: warm_ready stayed {snap['warm_ready']}, not {count}")
+
+
+async def test_a_snapshot_kept_warm_serves_forks_and_restores_from_started_sandboxes(stack):
+    """``PUT /v1/snapshots/{id}/warm``: the pool-manager keeps that many idle sandboxes
+    started from the snapshot; forks and a restore claim them (``sandbox.claimed``, no new
+    ``sandbox.requested`` for the session), they have the snapshot's files and are isolated
+    from each other; the pool refills; setting 0 or deleting the snapshot removes the idle
+    ones; bad counts and another organisation are refused and change nothing."""
+    state, url, key = stack
+    auth = {"Authorization": f"Bearer {key}"}
+    acme = {"X-Org-Id": "acme"}
+    origin = Agent(url, key, "warm-origin", **acme)
+    ok, text = await origin.call(
+        "shell", command="echo warm > /workspace/w; export KEPT=yes; cd /opt; echo ok"
+    )
+    assert ok, text
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=120) as rest:
+        snap = (await rest.post("/v1/sessions/warm-origin/snapshots", headers=acme)).json()
+        sid = snap["snapshot_id"]
+        assert snap["warm"] == 0 and snap["warm_ready"] == 0
+        for body, status in (({"count": 101}, 400), ({"count": 1.5}, 400), ({"count": -1}, 400), ({}, 400),
+                             ({"count": 1, "more": 1}, 400)):  # fmt: skip
+            refused = await rest.put(f"/v1/snapshots/{sid}/warm", json=body, headers=acme)
+            assert refused.status_code == status, (body, refused.text)
+        other = await rest.put(f"/v1/snapshots/{sid}/warm", json={"count": 2}, headers={"X-Org-Id": "globex"})
+        assert other.status_code == 404, other.text
+        assert (await rest.put("/v1/snapshots/nope/warm", json={"count": 2})).status_code == 404
+        assert (await rest.get(f"/v1/snapshots/{sid}")).json()["warm"] == 0  # nothing changed
+
+        set_ = await rest.put(f"/v1/snapshots/{sid}/warm", json={"count": 2}, headers=acme)
+        assert set_.status_code == 200 and set_.json()["warm"] == 2, set_.text
+        await _warm_ready(rest, sid, 2)
+        pooled = {
+            e["sandbox_id"] for e in stream_types(state, "sandbox.requested") if e.get("snapshot") == sid
+        }
+        assert len(pooled) == 2 and all(
+            e.get("pool") for e in stream_types(state, "sandbox.requested") if e["sandbox_id"] in pooled
+        )
+
+        forked = await rest.post(f"/v1/snapshots/{sid}/forks", json={"count": 2}, headers=acme)
+        assert forked.status_code == 201, forked.text
+        sessions = forked.json()["sessions"]
+        claimed = {e["sandbox_id"]: e["session_id"] for e in stream_types(state, "sandbox.claimed")}
+        assert {claimed.get(b) for b in pooled} == {s["session_id"] for s in sessions}  # not started
+        forks = [Agent(url, key, s["session_id"], **acme) for s in sessions]
+        for fork in forks:
+            ok, text = await fork.call("shell", command='cat /workspace/w; echo "$KEPT $PWD"')
+            assert ok and text.splitlines()[:2] == ["warm", "yes /opt"], text
+        ok, _ = await forks[0].call("shell", command="echo mine > /workspace/only-0")
+        ok, text = await forks[1].call("shell", command="ls /workspace")
+        assert ok and "only-0" not in text, text
+
+        # The pool refills; a restore of the origin claims one too.
+        await _warm_ready(rest, sid, 2)
+        restored = await rest.post(
+            "/v1/sessions/warm-origin/restore", json={"snapshot_id": sid}, headers=acme
+        )
+        assert restored.status_code == 200, restored.text
+        refilled = {
+            e["sandbox_id"] for e in stream_types(state, "sandbox.requested") if e.get("snapshot") == sid
+        }
+        claimed = {e["sandbox_id"]: e["session_id"] for e in stream_types(state, "sandbox.claimed")}
+        assert "warm-origin" in {claimed.get(b) for b in refilled - pooled}
+        ok, text = await origin.call("shell", command="cat /workspace/w")
+        assert ok and text.startswith("warm"), text
+
+        # Fewer, then none: the idle ones are removed; deleting the snapshot drains its pool.
+        assert (await rest.put(f"/v1/snapshots/{sid}/warm", json={"count": 0})).json()["warm"] == 0
+        await _warm_ready(rest, sid, 0)
+        assert (await rest.put(f"/v1/snapshots/{sid}/warm", json={"count": 1})).status_code == 200
+        await _warm_ready(rest, sid, 1)
+        idle = {e["sandbox_id"] for e in stream_types(state, "sandbox.requested") if e.get("snapshot") == sid}
+        idle -= set(claimed)
+        assert (await rest.delete(f"/v1/snapshots/{sid}")).status_code == 204
+        for _ in range(300):
+            deleted = {e["sandbox_id"] for e in stream_types(state, "sandbox.deleted")}
+            if idle <= deleted:
+                break
+            await asyncio.sleep(0.2)
+        assert idle <= deleted, idle - deleted
+        ok, text = await forks[0].call("shell", command="cat /workspace/w /workspace/only-0")
+        assert ok and text.splitlines()[:2] == ["warm", "mine"], text
+
+    counts = [e["count"] for e in stream_types(state, "snapshot.warm_set") if e["snapshot_id"] == sid]
+    assert counts == [2, 0, 1], counts
+
+
 async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):
     state, url, key = stack
     agent = Agent(url, key, "cli-origin")
@@ -206,6 +301,8 @@ async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):
     assert sbx("snapshot", "show", "nope", state=state).returncode == 1
     assert sbx("snapshot", "fork", "cli-snap", state=state).returncode == 1  # deleted: not forked
     assert sbx("snapshot", "create", "bad id!", state=state).returncode == 2
+    assert sbx("snapshot", "warm", "cli-snap", "1", state=state).returncode == 1  # deleted: not kept warm
+    assert sbx("snapshot", "warm", "cli-snap", "101", state=state).returncode == 2
 
 
 def test_an_agent_checkpoints_its_own_session_and_goes_back(tmp_path):

@@ -418,3 +418,65 @@ async def test_an_organisations_pool_serves_only_its_sessions_with_its_cache_fro
     assert mine.sandbox_id == waiting.sandbox_id and mine.cache_org == "acme"
     _, out, _ = await rt.run(other.sandbox_id, ["sh", "-c", "cat /.sbx/cache/seen 2>/dev/null || echo none"])
     assert out == b"none\n"
+
+
+async def test_a_snapshot_kept_warm_is_a_pool_within_max_running_and_leaves_nothing_when_dropped(env):
+    """``snapshot.warm``: the pool-manager starts that many idle sandboxes from the snapshot
+    (counted against ``max_running``); forks racing through two schedulers claim them and
+    the rest start cold; once the snapshot is no longer kept warm, its claims consumer and
+    any offer left are removed from JetStream (configured pools' consumers stay)."""
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=1, max_running=5)
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    assert (await ensure(nc, topology, "origin")).ok
+    snap = commands.SnapshotSession(command_id=ids.new_id(), session_id="origin", snapshot_id="snap-w")
+    taken = await support.send(nc, topology, snap, timeout=60)
+    assert taken.ok, taken.error
+
+    async def warm(count: int) -> commands.CommandReply:
+        command = commands.WarmSnapshot(
+            command_id=ids.new_id(), session_id="origin", snapshot_id="snap-w", count=count
+        )
+        return await support.send(nc, topology, command)
+
+    too_many = await warm(101)
+    assert not too_many.ok and too_many.error.code == "invalid_input"
+    kept = await warm(2)
+    assert kept.ok and kept.snapshot.warm == 2 and kept.appended == 1
+    assert (await warm(2)).appended == 0  # the same count again: nothing recorded
+    pool_id = pools.PoolSpec.of_snapshot(kept.snapshot).pool_id
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
+    pooled = {s.sandbox_id for s in await idle(nc, topology, pool_id)}
+    assert all(s.snapshot == "snap-w" for s in await idle(nc, topology, pool_id))
+
+    forks = await asyncio.gather(
+        *(
+            support.send(
+                nc,
+                topology,
+                commands.ForkSession(command_id=ids.new_id(), session_id=f"fork-{n}", snapshot_id="snap-w"),
+                timeout=60,
+            )
+            for n in range(3)
+        )
+    )
+    assert all(f.ok for f in forks), [f.error for f in forks]
+    given = {f.session.sandbox_id for f in forks}
+    assert len(given) == 3 and pooled <= given, "both warm ones were claimed, one fork started cold"
+    live = [s for s in await sandboxes(nc, topology) if s.status in ("requested", "running")]
+    assert len(live) <= lifecycle.max_running
+
+    assert (await warm(0)).snapshot.warm == 0
+    js = nc.jetstream()
+
+    async def dropped() -> bool:
+        consumers = [c.config.metadata or {} for c in await js.consumers_info(topology.pool_stream)]
+        return not any(m.get("sbx.snapshot") == "snap-w" for m in consumers)
+
+    await support.eventually(dropped, timeout=40)
+    left = await js.stream_info(topology.pool_stream, subjects_filter=topology.pool_offers(pool_id))
+    assert not left.state.subjects, left.state.subjects
+    configured = pools.configured(lifecycle)[0].pool_id
+    await js.consumer_info(topology.pool_stream, topology.claims_consumer(configured))  # still there

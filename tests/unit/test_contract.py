@@ -188,6 +188,12 @@ EVENT_FACTORIES: dict[type, Any] = {
         image_digest="sha256:" + "01" * 32,
         frozen_ms=3.25,
     ),
+    events.SnapshotWarmSet: lambda: events.SnapshotWarmSet(
+        meta=_meta(service="scheduler", instance="scheduler-1a2b3c4d5e6f"),
+        snapshot_id="snap-7f3a",
+        session_id=SID,
+        count=20,
+    ),
     events.SnapshotDeleted: lambda: events.SnapshotDeleted(
         meta=_meta(service="pool-manager", instance="pool-manager-1a2b3c4d5e6f"),
         snapshot_id="snap-7f3a",
@@ -334,6 +340,9 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.DeleteSnapshot: lambda: commands.DeleteSnapshot(
         command_id="cmd-13", session_id=SID, snapshot_id="snap-1", reason="requested"
     ),
+    commands.WarmSnapshot: lambda: commands.WarmSnapshot(
+        command_id="cmd-14", session_id=SID, snapshot_id="snap-1", count=20
+    ),
 }
 
 REQUEST_BASE: dict[str, Any] = dict(
@@ -436,6 +445,7 @@ def test_event_tags_are_stable() -> None:
         events.ProxyStopped: "proxy.stopped",
         events.SnapshotCreated: "snapshot.created",
         events.SnapshotDeleted: "snapshot.deleted",
+        events.SnapshotWarmSet: "snapshot.warm_set",
         events.CommandExecuted: "exec.completed",
         events.ImagePullStarted: "image.pull_started",
         events.ImagePulled: "image.pulled",
@@ -468,6 +478,7 @@ def test_event_tags_are_stable() -> None:
         "proxy.stopped",
         "snapshot.created",
         "snapshot.deleted",
+        "snapshot.warm_set",
         "exec.completed",
         "image.pull_started",
         "image.pulled",
@@ -494,6 +505,7 @@ def test_command_tags_are_stable() -> None:
         commands.ForkSession: "session.fork",
         commands.RestoreSession: "session.restore",
         commands.DeleteSnapshot: "snapshot.delete",
+        commands.WarmSnapshot: "snapshot.warm",
     }
 
 

@@ -182,6 +182,10 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         events.SnapshotDeleted,
         {"snapshot_id": "snap-7f3a", "session_id": "task-42", "reason": "requested"},
     ),
+    "snapshot.warm_set.json": (
+        events.SnapshotWarmSet,
+        {"snapshot_id": "snap-7f3a", "session_id": "task-42", "count": 20, "meta.service": "scheduler"},
+    ),
     "sandbox.lost.json": (
         events.SandboxLost,
         {
@@ -283,6 +287,10 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
     "snapshot.delete.json": (
         commands.DeleteSnapshot,
         {"session_id": "task-42", "snapshot_id": "snap-7f3a", "reason": "requested"},
+    ),
+    "snapshot.warm.json": (
+        commands.WarmSnapshot,
+        {"session_id": "task-42", "snapshot_id": "snap-7f3a", "count": 20, "actor.org_id": "acme"},
     ),
     "session.hibernate.json": (
         commands.HibernateSession,

@@ -272,6 +272,10 @@ def unsnap(cid: str = "cmd-u", sid: str = SID) -> commands.DeleteSnapshot:
     return commands.DeleteSnapshot(command_id=cid, session_id=sid, snapshot_id="snap-1")
 
 
+def warm(cid: str = "cmd-w", sid: str = SID) -> commands.WarmSnapshot:
+    return commands.WarmSnapshot(command_id=cid, session_id=sid, snapshot_id="snap-1", count=2)
+
+
 KINDS: dict[str, Any] = {
     "create": create,
     "stop": stop,
@@ -286,6 +290,7 @@ KINDS: dict[str, Any] = {
     "fork": fork,
     "restore": restore,
     "unsnap": unsnap,
+    "warm": warm,
 }
 #: Status a command leaves the session in whenever it appends an event.
 STATUS_AFTER = {
@@ -302,6 +307,7 @@ STATUS_AFTER = {
     commands.ForkSession: "never",  # created with its sandbox: decide_fork
     commands.RestoreSession: "never",
     commands.DeleteSnapshot: "never",
+    commands.WarmSnapshot: "never",  # a snapshot's event: the session is untouched
 }
 SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(

@@ -67,6 +67,11 @@ class Snapshot(msgspec.Struct, kw_only=True):
     created_at: datetime
     delete_reason: str | None
     """Why it was deleted (``requested``, ``retention``), while ``deleted``."""
+    warm: int
+    """Idle sandboxes started from it kept ready (``PUT /v1/snapshots/{id}/warm``): a fork or
+    restore claims one (milliseconds) instead of starting one."""
+    warm_ready: int
+    """Of those, how many are ready now."""
 
 
 class SnapshotList(msgspec.Struct, kw_only=True):

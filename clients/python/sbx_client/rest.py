@@ -174,6 +174,12 @@ class Client:
         path = self.gateway.path(f"/v1/snapshots/{quote(snapshot_id, safe='')}")
         self._json("DELETE", path, None, idempotency_key=idempotency_key or _key())
 
+    def warm(self, snapshot_id: str, count: int) -> api.Snapshot:
+        """Keep ``count`` idle sandboxes started from the snapshot ready (0: none), so that
+        forks and restores of it claim one instead of starting one."""
+        path = self.gateway.path(f"/v1/snapshots/{quote(snapshot_id, safe='')}/warm")
+        return self._json("PUT", path, api.Snapshot, body={"count": count})
+
     def fork(
         self,
         snapshot_id: str,
