@@ -13,11 +13,17 @@ session's first call is a cold start, the baseline a fork is measured against):
    random data in turn; each snapshot timed (REST round trip) with how long its processes
    were frozen and what it added on disk.
 5. **Forks to first command**: ``POST /v1/snapshots/{id}/forks`` with count 10 and 100,
-   then every fork's first run (``cat`` of a file of the snapshot) at once; the time from
-   the fork request until the last first command answered, per fork, and the CPU each
-   service of the stack spent per fork (its deletion included).
+   then every fork's first command at once (``--first``: an agent's MCP connection and
+   ``shell`` call, and/or a REST ``run``, each reading a file of the snapshot); the time
+   from the fork request until the last first command answered, per fork, and the CPU
+   each service of the stack spent per fork (its deletion included; the bench's own
+   MCP clients are not in it).
+6. **Forks of a snapshot kept warm**: the same, after ``PUT /v1/snapshots/{id}/warm``
+   with the fork count and waiting until that many idle sandboxes are ready (how long
+   that took is printed): the forks claim them; the pool refills meanwhile.
 
     .venv/bin/python bench/snapshots.py [--cold 10] [--rounds 30] [--sizes 1,16,128] [--forks 10,100]
+        [--first shell,run]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
@@ -38,7 +45,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
-from bench.agents import start_stack, stop_stack
+from bench.agents import Agent, start_stack, stop_stack
 from sbx import observe, stack
 from shared.contract import commands, ids
 from shared.infrastructure import rpc
@@ -127,7 +134,33 @@ async def snapshots_by_size(rest: httpx.AsyncClient, sizes: list[int]) -> str:
     return snapshot_id
 
 
-async def forks(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> tuple[float, float, list[float]]:
+First = Callable[[str], Awaitable[None]]
+"""A fork's first command, given its session id."""
+
+
+def first_run(rest: httpx.AsyncClient) -> First:
+    """The host API's ``run`` (a streamed process the executor starts in the sandbox)."""
+
+    async def first(session: str) -> None:
+        assert (await run(rest, session, "cat /workspace/f")).startswith("v1")
+
+    return first
+
+
+def first_shell(url: str, key: str) -> First:
+    """An agent's first MCP ``shell`` call: its connection, ``initialize``, ``tools/list``
+    and the call (the session's bash, through the executor's shell helper)."""
+
+    async def first(session: str) -> None:
+        async with Agent(f"{url}/mcp", key, session) as agent:
+            await agent.shell("grep -q v1 /workspace/f")
+
+    return first
+
+
+async def forks(
+    rest: httpx.AsyncClient, snapshot_id: str, count: int, first_command: First
+) -> tuple[float, float, list[float]]:
     """(fork request seconds, fork request → last first command, per fork fork→first command)."""
     t0 = time.perf_counter()
     answer = await rest.post(f"/v1/snapshots/{snapshot_id}/forks", json={"count": count}, timeout=600)
@@ -140,7 +173,7 @@ async def forks(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> tuple[
     done: list[float] = []
 
     async def first(session: str) -> None:
-        assert (await run(rest, session, "cat /workspace/f")).startswith("v1")
+        await first_command(session)
         done.append(time.perf_counter() - t0)
 
     await asyncio.gather(*(first(s["session_id"]) for s in body["sessions"]))
@@ -150,7 +183,29 @@ async def forks(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> tuple[
     return forked, whole, done
 
 
-async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int]) -> None:
+async def kept_warm(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> float:
+    """Keep ``count`` sandboxes of the snapshot warm; seconds until exactly that many are
+    ready (more are removed: a lower count)."""
+    t0 = time.perf_counter()
+    answer = await rest.put(f"/v1/snapshots/{snapshot_id}/warm", json={"count": count})
+    assert answer.status_code == 200, answer.text[:1000]
+    while (await rest.get(f"/v1/snapshots/{snapshot_id}")).json()["warm_ready"] != count:
+        await asyncio.sleep(0.05)
+    return time.perf_counter() - t0
+
+
+def print_forks(count: int, forked: float, whole: float, done: list[float], used: dict[str, float]) -> None:
+    print(
+        f"  {count:4} forks: fork request {forked * 1000:8.1f} ms; all {count} first commands "
+        f"answered {whole * 1000:8.1f} ms after it ({count / whole:.1f} forks/s)"
+    )
+    print(summary("    per fork, request -> its first command", done))
+    shares = ", ".join(f"{k} {v * 1000 / count:.0f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1]))
+    total = sum(used.values()) * 1000 / count
+    print(f"    CPU per fork (ms; its deletion and the pool's refill included): {total:.0f} ({shares})")
+
+
+async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int], firsts: list[str]) -> None:
     if max(fork_counts) > 450:
         raise SystemExit("at most 450 forks: the stack runs with SBX_MAX_RUNNING=500")
     work = Path(tempfile.mkdtemp(prefix="sbx-snapshot-bench-"))
@@ -179,21 +234,27 @@ async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int
             print(summary("first run after hibernation (starts it)", after))
             print("\nsnapshot time against size")
             snapshot_id = await snapshots_by_size(rest, sizes)
-            print("\nforks of the last snapshot, to their first command")
-            for count in fork_counts:
-                cpu_before = common.process_tree_cpu(proc.pid)
-                forked, whole, done = await forks(rest, snapshot_id, count)
-                used = common.cpu_delta(cpu_before, common.process_tree_cpu(proc.pid))
-                print(
-                    f"  {count:4} forks: fork request {forked * 1000:8.1f} ms; all {count} first commands "
-                    f"answered {whole * 1000:8.1f} ms after it ({count / whole:.1f} forks/s)"
-                )
-                print(summary("    per fork, request -> its first command", done))
-                shares = ", ".join(
-                    f"{k} {v * 1000 / count:.0f}" for k, v in sorted(used.items(), key=lambda kv: -kv[1])
-                )
-                total = sum(used.values()) * 1000 / count
-                print(f"    CPU per fork (ms; its deletion included): {total:.0f} ({shares})")
+            kinds = {
+                "shell": ("an MCP shell call", first_shell(url, key)),
+                "run": ("a REST run", first_run(rest)),
+            }
+            for kind in firsts:
+                label, first = kinds[kind]
+                for warm in (False, True):
+                    how = "kept warm (PUT .../warm with the count)" if warm else "not kept warm"
+                    print(f"\nforks of the last snapshot, {how}; first command: {label}")
+                    for count in fork_counts:
+                        if warm:
+                            filled = await kept_warm(rest, snapshot_id, count)
+                            print(f"  {count:4} sandboxes of the snapshot ready {filled:.2f} s after PUT")
+                        cpu_before, own_before = common.process_tree_cpu(proc.pid), time.process_time()
+                        forked, whole, done = await forks(rest, snapshot_id, count, first)
+                        used = common.cpu_delta(cpu_before, common.process_tree_cpu(proc.pid))
+                        print_forks(count, forked, whole, done, used)
+                        own = (time.process_time() - own_before) * 1000 / count
+                        print(f"    CPU per fork of this benchmark's own clients (ms, not above): {own:.0f}")
+                    if warm:  # none kept for the next section (which then starts as it would alone)
+                        await kept_warm(rest, snapshot_id, 0)
     finally:
         stop_stack(proc, state)
         shutil.rmtree(work, ignore_errors=True)
@@ -205,6 +266,9 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--sizes", default="1,16,128")
     parser.add_argument("--forks", default="10,100")
+    parser.add_argument(
+        "--first", default="shell,run", help="a fork's first command: shell (MCP), run (REST)"
+    )
     args = parser.parse_args()
     asyncio.run(
         main(
@@ -212,5 +276,6 @@ if __name__ == "__main__":
             args.rounds,
             [int(x) for x in args.sizes.split(",")],
             [int(x) for x in args.forks.split(",")],
+            args.first.split(","),
         )
     )
