@@ -194,6 +194,19 @@ async def kept_warm(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> fl
     return time.perf_counter() - t0
 
 
+async def settle(root: int, quiet: float = 0.1, every: float = 0.5, most: float = 60.0) -> None:
+    """Wait until the stack under ``root`` used less than ``quiet`` CPU seconds in ``every``
+    (what the last section left, deletions say, is done), at most ``most`` seconds."""
+    until = time.monotonic() + most
+    before = common.process_tree_cpu(root)
+    while time.monotonic() < until:
+        await asyncio.sleep(every)
+        now = common.process_tree_cpu(root)
+        if sum(common.cpu_delta(before, now).values()) < quiet:
+            return
+        before = now
+
+
 def print_forks(count: int, forked: float, whole: float, done: list[float], used: dict[str, float]) -> None:
     print(
         f"  {count:4} forks: fork request {forked * 1000:8.1f} ms; all {count} first commands "
@@ -247,6 +260,7 @@ async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int
                         if warm:
                             filled = await kept_warm(rest, snapshot_id, count)
                             print(f"  {count:4} sandboxes of the snapshot ready {filled:.2f} s after PUT")
+                        await settle(proc.pid)
                         cpu_before, own_before = common.process_tree_cpu(proc.pid), time.process_time()
                         forked, whole, done = await forks(rest, snapshot_id, count, first)
                         used = common.cpu_delta(cpu_before, common.process_tree_cpu(proc.pid))

@@ -181,7 +181,7 @@ def snapshot(sid: str, session_id: str, org: str | None = None, **more) -> state
 def test_snapshot_rows_filter_hide_other_organisations_and_say_sizes():
     taken = [
         snapshot("s1", "a1", "acme", user_id="ann", size=1536, total_size=3 * 1024**2, layers=("x", "y")),
-        snapshot("s2", "a2", "acme", created_at=NOW + timedelta(seconds=1), parent="s1"),
+        snapshot("s2", "a2", "acme", created_at=NOW + timedelta(seconds=1), parent="s1", warm=5),
         snapshot("s3", "a1", "acme", status="deleted", delete_reason="retention"),
         snapshot("s4", "g1", "globex", image="python:3.12"),
         snapshot("s5", "n1"),
@@ -195,7 +195,8 @@ def test_snapshot_rows_filter_hide_other_organisations_and_say_sizes():
     assert ids(views.snapshot_rows(taken, views.Filters(), "acme", session_id="a1")) == ["s1"]
     assert ids(views.snapshot_rows(taken, views.Filters(), "globex", session_id="a1")) == []
     row = views.snapshot_rows(taken, views.Filters(user="ann"), None)[0]
-    assert (row.size, row.total, row.layers, row.org) == ("1.5 KiB", "3.0 MiB", "2", "acme")
+    assert (row.size, row.total, row.layers, row.org, row.warm) == ("1.5 KiB", "3.0 MiB", "2", "acme", "")
+    assert views.snapshot_rows(taken, views.Filters(), "acme")[1].warm == "5"
     (gone,) = views.snapshot_rows(taken, views.Filters(status="deleted"), None)
     assert gone.status == "deleted (retention)"
     assert views.snapshot_rows(taken, views.Filters(status="ready"), None)[1].parent == ""

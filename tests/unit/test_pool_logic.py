@@ -457,3 +457,13 @@ def test_a_pool_serves_its_image_under_any_spelling_of_the_reference() -> None:
         assert spec.serves({"image": asked}), asked
     for other in ("python:3.13", "python", "ghcr.io/library/python:3.12", "default", "Bad Ref"):
         assert not spec.serves({"image": other}), other
+
+
+def test_a_snapshot_kept_warm_is_one_more_pool_and_goes_when_it_is_no_longer_kept() -> None:
+    """Its idle sandboxes are filled like any pool's, within max_running; once the snapshot
+    is no longer among the pools (count 0, or deleted), they are removed."""
+    snap = pools.PoolSpec(name="snap-1", image="python:3.12", min_idle=3, snapshot="snap-1")
+    plan = logic.plan([warm(DEFAULT), warm(DEFAULT)], [DEFAULT, snap], 4)
+    assert plan.create == {snap.pool_id: 2}  # the room max_running leaves
+    current = [warm(snap), warm(snap), warm(DEFAULT)]
+    assert logic.plan(current, [DEFAULT], 100).remove == sorted(s.sandbox_id for s in current[:2])

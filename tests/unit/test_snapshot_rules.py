@@ -150,3 +150,64 @@ def test_a_sandbox_from_a_snapshot_is_never_a_warm_pools() -> None:
     }
     assert not spec.serves(options)
     assert spec.serves({k: v for k, v in options.items() if k != "snapshot"})
+
+
+def warm_command(count: int, org: str | None = "acme", cid: str = "cmd-w") -> commands.WarmSnapshot:
+    return commands.WarmSnapshot(
+        command_id=cid,
+        session_id="task-42",
+        snapshot_id="snap-1",
+        count=count,
+        actor=commands.Actor(via="rest", org_id=org),
+    )
+
+
+def test_keeping_a_snapshot_warm_is_recorded_per_change_and_only_for_a_usable_one() -> None:
+    ready = state()
+    (event,) = rules.decide_warm(ready, warm_command(3), meta(1))
+    assert isinstance(event, events.SnapshotWarmSet) and (event.count, event.session_id) == (3, "task-42")
+    kept = rules.evolve(ready, event, 2)
+    assert kept.warm == 3 and kept.status == "ready" and kept.last_seq == 2
+    assert rules.decide_warm(kept, warm_command(3), meta(2)) == []  # the same count: nothing
+    assert rules.decide_warm(kept, warm_command(0), meta(2))[0].count == 0
+    for bad in (-1, rules.WARM_MAX + 1):
+        with pytest.raises(errors.InvalidInput, match="count"):
+            rules.decide_warm(kept, warm_command(bad), meta(2))
+    with pytest.raises(errors.NotFound):
+        rules.decide_warm(kept, warm_command(1, org="globex"), meta(2))  # another organisation's
+    with pytest.raises(errors.NotFound):
+        rules.decide_warm(None, warm_command(1), meta(2))
+    gone = rules.evolve(kept, events.SnapshotDeleted(meta=meta(3), snapshot_id="snap-1"), 3)
+    with pytest.raises(errors.NotFound):
+        rules.decide_warm(gone, warm_command(1), meta(4))
+    with pytest.raises(errors.InvalidTransition):
+        rules.evolve(gone, event, 4)  # a deleted snapshot is kept warm no more
+
+
+def test_a_snapshot_kept_warm_has_a_pool_of_its_own_that_serves_only_its_forks() -> None:
+    kept = msgspec_replace(state(), warm=4)
+    spec = pools.PoolSpec.of_snapshot(kept)
+    assert (spec.snapshot, spec.min_idle, spec.org, spec.image) == ("snap-1", 4, "acme", "python:3.12")
+    options = session.snapshot_options(kept)
+    assert spec.serves(options)
+    assert not spec.serves({**options, "snapshot": "snap-2"})
+    assert not spec.serves({k: v for k, v in options.items() if k != "snapshot"})  # an ordinary session
+    assert spec.pool_id == pools.PoolSpec.of_snapshot(msgspec_replace(kept, warm=9)).pool_id  # count aside
+    other = pools.PoolSpec.of_snapshot(msgspec_replace(kept, snapshot_id="snap-2"))
+    assert other.pool_id != spec.pool_id
+    plain = pools.PoolSpec(image="python:3.12", run_as_root=False, org="acme")
+    assert plain.pool_id != spec.pool_id
+    assert pools.serving([plain, spec], options, "acme") == spec
+    assert pools.serving([spec], options, "globex") is None
+    listed = [
+        kept,
+        msgspec_replace(kept, snapshot_id="snap-0", warm=0),
+        msgspec_replace(kept, status="deleted"),
+    ]
+    assert pools.warm_snapshots(listed) == [spec]
+
+
+def msgspec_replace(s: states.SnapshotState, **changes: object) -> states.SnapshotState:
+    import msgspec
+
+    return msgspec.structs.replace(s, **changes)

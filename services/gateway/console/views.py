@@ -211,6 +211,8 @@ class SnapshotRow:
     parent: str
     frozen: str
     created: str
+    warm: str
+    """Idle sandboxes kept started from it ("" for none)."""
 
 
 def snapshot_rows(
@@ -245,6 +247,7 @@ def snapshot_rows(
                 parent=s.parent or "",
                 frozen=f"{s.frozen_ms:.1f} ms",
                 created=when(s.created_at),
+                warm=str(s.warm) if s.warm else "",
             )
         )
     return rows
