@@ -59,7 +59,7 @@ type TarBody = Uint8Array | Blob | ReadableStream<Uint8Array>;
 export class SandboxClient {
   /** The session registry: create, list, get, stop, delete. */
   readonly sessions: Sessions;
-  /** Snapshots of sessions' files: take, list, get, delete, fork, restore. */
+  /** Snapshots of sessions' files: take, list, get, delete, keep warm, fork, restore. */
   readonly snapshots: Snapshots;
   private readonly base: string;
   private readonly headers: Record<string, string>;
@@ -254,6 +254,19 @@ export class Snapshots {
       headers: idempotency(options),
       signal: options.signal,
     });
+  }
+
+  /**
+   * Keep `count` (0 to 100) idle sandboxes started from the snapshot ready, so its forks
+   * and restores claim one instead of starting one; `warm_ready` says how many are ready.
+   */
+  async warm(snapshotId: string, count: number, options: RequestOptions = {}): Promise<Snapshot> {
+    const response = await this.client.request("PUT", `${snapshotPath(snapshotId)}/warm`, {
+      body: JSON.stringify({ count }),
+      headers: { "content-type": "application/json" },
+      signal: options.signal,
+    });
+    return (await response.json()) as Snapshot;
   }
 
   /** New sessions (a count, or named) whose sandboxes start from the snapshot. */

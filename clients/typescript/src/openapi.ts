@@ -162,6 +162,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/snapshots/{snapshot_id}/warm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        /** Keep 0 to 100 idle sandboxes started from a snapshot: its forks are claims */
+        put: operations["warmSnapshot"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/sessions/{session_id}/restore": {
         parameters: {
             query?: never;
@@ -401,6 +418,8 @@ export interface components {
             frozen_ms: number;
             created_at: string;
             delete_reason: string | null;
+            warm: number;
+            warm_ready: number;
         };
         /** SnapshotList */
         SnapshotList: {
@@ -429,6 +448,13 @@ export interface components {
             session_id: string;
             error: string;
             message: string;
+        };
+        /**
+         * WarmRequest
+         * @description How many idle sandboxes started from the snapshot to keep ready (0: none).
+         */
+        WarmRequest: {
+            count: number;
         };
         /** RestoreRequest */
         RestoreRequest: {
@@ -1697,6 +1723,88 @@ export interface operations {
             };
             /** @description Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS). */
             501: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler or NATS is unavailable; retry. */
+            503: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The scheduler did not answer in time; the outcome is unknown: retry with the same Idempotency-Key. */
+            504: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+        };
+    };
+    warmSnapshot: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The snapshot id. */
+                snapshot_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WarmRequest"];
+            };
+        };
+        responses: {
+            /** @description Set: the pool-manager starts (or removes) sandboxes to match; see warm_ready. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Snapshot"];
+                };
+            };
+            /** @description Invalid input; nothing was changed. */
+            400: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Missing or wrong API key. */
+            401: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description No such snapshot (or another organisation's). */
+            404: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
                     "Retry-After"?: number;

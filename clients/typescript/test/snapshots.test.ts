@@ -18,6 +18,8 @@ test("take a snapshot, fork it, restore to it, delete it", async () => {
   const listed = await sandbox.snapshots.list({ session_id: origin });
   assert.deepEqual(listed.snapshots.map((s) => s.snapshot_id), [snapshot.snapshot_id]);
 
+  const kept = await sandbox.snapshots.warm(snapshot.snapshot_id, 1);
+  assert.equal(kept.warm, 1);
   const forks = await sandbox.snapshots.fork(snapshot.snapshot_id, { count: 2 });
   assert.equal(forks.sessions.length, 2);
   assert.deepEqual(forks.failed, []);
@@ -31,6 +33,7 @@ test("take a snapshot, fork it, restore to it, delete it", async () => {
   await sandbox.snapshots.restore(origin, snapshot.snapshot_id);
   assert.equal((await sandbox.run(origin, { command: "cat /workspace/f" })).stdout, "one\n");
 
+  assert.equal((await sandbox.snapshots.warm(snapshot.snapshot_id, 0)).warm, 0);
   await sandbox.snapshots.delete(snapshot.snapshot_id);
   const gone = await sandbox.snapshots.get(snapshot.snapshot_id).catch((e: unknown) => e);
   assert.ok(gone instanceof SandboxApiError && gone.status === 404);
