@@ -69,7 +69,7 @@ class Membership:
             return (since is not None and seq >= since) or event.meta.session_id == self.session_id
         if isinstance(event, events.SessionEvent | events.CommandExecuted | events.EgressRecorded):
             return event.session_id == self.session_id
-        if isinstance(event, events.SnapshotEvent):  # the session's snapshots, taken or deleted
+        if isinstance(event, events.SnapshotEvent):  # the session's snapshots: taken, kept warm, deleted
             return getattr(event, "session_id", None) == self.session_id
         return False
 
@@ -141,6 +141,7 @@ def _lifecycle_summary(event: events.Event) -> str:
             "reason",
             "error",
             "exit_code",
+            "count",
         )
         if (value := getattr(event, name, None)) not in (None, "")
     ]

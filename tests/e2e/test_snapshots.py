@@ -265,6 +265,10 @@ async def test_a_snapshot_kept_warm_serves_forks_and_restores_from_started_sandb
 
     counts = [e["count"] for e in stream_types(state, "snapshot.warm_set") if e["snapshot_id"] == sid]
     assert counts == [2, 0, 1], counts
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=60) as rest:
+        timeline = (await rest.get("/v1/sessions/warm-origin/timeline", params={"kind": "lifecycle"})).json()
+    said = [e["summary"] for e in timeline["entries"] if e["type"] == "snapshot.warm_set"]
+    assert said[0] == f"snapshot.warm_set (snapshot_id={sid}, count=2)", said
 
 
 async def test_the_cli_takes_lists_forks_restores_and_deletes(stack):

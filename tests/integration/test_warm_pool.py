@@ -480,3 +480,25 @@ async def test_a_snapshot_kept_warm_is_a_pool_within_max_running_and_leaves_noth
     assert not left.state.subjects, left.state.subjects
     configured = pools.configured(lifecycle)[0].pool_id
     await js.consumer_info(topology.pool_stream, topology.claims_consumer(configured))  # still there
+
+    # Kept warm again: the schedulers, which made its consumer before, make it again.
+    for n in range(3):
+        done = commands.DeleteSession(command_id=ids.new_id(), session_id=f"fork-{n}")
+        assert (await support.send(nc, topology, done, timeout=30)).ok
+    assert (await warm(1)).snapshot.warm == 1
+    await support.eventually(lambda: _count(idle(nc, topology, pool_id), 1), timeout=30)
+    (again,) = [s.sandbox_id for s in await idle(nc, topology, pool_id)]
+
+    async def queued() -> bool:  # offered, with no consumer yet: the offer waits in the stream
+        subject = topology.pool_offers(pool_id)
+        info = await js.stream_info(topology.pool_stream, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject) == 1
+
+    await support.eventually(queued, timeout=30)
+    forked = await support.send(
+        nc,
+        topology,
+        commands.ForkSession(command_id=ids.new_id(), session_id="fork-again", snapshot_id="snap-w"),
+        timeout=60,
+    )
+    assert forked.ok and forked.session.sandbox_id == again
