@@ -205,7 +205,8 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
         rest_api = rest.SessionsAPI(client, session_states, where.forget)
         snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
-        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, sandboxes)
+        idle = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
+        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, idle)
         app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
         server = _Server(
             uvicorn.Config(
@@ -244,7 +245,9 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             server.should_exit = True
             await served.wait()
 
-        return service.Workload(tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close])
+        return service.Workload(
+            tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close], on_stop=[copies.close]
+        )
 
     return setup
 

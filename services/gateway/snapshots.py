@@ -220,23 +220,26 @@ OPERATIONS: tuple[rest.Operation, ...] = (
 
 
 class SnapshotsAPI:
-    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any, sandboxes: Any) -> None:
+    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any, idle: Any) -> None:
         self.api = sessions_api
         self.client = sessions_api.client
         self.snapshots = snapshots
         """projector.ProjectionStore[states.SnapshotState]"""
-        self.sandboxes = sandboxes
-        """projector.ProjectionStore[states.SandboxState]: how many of a warm pool are ready"""
+        self.idle = idle
+        """projector.ProjectionStore[states.SandboxState] of its own: followed (ready pool
+        sandboxes only) from the first time a snapshot kept warm is shown."""
+        self._following = asyncio.Lock()
 
     async def _ready(self, *snapshots: states.SnapshotState) -> dict[str, int]:
-        """Idle, running sandboxes per pool (only read when a snapshot is kept warm)."""
+        """Ready pool sandboxes per pool (only when a snapshot shown is kept warm)."""
         if not any(s.warm for s in snapshots):
             return {}
-        return dict(
-            collections.Counter(
-                s.pool for s in (await self.sandboxes.all()).values() if s.pool and pools.ready(s)
-            )
-        )
+        async with self._following:
+            await self.idle.follow(keep=pools.ready)  # (once: a no-op when followed)
+        return dict(collections.Counter(s.pool for s in (await self.idle.all()).values()))
+
+    async def close(self) -> None:
+        await self.idle.unfollow()
 
     @staticmethod
     def _snapshot_id(request: Request) -> str:
