@@ -6,7 +6,8 @@ session's first call is a cold start, the baseline a fork is measured against):
 1. **Cold start**: ``--cold`` new sessions, each timed from its first REST run request
    to its answer (the sandbox made and started on the way).
 2. **Pause → resume**: a REST pause, then the session's next run (which thaws it),
-   against a run on a running sandbox, alternating.
+   against a run just after the same pause request to another session (what the resume
+   adds), and against a run right after a run, alternating.
 3. **Hibernate → resume**: the reaper's ``session.hibernate`` (stopped, files kept), then
    the next run (which starts it again), against a normal run.
 4. **Snapshot time against size**: the origin's workspace holds ``--sizes`` MiB of
@@ -77,18 +78,28 @@ async def cold(rest: httpx.AsyncClient, n: int) -> list[float]:
     return took
 
 
-async def pause_resume(rest: httpx.AsyncClient, rounds: int) -> tuple[list[float], list[float]]:
+async def pause_resume(rest: httpx.AsyncClient, rounds: int) -> tuple[list[float], list[float], list[float]]:
+    """(hot runs, runs just after another session was paused, first runs after a pause).
+    The middle ones are the fair baseline: the same pause request came just before, to
+    another session, so only the resume differs (a run right after a run is faster on a
+    small machine whatever came before)."""
     await run(rest, "pauser", "true")
-    normal, after = [], []
+    await run(rest, "bystander", "true")
+    hot, beside, after = [], [], []
     for _ in range(rounds):
+        assert (await rest.post("/v1/sessions/bystander/pause")).json()["status"] == "paused"
         t0 = time.perf_counter()
         await run(rest, "pauser", "true")
-        normal.append(time.perf_counter() - t0)
+        beside.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        await run(rest, "pauser", "true")
+        hot.append(time.perf_counter() - t0)
         assert (await rest.post("/v1/sessions/pauser/pause")).json()["status"] == "paused"
         t0 = time.perf_counter()
         await run(rest, "pauser", "true")
         after.append(time.perf_counter() - t0)
-    return normal, after
+        await run(rest, "bystander", "true")  # (resumed for the next round)
+    return hot, beside, after
 
 
 async def hibernate_resume(
@@ -191,7 +202,9 @@ async def kept_warm(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> fl
     assert answer.status_code == 200, answer.text[:1000]
     while (await rest.get(f"/v1/snapshots/{snapshot_id}")).json()["warm_ready"] != count:
         await asyncio.sleep(0.05)
-    return time.perf_counter() - t0
+    took = time.perf_counter() - t0
+    await asyncio.sleep(1.0)  # each is offered once its shell is started, a moment after it runs
+    return took
 
 
 async def settle(root: int, quiet: float = 0.1, every: float = 0.5, most: float = 60.0) -> None:
@@ -237,11 +250,15 @@ async def main(cold_n: int, rounds: int, sizes: list[int], fork_counts: list[int
             await cold(rest, 2)  # warm up the services' paths
             print(f"one `sbx up`, no warm pool, {os.cpu_count()} cores\n")
             print(summary("cold start: new session's first run", await cold(rest, cold_n)))
-            normal, after = await pause_resume(rest, rounds)
-            print(summary("run on a running sandbox", normal))
+            hot, beside, after = await pause_resume(rest, rounds)
+            print(summary("run on a running sandbox, right after a run", hot))
+            print(summary("run just after another session's pause", beside))
             print(summary("first run after a pause (resumes it)", after))
-            added = (statistics.median(after) - statistics.median(normal)) * 1000
-            print(f"  resume adds {added:+.1f} ms to the call (p50)")
+            added = (statistics.median(after) - statistics.median(beside)) * 1000
+            vs_hot = (statistics.median(after) - statistics.median(hot)) * 1000
+            print(
+                f"  resume adds {added:+.1f} ms to the call (p50; {vs_hot:+.1f} ms against a run after a run)"
+            )
             normal, after = await hibernate_resume(rest, state, max(5, rounds // 3))
             print(summary("run on a running sandbox", normal))
             print(summary("first run after hibernation (starts it)", after))

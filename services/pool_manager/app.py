@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 
 from services.pool_manager import handlers, logic, refill, snapshots
@@ -59,10 +60,16 @@ def make_setup(
         # Heard once a change is in the bucket: one that leaves a pool short wakes the
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
+        claimed: dict[str, float] = {}
+        """Pool id -> when one of its sandboxes was last claimed (monotonic clock)."""
 
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
             if logic.leaves_room(old, new):
                 short.set()
+            if old is not None and old.pool and logic.idle(old) and new is not None and new.session_id:
+                claimed[old.pool] = time.monotonic()
+                # A snapshot's pool waits for its forks to stop coming: look again then.
+                asyncio.get_running_loop().call_later(logic.SNAPSHOT_QUIET, short.set)
             changed = new or old
             if changed is not None:
                 pool.noticed(changed.sandbox_id)
@@ -80,7 +87,15 @@ def make_setup(
         tasks = [projector.catch_up(ctx.js, sandboxes), projector.catch_up(ctx.js, snapshot_store)]
         pools = refill.pools_with_snapshots(pool_specs.configured(lifecycle), snapshot_store)
         tasks.append(
-            refill.run(ctx, pool, pools, lifecycle.max_running, short, max_age=lifecycle.pool_max_age)
+            refill.run(
+                ctx,
+                pool,
+                pools,
+                lifecycle.max_running,
+                short,
+                max_age=lifecycle.pool_max_age,
+                claimed=claimed,
+            )
         )
         return service.Workload(
             tasks=tasks, on_stop=[runtime.close, sandboxes.unfollow, snapshot_store.unfollow]

@@ -9,7 +9,8 @@ maximum age is recycled (removed, and the refill makes a fresh one).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -17,6 +18,11 @@ from shared.contract import states
 from shared.domain import pools as pool_specs
 
 PoolSpec = pool_specs.PoolSpec
+
+SNAPSHOT_QUIET = 2.0
+"""Seconds without a claim before a snapshot's pool is refilled: a burst of forks runs its
+first commands without the refill's sandbox starts taking the CPU from them (100 forks
+on 2 cores, bench/snapshots.py)."""
 
 LIVE = ("requested", "running", "paused")
 """What counts against ``max_running``: a paused sandbox holds its memory, so it counts."""
@@ -51,6 +57,19 @@ def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None
     return idle(old) and not idle(new)
 
 
+def held(
+    pools: Iterable[PoolSpec], last_claim: Mapping[str, float], now: float, quiet: float = SNAPSHOT_QUIET
+) -> frozenset[str]:
+    """The snapshots' pools claimed from within ``quiet`` seconds before ``now`` (times of
+    one clock): their forks are still coming, so they are refilled once those stop.
+    Configured pools are never held (they serve a steady stream of new sessions)."""
+    return frozenset(
+        p.pool_id
+        for p in pools
+        if p.snapshot is not None and now - last_claim.get(p.pool_id, -math.inf) < quiet
+    )
+
+
 def plan(
     sandboxes: Iterable[states.SandboxState],
     pools: Iterable[PoolSpec],
@@ -58,11 +77,13 @@ def plan(
     *,
     now: datetime | None = None,
     max_age: float | None = None,
+    hold: Collection[str] = (),
 ) -> Plan:
-    """Refill every pool up to ``min_idle`` without taking the total past ``max_running``;
-    give back what a pool has above ``min_idle`` and, given ``now``, recycle idle
-    sandboxes older than ``max_age`` seconds. Only running idle sandboxes are removed:
-    one still being made counts towards its pool but is left to finish."""
+    """Refill every pool up to ``min_idle`` without taking the total past ``max_running``
+    (none for the pools in ``hold`` this time); give back what a pool has above
+    ``min_idle`` and, given ``now``, recycle idle sandboxes older than ``max_age`` seconds.
+    Only running idle sandboxes are removed: one still being made counts towards its pool
+    but is left to finish."""
     pools = list(pools)
     current = {p.pool_id: p for p in pools}
     running = 0
@@ -95,7 +116,7 @@ def plan(
     budget = max(0, max_running - running)
     create: dict[str, int] = {}
     for pool in pools:
-        want = min(max(0, pool.min_idle - kept[pool.pool_id]), budget)
+        want = 0 if pool.pool_id in hold else min(max(0, pool.min_idle - kept[pool.pool_id]), budget)
         if want:
             create[pool.pool_id] = want
             budget -= want

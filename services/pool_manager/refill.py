@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -69,9 +69,11 @@ async def run(
     wake: asyncio.Event | None = None,
     *,
     max_age: float | None = None,
+    claimed: Mapping[str, float] | None = None,
 ) -> None:
     """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
-    be short (a round then starts at most MIN_GAP after the last)."""
+    be short (a round then starts at most MIN_GAP after the last); ``claimed``: when each
+    pool was last claimed from (``time.monotonic``), which holds back snapshots' pools."""
     lease = leases.Lease(await ctx.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
     reoffered = -REOFFER_EVERY
 
@@ -81,7 +83,9 @@ async def run(
         reoffer = time.monotonic() - reoffered >= REOFFER_EVERY
         if reoffer:
             reoffered = time.monotonic()
-        return await refill_once(ctx, pool, await pools(), max_running, reoffer=reoffer, max_age=max_age)
+        current = await pools()
+        hold = logic.held(current, claimed or {}, time.monotonic())
+        return await refill_once(ctx, pool, current, max_running, reoffer=reoffer, max_age=max_age, hold=hold)
 
     def backoff(failures: int, delay: float) -> float:
         """Failing provisions back off (up to 30 s) instead of flooding the stream."""
@@ -113,11 +117,12 @@ async def refill_once(
     *,
     reoffer: bool,
     max_age: float | None = None,
+    hold: frozenset[str] = frozenset(),
 ) -> int:
     """One round; returns how many steps failed. A configuration error (no cgroups, say)
-    is raised: retrying cannot fix it."""
+    is raised: retrying cannot fix it. ``hold``: pools not refilled this round."""
     sandboxes = list((await pool.sandboxes.all()).values())
-    plan = logic.plan(sandboxes, pools, max_running, now=service.now(), max_age=max_age)
+    plan = logic.plan(sandboxes, pools, max_running, now=service.now(), max_age=max_age, hold=hold)
     by_state = collections.Counter(s.status for s in sandboxes)
     for state in ("requested", "running", "paused", "stopped"):
         metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))

@@ -232,17 +232,23 @@ async def test_a_snapshot_kept_warm_serves_forks_and_restores_from_started_sandb
         ok, text = await forks[1].call("shell", command="ls /workspace")
         assert ok and "only-0" not in text, text
 
-        # The pool refills; a restore of the origin claims one too.
+        # The pool refills; a restore of the origin claims one too (a sandbox is offered once
+        # its shell is started, a moment after it runs: a restore before that starts one).
         await _warm_ready(rest, sid, 2)
-        restored = await rest.post(
-            "/v1/sessions/warm-origin/restore", json={"snapshot_id": sid}, headers=acme
-        )
-        assert restored.status_code == 200, restored.text
-        refilled = {
-            e["sandbox_id"] for e in stream_types(state, "sandbox.requested") if e.get("snapshot") == sid
-        }
-        claimed = {e["sandbox_id"]: e["session_id"] for e in stream_types(state, "sandbox.claimed")}
-        assert "warm-origin" in {claimed.get(b) for b in refilled - pooled}
+        for _ in range(10):
+            restored = await rest.post(
+                "/v1/sessions/warm-origin/restore", json={"snapshot_id": sid}, headers=acme
+            )
+            assert restored.status_code == 200, restored.text
+            refilled = {
+                e["sandbox_id"] for e in stream_types(state, "sandbox.requested") if e.get("snapshot") == sid
+            }
+            claimed = {e["sandbox_id"]: e["session_id"] for e in stream_types(state, "sandbox.claimed")}
+            if "warm-origin" in {claimed.get(b) for b in refilled - pooled}:
+                break
+            await asyncio.sleep(0.5)
+        else:
+            raise AssertionError("no restore claimed a sandbox of the snapshot's pool")
         ok, text = await origin.call("shell", command="cat /workspace/w")
         assert ok and text.startswith("warm"), text
 

@@ -467,3 +467,18 @@ def test_a_snapshot_kept_warm_is_one_more_pool_and_goes_when_it_is_no_longer_kep
     assert plan.create == {snap.pool_id: 2}  # the room max_running leaves
     current = [warm(snap), warm(snap), warm(DEFAULT)]
     assert logic.plan(current, [DEFAULT], 100).remove == sorted(s.sandbox_id for s in current[:2])
+
+
+def test_a_snapshots_pool_is_refilled_once_its_forks_stop_coming() -> None:
+    """A burst of forks claims a snapshot's pool empty; refilling it at once would take the
+    CPU from the forks' first commands, so it waits SNAPSHOT_QUIET after the last claim.
+    Configured pools never wait (they serve a steady stream of new sessions)."""
+    snap = pools.PoolSpec(name="snap-1", min_idle=3, snapshot="snap-1")
+    claimed = {snap.pool_id: 100.0, DEFAULT.pool_id: 100.0}
+    assert logic.held([DEFAULT, snap], claimed, 100.5) == {snap.pool_id}
+    assert logic.held([DEFAULT, snap], claimed, 100.0 + logic.SNAPSHOT_QUIET) == frozenset()
+    assert logic.held([DEFAULT, snap], {}, 0.0) == frozenset()  # never claimed: filled at once
+    plan = logic.plan([warm(snap)], [DEFAULT, snap], 100, hold={snap.pool_id})
+    assert plan.create == {DEFAULT.pool_id: 2} and plan.idle[snap.pool_id] == 1
+    surplus = [warm(snap) for _ in range(5)]
+    assert len(logic.plan(surplus, [snap], 100, hold={snap.pool_id}).remove) == 2  # still gives back
