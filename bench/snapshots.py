@@ -207,16 +207,18 @@ async def kept_warm(rest: httpx.AsyncClient, snapshot_id: str, count: int) -> fl
     return took
 
 
-async def settle(root: int, quiet: float = 0.1, every: float = 0.5, most: float = 60.0) -> None:
-    """Wait until the stack under ``root`` used less than ``quiet`` CPU seconds in ``every``
-    (what the last section left, deletions say, is done), at most ``most`` seconds."""
+async def settle(
+    root: int, quiet: float = 0.1, every: float = 0.5, windows: int = 4, most: float = 120.0
+) -> None:
+    """Wait until the stack under ``root`` used less than ``quiet`` CPU seconds in each of
+    ``windows`` windows of ``every`` seconds in a row (what the last section left, say
+    deletions or a held refill, is done), at most ``most`` seconds."""
     until = time.monotonic() + most
-    before = common.process_tree_cpu(root)
-    while time.monotonic() < until:
+    before, calm = common.process_tree_cpu(root), 0
+    while time.monotonic() < until and calm < windows:
         await asyncio.sleep(every)
         now = common.process_tree_cpu(root)
-        if sum(common.cpu_delta(before, now).values()) < quiet:
-            return
+        calm = calm + 1 if sum(common.cpu_delta(before, now).values()) < quiet else 0
         before = now
 
 

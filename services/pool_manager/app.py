@@ -28,6 +28,7 @@ def make_setup(
             egress=runtime_settings.egress,
             disk_reserve=runtime_settings.disk_reserve,
             images=runtime_settings,
+            tune_host=runtime_settings.cgroup_favor_dynmods,
         )
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         snapshot_store = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)

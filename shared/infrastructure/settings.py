@@ -292,6 +292,10 @@ class RuntimeSettings:
     snapshots_per_session: int = 20
     """Most snapshots kept per session (``SBX_SNAPSHOTS_PER_SESSION``; 0: no limit): a new
     one past it deletes the session's oldest (``snapshot.deleted``, reason ``retention``)."""
+    cgroup_favor_dynmods: bool = True
+    """Local runtime: the pool-manager turns on cgroup2's ``favordynmods`` on this host
+    where it is off (``SBX_CGROUP_FAVOR_DYNMODS``, true/false): every process entering a
+    sandbox moves into its cgroup, 7.5-15 ms without it after a quiet moment, 0.2 with."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> RuntimeSettings:
@@ -321,6 +325,9 @@ class RuntimeSettings:
             snapshot_budget=_size(env, "SBX_SNAPSHOT_BUDGET", cls.snapshot_budget, minimum=0),
             snapshots_per_session=_count(
                 env, "SBX_SNAPSHOTS_PER_SESSION", cls.snapshots_per_session, 0, 1_000_000
+            ),
+            cgroup_favor_dynmods=_yes(
+                {"SBX_CGROUP_FAVOR_DYNMODS": "true", **env}, "SBX_CGROUP_FAVOR_DYNMODS"
             ),
         )
 

@@ -24,11 +24,14 @@ def open_runtime(
     env: Mapping[str, str] | None = None,
     disk_reserve: int | None = None,
     images: RuntimeSettings | None = None,
+    tune_host: bool = False,
 ) -> api.Runtime:
     """The named backend. ``env`` holds the backend's own settings (Kubernetes: the
     ``SBX_K8S_*`` variables); the services pass their environment. ``disk_reserve``:
     free space the local state filesystem keeps (no sandbox starts below it). ``images``:
-    where the registry settings come from (the service that pulls images passes them)."""
+    where the registry settings come from (the service that pulls images passes them).
+    ``tune_host``: the local runtime turns on cgroup2's ``favordynmods`` where it is off
+    (the pool-manager asks, ``SBX_CGROUP_FAVOR_DYNMODS``; see ``cgroups.dynmods_remount``)."""
     if name == "kubernetes":
         from shared.infrastructure.settings import KubernetesSettings
         from shared.runtime.kubernetes import runtime as kube
@@ -49,12 +52,16 @@ def open_runtime(
             pull_timeout=images.pull_timeout if images else None,
             snapshot_budget=images.snapshot_budget if images else None,
         )
-        if opened.egress_problem:
-            import structlog
+        import structlog
 
+        if opened.egress_problem:
             structlog.get_logger(__name__).error(
                 "runtime.no_egress", reason=opened.egress_problem, effect="sandboxes get no network"
             )
+        if tune_host:
+            from shared.runtime.local import cgroups
+
+            structlog.get_logger(__name__).info("runtime.cgroup_moves", outcome=cgroups.favor_dynamic_moves())
         return opened
     raise errors.ConfigError(f"unknown runtime {name!r}; available here: {', '.join(NAMES)}")
 

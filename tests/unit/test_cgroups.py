@@ -69,3 +69,37 @@ def test_a_freeze_that_never_settles_is_thawed_and_refused(tmp_path, monkeypatch
     with pytest.raises(errors.InfrastructureError, match="did not freeze"):
         driver.freeze("sbx-never")
     assert not driver.frozen("sbx-never")  # thawed again: never left half frozen
+
+
+HYBRID = """\
+25 1 0:24 / /sys/fs/cgroup rw,nosuid,nodev,noexec shared:9 - tmpfs tmpfs rw,mode=755
+36 25 0:30 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+37 25 0:31 / /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory
+"""
+FEATURES = "nsdelegate\nfavordynmods\nmemory_localevents\n"
+
+
+def test_favordynmods_is_turned_on_with_the_mounts_other_options_kept() -> None:
+    argv, about = cgroups.dynmods_remount(HYBRID, FEATURES)
+    assert argv == [
+        "mount", "-t", "cgroup2", "-o", "remount,nsdelegate,favordynmods", "cgroup2", "/sys/fs/cgroup/unified"
+    ]  # fmt: skip
+    assert "turned on at /sys/fs/cgroup/unified" in about
+    on = HYBRID.replace("rw,nsdelegate", "rw,nsdelegate,favordynmods")
+    assert cgroups.dynmods_remount(on, FEATURES) == (None, "favordynmods on already")
+    argv, about = cgroups.dynmods_remount(HYBRID, "nsdelegate\n")
+    assert argv is None and "no favordynmods" in about
+    v1_only = "\n".join(line for line in HYBRID.splitlines() if "cgroup2" not in line)
+    argv, about = cgroups.dynmods_remount(v1_only, FEATURES)
+    assert argv is None and "no cgroup2 mount" in about
+
+
+def test_favor_dynamic_moves_says_why_it_did_nothing(tmp_path) -> None:
+    (tmp_path / "mountinfo").write_text(HYBRID.replace("rw,nsdelegate", "rw,favordynmods"))
+    (tmp_path / "features").write_text(FEATURES)
+    assert (
+        cgroups.favor_dynamic_moves(tmp_path / "mountinfo", tmp_path / "features")
+        == "favordynmods on already"
+    )
+    assert "no favordynmods" in cgroups.favor_dynamic_moves(tmp_path / "mountinfo", tmp_path / "nope")
+    assert "not tuned" in cgroups.favor_dynamic_moves(tmp_path / "missing", tmp_path / "features")
