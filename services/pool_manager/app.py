@@ -14,6 +14,7 @@ from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
 MAX_WORKERS = 32
+CLAIMS_KEPT = 1000
 
 
 def make_setup(
@@ -61,14 +62,19 @@ def make_setup(
         # Heard once a change is in the bucket: one that leaves a pool short wakes the
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
-        claimed: dict[str, float] = {}
-        """Pool id -> when one of its sandboxes was last claimed (monotonic clock)."""
+        claimed: dict[str, logic.Claims] = {}
+        """Pool id -> when its sandboxes were claimed (monotonic clock)."""
 
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
             if logic.leaves_room(old, new):
                 short.set()
             if old is not None and old.pool and logic.idle(old) and new is not None and new.session_id:
-                claimed[old.pool] = time.monotonic()
+                now = time.monotonic()
+                if len(claimed) >= CLAIMS_KEPT:  # (pools long quiet are forgotten)
+                    for pool_id in [p for p, c in claimed.items() if now - c.last >= logic.SNAPSHOT_QUIET]:
+                        del claimed[pool_id]
+                seen = claimed.get(old.pool)
+                claimed[old.pool] = seen.after(now) if seen else logic.Claims(now, now)
                 # A snapshot's pool waits for its forks to stop coming: look again then.
                 asyncio.get_running_loop().call_later(logic.SNAPSHOT_QUIET, short.set)
             changed = new or old

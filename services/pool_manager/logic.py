@@ -22,7 +22,27 @@ PoolSpec = pool_specs.PoolSpec
 SNAPSHOT_QUIET = 2.0
 """Seconds without a claim before a snapshot's pool is refilled: a burst of forks runs its
 first commands without the refill's sandbox starts taking the CPU from them (100 forks
-on 2 cores, bench/snapshots.py)."""
+on 2 cores, bench/snapshots.py)..."""
+SNAPSHOT_HOLD_MAX = 10.0
+"""...but never held longer than this from its burst's first claim (forks coming one
+every second or two still find the pool refilled)."""
+SNAPSHOT_RETRY = 30.0
+"""A snapshot's pool whose sandbox failed to start is left alone this long (its failure
+is its own: the other pools go on)."""
+
+
+@dataclass(frozen=True)
+class Claims:
+    """A pool's claims as the pool-manager heard them (``time.monotonic`` seconds)."""
+
+    first: float
+    """The first claim of the current burst (after a quiet of SNAPSHOT_QUIET)."""
+    last: float
+
+    def after(self, now: float) -> Claims:
+        """These claims and one more at ``now``."""
+        return Claims(now if now - self.last >= SNAPSHOT_QUIET else self.first, now)
+
 
 LIVE = ("requested", "running", "paused")
 """What counts against ``max_running``: a paused sandbox holds its memory, so it counts."""
@@ -58,16 +78,26 @@ def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None
 
 
 def held(
-    pools: Iterable[PoolSpec], last_claim: Mapping[str, float], now: float, quiet: float = SNAPSHOT_QUIET
+    pools: Iterable[PoolSpec],
+    claims: Mapping[str, Claims],
+    now: float,
+    failed: Mapping[str, float] | None = None,
 ) -> frozenset[str]:
-    """The snapshots' pools claimed from within ``quiet`` seconds before ``now`` (times of
-    one clock): their forks are still coming, so they are refilled once those stop.
-    Configured pools are never held (they serve a steady stream of new sessions)."""
-    return frozenset(
-        p.pool_id
-        for p in pools
-        if p.snapshot is not None and now - last_claim.get(p.pool_id, -math.inf) < quiet
-    )
+    """The snapshots' pools not refilled now: claimed from within SNAPSHOT_QUIET (their
+    forks are still coming, unless the burst began SNAPSHOT_HOLD_MAX ago), or failed
+    within SNAPSHOT_RETRY (``failed``: when). Configured pools are never held (they
+    serve a steady stream of new sessions, and their failures are everyone's)."""
+    failed = failed or {}
+    out = set()
+    for pool in pools:
+        if pool.snapshot is None:
+            continue
+        seen = claims.get(pool.pool_id)
+        if seen is not None and now - seen.last < SNAPSHOT_QUIET and now - seen.first < SNAPSHOT_HOLD_MAX:
+            out.add(pool.pool_id)
+        if now - failed.get(pool.pool_id, -math.inf) < SNAPSHOT_RETRY:
+            out.add(pool.pool_id)
+    return frozenset(out)
 
 
 def plan(

@@ -69,13 +69,15 @@ async def run(
     wake: asyncio.Event | None = None,
     *,
     max_age: float | None = None,
-    claimed: Mapping[str, float] | None = None,
+    claimed: Mapping[str, logic.Claims] | None = None,
 ) -> None:
     """Refill rounds while this instance holds the lease; ``wake``: set when a pool may
     be short (a round then starts at most MIN_GAP after the last); ``claimed``: when each
-    pool was last claimed from (``time.monotonic``), which holds back snapshots' pools."""
+    pool was claimed from (``time.monotonic``), which holds back snapshots' pools."""
     lease = leases.Lease(await ctx.key_value(ctx.topology.leases_bucket), LEASE_KEY, ctx.settings.instance)
     reoffered = -REOFFER_EVERY
+    failed: dict[str, float] = {}
+    """A snapshot's pool -> when one of its sandboxes last failed to start."""
 
     async def round_() -> int:
         nonlocal reoffered
@@ -84,8 +86,10 @@ async def run(
         if reoffer:
             reoffered = time.monotonic()
         current = await pools()
-        hold = logic.held(current, claimed or {}, time.monotonic())
-        return await refill_once(ctx, pool, current, max_running, reoffer=reoffer, max_age=max_age, hold=hold)
+        hold = logic.held(current, claimed or {}, time.monotonic(), failed)
+        return await refill_once(
+            ctx, pool, current, max_running, reoffer=reoffer, max_age=max_age, hold=hold, failed=failed
+        )
 
     def backoff(failures: int, delay: float) -> float:
         """Failing provisions back off (up to 30 s) instead of flooding the stream."""
@@ -118,9 +122,13 @@ async def refill_once(
     reoffer: bool,
     max_age: float | None = None,
     hold: frozenset[str] = frozenset(),
+    failed: dict[str, float] | None = None,
 ) -> int:
     """One round; returns how many steps failed. A configuration error (no cgroups, say)
-    is raised: retrying cannot fix it. ``hold``: pools not refilled this round."""
+    is raised: retrying cannot fix it. ``hold``: pools not refilled this round. A
+    snapshot's pool's failure is its own (noted in ``failed``, which holds that pool back
+    for a while): neither raised nor counted, so it never stops or slows the others."""
+    failed = {} if failed is None else failed
     sandboxes = list((await pool.sandboxes.all()).values())
     plan = logic.plan(sandboxes, pools, max_running, now=service.now(), max_age=max_age, hold=hold)
     by_state = collections.Counter(s.status for s in sandboxes)
@@ -128,22 +136,7 @@ async def refill_once(
         metrics.pool_sandboxes.labels(state).set(by_state.get(state, 0))
     metrics.pool_sandboxes.labels("idle").set(sum(plan.idle.values()))
     by_id = {p.pool_id: p for p in pools}
-    pace = asyncio.Semaphore(CREATE_AT_ONCE)
-    jobs: list[Coroutine[Any, Any, object]] = []
-    for pool_id, count in plan.create.items():
-        spec = by_id[pool_id]
-        for _ in range(count):
-            request = provisioning.Provision(
-                sandbox_id="sb-" + ids.new_id()[:20],
-                command_id=ids.new_id(),
-                image=spec.image,
-                run_as_root=spec.run_as_root,
-                writable_root=spec.writable_root,
-                pool=pool_id,
-                org_id=spec.org,
-                snapshot=spec.snapshot,
-            )
-            jobs.append(_paced(pace, _make(ctx, pool, request)))
+    jobs = _creations(ctx, pool, plan, by_id, failed)
     for sandbox_id in plan.remove:
         jobs.append(pool.retire(sandbox_id))
     if reoffer:
@@ -167,6 +160,49 @@ async def refill_once(
     for pool_id, count in plan.idle.items():
         ctx.details[f"idle:{by_id[pool_id].name}"] = str(count + plan.create.get(pool_id, 0))
     return len(failures)
+
+
+def _creations(
+    ctx: service.Context,
+    pool: handlers.PoolHandlers,
+    plan: logic.Plan,
+    by_id: dict[str, logic.PoolSpec],
+    failed: dict[str, float],
+) -> list[Coroutine[Any, Any, object]]:
+    """The plan's new sandboxes, CREATE_AT_ONCE at a time (a snapshot's pool's on its own)."""
+    pace = asyncio.Semaphore(CREATE_AT_ONCE)
+    jobs: list[Coroutine[Any, Any, object]] = []
+    for pool_id, count in plan.create.items():
+        spec = by_id[pool_id]
+        for _ in range(count):
+            request = provisioning.Provision(
+                sandbox_id="sb-" + ids.new_id()[:20],
+                command_id=ids.new_id(),
+                image=spec.image,
+                run_as_root=spec.run_as_root,
+                writable_root=spec.writable_root,
+                pool=pool_id,
+                org_id=spec.org,
+                snapshot=spec.snapshot,
+            )
+            make = _make(ctx, pool, request)
+            if spec.snapshot is not None:
+                make = _on_its_own(make, pool_id, failed)
+            jobs.append(_paced(pace, make))
+    return jobs
+
+
+async def _on_its_own(make: Coroutine[Any, Any, None], pool_id: str, failed: dict[str, float]) -> None:
+    """A snapshot's pool's sandbox: what goes wrong is logged and noted for that pool."""
+    try:
+        await make
+    except errors.SandboxError as exc:
+        failed[pool_id] = time.monotonic()
+        log.warning(
+            "pool.snapshot_pool_failed", pool_id=pool_id, error=exc.message, retry_in=logic.SNAPSHOT_RETRY
+        )
+    for stale in [p for p, when in failed.items() if time.monotonic() - when >= logic.SNAPSHOT_RETRY]:
+        del failed[stale]
 
 
 async def _drop_unused(ctx: service.Context, in_use: set[str]) -> None:

@@ -22,6 +22,8 @@ log = structlog.get_logger(__name__)
 CRASH_AFTER_APPEND = "scheduler.after_append"
 #: Offers tried before falling back to a cold start (stale offers fail their CAS).
 CLAIM_ATTEMPTS = 8
+CONSUMERS_KNOWN = 10_000
+"""Most snapshots' pools whose claims consumer an instance remembers having made."""
 PREPARING_WAIT = 20.0
 """How long a session refused a cold start at ``max_running`` waits for a pool sandbox
 that is being prepared."""
@@ -141,6 +143,8 @@ class SessionCommands:
             return await self._take_and_claim(command, pool, org, until)
         finally:
             self._waiting[pool.pool_id] -= preparing
+            if not self._waiting[pool.pool_id]:
+                del self._waiting[pool.pool_id]
 
     async def _take_and_claim(
         self, command: commands.SessionCommand, pool: pools.PoolSpec, org: str | None, until: float
@@ -163,6 +167,7 @@ class SessionCommands:
                         meta=meta,
                         pool_id=pool.pool_id,
                         org=org,
+                        snapshot=pool.snapshot,
                     ),
                 )
             finally:
@@ -180,6 +185,8 @@ class SessionCommands:
             return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
         for attempt in (1, 2):
             if pool.pool_id not in self._consumers:
+                if len(self._consumers) >= CONSUMERS_KNOWN:
+                    self._consumers.clear()  # (made sure of again at the next take: harmless)
                 await warmpool.ensure_consumer(
                     self.ctx.js, self.ctx.topology, pool.pool_id, snapshot=pool.snapshot
                 )

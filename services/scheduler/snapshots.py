@@ -151,8 +151,14 @@ class Snapshotting:
 
     async def _warm(self, command: commands.WarmSnapshot) -> commands.CommandReply:
         meta = self.owner.ctx.meta(command=command, session_id=command.session_id)
+        target = await self.snapshots.get(command.snapshot_id)
+        others = snapshot_rules.warm_elsewhere(
+            (await self.snapshots.all()).values(), command.snapshot_id, target.org_id if target else None
+        )  # (two raised at once may pass the organisation's total together: bounded, by 2x)
         outcome = await aggregates.transact(
-            self.snapshots, command.snapshot_id, lambda s: snapshot_rules.decide_warm(s, command, meta)
+            self.snapshots,
+            command.snapshot_id,
+            lambda s: snapshot_rules.decide_warm(s, command, meta, others),
         )
         log.info("snapshot.warm_set", snapshot_id=command.snapshot_id, count=command.count)
         return commands.CommandReply(ok=True, appended=len(outcome.appended), snapshot=outcome.state)

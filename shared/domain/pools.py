@@ -12,6 +12,10 @@ from typing import Protocol
 
 from shared.contract import errors, references, states
 
+SNAPSHOT_POOL_PREFIX = "snapshot:"
+"""A snapshot's pool's name: the snapshot id after it (no configured pool is named so:
+``SBX_POOLS`` names are plain words)."""
+
 
 @dataclass(frozen=True)
 class PoolSpec:
@@ -53,7 +57,7 @@ class PoolSpec:
     def of_snapshot(cls, snapshot: states.SnapshotState) -> PoolSpec:
         """The pool of idle sandboxes started from a snapshot kept warm (``warm`` of them)."""
         return cls(
-            name=snapshot.snapshot_id,
+            name=SNAPSHOT_POOL_PREFIX + snapshot.snapshot_id,
             image=snapshot.image,
             run_as_root=snapshot.run_as_root,
             writable_root=snapshot.writable_root,

@@ -132,16 +132,19 @@ def decide_claim(
     *,
     pool_id: str | None = None,
     org: str | None = None,
+    snapshot: str | None = None,
 ) -> list[events.SandboxEvent]:
     """Take a warm sandbox iff it is still running and unclaimed, of the pool it was
-    offered for, and shows no other organisation's cache (than ``org``, the session's):
-    the CAS makes one claim win."""
+    offered for, started from ``snapshot`` (None: from none; a snapshot's pool serves
+    only that snapshot's forks, and never a plain session), and shows no other
+    organisation's cache (than ``org``, the session's): the CAS makes one claim win."""
     if (
         sandbox is None
         or sandbox.status != "running"
         or sandbox.session_id is not None
         or sandbox.pool is None
         or (pool_id is not None and sandbox.pool != pool_id)
+        or sandbox.snapshot != snapshot
         or sandbox.cache_org not in (None, org)
     ):
         return []

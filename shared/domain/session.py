@@ -322,7 +322,8 @@ class SandboxOptions(TypedDict, total=False):
     run_as_root: bool
     writable_root: bool
     snapshot: str
-    """Start from this snapshot (never from a warm pool: its files are below the sandbox's)."""
+    """Start from this snapshot (from its own pool if it is kept warm, never a configured
+    pool's: its files are below the sandbox's from the start)."""
 
 
 def snapshot_options(snapshot: states.SnapshotState) -> SandboxOptions:

@@ -59,24 +59,48 @@ def decide_deleted(state: states.SnapshotState | None, event: events.SnapshotDel
 
 
 WARM_MAX = 100
-"""Most idle sandboxes kept for one snapshot (as many as one fork request makes)."""
+"""Most idle sandboxes kept warm for one organisation's snapshots, all of them together
+(as many as one fork request makes); the same for the snapshots of no organisation."""
 
 
 def decide_warm(
-    state: states.SnapshotState | None, command: commands.WarmSnapshot, meta: events.Meta
+    state: states.SnapshotState | None,
+    command: commands.WarmSnapshot,
+    meta: events.Meta,
+    others: int = 0,
 ) -> list[events.Event]:
     """Set how many idle sandboxes started from the snapshot are kept ready: once per
-    change (the same count again changes nothing)."""
+    change (the same count again changes nothing). ``others``: how many its organisation
+    keeps warm for its other snapshots. A caller acting for an organisation sets it only on
+    that organisation's snapshots (one of no organisation is the operator's to warm)."""
     if not 0 <= command.count <= WARM_MAX:
         raise errors.InvalidInput(f"count must be from 0 to {WARM_MAX}, not {command.count}")
     ready = usable(state, command.snapshot_id, command.actor.org_id)
+    if command.actor.org_id is not None and ready.org_id != command.actor.org_id:
+        raise errors.Forbidden(
+            f"snapshot {command.snapshot_id!r} belongs to no organisation: only an operator keeps it warm"
+        )
     if ready.warm == command.count:
         return []
+    if command.count > ready.warm and others + command.count > WARM_MAX:
+        whose = f"organisation {ready.org_id!r}" if ready.org_id else "the snapshots of no organisation"
+        raise errors.LimitExceeded(
+            f"{whose} keeps {others} sandboxes of other snapshots warm: at most {WARM_MAX} in all "
+            f"(this one may have {max(0, WARM_MAX - others)})"
+        )
     return [
         events.SnapshotWarmSet(
             meta=meta, snapshot_id=ready.snapshot_id, session_id=ready.session_id, count=command.count
         )
     ]
+
+
+def warm_elsewhere(snapshots: Iterable[states.SnapshotState], snapshot_id: str, org: str | None) -> int:
+    """How many sandboxes ``org`` (None: no organisation) keeps warm for its ready
+    snapshots other than ``snapshot_id``."""
+    return sum(
+        s.warm for s in snapshots if s.status == "ready" and s.org_id == org and s.snapshot_id != snapshot_id
+    )
 
 
 def usable(state: states.SnapshotState | None, snapshot_id: str, org: str | None) -> states.SnapshotState:

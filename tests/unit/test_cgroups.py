@@ -82,7 +82,8 @@ FEATURES = "nsdelegate\nfavordynmods\nmemory_localevents\n"
 def test_favordynmods_is_turned_on_with_the_mounts_other_options_kept() -> None:
     argv, about = cgroups.dynmods_remount(HYBRID, FEATURES)
     assert argv == [
-        "mount", "-t", "cgroup2", "-o", "remount,nsdelegate,favordynmods", "cgroup2", "/sys/fs/cgroup/unified"
+        "mount", "-t", "cgroup2", "-o", "remount,rw,nosuid,nodev,noexec,relatime,nsdelegate,favordynmods",
+        "cgroup2", "/sys/fs/cgroup/unified",
     ]  # fmt: skip
     assert "turned on at /sys/fs/cgroup/unified" in about
     on = HYBRID.replace("rw,nsdelegate", "rw,nsdelegate,favordynmods")

@@ -471,14 +471,29 @@ def test_a_snapshot_kept_warm_is_one_more_pool_and_goes_when_it_is_no_longer_kep
 
 def test_a_snapshots_pool_is_refilled_once_its_forks_stop_coming() -> None:
     """A burst of forks claims a snapshot's pool empty; refilling it at once would take the
-    CPU from the forks' first commands, so it waits SNAPSHOT_QUIET after the last claim.
-    Configured pools never wait (they serve a steady stream of new sessions)."""
-    snap = pools.PoolSpec(name="snap-1", min_idle=3, snapshot="snap-1")
-    claimed = {snap.pool_id: 100.0, DEFAULT.pool_id: 100.0}
+    CPU from the forks' first commands, so it waits SNAPSHOT_QUIET after the last claim,
+    but never longer than SNAPSHOT_HOLD_MAX from the burst's first. Configured pools
+    never wait (they serve a steady stream of new sessions)."""
+    snap = pools.PoolSpec(name="snapshot:snap-1", min_idle=3, snapshot="snap-1")
+    burst = logic.Claims(100.0, 100.0)
+    claimed = {snap.pool_id: burst, DEFAULT.pool_id: burst}
     assert logic.held([DEFAULT, snap], claimed, 100.5) == {snap.pool_id}
     assert logic.held([DEFAULT, snap], claimed, 100.0 + logic.SNAPSHOT_QUIET) == frozenset()
     assert logic.held([DEFAULT, snap], {}, 0.0) == frozenset()  # never claimed: filled at once
+    steady = burst
+    for t in range(101, 120):  # a fork every second: one burst, held at most SNAPSHOT_HOLD_MAX
+        steady = steady.after(float(t))
+    assert steady.first == 100.0 and steady.last == 119.0
+    assert logic.held([snap], {snap.pool_id: steady}, 119.5) == frozenset()
+    assert burst.after(100.0 + logic.SNAPSHOT_QUIET).first == 100.0 + logic.SNAPSHOT_QUIET  # a new burst
     plan = logic.plan([warm(snap)], [DEFAULT, snap], 100, hold={snap.pool_id})
     assert plan.create == {DEFAULT.pool_id: 2} and plan.idle[snap.pool_id] == 1
     surplus = [warm(snap) for _ in range(5)]
     assert len(logic.plan(surplus, [snap], 100, hold={snap.pool_id}).remove) == 2  # still gives back
+
+
+def test_a_snapshots_pool_that_failed_is_left_alone_for_a_while_and_only_it() -> None:
+    snap = pools.PoolSpec(name="snapshot:snap-1", min_idle=3, snapshot="snap-1")
+    failed = {snap.pool_id: 50.0, DEFAULT.pool_id: 50.0}
+    assert logic.held([DEFAULT, snap], {}, 60.0, failed) == {snap.pool_id}
+    assert logic.held([DEFAULT, snap], {}, 50.0 + logic.SNAPSHOT_RETRY, failed) == frozenset()

@@ -717,6 +717,12 @@ def test_a_claim_takes_only_a_sandbox_of_the_pool_it_was_offered_for_and_never_a
     assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="acme")
     assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org="globex") == []
     assert sandbox_rules.decide_claim(acme, SB, SID2, meta(), pool_id=POOL, org=None) == []
+    # A snapshot's pool's sandbox serves only that snapshot's forks, and a plain claim none.
+    forked = msgspec.structs.replace(plain, snapshot="snap-1")
+    assert sandbox_rules.decide_claim(forked, SB, SID2, meta(), pool_id=POOL, snapshot="snap-1")
+    assert sandbox_rules.decide_claim(forked, SB, SID2, meta(), pool_id=POOL) == []
+    assert sandbox_rules.decide_claim(forked, SB, SID2, meta(), pool_id=POOL, snapshot="snap-2") == []
+    assert sandbox_rules.decide_claim(plain, SB, SID2, meta(), pool_id=POOL, snapshot="snap-1") == []
 
 
 def test_decided_claim_folds_and_a_second_claim_loses() -> None:

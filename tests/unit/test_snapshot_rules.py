@@ -175,6 +175,28 @@ def test_keeping_a_snapshot_warm_is_recorded_per_change_and_only_for_a_usable_on
             rules.decide_warm(kept, warm_command(bad), meta(2))
     with pytest.raises(errors.NotFound):
         rules.decide_warm(kept, warm_command(1, org="globex"), meta(2))  # another organisation's
+    assert rules.decide_warm(kept, warm_command(4, org=None), meta(2))  # the operator may
+    nobodys = msgspec_replace(kept, org_id=None)
+    with pytest.raises(errors.Forbidden, match="only an operator"):
+        rules.decide_warm(nobodys, warm_command(1), meta(2))  # forkable by a tenant, not theirs to warm
+    assert rules.decide_warm(nobodys, warm_command(1, org=None), meta(2))
+    # An organisation keeps at most WARM_MAX warm in all; lowering is always allowed.
+    with pytest.raises(errors.LimitExceeded, match="keeps 98 sandboxes of other snapshots warm"):
+        rules.decide_warm(kept, warm_command(5), meta(2), others=98)
+    assert rules.decide_warm(kept, warm_command(5), meta(2), others=95)
+    assert rules.decide_warm(kept, warm_command(1), meta(2), others=100)[0].count == 1
+    mine = [
+        kept,
+        msgspec_replace(kept, snapshot_id="snap-2", warm=7),
+        msgspec_replace(kept, snapshot_id="x", warm=9, org_id="globex"),
+    ]
+    assert rules.warm_elsewhere(mine, "snap-1", "acme") == 7
+    assert (
+        rules.warm_elsewhere(
+            [*mine, msgspec_replace(kept, snapshot_id="g", warm=5, status="deleted")], "snap-2", "acme"
+        )
+        == 3
+    )
     with pytest.raises(errors.NotFound):
         rules.decide_warm(None, warm_command(1), meta(2))
     gone = rules.evolve(kept, events.SnapshotDeleted(meta=meta(3), snapshot_id="snap-1"), 3)
@@ -188,6 +210,7 @@ def test_a_snapshot_kept_warm_has_a_pool_of_its_own_that_serves_only_its_forks()
     kept = msgspec_replace(state(), warm=4)
     spec = pools.PoolSpec.of_snapshot(kept)
     assert (spec.snapshot, spec.min_idle, spec.org, spec.image) == ("snap-1", 4, "acme", "python:3.12")
+    assert spec.name == "snapshot:snap-1"  # (configured pools' names have no colon)
     options = session.snapshot_options(kept)
     assert spec.serves(options)
     assert not spec.serves({**options, "snapshot": "snap-2"})

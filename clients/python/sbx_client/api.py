@@ -67,10 +67,10 @@ class Snapshot(msgspec.Struct, kw_only=True):
     created_at: datetime
     delete_reason: str | None
     """Why it was deleted (``requested``, ``retention``), while ``deleted``."""
-    warm: int
+    warm: int = 0
     """Idle sandboxes started from it kept ready (``PUT /v1/snapshots/{id}/warm``): a fork or
     restore claims one (milliseconds) instead of starting one."""
-    warm_ready: int
+    warm_ready: int = 0
     """Of those, how many are ready now."""
 
 

@@ -242,8 +242,8 @@ _VFS_ONLY = {"rw", "ro"}
 
 
 def dynmods_remount(mountinfo: str, features: str) -> tuple[list[str] | None, str]:
-    """The ``mount`` command that turns on cgroup2's ``favordynmods`` (its other options
-    kept), or None, and what it is about. Pure.
+    """The ``mount`` command that turns on cgroup2's ``favordynmods`` (the mount's flags and
+    the hierarchy's other options kept), or None, and what it is about. Pure.
 
     Every process that enters a sandbox (a command, the shell helper, the sandbox's own
     start) joins its group; without the option, the first such move after a quiet moment
@@ -265,7 +265,9 @@ def dynmods_remount(mountinfo: str, features: str) -> tuple[list[str] | None, st
         options = [o for o in after[2].split(",") if o and o not in _VFS_ONLY]
         if FAVOR_DYNMODS in options:
             return None, "favordynmods on already"
-        wanted = ",".join(["remount", *options, FAVOR_DYNMODS])
+        # Both the mount's own flags (nosuid, nodev, noexec, ...) and the hierarchy's
+        # options, said again: mount(8) given a source and a target uses only these.
+        wanted = ",".join(["remount", *fields[5].split(","), *options, FAVOR_DYNMODS])
         return [
             "mount",
             "-t",

@@ -607,10 +607,15 @@ class LocalRuntime(api.Runtime):
             over = lowers.get(f"root/{index}", ())
             stacked = (*layer.lower, layer.source, *over)
             if (layer.lower or over) and sum(len(str(p)) + 9 for p in stacked) > LOWERDIR_MAX:
-                what = "and its snapshot's layers are" if over else f"has {len(layer.lower)} layers:"
+                if over:  # the snapshot's doing: refused like any limit, for this sandbox only
+                    raise errors.LimitExceeded(
+                        f"image {spec.image!r} and the layers of snapshot {spec.snapshot!r} are too many "
+                        f"to stack under a state directory as long as {self.state_dir}: fork an earlier "
+                        "snapshot (or use a shorter SBX_STATE_DIR)"
+                    )
                 raise errors.ConfigError(
-                    f"image {spec.image!r} {what} too many to stack under a state "
-                    f"directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
+                    f"image {spec.image!r} has {len(layer.lower)} layers: too many to stack under a "
+                    f"state directory as long as {self.state_dir} (use a shorter SBX_STATE_DIR)"
                 )
         return bwrap.Plan(
             bwrap=self.bwrap,
