@@ -138,13 +138,17 @@ class SessionCommands:
             if self._waiting.get(pool.pool_id, 0) >= coming:
                 return None  # each sandbox being prepared can serve one waiting session
             until += PREPARING_WAIT
-        self._waiting[pool.pool_id] = self._waiting.get(pool.pool_id, 0) + preparing
+        if preparing:
+            self._waiting[pool.pool_id] = self._waiting.get(pool.pool_id, 0) + 1
         try:
             return await self._take_and_claim(command, pool, org, until)
         finally:
-            self._waiting[pool.pool_id] -= preparing
-            if not self._waiting[pool.pool_id]:
-                del self._waiting[pool.pool_id]
+            if preparing:  # (no entry kept at zero: a snapshot's pool comes and goes)
+                left = self._waiting.get(pool.pool_id, 1) - 1
+                if left > 0:
+                    self._waiting[pool.pool_id] = left
+                else:
+                    self._waiting.pop(pool.pool_id, None)
 
     async def _take_and_claim(
         self, command: commands.SessionCommand, pool: pools.PoolSpec, org: str | None, until: float
