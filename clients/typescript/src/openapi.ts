@@ -418,7 +418,9 @@ export interface components {
             frozen_ms: number;
             created_at: string;
             delete_reason: string | null;
+            /** @default 0 */
             warm: number;
+            /** @default 0 */
             warm_ready: number;
         };
         /** SnapshotList */
