@@ -195,7 +195,10 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "warm_snapshot",
         {
             200: (Snapshot, "Set: the pool-manager starts (or removes) sandboxes to match; see warm_ready."),
+            403: (schemas.Problem, "A snapshot of no organisation: only an operator keeps it warm."),
             404: (schemas.Problem, "No such snapshot (or another organisation's)."),
+            429: (schemas.Problem, "The organisation would keep more than 100 warm across its snapshots."),
+            **rest.CONCURRENCY,
             **rest.COMMON_ERRORS,
         },
         body=WarmRequest,

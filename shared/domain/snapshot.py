@@ -83,9 +83,11 @@ def decide_warm(
     if ready.warm == command.count:
         return []
     if command.count > ready.warm and others + command.count > WARM_MAX:
-        whose = f"organisation {ready.org_id!r}" if ready.org_id else "the snapshots of no organisation"
+        whose = (
+            f"organisation {ready.org_id!r} keeps" if ready.org_id else "snapshots of no organisation keep"
+        )
         raise errors.LimitExceeded(
-            f"{whose} keeps {others} sandboxes of other snapshots warm: at most {WARM_MAX} in all "
+            f"{whose} {others} sandboxes warm for other snapshots: at most {WARM_MAX} in all "
             f"(this one may have {max(0, WARM_MAX - others)})"
         )
     return [

@@ -181,7 +181,7 @@ def test_keeping_a_snapshot_warm_is_recorded_per_change_and_only_for_a_usable_on
         rules.decide_warm(nobodys, warm_command(1), meta(2))  # forkable by a tenant, not theirs to warm
     assert rules.decide_warm(nobodys, warm_command(1, org=None), meta(2))
     # An organisation keeps at most WARM_MAX warm in all; lowering is always allowed.
-    with pytest.raises(errors.LimitExceeded, match="keeps 98 sandboxes of other snapshots warm"):
+    with pytest.raises(errors.LimitExceeded, match="keeps 98 sandboxes warm for other snapshots"):
         rules.decide_warm(kept, warm_command(5), meta(2), others=98)
     assert rules.decide_warm(kept, warm_command(5), meta(2), others=95)
     assert rules.decide_warm(kept, warm_command(1), meta(2), others=100)[0].count == 1

@@ -1805,8 +1805,41 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
+            /** @description A snapshot of no organisation: only an operator keeps it warm. */
+            403: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
             /** @description No such snapshot (or another organisation's). */
             404: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description Another write to this session won the race (concurrency); retry. */
+            409: {
+                headers: {
+                    /** @description Seconds to wait before retrying; sent when the error is retriable. */
+                    "Retry-After"?: number;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description The organisation would keep more than 100 warm across its snapshots. */
+            429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
                     "Retry-After"?: number;
