@@ -63,12 +63,12 @@ def make_setup(
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
         claimed: dict[str, logic.Claims] = {}
-        """Pool id -> when its sandboxes were claimed (monotonic clock)."""
+        """A snapshot's pool id -> when its sandboxes were claimed (monotonic clock)."""
 
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
             if logic.leaves_room(old, new):
                 short.set()
-            if old is not None and old.pool and logic.idle(old) and new is not None and new.session_id:
+            if old is not None and old.snapshot and old.pool and logic.idle(old) and new and new.session_id:
                 now = time.monotonic()
                 if len(claimed) >= CLAIMS_KEPT:  # (pools long quiet are forgotten)
                     for pool_id in [p for p, c in claimed.items() if now - c.last >= logic.SNAPSHOT_QUIET]:

@@ -51,11 +51,9 @@ Pools = Callable[[], Awaitable[list[logic.PoolSpec]]]
 
 
 def pools_with_snapshots(
-    configured: list[logic.PoolSpec], snapshots: projector.ProjectionStore[states.SnapshotState] | None
+    configured: list[logic.PoolSpec], snapshots: projector.ProjectionStore[states.SnapshotState]
 ) -> Pools:
     async def current() -> list[logic.PoolSpec]:
-        if snapshots is None:
-            return configured
         return configured + pool_specs.warm_snapshots((await snapshots.all()).values())
 
     return current

@@ -185,23 +185,21 @@ class SessionCommands:
         """The pool's next offer. A snapshot's pool gets its claims consumer here, the first
         time this instance takes from it, and again if the pool-manager removed it when
         the pool was unused (configured pools get theirs at start)."""
-        if pool.snapshot is None:
+        if pool.snapshot is not None and pool.pool_id not in self._consumers:
+            await self._ensure_consumer(pool)
+        try:
             return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
-        for attempt in (1, 2):
-            if pool.pool_id not in self._consumers:
-                if len(self._consumers) >= CONSUMERS_KNOWN:
-                    self._consumers.clear()  # (made sure of again at the next take: harmless)
-                await warmpool.ensure_consumer(
-                    self.ctx.js, self.ctx.topology, pool.pool_id, snapshot=pool.snapshot
-                )
-                self._consumers.add(pool.pool_id)
-            try:
-                return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
-            except errors.Unavailable:
-                self._consumers.discard(pool.pool_id)
-                if attempt == 2:
-                    raise
-        return None
+        except errors.Unavailable:
+            if pool.snapshot is None:
+                raise
+        await self._ensure_consumer(pool)  # (dropped since: made again, then taken from once more)
+        return await warmpool.take(self.ctx.nc, self.ctx.topology, pool.pool_id, wait=wait)
+
+    async def _ensure_consumer(self, pool: pools.PoolSpec) -> None:
+        if len(self._consumers) >= CONSUMERS_KNOWN:
+            self._consumers.clear()  # (made sure of again at the next take: harmless)
+        await warmpool.ensure_consumer(self.ctx.js, self.ctx.topology, pool.pool_id, snapshot=pool.snapshot)
+        self._consumers.add(pool.pool_id)
 
     async def obtain(
         self,

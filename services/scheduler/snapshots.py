@@ -151,9 +151,10 @@ class Snapshotting:
 
     async def _warm(self, command: commands.WarmSnapshot) -> commands.CommandReply:
         meta = self.owner.ctx.meta(command=command, session_id=command.session_id)
-        target = await self.snapshots.get(command.snapshot_id)
+        every = await self.snapshots.all()
+        target = every.get(self.snapshots.projection.key_of(command.snapshot_id))
         others = snapshot_rules.warm_elsewhere(
-            (await self.snapshots.all()).values(), command.snapshot_id, target.org_id if target else None
+            every.values(), command.snapshot_id, target.org_id if target else None
         )  # (two raised at once may pass the organisation's total together: bounded, by 2x)
         outcome = await aggregates.transact(
             self.snapshots,

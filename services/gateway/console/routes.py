@@ -279,7 +279,7 @@ class Console:
                 templating.render("snapshot_row.html", **vars(r), session_link=_session_link(r.session_id))
                 for r in rows
             )
-            or templating.render("empty_row.html", columns=12, text="No snapshots match."),
+            or templating.render("empty_row.html", columns=13, text="No snapshots match."),
         )
         return self.html(request, who, "Snapshots", body)
 

@@ -46,6 +46,15 @@ class Filters:
     user: str = ""
     image: str = ""
 
+    def admits(self, status: str, org: str | None, user: str | None, image: str) -> bool:
+        """Whether a row with these values is listed: its status (deleted ones only when
+        asked for), organisation and user exactly, the image by a part of its name."""
+        if (status != self.status) if self.status else status == "deleted":
+            return False
+        if (self.org and (org or "") != self.org) or (self.user and (user or "") != self.user):
+            return False
+        return not self.image or self.image in image
+
     def query(self) -> str:
         """As a query string (the filters form's own values), empty fields left out."""
         pairs = [(k, getattr(self, k)) for k in ("status", "org", "user", "image")]
@@ -114,13 +123,7 @@ def session_rows(
     for s in sorted(sessions, key=lambda s: (s.created_at, s.session_id)):
         if not visible_session(s, bound):
             continue
-        if (s.status != chosen.status) if chosen.status else s.status == "deleted":
-            continue
-        if chosen.org and s.org_id != chosen.org:
-            continue
-        if chosen.user and s.user_id != chosen.user:
-            continue
-        if chosen.image and chosen.image not in (s.image or "default"):
+        if not chosen.admits(s.status, s.org_id, s.user_id, s.image or "default"):
             continue
         box = sandboxes.get(s.sandbox_id) if s.sandbox_id else None
         rows.append(
@@ -169,11 +172,7 @@ def sandbox_rows(
         org, user = (owner.org_id or "", owner.user_id or "") if owner else ("", "")
         if bound is not None and (owner is None or owner.org_id != bound):
             continue
-        if (b.status != chosen.status) if chosen.status else b.status == "deleted":
-            continue
-        if (chosen.org and org != chosen.org) or (chosen.user and user != chosen.user):
-            continue
-        if chosen.image and chosen.image not in b.image:
+        if not chosen.admits(b.status, org, user, b.image):
             continue
         rows.append(
             SandboxRow(
@@ -227,11 +226,7 @@ def snapshot_rows(
     for s in sorted(snapshots, key=lambda s: (s.created_at, s.snapshot_id)):
         if (bound is not None and s.org_id != bound) or (session_id and s.session_id != session_id):
             continue
-        if (s.status != chosen.status) if chosen.status else s.status == "deleted":
-            continue
-        if (chosen.org and s.org_id != chosen.org) or (chosen.user and s.user_id != chosen.user):
-            continue
-        if chosen.image and chosen.image not in s.image:
+        if not chosen.admits(s.status, s.org_id, s.user_id, s.image):
             continue
         rows.append(
             SnapshotRow(
