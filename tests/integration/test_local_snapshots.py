@@ -157,6 +157,20 @@ async def test_the_budget_refuses_a_snapshot_and_leaves_nothing(tmp_path):
         await rt.delete("big")
 
 
+async def test_a_sparse_file_stays_sparse_and_costs_what_was_written(rt):
+    """2 GiB of holes would fill a small store if copied as bytes: the copy keeps the holes,
+    and the snapshot's size (and budget) count the blocks really written."""
+    await started(rt, "holes")
+    await sh(rt, "holes", "truncate -s 2G /workspace/sparse && printf data >> /workspace/sparse")
+    snap = await rt.snapshot("holes", "holes-1")
+    assert snap.size < 4 * 1024**2 and rt.snapshot_bytes() < 4 * 1024**2  # (the budget is 512 MiB)
+    await started(rt, "holes-fork", snapshot="holes-1")
+    assert (await sh(rt, "holes-fork", "wc -c < /workspace/sparse; tail -c 4 /workspace/sparse")).split() == [
+        str(2 * 1024**3 + 4),
+        "data",
+    ]
+
+
 async def test_paused_stopped_and_disk_limited_sandboxes_can_be_snapshotted(rt):
     limits = api.Limits(disk_bytes=128 * 1024**2, disk_inodes=4096)
     await started(rt, "limited", limits=limits)
@@ -195,6 +209,57 @@ async def test_a_shell_file_linked_to_a_host_path_is_never_read_on_the_host(rt, 
     assert not any(
         b"host secret" in p.read_bytes() for p in store.rglob("*") if p.is_file() and not p.is_symlink()
     )
+
+
+SWAPPER = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+pairs = [(os.path.join(top, 'd').encode(), os.path.join(top, 'l').encode()) for top in sys.argv[2:]]
+open(sys.argv[1], 'w').close()
+while True:
+    for real, link in pairs:
+        libc.renameat2(AT_FDCWD, real, AT_FDCWD, link, RENAME_EXCHANGE)
+"""
+
+
+async def test_a_sandbox_swapping_directories_for_host_links_during_a_copy_gets_no_host_byte(rt, tmp_path):
+    """The attack of a sandbox on a snapshot's copy: while the host copies its files, it
+    swaps directories with symbolic links to host directories it cannot see, as fast as it
+    can (``renameat2(RENAME_EXCHANGE)``, several processes, in ``/workspace`` and in its
+    copy-on-write root). No byte of the host's files may reach any layer, whichever
+    snapshot, fork or restore."""
+    marker = "HOST-ONLY-" + os.urandom(8).hex()
+    host = tmp_path / "host-secrets"
+    for sub in ("", "deeper"):
+        (host / sub).mkdir(exist_ok=True)
+        for n in range(50):
+            (host / sub / f"s{n}").write_text(f"{marker} {n}\n")
+    await started(rt, "swapper")
+    tops = [f"/workspace/t{n}" for n in range(6)] + ["/usr/local/t0", "/root/t0"]
+    setup = " ".join(
+        f"mkdir -p {top}/d/sub && ln -s {host} {top}/l && "
+        f"for i in $(seq 150); do echo mine > {top}/d/f$i; echo mine > {top}/d/sub/f$i; done;"
+        for top in tops
+    )
+    await sh(rt, "swapper", setup)
+    await sh(rt, "swapper", f"cat > /tmp/swap.py <<'EOF'\n{SWAPPER}\nEOF")
+    for n in range(3):  # three racers, each over every pair
+        await sh(rt, "swapper", f"python3 /tmp/swap.py /tmp/ready{n} {' '.join(tops)} >/dev/null 2>&1 &")
+    await sh(rt, "swapper", "while [ ! -e /tmp/ready0 ] || [ ! -e /tmp/ready2 ]; do sleep 0.01; done")
+    for n in range(12):
+        await rt.snapshot("swapper", f"swap-{n}")
+    store = rt.state_dir / "snapshots"
+    leaked = [
+        str(path)
+        for path in store.rglob("*")
+        if path.is_file() and not path.is_symlink() and marker.encode() in path.read_bytes()
+    ]
+    assert leaked == []
+    # What a fork of the last one shows: the sandbox's files, and links that lead nowhere.
+    await started(rt, "swap-fork", snapshot="swap-11")
+    out = await sh(rt, "swap-fork", "cat /workspace/t*/d/f1 /workspace/t*/l/f1 2>/dev/null; true")
+    assert marker not in out and "mine" in out
 
 
 async def test_a_pause_or_resume_waits_for_a_snapshots_frozen_instant(rt):

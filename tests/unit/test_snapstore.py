@@ -3,8 +3,6 @@ while its source changes, then refreshed, equals the source; layers are named by
 
 from __future__ import annotations
 
-import os
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -25,42 +23,33 @@ def tree(top: Path) -> None:
     (top / "becomes-dir").write_text("file")
 
 
-def test_a_copy_refreshed_after_changes_equals_its_source(tmp_path):
-    source, dest = tmp_path / "src", tmp_path / "copy"
-    source.mkdir()
-    tree(source)
-    scanned = time.time_ns()
-    notes = snapstore.scan(source)
-    snapstore.copy_tree(source, dest)
-    # Changes after the copy: content, a new file, a removal, a type change, a mode.
-    (source / "d" / "b").write_text("b2")
-    (source / "new").write_text("new")
-    (source / "gone").unlink()
-    (source / "becomes-dir").unlink()
-    (source / "becomes-dir").mkdir()
-    (source / "becomes-dir" / "x").write_text("x")
-    os.chmod(source / "a", 0o600)
-    os.mknod(source / "whiteout", 0o600 | 0o020000, os.makedev(0, 0))
-    assert snapstore.tree_digest(dest) != snapstore.tree_digest(source)
-    copied = snapstore.refresh(source, dest, notes, scanned)
-    assert copied >= 5
-    assert snapstore.tree_digest(dest) == snapstore.tree_digest(source)
+def test_a_layers_digest_is_its_content(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    for top in (one, two):
+        top.mkdir()
+        tree(top)
+    assert snapstore.tree_digest(one) == snapstore.tree_digest(two)
+    (two / "d" / "b").write_text("B")
+    assert snapstore.tree_digest(one) != snapstore.tree_digest(two)
 
 
-def test_a_refresh_with_nothing_changed_copies_only_what_changed_just_before_the_scan(tmp_path):
-    source, dest = tmp_path / "src", tmp_path / "copy"
-    source.mkdir()
-    tree(source)
-    time.sleep(snapstore.CTIME_SLACK_NS / 1e9 + 0.02)
-    scanned = time.time_ns()
-    notes = snapstore.scan(source)
-    snapstore.copy_tree(source, dest)
-    assert snapstore.refresh(source, dest, notes, scanned) == 1  # the top directory alone
-    (source / "a").write_text("changed just now")
-    later = time.time_ns()
-    notes = snapstore.scan(source)
-    assert snapstore.refresh(source, dest, notes, later) >= 2  # recent: copied whatever its ctime
-    assert (dest / "a").read_text() == "changed just now"
+def test_a_shell_file_is_read_only_through_real_directories(tmp_path):
+    control, host = tmp_path / "control", tmp_path / "host"
+    (control / "shell").mkdir(parents=True)
+    host.mkdir()
+    (host / "cwd").write_text("/etc/host-secret")
+    (control / "shell" / "env").write_text("export A=1\n")
+    (control / "shell" / "cwd").symlink_to(host / "cwd")
+    out = tmp_path / "copy"
+    out.mkdir()
+    assert snapstore.copy_shell_file(control, "env", out / "shell" / "env")
+    assert (out / "shell" / "env").read_text() == "export A=1\n"
+    assert not snapstore.copy_shell_file(control, "cwd", out / "shell" / "cwd")
+    (control / "shell" / "env").unlink()
+    (control / "shell").rename(control / "was")
+    (control / "shell").symlink_to(host)
+    assert not snapstore.copy_shell_file(control, "cwd", out / "shell" / "cwd")
+    assert not (out / "shell" / "cwd").exists()
 
 
 def _record(snapshot_id: str):

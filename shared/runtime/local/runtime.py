@@ -44,6 +44,7 @@ from shared.runtime.local import (
     cgroups,
     disk,
     enter,
+    fdtree,
     images,
     layers,
     network,
@@ -521,7 +522,7 @@ class LocalRuntime(api.Runtime):
             (d / "base.json").write_bytes(msgspec.json.encode(_Base(snapshot.snapshot_id, snapshot.layers)))
         shell = self.snapshot_store.layer(snapshot.layers[-1]) / "shell"
         if shell.is_dir():
-            snapstore.copy_tree(shell, rw / "control" / "shell")
+            fdtree.sync(shell, rw / "control" / "shell")
 
     def _repull_if_pruned(self, image: str, digest: str) -> None:
         with self.images.pulled.using():  # waits for a prune under way to finish
@@ -938,10 +939,10 @@ class LocalRuntime(api.Runtime):
         try:
             rw = disk.Disk.root(d)
             sources = self._snapshot_sources(rw)
-            store.check_room(snapstore.apparent_bytes(source for source, _ in sources))
+            store.check_room(sum(fdtree.measure(source).bytes for source, _ in sources))
             copy = store.new_copy()
             try:
-                frozen = self._copy_frozen(info, sources, copy)
+                frozen = self._copy_frozen(info, rw, sources, copy)
             except BaseException:
                 shutil.rmtree(copy, ignore_errors=True)
                 raise
@@ -977,30 +978,27 @@ class LocalRuntime(api.Runtime):
     @staticmethod
     def _snapshot_sources(rw: Path) -> builtins.list[tuple[Path, str]]:
         """What a snapshot copies, and where in its layer: ``workspace``, ``root/<n>``,
-        ``dirs/<top>``, ``shell/cwd`` and ``shell/env``."""
+        ``dirs/<top>`` (the sandbox's trees: read by descriptor, ``fdtree``)."""
         sources = [(rw / "workspace", "workspace")]
         for place, folder in (("root", rw / "upper" / "upper"), ("dirs", rw / "dirs")):
             if folder.is_dir():
                 sources += [(sub, f"{place}/{sub.name}") for sub in sorted(folder.iterdir()) if sub.is_dir()]
-        shell = rw / "control" / "shell"  # (the sandbox's: read in _copy_frozen, never followed)
-        sources += [(shell / name, f"shell/{name}") for name in snapstore.SHELL_FILES]
         return sources
 
     def _copy_frozen(
-        self, info: api.SandboxInfo, sources: builtins.list[tuple[Path, str]], copy: Path
+        self, info: api.SandboxInfo, rw: Path, sources: builtins.list[tuple[Path, str]], copy: Path
     ) -> float:
         """Copy ``sources`` into ``copy`` as they are at one instant: everything is copied
-        as it is (the sandbox may run meanwhile), then, with the sandbox's freezer held
-        (``_freezer``: no pause or resume meanwhile), what changed since is copied again
-        (a scan, plus the changes) while its processes are frozen: frozen now and thawed
-        after if it runs, left as they are if it is paused or stopped. How long it was
-        frozen for this (0: it was not running)."""
-        trees = [(source, copy / where) for source, where in sources if not where.startswith("shell/")]
-        shell = [(source, copy / where) for source, where in sources if where.startswith("shell/")]
-        scanned_ns = time.time_ns()
-        notes = {str(dest): snapstore.scan(source) for source, dest in trees}
-        for source, dest in trees:
-            snapstore.copy_tree(source, dest, changing=True)
+        as it is (the sandbox may run meanwhile, each entry noted as it is looked at),
+        then, with the sandbox's freezer held (``_freezer``: no pause or resume
+        meanwhile), what changed since is copied again (a walk, plus the changes) while
+        its processes are frozen, with the shell's saved directory and exports: frozen
+        now and thawed after if it runs, left as they are if it is paused or stopped.
+        Every read is by descriptor (``fdtree``), frozen or not. How long it was frozen
+        for this (0: it was not running)."""
+        trees = [(source, copy / where) for source, where in sources]
+        started_ns = time.time_ns()
+        first = {str(dest): fdtree.sync(source, dest) for source, dest in trees}
         d, name = self._dir(info.sandbox_id), self._cgroup(info.sandbox_id)
         with self._freezer(d):
             freeze = self.pausable and self._running(d) is not None and not self._frozen(d)
@@ -1009,9 +1007,10 @@ class LocalRuntime(api.Runtime):
                 self.cgroups.freeze(name)
             try:
                 for source, dest in trees:
-                    snapstore.refresh(source, dest, notes[str(dest)], scanned_ns)
-                for source, dest in shell:  # (small: copied at the instant itself)
-                    snapstore.copy_untrusted_file(source, dest)
+                    before = first[str(dest)].notes
+                    fdtree.sync(source, dest, before=before, recent_ns=started_ns - fdtree.CTIME_SLACK_NS)
+                for shell_file in snapstore.SHELL_FILES:  # (small: copied at the instant itself)
+                    snapstore.copy_shell_file(rw / "control", shell_file, copy / "shell" / shell_file)
             finally:
                 if freeze:
                     self.cgroups.thaw(name)

@@ -27,7 +27,6 @@ import hashlib
 import os
 import shutil
 import stat
-import subprocess
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import msgspec
 from shared.contract import errors, ids
 from shared.domain import describe
 from shared.runtime import api
+from shared.runtime.local import fdtree
 
 OVERLAY_XATTR = b"user.overlay."
 READ_SIZE = 1024 * 1024
@@ -208,202 +208,81 @@ SHELL_FILES = ("cwd", "env")
 SHELL_FILE_MAX = 4 * 1024**2
 
 
-def copy_untrusted_file(source: Path, dest: Path) -> bool:
-    """Copy ``source``, a file the sandbox controls (its ``/.sbx/shell/cwd``), as the host:
-    only a regular file of at most ``SHELL_FILE_MAX`` bytes in a real directory, never
-    through a symbolic link (one pointing at a host path would otherwise be read on the
-    host), with its owner and mode. False (nothing copied) for anything else."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-    try:
-        folder = os.open(source.parent, flags | os.O_DIRECTORY)
-    except OSError:
+def copy_shell_file(control: Path, name: str, dest: Path) -> bool:
+    """Copy ``shell/<name>`` of the sandbox's control directory (``/.sbx``) as the host,
+    by descriptor (``fdtree.read_file``): only a regular file of at most
+    ``SHELL_FILE_MAX`` bytes in a real directory, with its owner and mode (and its
+    directory's). False (nothing copied) for anything else."""
+    found = fdtree.read_file(control, ("shell", name), SHELL_FILE_MAX)
+    if found is None:
         return False
-    try:
-        try:
-            fd = os.open(source.name, flags, dir_fd=folder)
-        except OSError:
-            return False
-        with os.fdopen(fd, "rb") as f:
-            st, where = os.fstat(fd), os.fstat(folder)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > SHELL_FILE_MAX:
-                return False
-            data = f.read(SHELL_FILE_MAX + 1)[:SHELL_FILE_MAX]
-    finally:
-        os.close(folder)
+    data, st, where = found
     dest.parent.mkdir(exist_ok=True)
     os.chmod(dest.parent, stat.S_IMODE(where.st_mode))
     os.chown(dest.parent, where.st_uid, where.st_gid)
     dest.write_bytes(data)
-    os.chmod(dest, stat.S_IMODE(st.st_mode))
     os.chown(dest, st.st_uid, st.st_gid)
+    os.chmod(dest, stat.S_IMODE(st.st_mode))
     return True
-
-
-VANISHED = "No such file or directory"
-"""What cp says of an entry removed between listing its directory and copying it."""
-
-
-def copy_tree(source: Path, dest: Path, *, changing: bool = False) -> None:
-    """``source`` as ``dest`` (which must not exist), everything kept: owners, modes, links,
-    devices (overlay whiteouts), xattrs (opaque directories); empty if there is no source.
-    ``changing``: the source is being written meanwhile, so an entry that vanishes while it
-    is copied is no error (``refresh`` settles what the copy missed); any other is."""
-    if not source.exists():
-        dest.mkdir(parents=True, mode=0o755)
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["cp", "-a", "--reflink=auto", "--", str(source), str(dest)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    problems = [line for line in done.stderr.splitlines() if not (changing and VANISHED in line)]
-    if done.returncode != 0 and (problems or not done.stderr.strip()):
-        said = "\n".join(problems)[-500:] or f"cp exited {done.returncode}"
-        raise errors.InfrastructureError(f"copying {source.name} for a snapshot failed: {said}")
-
-
-Note = tuple[int, int, int]
-"""What a scan notes of an entry: inode, ctime (ns) and mode. The ctime changes with any
-change of its content, metadata or (a directory) its entries, and cannot be set back."""
-
-
-def scan(top: Path) -> dict[str, Note]:
-    """Every entry under ``top`` (``.`` for itself), by relative path."""
-    found: dict[str, Note] = {}
-    if not top.is_dir():
-        return found
-    for directory, dirs, files in os.walk(top):
-        for name in (".", *dirs, *files) if directory == str(top) else (*dirs, *files):
-            path = os.path.join(directory, name)
-            with contextlib.suppress(FileNotFoundError):
-                st = os.lstat(path)
-                found[os.path.normpath(os.path.relpath(path, top))] = (st.st_ino, st.st_ctime_ns, st.st_mode)
-    return found
-
-
-CTIME_SLACK_NS = 50_000_000
-"""File times come from a coarse clock (a tick of up to 10 ms): an entry changed this
-shortly before a scan may change again without its ctime moving, so it is copied again
-whatever its ctime says."""
-
-
-def refresh(source: Path, dest: Path, before: dict[str, Note], scanned_ns: int) -> int:
-    """Bring ``dest``, a copy of ``source`` made after ``before`` was scanned (at
-    ``scanned_ns``, ``time.time_ns()``), up to what ``source`` is now: what changed since,
-    is new, or changed just before the scan is copied again, what is gone is removed. Run
-    while nothing writes ``source`` (frozen): its cost is a scan, plus the changes.
-    Returns how many entries were copied again."""
-    recent = scanned_ns - CTIME_SLACK_NS
-    now = scan(source)
-    for rel in sorted(set(scan(dest)) - set(now), key=lambda r: -r.count("/")):
-        _remove(dest / rel)
-    copied = 0
-    for rel in sorted(now, key=lambda r: (r.count("/"), r)):  # parents first
-        if rel != "." and before.get(rel) == now[rel] and now[rel][1] < recent:
-            continue
-        target = dest if rel == "." else dest / rel
-        if _copy_entry(source if rel == "." else source / rel, target):
-            copied += 1
-    return copied
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-def _copy_entry(source: Path, dest: Path) -> bool:
-    """One entry as it is (a directory: itself, not what is in it). False if it is gone
-    or cannot be copied (a socket)."""
-    try:
-        st = os.lstat(source)
-    except FileNotFoundError:
-        return False
-    kind = stat.S_IFMT(st.st_mode)
-    if kind == stat.S_IFDIR:
-        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
-            _remove(dest)
-        dest.mkdir(exist_ok=True)
-    else:
-        _remove(dest)
-        if kind == stat.S_IFREG:
-            shutil.copyfile(source, dest, follow_symlinks=False)
-        elif kind == stat.S_IFLNK:
-            os.symlink(os.readlink(source), dest)
-        elif kind in (stat.S_IFCHR, stat.S_IFBLK, stat.S_IFIFO):
-            os.mknod(dest, st.st_mode, st.st_rdev)
-        else:
-            return False
-    os.lchown(dest, st.st_uid, st.st_gid)
-    if kind != stat.S_IFLNK:
-        shutil.copystat(source, dest, follow_symlinks=False)  # mode, times, xattrs
-    return True
-
-
-def apparent_bytes(paths: Iterable[Path]) -> int:
-    """Bytes of the regular files under ``paths`` (what a copy of them needs, about)."""
-    total = 0
-    for top in paths:
-        for directory, _, files in os.walk(top):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    total += os.lstat(os.path.join(directory, name)).st_size
-    return total
 
 
 def disk_bytes(top: Path) -> int:
-    """Bytes ``top`` takes on disk (blocks of everything under it)."""
+    """Bytes ``top`` (the host's own copy) takes on disk: blocks of everything under it."""
     total = 0
-    for directory, dirs, files in os.walk(top):
+    for _, dirs, files, fd in os.fwalk(top):
         for name in (*dirs, *files):
             with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+                total += os.stat(name, dir_fd=fd, follow_symlinks=False).st_blocks * 512
     return total
 
 
 def tree_digest(top: Path) -> tuple[str, int]:
-    """The SHA-256 of everything under ``top`` (hex), and how many entries it holds."""
+    """The SHA-256 of everything under ``top`` (the host's own copy; hex), and how many
+    entries it holds."""
     outer = hashlib.sha256()
     entries = 0
-    for directory, dirs, files in os.walk(top):
+    for directory, dirs, files, fd in os.fwalk(top):
         dirs.sort()
+        rel_dir = os.path.relpath(directory, top)
         for name in sorted((*dirs, *files)):
-            path = os.path.join(directory, name)
-            st = os.lstat(path)
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             entries += 1
-            rel = os.path.relpath(path, top).encode("utf-8", "surrogateescape")
+            rel = os.path.normpath(os.path.join(rel_dir, name)).encode("utf-8", "surrogateescape")
             outer.update(b"%s\0%o\0%d\0%d\0" % (rel, st.st_mode, st.st_uid, st.st_gid))
             if stat.S_ISREG(st.st_mode):
-                outer.update(b"f%d\0%s" % (st.st_size, _file_digest(path)))
+                outer.update(b"f%d\0%s" % (st.st_size, _file_digest(name, fd)))
             elif stat.S_ISLNK(st.st_mode):
-                outer.update(b"l" + os.fsencode(os.readlink(path)))
+                outer.update(b"l" + os.fsencode(os.readlink(name, dir_fd=fd)))
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
                 outer.update(b"d%d" % st.st_rdev)
-            for attr in sorted(_overlay_xattrs(path)):
-                outer.update(b"x%s=%s" % (attr, os.getxattr(path, attr, follow_symlinks=False)))
+            if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):  # (user.* xattrs live on these alone)
+                for attr, value in _overlay_xattrs(name, fd):
+                    outer.update(b"x%s=%s" % (attr, value))
             outer.update(b"\n")
     return outer.hexdigest(), entries
 
 
-def _file_digest(path: str) -> bytes:
+def _file_digest(name: str, dir_fd: int) -> bytes:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
         while chunk := f.read(READ_SIZE):
             digest.update(chunk)
     return digest.digest()
 
 
-def _overlay_xattrs(path: str) -> list[bytes]:
+def _overlay_xattrs(name: str, dir_fd: int) -> list[tuple[bytes, bytes]]:
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     try:
-        names = os.listxattr(path, follow_symlinks=False)
+        return sorted(
+            (attr.encode(), os.getxattr(fd, attr))
+            for attr in os.listxattr(fd)
+            if attr.encode().startswith(OVERLAY_XATTR)
+        )
     except OSError:
         return []
-    return [n.encode() for n in names if n.encode().startswith(OVERLAY_XATTR)]
+    finally:
+        os.close(fd)
 
 
 def snapshot_digest(layers: Iterable[str]) -> str:
