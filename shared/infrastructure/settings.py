@@ -275,7 +275,10 @@ class RuntimeSettings:
     """Files and directories per sandbox (``SBX_SANDBOX_INODES``)."""
     disk_reserve: int = 2 * 1024**3
     """Free space the state filesystem keeps for the event store: no sandbox starts
-    while less is free (``SBX_DISK_RESERVE``)."""
+    while less is free (``SBX_DISK_RESERVE``), and snapshots and image pulls stop
+    before they would leave less."""
+    disk_reserve_inodes: int = 10_000
+    """Free inodes the state filesystem keeps, the same way (``SBX_DISK_RESERVE_INODES``)."""
     egress: str = "none"
     """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
     reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
@@ -319,6 +322,9 @@ class RuntimeSettings:
             else _size(env, "SBX_SANDBOX_DISK", cls.disk_bytes, minimum=64 * 1024**2),
             disk_inodes=_count(env, "SBX_SANDBOX_INODES", cls.disk_inodes, 1024, 100_000_000),
             disk_reserve=_size(env, "SBX_DISK_RESERVE", cls.disk_reserve, minimum=0),
+            disk_reserve_inodes=_count(
+                env, "SBX_DISK_RESERVE_INODES", cls.disk_reserve_inodes, 0, 1_000_000_000
+            ),
             registries_file=Path(env["SBX_REGISTRIES_FILE"]) if env.get("SBX_REGISTRIES_FILE") else None,
             image_max_bytes=_size(env, "SBX_IMAGE_MAX_BYTES", cls.image_max_bytes, minimum=1024**2),
             pull_timeout=_duration(env, "SBX_IMAGE_PULL_TIMEOUT", cls.pull_timeout, minimum=1),

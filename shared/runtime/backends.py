@@ -47,6 +47,7 @@ def open_runtime(
             state_dir,
             egress=egress,
             disk_reserve=disk_reserve,
+            disk_reserve_inodes=images.disk_reserve_inodes if images else None,
             registries=RegistryConfig.load(images.registries_file) if images else None,
             image_max_bytes=images.image_max_bytes if images else None,
             pull_timeout=images.pull_timeout if images else None,

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 
 import pytest
 
 from shared.contract import errors
 from shared.runtime import api
+from shared.runtime.local import disk, fdtree
 from shared.runtime.local import runtime as local
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime's cgroup limits need root")
@@ -169,6 +171,62 @@ async def test_a_sparse_file_stays_sparse_and_costs_what_was_written(rt):
         str(2 * 1024**3 + 4),
         "data",
     ]
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 400 MiB ext4 filesystem of its own (never the machine's disk), unmounted after."""
+    image, mount = tmp_path / "fs.img", tmp_path / "fs"
+    subprocess.run(["truncate", "-s", "400M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-N", "40000", str(image)], check=True)
+    mount.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+async def test_snapshots_keep_the_filesystems_reserve_of_bytes_and_inodes(small_fs):
+    """The budget is not the only bound: a snapshot that would leave the state filesystem
+    below its reserve (bytes or inodes) is refused before anything is copied, and a copy
+    that reaches the reserve while it writes is stopped; either leaves nothing behind."""
+    rt = local.LocalRuntime(
+        small_fs / "state",
+        snapshot_budget=10 * 1024**3,
+        disk_reserve=200 * 1024**2,
+        disk_reserve_inodes=20_000,
+    )
+    tmp = small_fs / "state" / "snapshots" / "tmp"
+    try:
+        await started(rt, "filler")
+        await sh(rt, "filler", "head -c 120000000 /dev/urandom > /workspace/blob")
+        with pytest.raises(errors.LimitExceeded, match="no room for this snapshot.*SBX_DISK_RESERVE"):
+            await rt.snapshot("filler", "too-big")
+        assert await rt.list_snapshots() == [] and list(tmp.iterdir()) == []
+        await sh(
+            rt,
+            "filler",
+            "rm /workspace/blob; mkdir /workspace/many; cd /workspace/many; seq 15000 | xargs touch",
+        )
+        with pytest.raises(errors.LimitExceeded, match="free inodes.*SBX_DISK_RESERVE_INODES"):
+            await rt.snapshot("filler", "too-many")
+        assert await rt.list_snapshots() == [] and list(tmp.iterdir()) == []
+        await sh(rt, "filler", "rm -r /workspace/many")
+        # A copy that reaches the reserve while it writes (the filesystem filled meanwhile
+        # by someone else: here, before it starts) is stopped within a look's worth.
+        source = small_fs / "source"
+        source.mkdir()
+        for n in range(40):
+            (source / f"f{n}").write_bytes(os.urandom(1024**2))
+        free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
+        room = disk.Room(disk.Disk(reserve_bytes=free - 20 * 1024**2), small_fs, 10 * 1024**3, "the copy")
+        with pytest.raises(errors.LimitExceeded, match="the copy was stopped: .*SBX_DISK_RESERVE"):
+            fdtree.sync(source, small_fs / "copy", guard=room)
+        assert room.size <= 20 * 1024**2
+        assert (await rt.get("filler")).status == "running"
+    finally:
+        await rt.delete("filler")
 
 
 async def test_paused_stopped_and_disk_limited_sandboxes_can_be_snapshotted(rt):

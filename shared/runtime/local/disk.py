@@ -44,7 +44,10 @@ class Disk:
     """Make, mount and remove sandbox filesystems."""
 
     reserve_bytes: int = 2 * 1024**3
-    """Sandboxes do not start while the state filesystem has less than this free."""
+    """Sandboxes do not start while the state filesystem has less than this free, and
+    snapshots and image pulls stop before they would leave less."""
+    reserve_inodes: int = 10_000
+    """The same for free inodes (``SBX_DISK_RESERVE_INODES``)."""
 
     @staticmethod
     @functools.cache
@@ -96,18 +99,61 @@ class Disk:
         """Where the sandbox's writable directories are: on its own filesystem if it has one."""
         return directory / MOUNT if (directory / IMAGE).exists() else directory
 
-    def space_problem(self, state_dir: Path) -> str | None:
-        """Why no sandbox may start now (the state filesystem is nearly full), or None."""
+    def space_problem(self, state_dir: Path, *, size: int = 0, entries: int = 0) -> str | None:
+        """Why nothing may write ``size`` bytes and ``entries`` files more on the state
+        filesystem now (it would go below the reserve kept for the event store), or None."""
         with contextlib.suppress(OSError):
             st = os.statvfs(state_dir)
             free = st.f_bavail * st.f_frsize
-            if free < self.reserve_bytes:
+            if free - size < self.reserve_bytes:
+                needs = f" and this needs {size // 1024**2} MiB" if size else ""
                 return (
-                    f"the state filesystem ({state_dir}) has {free // 1024**2} MiB free, less than the "
-                    f"{self.reserve_bytes // 1024**2} MiB kept for the event store (SBX_DISK_RESERVE): "
-                    "clear sessions you no longer need"
+                    f"the state filesystem ({state_dir}) has {free // 1024**2} MiB free{needs}, "
+                    f"less than the {self.reserve_bytes // 1024**2} MiB kept for the event store "
+                    "(SBX_DISK_RESERVE): clear sessions, snapshots or images you no longer need"
+                )
+            if st.f_files and st.f_favail - entries < self.reserve_inodes:  # (0 files: no inode limit)
+                needs = f" and this needs {entries}" if entries else ""
+                return (
+                    f"the state filesystem ({state_dir}) has {st.f_favail} free inodes{needs}, "
+                    f"less than the {self.reserve_inodes} kept for the event store "
+                    "(SBX_DISK_RESERVE_INODES): clear sessions, snapshots or images you no longer need"
                 )
         return None
+
+
+LOOK_EVERY, LOOK_EVERY_ENTRIES = 8 * 1024**2, 1024
+"""How often a ``Room`` looks at the filesystem again (bytes, entries written since)."""
+
+
+@dataclass
+class Room:
+    """A guard (``fdtree.Guard``) for what the host writes on a sandbox's or a tenant's
+    behalf (a snapshot's copy, an image's layers): stops it with ``LimitExceeded`` once it
+    would pass ``budget`` bytes, or leave the state filesystem below the disk's reserve of
+    bytes or inodes (looked at again every ``LOOK_EVERY`` bytes or ``LOOK_EVERY_ENTRIES``)."""
+
+    disk: Disk
+    path: Path
+    budget: int
+    what: str
+    size: int = 0
+    entries: int = 0
+    _looked: tuple[int, int] = (0, 0)
+
+    def __call__(self, size: int, entries: int) -> None:
+        self.size += size
+        self.entries += entries
+        if self.size > self.budget:
+            raise errors.LimitExceeded(
+                f"{self.what} passed the {self.budget // 1024**2} MiB it may take and was stopped"
+            )
+        size_then, entries_then = self._looked
+        if self.size - size_then >= LOOK_EVERY or self.entries - entries_then >= LOOK_EVERY_ENTRIES:
+            self._looked = (self.size, self.entries)
+            problem = self.disk.space_problem(self.path, size=LOOK_EVERY, entries=LOOK_EVERY_ENTRIES)
+            if problem is not None:
+                raise errors.LimitExceeded(f"{self.what} was stopped: {problem}")
 
 
 TEMPLATES = ".disk-templates"

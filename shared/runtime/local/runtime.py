@@ -223,6 +223,7 @@ class LocalRuntime(api.Runtime):
         egress: str = "none",
         proxy_ca: Path | None = None,
         disk_reserve: int | None = None,
+        disk_reserve_inodes: int | None = None,
         registries: RegistryConfig | None = None,
         image_max_bytes: int | None = None,
         pull_timeout: float | None = None,
@@ -241,7 +242,10 @@ class LocalRuntime(api.Runtime):
         self.proxy_ca = proxy_ca or state_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.disk = disk.Disk() if disk_reserve is None else disk.Disk(reserve_bytes=disk_reserve)
+        self.disk = disk.Disk(
+            reserve_bytes=disk.Disk.reserve_bytes if disk_reserve is None else disk_reserve,
+            reserve_inodes=disk.Disk.reserve_inodes if disk_reserve_inodes is None else disk_reserve_inodes,
+        )
         store = layers.LayerStore(
             state_dir / "images",
             registries or RegistryConfig(),
@@ -939,10 +943,15 @@ class LocalRuntime(api.Runtime):
         try:
             rw = disk.Disk.root(d)
             sources = self._snapshot_sources(rw)
-            store.check_room(sum(fdtree.measure(source).bytes for source, _ in sources))
+            needs = [fdtree.measure(source) for source, _ in sources]
+            size, entries = sum(n.bytes for n in needs), sum(n.entries for n in needs)
+            left = store.check_room(size)
+            if problem := self.disk.space_problem(store.root, size=size, entries=entries):
+                raise errors.LimitExceeded(f"no room for this snapshot: {problem}")
+            room = disk.Room(self.disk, store.root, left, "the snapshot")
             copy = store.new_copy()
             try:
-                frozen = self._copy_frozen(info, rw, sources, copy)
+                frozen = self._copy_frozen(info, rw, sources, copy, room)
             except BaseException:
                 shutil.rmtree(copy, ignore_errors=True)
                 raise
@@ -986,7 +995,12 @@ class LocalRuntime(api.Runtime):
         return sources
 
     def _copy_frozen(
-        self, info: api.SandboxInfo, rw: Path, sources: builtins.list[tuple[Path, str]], copy: Path
+        self,
+        info: api.SandboxInfo,
+        rw: Path,
+        sources: builtins.list[tuple[Path, str]],
+        copy: Path,
+        room: fdtree.Guard,
     ) -> float:
         """Copy ``sources`` into ``copy`` as they are at one instant: everything is copied
         as it is (the sandbox may run meanwhile, each entry noted as it is looked at),
@@ -994,11 +1008,12 @@ class LocalRuntime(api.Runtime):
         meanwhile), what changed since is copied again (a walk, plus the changes) while
         its processes are frozen, with the shell's saved directory and exports: frozen
         now and thawed after if it runs, left as they are if it is paused or stopped.
-        Every read is by descriptor (``fdtree``), frozen or not. How long it was frozen
-        for this (0: it was not running)."""
+        Every read is by descriptor (``fdtree``), frozen or not, and every write goes
+        through ``room`` (the store's budget, the filesystem's reserve). How long it was
+        frozen for this (0: it was not running)."""
         trees = [(source, copy / where) for source, where in sources]
         started_ns = time.time_ns()
-        first = {str(dest): fdtree.sync(source, dest) for source, dest in trees}
+        first = {str(dest): fdtree.sync(source, dest, guard=room) for source, dest in trees}
         d, name = self._dir(info.sandbox_id), self._cgroup(info.sandbox_id)
         with self._freezer(d):
             freeze = self.pausable and self._running(d) is not None and not self._frozen(d)
@@ -1008,7 +1023,8 @@ class LocalRuntime(api.Runtime):
             try:
                 for source, dest in trees:
                     before = first[str(dest)].notes
-                    fdtree.sync(source, dest, before=before, recent_ns=started_ns - fdtree.CTIME_SLACK_NS)
+                    recent_ns = started_ns - fdtree.CTIME_SLACK_NS
+                    fdtree.sync(source, dest, before=before, recent_ns=recent_ns, guard=room)
                 for shell_file in snapstore.SHELL_FILES:  # (small: copied at the instant itself)
                     snapstore.copy_shell_file(rw / "control", shell_file, copy / "shell" / shell_file)
             finally:

@@ -152,8 +152,9 @@ class SnapshotStore:
         with self._lock:
             return self._sizes.get(digest, 0)
 
-    def check_room(self, needed: int) -> None:
-        """Raise LimitExceeded if ``needed`` more bytes would take the store past its budget."""
+    def check_room(self, needed: int) -> int:
+        """Raise LimitExceeded if ``needed`` more bytes would take the store past its
+        budget; else the bytes the budget has left."""
         held = self.bytes()
         if held + needed > self.budget:
             raise errors.LimitExceeded(
@@ -161,6 +162,7 @@ class SnapshotStore:
                 f"(SBX_SNAPSHOT_BUDGET) and this snapshot needs about {describe.size(needed)}: "
                 "delete snapshots first"
             )
+        return self.budget - held
 
     def new_copy(self) -> Path:
         """An empty directory to copy a layer into (``add`` makes it a layer)."""
