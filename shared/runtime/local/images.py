@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shared.contract import errors, ids, references
-from shared.runtime.local import bwrap, layers, oci
+from shared.runtime.local import bwrap, fdtree, layers, oci
 
 DEFAULT = "default"
 SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
@@ -102,15 +102,12 @@ def user_of(image: Image) -> tuple[int, str]:
     wanted = (image.config.user or "").split(":", 1)[0] if image.config else ""
     if not wanted or wanted in ("0", "root"):
         return fallback
-    passwd = (
-        image.layers[0].source / "etc" / "passwd" if image.layers and image.layers[0].dest == "/" else None
-    )
     rows = []
-    with contextlib.suppress(OSError):  # never through a symlink: it would be resolved on the host
-        fd = os.open(passwd, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC) if passwd is not None else -1
-        if fd >= 0:
-            with os.fdopen(fd, "rb") as handle:
-                rows = [row.split(":") for row in handle.read(1024**2).decode(errors="replace").splitlines()]
+    if image.layers and image.layers[0].dest == "/":  # (the image's files: read by descriptor, ``etc``
+        # or ``passwd`` a link would otherwise be resolved on the host)
+        found = fdtree.read_file(image.layers[0].source, ("etc", "passwd"), 1024**2)
+        if found is not None:
+            rows = [row.split(":") for row in found[0].decode(errors="replace").splitlines()]
     for row in rows:
         if len(row) >= 6 and wanted in (row[0], row[2]) and _uid(row[2]) is not None:
             return _uid(row[2]) or 0, row[5] or fallback[1]
