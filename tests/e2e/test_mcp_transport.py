@@ -11,18 +11,17 @@ as sent."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import platform
 import shutil
 import subprocess
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx2
 import pytest
 
+from tests import support
 from tests.e2e.test_mcp import Agent
 from tests.e2e.test_registry_images import events
 from tests.e2e.test_sbx_up import running_stack
@@ -101,46 +100,6 @@ def conformance() -> Path:
     return SUITE / "node_modules"
 
 
-@contextlib.asynccontextmanager
-async def header_front(target: str, headers: dict[str, str]) -> AsyncIterator[str]:
-    """A loopback forwarder to ``target`` (``host:port``) that adds ``headers`` to every
-    request (replacing any of the same name) and passes everything else, ``Host`` and
-    ``Origin`` included, as sent. One request per connection (``Connection: close``)."""
-    host, port = target.rsplit(":", 1)
-    added = [f"{name}: {value}".encode() for name, value in headers.items()] + [b"Connection: close"]
-    replaced = {name.lower().encode() for name in headers} | {b"connection", b"keep-alive"}
-
-    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-
-    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            first, *fields = head[:-4].split(b"\r\n")
-            kept = [f for f in fields if f.split(b":", 1)[0].strip().lower() not in replaced]
-            up_reader, up_writer = await asyncio.open_connection(host, int(port))
-            up_writer.write(b"\r\n".join([first, *kept, *added]) + b"\r\n\r\n")
-            upload = asyncio.ensure_future(pump(reader, up_writer))
-            try:
-                await pump(up_reader, writer)  # the answer, until the gateway closes
-            finally:
-                upload.cancel()
-                up_writer.close()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
 async def run_scenario(modules: Path, spec: str, url: str, workdir: Path) -> list[dict]:
     """The suite of ``spec`` run on its ``dns-rebinding-protection`` scenario: its checks."""
     node = modules / ".bin" / "node"
@@ -170,8 +129,8 @@ async def test_the_official_conformance_suite_finds_dns_rebinding_protection(
 ):
     _, url, key = stack
     target = url.removeprefix("http://")
-    async with header_front(
-        target, {"Authorization": f"Bearer {key}", "X-Session-Id": "conformance"}
+    async with support.http_front(
+        target, headers={"Authorization": f"Bearer {key}", "X-Session-Id": "conformance"}
     ) as front:
         checks = await run_scenario(conformance, spec, f"{front}/mcp", tmp_path)
     outcome = {c["id"]: c["status"] for c in checks}
