@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -281,3 +281,53 @@ def spawn_service(module: str, env: dict[str, str], log: Path) -> subprocess.Pop
         stdout=log.open("ab"),
         stderr=subprocess.STDOUT,
     )
+
+
+@contextlib.asynccontextmanager
+async def http_front(
+    target: str, *, headers: dict[str, str] | None = None, delay: Callable[[bytes], float] | None = None
+) -> AsyncIterator[str]:
+    """A loopback HTTP forwarder to ``target`` (``host:port``); its URL. It adds ``headers``
+    to every request (replacing any of the same name), waits ``delay(request line)`` seconds
+    before passing a request on (a slow server), and passes everything else, ``Host`` and
+    ``Origin`` included, as sent. One request per connection (``Connection: close``); plain
+    HTTP only (a TLS hello is answered by closing the connection, as a plain server would fail it)."""
+    host, port = target.rsplit(":", 1)
+    added = [f"{name}: {value}".encode() for name, value in (headers or {}).items()]
+    added.append(b"Connection: close")
+    replaced = {name.lower().encode() for name in headers or {}} | {b"connection", b"keep-alive"}
+
+    async def pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            start = await reader.readexactly(1)
+            if not start.isalpha():
+                return  # not HTTP (a TLS hello: an HTTPS client is told at once this is no TLS)
+            head = start + await reader.readuntil(b"\r\n\r\n")
+            first, *fields = head[:-4].split(b"\r\n")
+            if delay is not None:
+                await asyncio.sleep(delay(first))
+            kept = [f for f in fields if f.split(b":", 1)[0].strip().lower() not in replaced]
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            up_writer.write(b"\r\n".join([first, *kept, *added]) + b"\r\n\r\n")
+            upload = asyncio.ensure_future(pump(reader, up_writer))
+            try:
+                await pump(up_reader, writer)  # the answer, until the server closes
+            finally:
+                upload.cancel()
+                up_writer.close()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()

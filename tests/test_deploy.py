@@ -19,6 +19,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from services.gateway import origins
 from shared.infrastructure import settings
 from shared.runtime.kubernetes import manifests, names
 
@@ -254,6 +255,12 @@ def test_the_shared_settings_are_accepted_by_the_services():
     kube = settings.KubernetesSettings.from_env(env)
     assert kube.namespace == "sbx-sandboxes" and kube.proxy_service == "sbx-system/sbx-proxy"
     assert "SANDBOX_API_KEY" not in env, "the key comes from a Secret, for the gateway only"
+    # The gateway answers to its Service's names, pod addresses (probes) and port-forwards.
+    gateway = settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": "k" * 32})
+    allowed = origins.Allowed.build("0.0.0.0", gateway.allowed_hosts)
+    for host in ("gateway.sbx-system.svc:8080", "gateway:8080", "10.244.0.7:8080", "127.0.0.1:8080"):
+        assert allowed.refusal([host], []) is None, host
+    assert allowed.refusal(["evil.example:8080"], []) is not None
 
 
 # ---- (3) seccomp ------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from services.gateway import (
     hostapi,
     mcp,
     openapi,
+    origins,
     placement,
     rest,
     schemas,
@@ -129,6 +130,10 @@ def build_app(
         inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
     )
     app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
+    allowed = origins.Allowed.build(
+        gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins)
+    )
+    app = origins.Guard(app, allowed)  # Host and Origin before anything else (DNS rebinding)
     app = RequestMetrics(app)
     if gateway.cors_origins:
         cors = CORSMiddleware(

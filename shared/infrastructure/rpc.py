@@ -209,9 +209,12 @@ class SessionClient(Client[commands.SessionCommand, commands.CommandReply]):
     def __init__(self, nc: Nats, topology: subjects.Topology, timeout: float | None = None) -> None:
         super().__init__(nc, topology, SESSIONS, timeout)
 
-    async def session(self, command: commands.SessionCommand) -> states.SessionState | None:
-        """Send a session command; return the resulting state or raise its error."""
-        return (await self.call(command)).session
+    async def session(
+        self, command: commands.SessionCommand, *, timeout: float | None = None
+    ) -> states.SessionState | None:
+        """Send a session command; return the resulting state or raise its error.
+        ``timeout``: this call's wait instead of the client's."""
+        return (await self.call(command, timeout=timeout)).session
 
 
 class PoolClient(Client[provisioning.AnyPoolRequest, provisioning.PoolReply]):

@@ -7,6 +7,7 @@ start-up with a :class:`~shared.contract.errors.ConfigError` naming the variable
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -514,6 +515,17 @@ class GatewaySettings:
     cors_origins: tuple[str, ...] = ()
     """Web origins whose pages may call the API from a browser (``SBX_CORS_ORIGINS``,
     comma-separated, e.g. ``https://app.example``); none by default. The key is still needed."""
+    allowed_hosts: tuple[str, ...] = ()
+    """Names a request's ``Host`` may carry besides loopback's (``SBX_ALLOWED_HOSTS``,
+    comma-separated, no port: every port; ``*`` for any): the names clients reach the
+    gateway by when it listens beyond loopback (a DNS name, a Kubernetes Service, an
+    ingress). Any other ``Host`` is refused (403): DNS-rebinding protection. Listening
+    beyond loopback, an IP address in ``Host`` is accepted too."""
+    allowed_origins: tuple[str, ...] = ()
+    """Web origins whose pages may send requests besides loopback's, the gateway's own and
+    ``cors_origins`` (``SBX_ALLOWED_ORIGINS``, comma-separated, ``*`` for any): a request
+    with any other ``Origin`` is refused (403), as the MCP spec requires. Requests without
+    ``Origin`` (every client but a browser) are not affected."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -538,22 +550,56 @@ class GatewaySettings:
             mcp_checkpoints=_choice(env, "SBX_MCP_CHECKPOINTS", "off", ("on", "off")) == "on",
             sandbox_egress=_egress(env),
             cors_origins=_origins(env.get("SBX_CORS_ORIGINS", "")),
+            allowed_hosts=_hosts(env.get("SBX_ALLOWED_HOSTS", "")),
+            allowed_origins=_origins(env.get("SBX_ALLOWED_ORIGINS", ""), name="SBX_ALLOWED_ORIGINS"),
         )
 
 
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
 
 
-def _origins(text: str) -> tuple[str, ...]:
-    """``SBX_CORS_ORIGINS``: exact origins (scheme, host, optional port), no wildcard."""
-    origins = tuple(o.strip().rstrip("/") for o in text.split(",") if o.strip())
+def _origins(text: str, *, name: str = "SBX_CORS_ORIGINS") -> tuple[str, ...]:
+    """Exact origins (scheme, host, optional port); ``SBX_ALLOWED_ORIGINS`` also takes ``*``
+    alone (any origin), ``SBX_CORS_ORIGINS`` no wildcard."""
+    origins = tuple(o.strip().rstrip("/").lower() for o in text.split(",") if o.strip())
+    if name != "SBX_CORS_ORIGINS" and "*" in origins:
+        if len(origins) > 1:
+            raise errors.ConfigError(f"{name}: '*' (any origin) stands alone")
+        return origins
     for origin in origins:
         if not _ORIGIN.fullmatch(origin):
             raise errors.ConfigError(
-                f"SBX_CORS_ORIGINS: {origin!r:.80} is not an origin like https://app.example:8443 "
+                f"{name}: {origin!r:.80} is not an origin like https://app.example:8443 "
                 "(no path, no wildcard)"
             )
     return origins
+
+
+_HOST_NAME = re.compile(r"[a-z0-9_-]+(\.[a-z0-9_-]+)*")
+
+
+def _hosts(text: str) -> tuple[str, ...]:
+    """``SBX_ALLOWED_HOSTS``: host names or IP addresses without a port, or ``*`` alone."""
+    hosts = tuple(h.strip().lower().removesuffix(".") for h in text.split(",") if h.strip())
+    if "*" in hosts:
+        if len(hosts) > 1:
+            raise errors.ConfigError("SBX_ALLOWED_HOSTS: '*' (any Host) stands alone")
+        return hosts
+    out = []
+    for host in hosts:
+        bare = host.strip("[]")
+        try:
+            out.append(str(ipaddress.ip_address(bare)))
+            continue
+        except ValueError:
+            pass
+        if not _HOST_NAME.fullmatch(host):
+            raise errors.ConfigError(
+                f"SBX_ALLOWED_HOSTS: {host!r:.80} is not a host name or IP address "
+                "(no scheme, no port: every port of a name is allowed)"
+            )
+        out.append(host)
+    return tuple(out)
 
 
 def _org_keys(path: str, master: str) -> tuple[tuple[str, str], ...]:

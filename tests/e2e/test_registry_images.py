@@ -10,7 +10,10 @@ import os
 import subprocess
 import sys
 
+import httpx2
 import pytest
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from tests import oci_registry as o
 from tests import support
@@ -88,3 +91,62 @@ async def test_an_agent_gets_registry_images_and_a_pool_of_one_starts_warm(regis
     claimed = [e for e in seen if e["type"] == "sandbox.claimed" and e.get("session_id") == "reg-1"]
     assert claimed, "the session for the pool's image claimed a warm sandbox"
     assert sum(1 for e in pulls if e["type"] == "image.pull_started" and e["reference"] == pooled) == 1
+
+
+@pytest.fixture
+def slow_image_stack(tmp_path):
+    """`sbx up` and a registry with one image (a front that slows the registry down is the
+    test's: it runs on the test's event loop)."""
+    if missing := o.missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: scripts/setup --dev installs them")
+    reg = o.Registry(tmp_path / "registry").start()
+    try:
+        layout = tmp_path / "slow"
+        o.simple_image(layout, o.layer({"etc/marker": b"slow pull\n"}))
+        reg.push(layout, "test/slow:1")
+        state = tmp_path / "state"
+        with running_stack(state, SBX_POOL_MIN_IDLE="0") as (_, url):
+            yield reg, state, url
+    finally:
+        reg.stop()
+
+
+async def test_create_sandbox_waits_out_a_pull_slower_than_the_request_timeout(slow_image_stack):
+    """A registry that takes longer to send a blob than the gateway's request timeout (5 s):
+    `create_sandbox` waits for the pull, saying how long it has waited (MCP progress), and
+    answers with the new sandbox, which runs the image (it answered "the scheduler did not
+    answer in time" while the pull went on)."""
+    reg, state, url = slow_image_stack
+    key = (state / "api-key").read_text().strip()
+    blobs = 0
+
+    def slow_first_blob(request_line: bytes) -> float:
+        nonlocal blobs
+        if b"/blobs/" not in request_line:
+            return 0.0
+        blobs += 1
+        return 8.0 if blobs == 1 else 0.0  # (more than SBX_REQUEST_TIMEOUT's 5 s)
+
+    heard: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        heard.append(message or "")
+
+    async with support.http_front(reg.host, delay=slow_first_blob) as front:
+        image = f"{front.removeprefix('http://')}/test/slow:1"
+        headers = {"Authorization": f"Bearer {key}", "X-Session-Id": "slow-1"}
+        async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+            async with streamable_http_client(f"{url}/mcp", http_client=http) as (read, write):
+                async with ClientSession(read, write) as mcp:
+                    await mcp.initialize()
+                    asked = {"image": image}
+                    result = await mcp.call_tool("create_sandbox", asked, progress_callback=progress)
+    text = "".join(getattr(c, "text", "") for c in result.content)
+    assert not result.is_error, text
+    assert "provisioned" in text and image in text
+    assert blobs >= 1, "the pull went through the slow front"
+    assert heard and all(m.startswith("starting the new sandbox: ") for m in heard), heard
+    ok, text = await Agent(url, key, "slow-1").call("shell", command="cat /etc/marker")
+    assert ok and text.startswith("slow pull"), text
+    pulls = [e["type"] for e in events(state) if e.get("reference") == image]
+    assert pulls == ["image.pull_started", "image.pulled"]

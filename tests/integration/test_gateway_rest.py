@@ -270,7 +270,8 @@ async def test_browsers_preflights_and_401s_are_json_and_only_allowed_origins_ge
     listed = await api.get("/v1/sessions", headers={"Origin": ALLOWED_ORIGIN, **AUTH})
     assert listed.status_code == 200 and listed.headers["access-control-allow-origin"] == ALLOWED_ORIGIN
     other = await api.get("/v1/sessions", headers={"Origin": "https://evil.example", **AUTH})
-    assert other.status_code == 200 and "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "access-control-allow-origin" not in other.headers
+    assert "SBX_ALLOWED_ORIGINS" in other.json()["message"]  # (a browser's page of another origin)
     mcp = await api.post("/mcp", json={})
     assert mcp.status_code == 401 and mcp.json() == {
         "error": "unauthorized",
@@ -278,6 +279,24 @@ async def test_browsers_preflights_and_401s_are_json_and_only_allowed_origins_ge
         "status": 401,
         "retriable": False,
     }
+
+
+async def test_a_foreign_host_or_origin_is_refused_before_the_key_or_anything_else(
+    api, nats_server, namespace
+):
+    """DNS rebinding and foreign pages (services/gateway/origins.py): 403 naming the setting on
+    every surface, with or without a key, and nothing was done."""
+    body = {"session_id": "rebound"}
+    for foreign in ({"Origin": "http://evil.example"}, {"Host": "evil.example:8080"}):
+        for auth in ({}, AUTH):
+            for method, path in (("POST", "/mcp"), ("POST", "/v1/sessions"), ("GET", "/console/")):
+                r = await api.request(method, path, json=body, headers={**foreign, **auth})
+                assert r.status_code == 403, (foreign, method, path, r.text)
+                assert r.json()["error"] == "forbidden"
+                assert ("SBX_ALLOWED_ORIGINS" if "Origin" in foreign else "SBX_ALLOWED_HOSTS") in r.text
+    assert await count_events(nats_server, namespace) == 0
+    own = await api.post("/v1/sessions", json=body, headers={"Origin": "http://127.0.0.1:3000", **AUTH})
+    assert own.status_code == 201, own.text
 
 
 async def test_metrics_count_requests_by_route_template_and_show_the_process(api):

@@ -7,6 +7,7 @@ the way app.py mounts it, to show that real request headers reach the tools.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from datetime import UTC, datetime
@@ -24,6 +25,7 @@ from starlette.routing import Mount, Route
 
 from services.gateway import auth, sessions
 from services.gateway import mcp as mcp_tools
+from services.gateway.mcp import calls, sandbox
 from shared.contract import checks, commands, errors, execution, ids, states
 
 SESSION = "sess-1"
@@ -51,13 +53,26 @@ def _state(sandbox_id: str | None = SANDBOX, image: str | None = None) -> states
 class FakeCommands:
     """Records session commands; answers a canned state or raises a canned error."""
 
-    def __init__(self, state: states.SessionState | None = None, error: Exception | None = None) -> None:
+    def __init__(
+        self,
+        state: states.SessionState | None = None,
+        error: Exception | None = None,
+        answer: asyncio.Event | None = None,
+    ) -> None:
         self.sent: list[commands.SessionCommand] = []
+        self.timeouts: list[float | None] = []
         self.state = state if state is not None else _state()
         self.error = error
+        self.answer = answer
+        """Set: the scheduler answers (None: at once)."""
 
-    async def session(self, command: commands.SessionCommand) -> states.SessionState | None:
+    async def session(
+        self, command: commands.SessionCommand, *, timeout: float | None = None
+    ) -> states.SessionState | None:
         self.sent.append(command)
+        self.timeouts.append(timeout)
+        if self.answer is not None:
+            await self.answer.wait()
         if self.error is not None:
             raise self.error
         return self.state
@@ -567,6 +582,34 @@ async def test_create_sandbox_passes_not_supported_errors_through() -> None:
     error = errors.NotBuiltYet("use_kata is not supported yet by this deployment")
     h = Harness(commands=FakeCommands(error=error))
     assert await h.error("create_sandbox", {"use_kata": True}) == error.message
+
+
+async def test_create_sandbox_waits_for_a_pull_with_progress_then_answers(monkeypatch) -> None:
+    """A new sandbox whose image is being pulled takes minutes: the call waits its own budget
+    (not the 5 s of other commands) and says how long it has waited meanwhile."""
+    monkeypatch.setattr(calls.Progress, "EVERY", 0.01)
+    answer = asyncio.Event()
+    h = Harness(commands=FakeCommands(state=_state(sandbox_id="sbx-new", image="big:1"), answer=answer))
+    heard: list[str] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        heard.append(message or "")
+        if len(heard) == 3:
+            answer.set()  # the pull is done: the scheduler answers
+
+    async with fastmcp.Client(h.mcp) as client:
+        result = await client.call_tool("create_sandbox", {"image": "big:1"}, progress_handler=progress)
+    assert not result.is_error and "sbx-new" in _text(result)
+    assert h.commands.timeouts == [sandbox.CREATE_BUDGET] and sandbox.CREATE_BUDGET >= 600
+    assert len(heard) >= 3 and all(m.startswith("starting the new sandbox: ") for m in heard), heard
+
+
+async def test_create_sandbox_past_its_budget_says_what_happens_next() -> None:
+    said = "the scheduler did not answer in time; retrying with the same Idempotency-Key is safe"
+    h = Harness(commands=FakeCommands(error=errors.Timeout(said)))
+    text = await h.error("create_sandbox", {"image": "big:1"})
+    assert "Idempotency-Key" not in text, "MCP has no such header"
+    assert "15 minutes" in text and "replace this session's sandbox" in text
 
 
 async def test_clear_session_sends_clear() -> None:

@@ -4,12 +4,14 @@ sandbox (got or claimed first)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_context, get_http_headers
@@ -22,6 +24,7 @@ from shared.infrastructure import rpc, tracing
 REQUEST_BUDGET = 30.0
 """The executor's time for a request that does not say (polls, edits, starting a job)."""
 
+T = TypeVar("T")
 HeaderSource = Callable[[], Mapping[str, str]]
 """Returns the current request's headers, names in lower case."""
 
@@ -84,6 +87,22 @@ class Progress:
         )
         with contextlib.suppress(Exception):  # progress is a courtesy: never fails the call
             await get_context().report_progress(progress=round(elapsed, 1), message=message)
+
+
+async def waiting(work: Awaitable[T], say: Callable[[float], str]) -> T:
+    """``work``'s result; while it runs, an MCP progress notification every
+    ``Progress.EVERY`` seconds saying ``say(seconds waited)`` (the seconds are the
+    progress value), for a client that sent a progress token."""
+    task = asyncio.ensure_future(work)
+    started = time.monotonic()
+    try:
+        while not (await asyncio.wait({task}, timeout=Progress.EVERY))[0]:
+            elapsed = time.monotonic() - started
+            with contextlib.suppress(Exception):  # progress is a courtesy: never fails the call
+                await get_context().report_progress(progress=round(elapsed, 1), message=say(elapsed))
+        return task.result()
+    finally:
+        task.cancel()  # (the call was cancelled: so is its work; done: nothing)
 
 
 def required(value: object, name: str, command: str) -> None:

@@ -8,8 +8,13 @@ import fastmcp
 from pydantic import Field
 
 from services.gateway.mcp import calls, texts
-from shared.contract import ids
+from shared.contract import errors, ids
 from shared.contract.commands import ClearSession, ProvisionSandbox
+from shared.infrastructure import rpc
+
+CREATE_BUDGET = rpc.PROVISION_TIMEOUT
+"""How long ``create_sandbox`` waits for its new sandbox: its image's first pull included
+(the scheduler beats meanwhile: one that dies is noticed within seconds)."""
 
 
 def register(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
@@ -27,7 +32,8 @@ def _create_sandbox(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
             "created automatically on first use with the default image. If the session already has a "
             "sandbox, the new one replaces it and the old one is deleted with its /workspace (all files "
             "are lost) and any running jobs. Options this deployment cannot provide are refused with an "
-            f'explanation. {texts.NETWORK[tools.egress]} Example: create_sandbox(image="python:3.12-slim").'
+            f"explanation. {texts.creating(CREATE_BUDGET)} {texts.NETWORK[tools.egress]} "
+            'Example: create_sandbox(image="python:3.12-slim").'
         ),
     )
     async def create_sandbox(
@@ -52,18 +58,22 @@ def _create_sandbox(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
         with calls.tool_errors():
             who = tools.identity()
             ids.validate_image(image)
-            state = await tools.commands.session(
-                ProvisionSandbox(
-                    session_id=who.session_id,
-                    image=image,
-                    use_kata=use_kata,
-                    run_as_root=run_as_root,
-                    writable_root=writable_root,
-                    command_id=ids.new_id(),
-                    correlation_id=who.correlation_id,
-                    actor=who.actor,
-                )
+            command = ProvisionSandbox(
+                session_id=who.session_id,
+                image=image,
+                use_kata=use_kata,
+                run_as_root=run_as_root,
+                writable_root=writable_root,
+                command_id=ids.new_id(),
+                correlation_id=who.correlation_id,
+                actor=who.actor,
             )
+            try:
+                state = await calls.waiting(
+                    tools.commands.session(command, timeout=CREATE_BUDGET), texts.still_creating
+                )
+            except errors.Timeout:
+                raise errors.Timeout(texts.create_timed_out(CREATE_BUDGET)) from None
             return texts.provisioned(state, image)
 
 

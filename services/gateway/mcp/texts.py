@@ -92,3 +92,25 @@ def provisioned(state: states.SessionState | None, image: str | None) -> str:
         f"provisioned {what} from {shown_image} for this session; any previous sandbox and its "
         "/workspace were deleted"
     )
+
+
+def creating(budget: float) -> str:
+    """What ``create_sandbox``'s description says of its wait."""
+    return (
+        f"The call waits until the new sandbox runs, its image's first pull included (up to "
+        f"{budget / 60:.0f} minutes), with progress notifications if you ask for them; if you stop "
+        "waiting, the new sandbox still replaces this session's when it is ready."
+    )
+
+
+def still_creating(elapsed: float) -> str:
+    """A ``create_sandbox`` progress notification."""
+    return f"starting the new sandbox: {elapsed:.0f} s so far (a first pull of its image can take minutes)"
+
+
+def create_timed_out(budget: float) -> str:
+    return (
+        f"the new sandbox was not running after {budget / 60:.0f} minutes; it may still start and then "
+        "replace this session's sandbox. Check with shell (e.g. cat /etc/os-release) before calling "
+        "create_sandbox again."
+    )
