@@ -181,7 +181,7 @@ class Guard:
         self.allowed = allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
@@ -189,6 +189,9 @@ class Guard:
         why = self.allowed.refusal(hosts, origins)
         if why is None:
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # (none today; a page opening one is refused alike)
+            await send({"type": "websocket.close", "code": 1008, "reason": why[:120]})
             return
         body = _body(why)
         await send(

@@ -213,3 +213,19 @@ async def test_the_guard_answers_403_json_and_nothing_behind_it_runs():
         assert (await http.post("/mcp", headers={"Origin": "http://localhost:6274"})).text == "ran"
         assert (await http.post("/mcp")).text == "ran"
     assert inner.calls == ["/mcp", "/mcp"]
+
+
+async def test_a_websocket_from_a_foreign_origin_is_closed_before_anything_runs():
+    inner = Recorder()
+    app = origins.Guard(inner, LOOPBACK)
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    headers = [(b"host", b"127.0.0.1:8080"), (b"origin", b"http://evil.example")]
+    await app({"type": "websocket", "path": "/pty", "headers": headers}, receive, send)
+    assert inner.calls == [] and sent[0]["type"] == "websocket.close" and sent[0]["code"] == 1008
