@@ -38,6 +38,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def reset_peak_memory(pid: int | str = "self") -> None:
+    """Start measuring a process's peak resident memory afresh (``clear_refs`` 5)."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def peak_memory(pid: int | str = "self") -> int:
+    """A process's peak resident memory in bytes since it started or was reset (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmHWM for {pid}")
+
+
 def new_namespace() -> str:
     return "t" + uuid.uuid4().hex[:12]
 

@@ -393,11 +393,7 @@ class Executor:
             case "view":
                 kind, body = await self._read(sid, path)
                 if kind == "dir":
-                    entries = [
-                        (line[2:], "dir" if line.startswith("d ") else "file")
-                        for line in body.decode(errors="replace").splitlines()
-                        if len(line) > 2
-                    ]
+                    entries = scripts.parse_directory(body)
                     return execution.Reply(ok=True, output=edits.view_directory(entries, path))
                 if kind != "file":
                     raise errors.InvalidInput(f"The path {path} does not exist.")

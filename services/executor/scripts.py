@@ -106,10 +106,13 @@ done
 exit 0
 """
 
+DIR_ENTRIES = 2000
+"""Most entries of a directory the edit tool's ``view`` shows."""
+
 #: First line: ``file``, ``dir`` or ``missing``; then the file's bytes or the listing.
 READ = f"""
 {_LOCK}
-if [ -d "$1" ]; then echo dir; cd "$1" && find . -mindepth 1 -maxdepth 2 -not -path '*/.*' \\( -type d -printf 'd %P\\n' -o -printf 'f %P\\n' \\) 2>/dev/null | head -n 2000
+if [ -d "$1" ]; then echo dir; cd "$1" && find . -mindepth 1 -maxdepth 2 -not -path '*/.*' \\( -type d -printf 'd %P\\n' -o -printf 'f %P\\n' \\) 2>/dev/null | head -n {DIR_ENTRIES}
 elif [ -f "$1" ]; then echo file; head -c "$2" -- "$1"
 else echo missing; fi
 """
@@ -151,3 +154,13 @@ def parse_poll(raw: bytes) -> JobReport:
     code = int(words[1]) if status == "exited" and len(words) > 1 and _INT.fullmatch(words[1]) else None
     size = int(size_line.strip()) if re.fullmatch(rb"[0-9]{1,18}", size_line.strip()) else len(tail)
     return JobReport(status, code, size, tail)
+
+
+def parse_directory(raw: bytes) -> list[tuple[str, str]]:
+    """The READ script's directory answer as (name, ``dir`` or ``file``): its first
+    :data:`DIR_ENTRIES` lines only, whatever a replaced ``find`` or ``head`` wrote."""
+    entries: list[tuple[str, str]] = []
+    for line in raw.split(b"\n", DIR_ENTRIES)[:DIR_ENTRIES]:
+        if len(line) > 2 and line[:2] in (b"d ", b"f "):
+            entries.append((line[2:].decode(errors="replace"), "dir" if line[:1] == b"d" else "file"))
+    return entries

@@ -11,7 +11,9 @@ loses nothing.
 
 The helper's answers come from inside the sandbox and are treated as untrusted: a
 malformed answer retires the helper, and everything it can say affects only the
-session that owns the sandbox.
+session that owns the sandbox. Its output is held here only up to :data:`BUFFER_MAX`:
+during a call the helper then waits for the call to take it; output nobody asked for
+(outside a call, or after the helper is retired) retires and ends it, and is dropped.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ KILL_GRACE = 10.0
 """How long to wait for a killed command's answer before retiring the helper."""
 QUICK = 30.0
 _LINE_MAX = 200
+BUFFER_MAX = 1024 * 1024
+"""Most of a helper's output held here before it waits for a call to take it."""
 _STARTED = re.compile(rb"([0-9a-f]{32}) started ([0-9]{1,9} [0-9]{1,9} [0-9]{1,15})")
 _EXITED = re.compile(rb"([0-9a-f]{32}) exited ([0-9]{1,3})\n")
 
@@ -78,6 +82,8 @@ class ShellServer:
         until its first call."""
         self._buffer = bytearray()
         self._more = asyncio.Event()
+        self._taken = asyncio.Event()
+        self._dropping = False
         self._eof = False
         self._pump_task = asyncio.create_task(self._pump())
         self._tasks: set[asyncio.Task[None]] = set()
@@ -90,12 +96,24 @@ class ShellServer:
     async def _pump(self) -> None:
         try:
             async for stream, data in self.process.chunks():
-                if stream == "stdout":
-                    self._buffer += data
-                    self._more.set()
+                if stream != "stdout" or self._dropping:
+                    continue  # a retired helper's output is dropped until it ends
+                self._buffer += data
+                self._more.set()
+                while len(self._buffer) > BUFFER_MAX and not self._dropping:
+                    if not self.lock.locked():
+                        self.retire("it wrote output nobody asked for")
+                        break
+                    self._taken.clear()
+                    await self._taken.wait()  # until the call takes some (or retires it)
         finally:
             self._eof = True
             self._more.set()
+
+    def _took(self, count: int) -> None:
+        """A call consumed ``count`` bytes of the buffer's start: room for the pump."""
+        del self._buffer[:count]
+        self._taken.set()
 
     async def _wait_for_data(self, deadline: float) -> None:
         self._more.clear()
@@ -111,9 +129,9 @@ class ShellServer:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
-                del self._buffer[: end + 1]
+                self._took(end + 1)
                 return line
-            if self._eof:
+            if self._eof or self._dropping:
                 return None
             if len(self._buffer) > _LINE_MAX:
                 self.retire("answer line too long")
@@ -143,9 +161,9 @@ class ShellServer:
                         self.retire("malformed end marker")
                         return None
                 else:
-                    status, rest = int(match.group(2)), bytes(self._buffer[match.end() :])
+                    status, rest = int(match.group(2)), len(self._buffer) > match.end()
                     capture.add(bytes(self._buffer[:found]))
-                    self._buffer.clear()  # (invalidates ``match``, which views the buffer)
+                    self._took(len(self._buffer))  # (invalidates ``match``, which views the buffer)
                     if rest:
                         self.retire("data after the end marker")
                     return status
@@ -153,8 +171,8 @@ class ShellServer:
                 keep = len(marker) + 4  # a marker may be split across reads
                 if len(self._buffer) > keep:
                     capture.add(bytes(self._buffer[:-keep]))
-                    del self._buffer[:-keep]
-            if self._eof:
+                    self._took(len(self._buffer) - keep)
+            if self._eof or self._dropping:
                 return None
             await self._wait_for_data(deadline)
 
@@ -223,6 +241,10 @@ class ShellServer:
         if not self.broken:
             log.info("executor.shell_server_retired", sandbox_id=self.sandbox_id, reason=why)
         self.broken = True
+        self._dropping = True  # nothing reads its answers any more
+        self._buffer.clear()
+        self._taken.set()
+        self._more.set()
         self._spawn(self._end())
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
@@ -241,6 +263,11 @@ class ShellServer:
         if self._ended:
             return
         self._ended = True
+        # No call reads any more: what it still writes is drained and dropped, so it never
+        # waits on a full pipe and its reader ends with it.
+        self._dropping = True
+        self._buffer.clear()
+        self._taken.set()
         with contextlib.suppress(Exception):
             await self.process.close_stdin()
         try:
@@ -249,6 +276,7 @@ class ShellServer:
         except (TimeoutError, Exception):
             with contextlib.suppress(Exception):
                 await self.process.kill()
+        await asyncio.wait({self._pump_task}, timeout=5)
         self._pump_task.cancel()
 
 

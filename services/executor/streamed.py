@@ -10,7 +10,11 @@ caller that goes away or stops acknowledging, or the executor's drain kills what
 in the sandbox: nothing keeps running for nobody.
 
 Everything the sandbox sends back (output, tar bytes, listings) is passed through
-untouched; the client treats it as untrusted.
+untouched, never parsed here; the client treats it as untrusted. What the sandbox's own
+programs (which root inside can replace) write is bounded: streams go out no faster than
+the caller takes them (:mod:`shared.infrastructure.streams`), a listing stops at
+:data:`~shared.contract.hostapi.LISTING_MAX`, and what goes to no channel (messages, an
+upload's stdout) stops at :data:`UNASKED_MAX`; past a bound the process is killed.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ log = structlog.get_logger(__name__)
 QUICK = 120.0
 """Longest an upload, a download or a listing may take in the sandbox."""
 MESSAGE_MAX = 4096
+UNASKED_MAX = 16 * 1024 * 1024
+"""Most bytes a process may write that go to no channel (its messages, an upload's
+stdout; the first and last ``MESSAGE_MAX / 2`` are kept): past it, it is killed."""
 LINGER = 0.5
 """After a command ends, how long its output may still come from what it left running."""
 _STREAM = {"stdout": hostapi.STDOUT, "stderr": hostapi.STDERR}
@@ -227,14 +234,30 @@ class StreamedOps:
                 await self.finished(request, end, time.monotonic() - started, failure)
 
     async def _pump(self, process: api.Exec, sender: streams.Sender, channels: dict[str, bytes]) -> bytes:
-        """Send the process's output on ``channels``; keep what goes to no channel (capped)."""
+        """Send the process's output on ``channels``; keep what goes to no channel (its
+        ends). Past a bound (a listing's, or :data:`UNASKED_MAX` of the rest) the process
+        is killed and LimitExceeded raised; nothing beyond the bound is sent."""
         kept = output.Capture(MESSAGE_MAX)
+        listed = 0
         async for stream, data in process.chunks():
             channel = channels.get(stream)
             if channel is None:
                 kept.add(data)
-            else:
-                await sender.send(channel, data)
+                if kept.total > UNASKED_MAX:
+                    await _kill(process)
+                    raise errors.LimitExceeded(
+                        f"a program in the sandbox wrote more than {UNASKED_MAX} bytes that were not "
+                        "asked for (messages, or output where none is expected); it was killed"
+                    )
+                continue
+            if channel == hostapi.LISTING:
+                listed += len(data)
+                if listed > hostapi.LISTING_MAX:
+                    await _kill(process)
+                    raise errors.LimitExceeded(
+                        f"the listing is larger than {hostapi.LISTING_MAX} bytes; what wrote it was killed"
+                    )
+            await sender.send(channel, data)
         return bytes(kept.head + kept.tail)
 
     @staticmethod
@@ -250,7 +273,11 @@ class StreamedOps:
     async def _listing(self, request: execution.Streamed, root: str, prune: list[str], sender) -> str:
         """Stream ``root``'s listing; return a complaint if it is incomplete, else ''."""
         process = await self.runtime.exec(request.sandbox_id, listing_argv(prune), cwd=root, timeout=QUICK)
-        complaint = await self._pump(process, sender, {"stdout": hostapi.LISTING})
+        try:
+            complaint = await self._pump(process, sender, {"stdout": hostapi.LISTING})
+        except errors.LimitExceeded as exc:
+            await process.wait()
+            return f"the listing of {root} is incomplete: {exc.message}"
         result = await process.wait()
         if result.exit_code != 0:
             why = output.text(complaint).strip()[:MESSAGE_MAX] or f"exit status {result.exit_code}"
@@ -327,19 +354,26 @@ class StreamedOps:
 
     async def _put(self, request: execution.PutFiles, process: api.Exec, inputs, sender) -> hostapi.End:
         beats = asyncio.create_task(self._beat(sender, process))
-        pump = asyncio.create_task(self._pump(process, sender, {"stdout": hostapi.LISTING}))
+        # Without a listing, stdout is nothing anyone asked for (tar -x writes none).
+        channels = {"stdout": hostapi.LISTING} if request.listing else {}
+        pump = asyncio.create_task(self._pump(process, sender, channels))
+        feed = asyncio.create_task(self._feed(inputs, process))
         try:
-            await self._feed(inputs, process)
+            # A pump that fails (a bound passed: the process is killed) ends the upload now.
+            await asyncio.wait({pump, feed}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                pump.result()
+            await feed
             complaint = await pump
             result = await process.wait()
         finally:
-            beats.cancel()
-            pump.cancel()
+            for task in (beats, pump, feed):
+                task.cancel()
         why = output.text(complaint).strip()[:MESSAGE_MAX]
         message = listing_error = ""
         exit_code = result.exit_code
-        if result.exit_code == 3 or result.timed_out:
-            message = f"extracting failed: {why or 'timed out'}"
+        if result.exit_code == 3 or result.timed_out or (result.exit_code != 0 and not request.listing):
+            message = f"extracting failed: {why or ('timed out' if result.timed_out else exit_code)}"
         elif result.exit_code != 0 and request.list_paths is None:
             listing_error = f"the listing of {request.root} is incomplete: {why or result.exit_code}"
             exit_code = 0
@@ -379,3 +413,8 @@ class StreamedOps:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
+
+
+async def _kill(process: api.Exec) -> None:
+    with contextlib.suppress(Exception):
+        await process.kill()

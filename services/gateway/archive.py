@@ -220,9 +220,14 @@ class ArchiveAPI:
             lambda **fields: execution.PutFiles(root=root, delete=[], prune=[], listing=False, **fields),
         )
         answer = await self.host.upload(who, run_id, receiver, reply, hostapi.body(aiter(request.stream())))
-        channel, data = answer.end()
+        try:
+            channel, data = await anext(answer)
+        finally:
+            await answer.aclose()  # anything else: the work is stopped
         if channel == contract.ERROR:
             raise _problem(data)
+        if channel != contract.END:  # (the executor sends nothing else without a listing)
+            raise errors.Unavailable("the sandbox answered an upload with output nobody asked for")
         end = msgspec.json.decode(data, type=contract.End)
         if end.exit_code != 0:
             raise errors.InvalidInput(

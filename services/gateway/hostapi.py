@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import tempfile
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
@@ -26,7 +25,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from services.gateway import media, rest, schemas, sessions
@@ -40,11 +39,9 @@ T = TypeVar("T")
 KEEPALIVE_FRAME = streams.Frame(hostapi.KEEPALIVE, b"")
 
 BODY_MAX = 16 * 1024 * 1024
+"""Largest JSON body (a download's path list)."""
 BODY_SILENCE = 60.0
 """An upload that sends nothing for this long is abandoned."""
-ANSWER_IN_MEMORY = 1024 * 1024
-"""Largest JSON body (a download's path list)."""
-LISTING_MAX = 512 * 1024 * 1024
 START_BUDGET = 30.0
 
 
@@ -61,7 +58,11 @@ ERRORS = {
         "The session has another sandbox than the one named (sandbox_changed); its sandbox "
         "stopped meanwhile (not_running); its image cannot be had (image_unavailable).",
     ),
-    429: (schemas.Problem, "No sandbox can be started now (a limit); retry."),
+    429: (
+        schemas.Problem,
+        "A limit: no sandbox can be started now (retry), or a program in the sandbox wrote "
+        "more than the host takes (it was killed).",
+    ),
     503: (schemas.Problem, "The scheduler, an executor or NATS is unavailable; retry."),
     504: (schemas.Problem, "The sandbox did not answer in time; retry."),
 }
@@ -425,9 +426,9 @@ class HostAPI:
 
     async def put(self, request: Request) -> Response:
         """The upload is forwarded as it arrives (in frames of up to ``streams.CHUNK``,
-        however small the client's were); the answer (the listing) is spooled meanwhile
-        (to disk beyond a little) and sent once the upload is done. If the executor's side
-        ends first, the rest of the upload is not read."""
+        however small the client's were); the answer (the listing) starts once the upload
+        is done, streamed (see :meth:`upload`). If the executor's side ends first, the rest
+        of the upload is not read."""
         who = self.who(request)
         upload = _Upload(aiter(request.stream()))
         params = await upload.params()
@@ -444,7 +445,8 @@ class HostAPI:
             params.sandbox_id,
         )
         answer = await self.upload(who, run_id, receiver, reply, upload.tar())
-        return StreamingResponse(answer.chunks(), 200, self.headers(sandbox_id, run_id), hostapi.MEDIA_TYPE)
+        frames = self._encoded(answer, hostapi.frame)
+        return LiveStream(frames, self.headers(sandbox_id, run_id), hostapi.MEDIA_TYPE)
 
     async def upload(
         self,
@@ -453,30 +455,35 @@ class HostAPI:
         receiver: streams.Receiver,
         reply: execution.Reply,
         tar: AsyncIterator[bytes],
-    ) -> Answer:
-        """Forward ``tar`` to a started upload while its answer is spooled; the answer."""
-        answer = Answer()
+    ) -> AsyncGenerator[tuple[bytes, bytes], None]:
+        """Forward ``tar`` to a started upload; its answer's frames, once the upload is done
+        (or its answer ended first: then the rest of the upload is not read).
+
+        Nothing of the answer is held here: while the upload goes on, its frames are read
+        only up to the first that is not its end. A listing's frames then wait, flow
+        controlled, in the executor and the sandbox's pipe until the upload is done and
+        the caller reads them (an HTTP client reads its answer only after sending)."""
         stop = self.topology.exec_stop(who.session_id, run_id)
-        frames = self._encoded(self.events(receiver, stop, keepalive=False), hostapi.frame)
-        collector = asyncio.create_task(answer.collect(frames))
+        events = self.events(receiver, stop, keepalive=False)
+        first = asyncio.ensure_future(_first(events))
         uploader = asyncio.create_task(forward_tar(self.nc, reply.input, tar))
         try:
-            done, _ = await asyncio.wait({collector, uploader}, return_when=asyncio.FIRST_COMPLETED)
-            if uploader not in done:
+            await asyncio.wait({first, uploader}, return_when=asyncio.FIRST_COMPLETED)
+            if first.done() and first.result()[0] in (hostapi.END, hostapi.ERROR):
                 uploader.cancel()  # the sandbox's side ended first: the rest is not wanted
                 with contextlib.suppress(BaseException):
                     await uploader
             else:
-                uploader.result()  # a bad upload: its error
-            await collector
+                await uploader  # a bad upload: its error
+            held = await first
         except BaseException:
-            for task in (collector, uploader):
-                task.cancel()  # the relay publishes the stop
+            for task in (first, uploader):
+                task.cancel()
                 with contextlib.suppress(BaseException):
                     await task
-            answer.close()
+            await events.aclose()  # publishes the stop
             raise
-        return answer
+        return _prepend(held, events)
 
     def endpoint(
         self, handler: Callable[[Request], Awaitable[Response]], name: str
@@ -554,43 +561,21 @@ async def forward_tar(nc: Client, subject: str | None, tar: AsyncIterator[bytes]
         pass
 
 
-class Answer:
-    """The sandbox's answer to an upload, spooled (to disk beyond ``ANSWER_IN_MEMORY``)
-    until the upload is done."""
+async def _first(events: AsyncGenerator[tuple[bytes, bytes], None]) -> tuple[bytes, bytes]:
+    try:
+        return await anext(events)
+    except StopAsyncIteration:
+        raise errors.Unavailable("the sandbox's answer ended early; the outcome is unknown") from None
 
-    def __init__(self) -> None:
-        self.file = tempfile.SpooledTemporaryFile(max_size=ANSWER_IN_MEMORY)
-        self.size = 0
 
-    async def collect(self, frames: AsyncIterator[bytes]) -> None:
-        async for frame in frames:
-            self.size += len(frame)
-            if self.size > LISTING_MAX:
-                raise errors.InvalidInput(f"the sandbox's answer is larger than {LISTING_MAX} bytes")
-            if self.size > ANSWER_IN_MEMORY:
-                await asyncio.to_thread(self.file.write, frame)
-            else:
-                self.file.write(frame)
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            self.file.seek(0)
-            while data := self.file.read(streams.CHUNK):
-                yield data
-        finally:
-            self.file.close()
-
-    def close(self) -> None:
-        self.file.close()
-
-    def end(self) -> tuple[bytes, bytes]:
-        """The answer's last frame (its end or error), for answers that are small (no
-        listing); the spool is closed."""
-        try:
-            self.file.seek(0)
-            frames = list(hostapi.FrameReader(LISTING_MAX).feed(self.file.read()))
-        finally:
-            self.file.close()
-        if not frames or frames[-1][0] not in (hostapi.END, hostapi.ERROR):
-            raise errors.Unavailable("the sandbox's answer ended early; the outcome is unknown")
-        return frames[-1]
+async def _prepend(
+    held: tuple[bytes, bytes], events: AsyncGenerator[tuple[bytes, bytes], None]
+) -> AsyncGenerator[tuple[bytes, bytes], None]:
+    """``held``, then the rest of ``events`` (closed at the end, or when this is)."""
+    try:
+        yield held
+        if held[0] not in (hostapi.END, hostapi.ERROR):
+            async for event in events:
+                yield event
+    finally:
+        await events.aclose()

@@ -27,8 +27,9 @@ SandboxStatus = Literal["created", "running", "paused", "stopped"]
 Stream = Literal["stdout", "stderr"]
 
 GiB = 1024**3
-RUN_MAX_BYTES = 64 * 1024**2
-"""Most output ``Runtime.run`` collects from one command (then it is killed)."""
+RUN_MAX_BYTES = 1024**2
+"""Most output ``Runtime.run`` collects from one command by default (then it is killed):
+a helper's answer is a status or a message; a caller that reads more says how much."""
 
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
@@ -168,7 +169,7 @@ class Exec(abc.ABC):
     @abc.abstractmethod
     async def wait(self) -> ExecResult:
         """Wait for the exit status (after draining ``chunks()``, or without reading; a
-        backend may read only so far ahead of ``chunks()``, the local one 16 MiB, so a
+        backend may read only so far ahead of ``chunks()``, the local one 4 MiB, so a
         command with more output than that waits for its reader)."""
 
     @abc.abstractmethod

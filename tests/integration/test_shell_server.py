@@ -12,6 +12,7 @@ import pytest
 from services.executor import output, shells
 from shared.runtime import api
 from shared.runtime.local import runtime as local
+from tests import support
 from tests.integration.test_local_images import minimal_rootfs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
@@ -273,3 +274,31 @@ async def test_a_shell_killed_from_inside_is_replaced_and_says_what_was_lost(rt,
     assert note.startswith("[a new shell: the sandbox was restarted or its shell was killed;")
     assert (pwd, values) == ("/tmp", "1[]")
     assert recorded.endswith(" the sandbox was restarted or its shell was killed")
+
+
+async def test_a_helper_that_floods_the_executor_is_retired_and_memory_stays_flat(rt, sandbox, servers):
+    """The helper runs the sandbox's own bash, which root inside can replace: one that
+    greets, then writes 300 MB nobody asked for, is retired and killed once it has written
+    ``shells.BUFFER_MAX``; the executor's memory stays flat, and a real bash works again."""
+    fake = (
+        "printf '#!/bin/sh\\nprintf \"sbx-shell-server 2\\\\n\"\\nexec head -c 300000000 /dev/zero\\n' "
+        "> /usr/local/bin/bash && chmod +x /usr/local/bin/bash"
+    )
+    result, _, err = await rt.run(sandbox, ["/bin/sh", "-c", fake])
+    assert result.exit_code == 0, err
+    support.reset_peak_memory()
+    before = support.peak_memory()
+    server = await servers.get(sandbox)
+    assert server is not None, "it greeted like a helper"
+    await support.eventually(lambda: not server.alive, timeout=30)
+
+    async def killed() -> bool:
+        _, out, _ = await rt.run(sandbox, ["/bin/sh", "-c", "pgrep -fc 'head -c 30000000[0]' || true"])
+        return out.strip() == b"0"
+
+    await support.eventually(killed, timeout=30)  # (a bound on a hang, not a timing assertion)
+    grown = support.peak_memory() - before
+    assert grown < 64 * 1024**2, f"the executor's memory grew by {grown / 1024**2:.0f} MiB"
+    await rt.run(sandbox, ["rm", "/usr/local/bin/bash"])
+    result, text = await fast(servers, sandbox, "echo back")
+    assert (result.exit_code, text) == (0, "back\n")

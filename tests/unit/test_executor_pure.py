@@ -334,3 +334,17 @@ def test_job_poll_script_stopped(jobs: Path) -> None:
 def test_job_poll_script_lost_without_output(jobs: Path) -> None:
     make_job(jobs, "j4", None, pgid="")
     assert poll(jobs, "j4") == scripts.JobReport("lost", None, 0, b"")
+
+
+def test_a_directory_view_parses_its_first_lines_only() -> None:
+    """The edit tool's directory view comes from the sandbox's own ``find | head``: a
+    replaced ``head`` printing millions of lines yields DIR_ENTRIES entries, no more."""
+    flood = b"d sub\nf file\n" * 2_000_000 + b"f last\n"
+    entries = scripts.parse_directory(flood)
+    assert len(entries) == scripts.DIR_ENTRIES
+    assert entries[:2] == [("sub", "dir"), ("file", "file")]
+    assert scripts.parse_directory(b"d a\nx junk\nf b\n\nf \xff\n") == [
+        ("a", "dir"),
+        ("b", "file"),
+        ("\ufffd", "file"),
+    ]

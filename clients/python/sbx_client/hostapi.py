@@ -54,6 +54,9 @@ WORKSPACE = "/workspace"
 MAX_DELETES = 20_000
 MAX_PRUNE = 64
 MAX_LIST_PATHS = 2000
+LISTING_MAX = 512 * 1024 * 1024
+"""The most listing bytes one answer carries: the executor stops a listing (kills what
+writes it, in the sandbox) before it sends more, and the client refuses more."""
 _HEADER = struct.Struct(">cI")
 
 LIST_FORMAT = "%y %m %s %T@ %C@ %i %P\\0%l\\0"

@@ -29,8 +29,6 @@ from sbx_client.connection import (
 
 __all__ = ["DEFAULT_URL", "Answer", "ApiError", "Output", "Transport"]
 
-LISTING_MAX = 512 * 1024 * 1024
-"""The most listing bytes one answer may carry (the sandbox writes them)."""
 READ_SIZE = 256 * 1024
 
 
@@ -167,8 +165,10 @@ class Transport:
                         output(channel, data)
                     elif channel == hostapi.LISTING:
                         listing += data
-                        if len(listing) > LISTING_MAX:
-                            raise ApiError(f"the sandbox's listing is larger than {LISTING_MAX} bytes")
+                        if len(listing) > hostapi.LISTING_MAX:
+                            raise ApiError(
+                                f"the sandbox's listing is larger than {hostapi.LISTING_MAX} bytes"
+                            )
                     elif channel == hostapi.TAR and tar is not None:
                         tar(data)
                     elif channel == hostapi.END:

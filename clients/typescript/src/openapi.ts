@@ -2071,7 +2071,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2160,7 +2160,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2262,7 +2262,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2364,7 +2364,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2489,7 +2489,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2605,7 +2605,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No sandbox can be started now (a limit); retry. */
+            /** @description A limit: no sandbox can be started now (retry), or a program in the sandbox wrote more than the host takes (it was killed). */
             429: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */

@@ -69,8 +69,8 @@ the shell's own ``PWD`` (a host path) is unset, bwrap's environment is readable 
 PULL_THREADS = 4
 """Image pulls one runtime runs at once (each downloads up to four layers at a time)."""
 READ_CHUNK = 64 * 1024
-QUEUE_CHUNKS = 256
-"""Output read ahead of its consumer, at most (256 reads of up to 64 KiB)."""
+QUEUE_CHUNKS = 64
+"""Output read ahead of its consumer, at most (64 reads of up to 64 KiB: 4 MiB)."""
 
 
 def find_bwrap() -> str:
