@@ -622,6 +622,8 @@ export interface components {
             connections?: components["schemas"]["EgressConnection"][] | null;
             /** @default null */
             lost?: number | null;
+            /** @default null */
+            incarnation?: number | null;
         };
         /**
          * EgressConnection
@@ -2694,7 +2696,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No such session, ever (or another organisation's). */
+            /** @description No such session, ever (or only other organisations' incarnations of it). */
             404: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
