@@ -328,3 +328,54 @@ def test_a_re_created_id_shows_each_organisation_only_its_own_life(stack, client
         audit = console.get("/console/audit")  # (the same window of the stream: acme's life is in it)
         assert "acme-secret" in audit.text and "globex-own" not in audit.text
         assert console.get(f"/console/sessions/{sid}").status_code == 404  # the id is globex's now
+
+
+def answer(response: httpx.Response, snapshot_id: str) -> tuple[int, str, str]:
+    body = response.json()
+    return response.status_code, body["error"], body["message"].replace(snapshot_id, "ID")
+
+
+def test_another_organisations_snapshot_id_answers_as_a_missing_one(client, orgs):
+    acme, globex = orgs["acme"], orgs["globex"]
+    for org, sid in ((acme, "tl-snap-a"), (globex, "tl-snap-g")):
+        assert org.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+        assert org.post(f"/v1/sessions/{sid}/run", json={"command": "true"}).status_code == 200
+    taken = acme.post("/v1/sessions/tl-snap-a/snapshots")
+    assert taken.status_code == 201, taken.text
+    theirs, nowhere = taken.json()["snapshot_id"], "snap-" + "0" * 20
+    for method, path, body in (
+        ("GET", "/v1/snapshots/{}", None),
+        ("DELETE", "/v1/snapshots/{}", None),
+        ("PUT", "/v1/snapshots/{}/warm", {"count": 1}),
+        ("POST", "/v1/snapshots/{}/forks", {"count": 1}),
+        ("POST", "/v1/snapshots/{}/forks", {"session_ids": ["tl-snap-fork"]}),
+    ):
+        foreign = globex.request(method, path.format(theirs), json=body)
+        missing = globex.request(method, path.format(nowhere), json=body)
+        assert answer(foreign, theirs) == answer(missing, nowhere) and foreign.status_code == 404, (
+            method,
+            path,
+        )
+    restore = [
+        globex.post("/v1/sessions/tl-snap-g/restore", json={"snapshot_id": s}) for s in (theirs, nowhere)
+    ]
+    assert answer(restore[0], theirs) == answer(restore[1], nowhere) and restore[0].status_code == 404
+    assert globex.get("/v1/snapshots", params={"session_id": "tl-snap-a"}).json()["count"] == 0
+
+    # Creating one with an id of its choice: refused alike, whether another organisation has it.
+    chosen = [
+        globex.post("/v1/sessions/tl-snap-g/snapshots", json={"snapshot_id": s}) for s in (theirs, "free-1")
+    ]
+    assert answer(chosen[0], theirs) == answer(chosen[1], "free-1") and chosen[0].status_code == 400
+    # The same Idempotency-Key in two organisations names two snapshots (a retry, the same one).
+    key = {"Idempotency-Key": "same-key-" + uuid.uuid4().hex}
+    mine = [acme.post("/v1/sessions/tl-snap-a/snapshots", headers=key) for _ in range(2)]
+    other = globex.post("/v1/sessions/tl-snap-g/snapshots", headers=key)
+    assert mine[0].status_code == mine[1].status_code == other.status_code == 201, other.text
+    assert mine[0].json()["snapshot_id"] == mine[1].json()["snapshot_id"] != other.json()["snapshot_id"]
+    # acme's snapshot is untouched; the operator still chooses ids.
+    assert acme.get(f"/v1/snapshots/{theirs}").json()["status"] == "ready"
+    assert (
+        client.post("/v1/sessions/tl-snap-g/snapshots", json={"snapshot_id": "tl-op-chosen"}).status_code
+        == 201
+    )

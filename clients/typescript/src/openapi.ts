@@ -390,6 +390,7 @@ export interface components {
         /**
          * CreateSnapshotRequest
          * @description Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key).
+         *     Only the operator's key chooses one: a key bound to an organisation is refused it.
          */
         CreateSnapshotRequest: {
             /** @default null */
@@ -1324,7 +1325,7 @@ export interface operations {
                     "application/json": components["schemas"]["Snapshot"];
                 };
             };
-            /** @description Invalid input; nothing was changed. */
+            /** @description Invalid input, or a key bound to an organisation chose a snapshot id (only the operator's key may); nothing was changed. */
             400: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1357,7 +1358,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1703,7 +1704,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1936,7 +1937,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
