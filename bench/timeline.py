@@ -117,13 +117,13 @@ async def main(records: int, noise: int) -> None:
         every = frozenset(("lifecycle", "command", "edit"))
         print(f"\ntimeline benchmark: {records} records of one session among {total} events\n")
 
-        async def page(limit: int, kinds=every) -> int:
-            return len((await reader.page(SESSION, kinds, limit=limit)).entries)
+        async def page(limit: int, kinds=every) -> int:  # as the route: the session's subject, then a page
+            return len((await reader.page(await reader.members(SESSION), kinds, limit=limit)).entries)
 
         async def walk() -> int:
             seen, after = 0, 0
             while True:
-                got = await reader.page(SESSION, every, after=after, limit=1000)
+                got = await reader.page(await reader.members(SESSION), every, after=after, limit=1000)
                 seen += len(got.entries)
                 after = got.next_after
                 if not got.more:

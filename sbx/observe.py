@@ -202,23 +202,42 @@ async def show_timeline(
     session = ids.validate_session_id(session)
     wanted = rules.kinds(kinds)
     reader = timeline.TimelineReader(eventstore.EventStore(nc.jetstream(), topology), topology)
-    shown = 0
+    members = await reader.members(session)  # the operator's view: every incarnation
+    shown, life = 0, _Life(as_json)
     if not follow:
         while limit is None or shown < limit:
-            page = await reader.page(session, wanted, after=after, limit=min(1000, (limit or 1000) - shown))
+            page = await reader.page(members, wanted, after=after, limit=min(1000, (limit or 1000) - shown))
             if not page.entries and not after and not await _session_known(nc, topology, session):
                 raise errors.NotFound(f"session {session!r} has no events: no such session")
             for entry in page.entries:
+                life.mark(entry)
                 print(_timeline_line(entry, as_json), flush=True)
             shown += len(page.entries)
             after = page.next_after
             if not page.more:
                 break
         return 0
-    async with contextlib.aclosing(reader.follow(session, wanted, after=after)) as entries:
+    async with contextlib.aclosing(reader.follow(members, wanted, after=after)) as entries:
         async for entry in entries:
+            life.mark(entry)
             print(_timeline_line(entry, as_json), flush=True)
     return 0
+
+
+class _Life:
+    """A line before the first entry of each incarnation of a re-created id (text only: in
+    JSON each entry carries its ``incarnation``)."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.current: int | None = None
+
+    def mark(self, entry: TimelineEntry) -> None:
+        if self.as_json or entry.incarnation is None or entry.incarnation == self.current:
+            return
+        if self.current is not None or entry.incarnation > 1:
+            print(f"-- incarnation {entry.incarnation} --", flush=True)
+        self.current = entry.incarnation
 
 
 async def _session_known(nc: Client, topology: subjects.Topology, session: str) -> bool:

@@ -75,7 +75,7 @@ def build_app(
             for op in snapshots.OPERATIONS
         ]
 
-    history = timeline.TimelineAPI(ctx.store, api.sessions, ctx.topology)
+    history = timeline.TimelineAPI(ctx.store, ctx.topology)
     routes += [
         Route(op.path, rest.guarded(getattr(history, op.handler_name), op.operation_id), methods=[op.method])
         for op in timeline.OPERATIONS

@@ -4,6 +4,11 @@
 Each write is a scheduler command (``session.snapshot``, ``session.fork``,
 ``session.restore``, ``snapshot.delete``); reads come from the snapshots projection. A key
 bound to an organisation sees, forks and restores only its organisation's snapshots.
+
+Snapshot ids are one namespace for every organisation, so a key bound to one never
+chooses an id (docs/snapshots.md, "Ids"): the gateway makes one up, at random or from the
+Idempotency-Key with the organisation and the session, and another organisation's
+snapshot answers exactly as a missing one does, for every read and write.
 """
 
 from __future__ import annotations
@@ -33,13 +38,19 @@ sandbox, its image maybe pulled) may take: the requests' own budget, not the gat
 short one for ordinary commands; a scheduler that dies is still noticed in seconds."""
 LIST_LIMIT_MAX = 1000
 
+CHOSEN_ID_REFUSED = (
+    "a key bound to an organisation cannot choose a snapshot id (ids are shared by every "
+    "organisation): leave snapshot_id out, and send an Idempotency-Key to make a retry safe"
+)
+
 SNAPSHOT_ID_PARAM = rest.Param(
     "snapshot_id", "path", "The snapshot id.", rest.SESSION_ID_SCHEMA, required=True
 )
 
 
 class CreateSnapshotRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key)."""
+    """Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key).
+    Only the operator's key chooses one: a key bound to an organisation is refused it."""
 
     snapshot_id: schemas.SessionId | None = None
 
@@ -102,8 +113,8 @@ _SNAPSHOT_ERRORS: dict[int, tuple[type | None, str]] = {
     404: (schemas.Problem, "No such session or snapshot (or another organisation's)."),
     409: (
         schemas.Problem,
-        "The session is stopped or has no sandbox yet, or the id is taken; or another write won the "
-        "race (code concurrency): retry.",
+        "The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or "
+        "another write won the race (code concurrency): retry.",
     ),
     429: (schemas.Problem, "The snapshot store's disk budget, or max_running for forks, is reached."),
     501: (schemas.Problem, "Snapshots are not available here (Kubernetes without SBX_K8S_SNAPSHOT_CLASS)."),
@@ -117,7 +128,15 @@ OPERATIONS: tuple[rest.Operation, ...] = (
         "createSnapshot",
         "Snapshot a session's files: processes frozen while they are copied, then thawed",
         "create_snapshot",
-        {201: (Snapshot, "Taken (or taken before with the same id)."), **_SNAPSHOT_ERRORS},
+        {
+            201: (Snapshot, "Taken (or taken before with the same id)."),
+            **_SNAPSHOT_ERRORS,
+            400: (
+                schemas.Problem,
+                "Invalid input, or a key bound to an organisation chose a snapshot id (only the "
+                "operator's key may); nothing was changed.",
+            ),
+        },
         body=CreateSnapshotRequest,
         body_optional=True,
         params=(rest.SESSION_ID_PARAM, rest.IDEMPOTENCY),
@@ -260,12 +279,14 @@ class SnapshotsAPI:
         return state
 
     @staticmethod
-    def _derived(request: Request, what: str) -> str:
-        """An id that a retry with the same Idempotency-Key gets again; else a new one."""
+    def _derived(request: Request, what: str, org: str | None, scope: str) -> str:
+        """An id that a retry with the same Idempotency-Key gets again; else a new one. The
+        key is the caller's: the organisation and ``scope`` (the session, the snapshot) are
+        in the digest, so the same key used by two organisations never names one id."""
         key = request.headers.get("idempotency-key")
         if key is None:
             return ids.new_id()[:20]
-        return hashlib.sha256(f"{what}:{key}".encode()).hexdigest()[:20]
+        return hashlib.sha256(msgspec.json.encode([what, org, scope, key])).hexdigest()[:20]
 
     async def _optional_body(self, request: Request, body_type: type[Any]) -> Any:
         if not await request.body():
@@ -274,11 +295,17 @@ class SnapshotsAPI:
 
     async def create_snapshot(self, request: Request) -> Response:
         body: CreateSnapshotRequest = await self._optional_body(request, CreateSnapshotRequest)
-        snapshot_id = body.snapshot_id or f"snap-{self._derived(request, 'snapshot')}"
+        if body.snapshot_id is not None and request.scope.get("sbx.org") is not None:
+            raise errors.InvalidInput(CHOSEN_ID_REFUSED)
+        session_id = self.api.path_session_id(request)
+        fields = self.api.command_fields(request, "snapshot")
+        snapshot_id = body.snapshot_id or (
+            f"snap-{self._derived(request, 'snapshot', fields['actor'].org_id, session_id)}"
+        )
         command = commands.SnapshotSession(
-            session_id=self.api.path_session_id(request),
+            session_id=session_id,
             snapshot_id=ids.validate_session_id(snapshot_id, what="snapshot id"),
-            **self.api.command_fields(request, "snapshot"),
+            **fields,
         )
         reply = await self.client.call(command, timeout=BUDGET)
         assert reply.snapshot is not None
@@ -348,6 +375,7 @@ class SnapshotsAPI:
     async def fork_snapshot(self, request: Request) -> Response:
         snapshot_id = self._snapshot_id(request)
         body: ForkRequest = await self.api.read_body(request, ForkRequest)
+        fields = self.api.command_fields(request, "fork")
         if (body.count is msgspec.UNSET) == (body.session_ids is msgspec.UNSET):
             raise errors.InvalidInput("give either count or session_ids")
         if body.session_ids is not msgspec.UNSET:
@@ -356,10 +384,10 @@ class SnapshotsAPI:
                 raise errors.InvalidInput("session_ids has the same id twice")
         else:
             assert body.count is not msgspec.UNSET
-            stem = f"{snapshot_id[:90]}-{self._derived(request, 'fork')[:8]}"
+            derived = self._derived(request, "fork", fields["actor"].org_id, snapshot_id)
+            stem = f"{snapshot_id[:90]}-{derived[:8]}"
             wanted = [f"{stem}-{n}" for n in range(1, int(body.count) + 1)]
         self._visible(request, await self.snapshots.get(snapshot_id), snapshot_id)
-        fields = self.api.command_fields(request, "fork")
         forks = [
             commands.ForkSession(
                 session_id=session_id,

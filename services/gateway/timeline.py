@@ -5,8 +5,10 @@ A page (JSON :class:`~sbx_client.api.Timeline`) reads only the session's subject
 own events, its audit records and the events of the sandboxes it had, from ``after``.
 ``follow=true`` answers a stream instead (NDJSON, or server-sent events on ``Accept:
 text/event-stream``): the entries there are, then each new one as it is appended; a
-sandbox the session gets meanwhile joins. Deleted sessions keep their timelines (audit);
-a key bound to an organisation sees only its organisation's sessions.
+sandbox the session gets meanwhile joins. Deleted sessions keep their timelines (audit).
+A session id deleted and created again has one history per incarnation: a key bound to an
+organisation sees only the incarnations its organisation created (none: 404, as for an id
+that never was), the operator's key every one, each entry with its ``incarnation``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from starlette.responses import Response
 
 from sbx_client.api import TIMELINE_KINDS, Timeline, TimelineEntry, TimelineKind
 from services.gateway import hostapi, media, rest, schemas
-from shared.contract import errors, ids, states, subjects
+from shared.contract import errors, ids, subjects
 from shared.contract import hostapi as contract
 from shared.domain import timeline as rules
-from shared.infrastructure import eventstore, projector
+from shared.infrastructure import eventstore
 from shared.infrastructure import timeline as reading
 
 LIMIT_DEFAULT = 100
@@ -48,7 +50,10 @@ OPERATIONS: tuple[rest.Operation, ...] = (
             ),
             400: (schemas.Problem, "Invalid input."),
             401: (schemas.Problem, "Missing or wrong API key."),
-            404: (schemas.Problem, "No such session, ever (or another organisation's)."),
+            404: (
+                schemas.Problem,
+                "No such session, ever (or only other organisations' incarnations of it).",
+            ),
             406: (schemas.Problem, "The Accept header admits none of the answer's media types."),
             503: (schemas.Problem, "NATS is unavailable; retry."),
         },
@@ -126,27 +131,20 @@ def parse(request: Request) -> Query:
 
 
 class TimelineAPI:
-    def __init__(
-        self,
-        store: eventstore.EventStore,
-        sessions: projector.ProjectionStore[states.SessionState],
-        topology: subjects.Topology,
-    ) -> None:
+    def __init__(self, store: eventstore.EventStore, topology: subjects.Topology) -> None:
         self.reader = reading.TimelineReader(store, topology)
-        self.sessions = sessions
 
     async def timeline(self, request: Request) -> Response:
         query = parse(request)
         offers = (contract.NDJSON, contract.EVENT_STREAM) if query.follow else ("application/json",)
         media_type = media.negotiate(request.headers.get("accept"), offers)
-        state = await self.sessions.get(query.session_id)
-        bound = request.scope.get("sbx.org")
-        if state is None or (bound is not None and state.org_id not in (None, bound)):
+        members = await self.reader.members(query.session_id, request.scope.get("sbx.org"))
+        if not members.lives.seen_by(members.viewer):
             raise errors.NotFound(f"session {query.session_id!r} does not exist")
         if not query.follow:
-            page = await self.reader.page(query.session_id, query.kinds, after=query.after, limit=query.limit)
+            page = await self.reader.page(members, query.kinds, after=query.after, limit=query.limit)
             return rest.json_response(page)
-        entries = self.reader.follow(query.session_id, query.kinds, after=query.after)
+        entries = self.reader.follow(members, query.kinds, after=query.after)
         return hostapi.LiveStream(
             _encoded(hostapi.with_keepalives(_framed(entries), None), media_type), {}, media_type
         )

@@ -94,7 +94,9 @@ class SnapshotHandlers:
 
     async def _retain(self, request: provisioning.Snapshot) -> None:
         """The session's oldest snapshots past ``per_session`` go (``retention``)."""
-        mine = [s for s in (await self.snapshots.all()).values() if s.session_id == request.session_id]
+        mine = snapshot_rules.of_session(
+            (await self.snapshots.all()).values(), request.session_id, request.org_id
+        )
         for old in snapshot_rules.over_retention(mine, self.per_session):
             await self.drop(
                 provisioning.DropSnapshot(

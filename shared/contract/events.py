@@ -63,7 +63,8 @@ class SessionEvent(Event, frozen=True, kw_only=True):
 
 
 class SessionCreated(SessionEvent, frozen=True, kw_only=True, tag="session.created"):
-    """A session id was registered (first use, or again after it was deleted)."""
+    """A session id was registered (first use, or again after it was deleted): an incarnation
+    starts, whose history (until its ``session.deleted``) only ``org_id`` and the operator see."""
 
     image: str | None = None
     """Image the session's sandbox should use; ``None`` means the default."""

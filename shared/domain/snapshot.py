@@ -114,6 +114,15 @@ def usable(state: states.SnapshotState | None, snapshot_id: str, org: str | None
     return state
 
 
+def of_session(
+    snapshots: Iterable[states.SnapshotState], session_id: str, org_id: str | None
+) -> list[states.SnapshotState]:
+    """A session's snapshots: of its id *and* its organisation. An id deleted and created
+    again by another organisation is another tenant's session: its snapshots never count
+    against (nor are removed for) the other's."""
+    return [s for s in snapshots if s.session_id == session_id and s.org_id == org_id]
+
+
 def over_retention(snapshots: Iterable[states.SnapshotState], keep: int) -> list[states.SnapshotState]:
     """A session's ready snapshots past the newest ``keep``, oldest first (``keep`` 0: no
     limit)."""

@@ -5,7 +5,9 @@ A session's timeline is its own events (``session.*``), the audit records of wha
 it (``exec.completed``: commands, edits, transfers) and of what its sandboxes sent
 through their proxy (``egress.recorded``), the events of the sandboxes it had, from
 the moment each was its own (a warm pool sandbox's life before its claim belongs to the
-pool), and its snapshots' (``snapshot.created``/``deleted``).
+pool), and its snapshots' (``snapshot.created``/``deleted``). Of those, a caller sees only
+the incarnations its organisation created (:mod:`shared.domain.incarnations`); each entry
+says which incarnation it is of.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import msgspec
 
 from sbx_client.api import TIMELINE_KINDS, EgressConnection, TimelineEntry, TimelineKind
 from shared.contract import errors, events, subjects
-from shared.domain import egress
+from shared.domain import egress, incarnations
 
 EDIT_OPERATIONS = ("create", "str_replace", "insert")
 
@@ -44,26 +46,28 @@ def subject_kinds(wanted: frozenset[TimelineKind]) -> tuple[str, ...]:
 
 
 class Membership:
-    """Which sandboxes are the session's, learnt from its events as they are read."""
+    """Which sandboxes are the session's, learnt from its events as they are read, and
+    which of its events the caller sees (``viewer``: the organisation it acts for; None:
+    the operator, who sees every incarnation)."""
 
-    def __init__(self, session_id: str) -> None:
+    def __init__(self, session_id: str, viewer: str | None = None) -> None:
         self.session_id = session_id
+        self.viewer = viewer
         self.sandboxes: dict[str, int] = {}
         """Sandbox id -> the sequence from which its events are the session's."""
+        self.lives = incarnations.Incarnations(session_id)
 
     def learn(self, seq: int, event: events.Event) -> bool:
         """Note a sandbox the event gives the session; True if it is a new one."""
-        sandbox_id = None
-        if isinstance(event, events.SessionSandboxAssigned) and event.session_id == self.session_id:
-            sandbox_id = event.sandbox_id
-        elif isinstance(event, events.SandboxEvent) and getattr(event, "session_id", None) == self.session_id:
-            sandbox_id = event.sandbox_id  # requested for it, claimed by it, refused to it
+        self.lives.learn(seq, event)
+        sandbox_id = incarnations.named_sandbox(event, self.session_id)
         if sandbox_id is None or sandbox_id in self.sandboxes:
             return False
         self.sandboxes[sandbox_id] = seq
         return True
 
     def owns(self, seq: int, event: events.Event) -> bool:
+        """Whether the event is the session id's (of any incarnation)."""
         if isinstance(event, events.SandboxEvent):
             since = self.sandboxes.get(event.sandbox_id)
             return (since is not None and seq >= since) or event.meta.session_id == self.session_id
@@ -72,6 +76,18 @@ class Membership:
         if isinstance(event, events.SnapshotEvent):  # the session's snapshots: taken, kept warm, deleted
             return getattr(event, "session_id", None) == self.session_id
         return False
+
+    def shows(self, seq: int, event: events.Event) -> bool:
+        """Whether the event is the session's and of an incarnation the caller sees."""
+        return self.owns(seq, event) and self.lives.shows(seq, event, self.viewer)
+
+    def entry(self, seq: int, event: events.Event) -> TimelineEntry | None:
+        """The entry of one of the session's events, with its incarnation."""
+        entry = entry_of(seq, event)
+        life = self.lives.of(seq, event)
+        if entry is None or life is None:
+            return entry
+        return msgspec.structs.replace(entry, incarnation=life.number)
 
 
 def entry_of(seq: int, event: events.Event) -> TimelineEntry | None:

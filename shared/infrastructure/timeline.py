@@ -2,10 +2,11 @@
 what each entry says: :mod:`shared.domain.timeline`). The gateway's route and ``sbx
 timeline`` both read through :class:`TimelineReader`.
 
-A page reads only the session's subjects: its own events (always: they name its
-sandboxes), its audit records and the subjects of the sandboxes it had. Following reads
-that, then every sandbox's subject from the stream's end as it was, so that a sandbox the
-session gets later joins.
+:meth:`TimelineReader.members` reads the session's own subject whole (its incarnations
+and the sandboxes each had) for one caller; a page then reads only the session's subjects:
+its own events, its audit records and the subjects of the sandboxes it had, and shows
+what is of an incarnation the caller sees. Following reads that, then every sandbox's
+subject from the stream's end as it was, so that a sandbox the session gets later joins.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Set
 
 from sbx_client.api import Timeline, TimelineEntry, TimelineKind
-from shared.contract import subjects
+from shared.contract import events, subjects
 from shared.domain import timeline as rules
 from shared.infrastructure import eventstore
 
@@ -23,10 +24,18 @@ class TimelineReader:
         self.store = store
         self.topology = topology
 
+    async def members(self, session_id: str, viewer: str | None = None) -> rules.Membership:
+        """What the session's own subject says (its incarnations and sandboxes), for a
+        caller acting for ``viewer`` (None: the operator)."""
+        members = rules.Membership(session_id, viewer)
+        async for stored in self.store.read(self.topology.aggregate_subject(subjects.SESSION, session_id)):
+            members.learn(stored.seq, stored.event)
+        return members
+
     async def page(
-        self, session_id: str, kinds: Set[TimelineKind], *, after: int = 0, limit: int = 100
+        self, members: rules.Membership, kinds: Set[TimelineKind], *, after: int = 0, limit: int = 100
     ) -> Timeline:
-        members = await self._members(session_id)
+        session_id = members.session_id
         found: list[TimelineEntry] = []
         async for entry in self._entries(
             session_id, kinds, members, after, every_sandbox=False, follow=False
@@ -43,10 +52,10 @@ class TimelineReader:
         )
 
     async def follow(
-        self, session_id: str, kinds: Set[TimelineKind], *, after: int = 0
+        self, members: rules.Membership, kinds: Set[TimelineKind], *, after: int = 0
     ) -> AsyncGenerator[TimelineEntry, None]:
         """The entries there are after ``after``, then each new one; never ends."""
-        members = await self._members(session_id)
+        session_id = members.session_id
         end = await self.store.last_seq()
         sent = after
         async for entry in self._entries(
@@ -59,12 +68,6 @@ class TimelineReader:
             if entry.seq > sent:
                 sent = entry.seq
                 yield entry
-
-    async def _members(self, session_id: str) -> rules.Membership:
-        members = rules.Membership(session_id)
-        async for stored in self.store.read(self.topology.aggregate_subject(subjects.SESSION, session_id)):
-            members.learn(stored.seq, stored.event)
-        return members
 
     def _subjects(
         self, session_id: str, kinds: Set[TimelineKind], members: rules.Membership, *, every_sandbox: bool
@@ -98,8 +101,25 @@ class TimelineReader:
                 members.learn(stored.seq, stored.event)
                 if not members.owns(stored.seq, stored.event):
                     continue
-                entry = rules.entry_of(stored.seq, stored.event)
+                await self._snapshot_of(members, stored.event)
+                if not members.shows(stored.seq, stored.event):
+                    continue
+                entry = members.entry(stored.seq, stored.event)
                 if entry is not None and entry.kind in kinds:
                     yield entry
+        finally:
+            await reader.aclose()
+
+    async def _snapshot_of(self, members: rules.Membership, event: events.Event) -> None:
+        """Learn which incarnation took a snapshot that a later event names (a page that
+        starts after its creation has not read it): its subject's first event says."""
+        if not isinstance(event, events.SnapshotEvent) or members.lives.knows_snapshot(event.snapshot_id):
+            return
+        subject = self.topology.aggregate_subject(subjects.SNAPSHOT, event.snapshot_id)
+        reader = self.store.read(subject)
+        try:
+            async for first in reader:
+                members.learn(first.seq, first.event)
+                break
         finally:
             await reader.aclose()

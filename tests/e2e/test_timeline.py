@@ -1,16 +1,25 @@
 """A session's timeline against a real `sbx up` (issue 21, item 3): lifecycle, commands run
 by an MCP agent and over REST, and edits, in order, paged and filtered; followed as NDJSON
 and server-sent events, a new command appears while watching; deleted sessions keep
-theirs; bad input is refused before anything is read."""
+theirs; bad input is refused before anything is read.
+
+Histories belong to their incarnation (issue 34, item 6), with keys bound to organisations
+(``SBX_ORG_KEYS``): an id one organisation deleted and another created again shows each
+only its own life, on the timeline, the console's session page and its audit page; and
+another organisation's snapshot id answers exactly as a missing one."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -20,6 +29,7 @@ from tests.e2e.test_mcp import Agent
 from tests.e2e.test_sbx_up import running_stack, support_wait
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+ORG_KEYS = {org: f"{org}-timeline-key-{uuid.uuid4().hex}" for org in ("acme", "globex", "initech")}
 
 
 @pytest.fixture(scope="module")
@@ -28,9 +38,24 @@ def state_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def stack(state_dir):
-    with running_stack(state_dir) as (_, url):
+def stack(state_dir, tmp_path_factory):
+    keys = tmp_path_factory.mktemp("org-keys") / "keys"
+    keys.write_text("".join(f"{org} {key}\n" for org, key in ORG_KEYS.items()))
+    with running_stack(state_dir, SBX_ORG_KEYS=str(keys)) as (_, url):
         yield url, (state_dir / "api-key").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def orgs(stack):
+    """A REST client per organisation-bound key."""
+    url, _ = stack
+    clients = {
+        org: httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120)
+        for org, key in ORG_KEYS.items()
+    }
+    yield clients
+    for c in clients.values():
+        c.close()
 
 
 @pytest.fixture
@@ -209,3 +234,148 @@ def test_sbx_timeline_follows(client, state_dir):
         follower.send_signal(signal.SIGINT)
         assert follower.wait(30) == 130
     assert "Traceback" not in follower.stderr.read()
+
+
+# ---- histories belong to their incarnation (issue 34, item 6) ---------------------------
+
+
+@contextlib.contextmanager
+def console_login(url: str, key: str) -> Iterator[httpx.Client]:
+    """A console login over plain HTTP (the form, its CSRF token and cookie)."""
+    with httpx.Client(base_url=url, timeout=60) as console:
+        form = console.get("/console/login")
+        csrf = re.search(r'name="csrf" value="([^"]+)"', form.text).group(1)
+        done = console.post("/console/login", data={"csrf": csrf, "key": key, "user": "auditor"})
+        assert done.status_code == 303 and done.headers["location"] == "/console/sessions", done.text
+        yield console
+
+
+def commands_of(timeline: dict) -> list[str]:
+    return [e["command"] for e in timeline["entries"] if e["kind"] == "command"]
+
+
+def with_command(client: httpx.Client, session: str, command: str) -> dict | None:
+    """The timeline once a command's audit record is on it (it may land just after the answer)."""
+    found = page(client, session)
+    return found if command in commands_of(found) else None
+
+
+def test_a_re_created_id_shows_each_organisation_only_its_own_life(stack, client, orgs, state_dir):
+    url, _ = stack
+    acme, globex = orgs["acme"], orgs["globex"]
+    sid = "tl-reused"
+    assert acme.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+    assert acme.post(f"/v1/sessions/{sid}/run", json={"command": "echo acme-secret"}).status_code == 200
+    snap = acme.post(f"/v1/sessions/{sid}/snapshots")
+    assert snap.status_code == 201, snap.text
+    snap_id = snap.json()["snapshot_id"]
+    support_wait(lambda: with_command(acme, sid, "echo acme-secret"), 10)  # its record is in
+    assert acme.delete(f"/v1/sessions/{sid}").status_code == 204
+
+    # globex takes the id; then acme deletes its snapshot of its (deleted) session.
+    assert globex.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+    assert globex.post(f"/v1/sessions/{sid}/run", json={"command": "echo globex-own"}).status_code == 200
+    assert acme.delete(f"/v1/snapshots/{snap_id}").status_code == 204
+    theirs = support_wait(lambda: with_command(globex, sid, "echo globex-own"), 10)
+    shown = json.dumps(theirs)
+    assert "acme-secret" not in shown and snap_id not in shown and '"acme"' not in shown, shown
+    entries = theirs["entries"]
+    assert entries[0]["type"] == "session.created" and {e["incarnation"] for e in entries} == {2}
+    assert {e.get("org_id") for e in entries} <= {None, "globex"}
+
+    # acme keeps its own life (an audit record outlives the id), and nothing of globex's.
+    mine = page(acme, sid)
+    assert "echo acme-secret" in commands_of(mine) and "globex-own" not in json.dumps(mine)
+    assert {e["incarnation"] for e in mine["entries"]} == {1}
+    assert "snapshot.deleted" in [e["type"] for e in mine["entries"]]  # its own delete, made later
+    # An organisation that never had the id: as if it never was.
+    never = orgs["initech"].get(f"/v1/sessions/{sid}/timeline")
+    missing = orgs["initech"].get("/v1/sessions/tl-never-was/timeline")
+    assert never.status_code == missing.status_code == 404
+    assert never.json()["message"].replace(sid, "ID") == missing.json()["message"].replace(
+        "tl-never-was", "ID"
+    )
+
+    # The operator's key: both lives, each entry with its incarnation (acme's snapshot was
+    # deleted during globex's life: in stream order, but of incarnation 1).
+    every = page(client, sid)["entries"]
+    assert [e["seq"] for e in every if e["incarnation"] == 1] == [e["seq"] for e in mine["entries"]]
+    assert [e["seq"] for e in every if e["incarnation"] == 2] == [
+        e["seq"] for e in page(globex, sid)["entries"]
+    ]
+    text = sbx(state_dir, "timeline", sid)
+    assert text.returncode == 0 and "-- incarnation 2 --" in text.stdout, text.stderr
+
+    # A followed timeline: globex's shows what there is of its own life, never acme's.
+    with globex.stream("GET", f"/v1/sessions/{sid}/timeline", params={"follow": "true"}) as answer:
+        followed = []
+        for line in answer.iter_lines():
+            if line:
+                followed.append(json.loads(line))
+            if len(followed) == len(entries):
+                break
+    assert [e["seq"] for e in followed] == [e["seq"] for e in entries]
+
+    # The console: globex's session page and audit page hold nothing of acme's life.
+    with console_login(url, ORG_KEYS["globex"]) as console:
+        session_page = console.get(f"/console/sessions/{sid}")
+        assert session_page.status_code == 200 and "globex-own" in session_page.text
+        assert "acme-secret" not in session_page.text and snap_id not in session_page.text
+        audit = console.get("/console/audit")
+        assert audit.status_code == 200 and "globex-own" in audit.text
+        assert "acme-secret" not in audit.text and snap_id not in audit.text
+    with console_login(url, ORG_KEYS["acme"]) as console:
+        audit = console.get("/console/audit")  # (the same window of the stream: acme's life is in it)
+        assert "acme-secret" in audit.text and "globex-own" not in audit.text
+        assert console.get(f"/console/sessions/{sid}").status_code == 404  # the id is globex's now
+
+
+def answer(response: httpx.Response, snapshot_id: str) -> tuple[int, str, str]:
+    body = response.json()
+    return response.status_code, body["error"], body["message"].replace(snapshot_id, "ID")
+
+
+def test_another_organisations_snapshot_id_answers_as_a_missing_one(client, orgs):
+    acme, globex = orgs["acme"], orgs["globex"]
+    for org, sid in ((acme, "tl-snap-a"), (globex, "tl-snap-g")):
+        assert org.post("/v1/sessions", json={"session_id": sid}).status_code == 201
+        assert org.post(f"/v1/sessions/{sid}/run", json={"command": "true"}).status_code == 200
+    taken = acme.post("/v1/sessions/tl-snap-a/snapshots")
+    assert taken.status_code == 201, taken.text
+    theirs, nowhere = taken.json()["snapshot_id"], "snap-" + "0" * 20
+    for method, path, body in (
+        ("GET", "/v1/snapshots/{}", None),
+        ("DELETE", "/v1/snapshots/{}", None),
+        ("PUT", "/v1/snapshots/{}/warm", {"count": 1}),
+        ("POST", "/v1/snapshots/{}/forks", {"count": 1}),
+        ("POST", "/v1/snapshots/{}/forks", {"session_ids": ["tl-snap-fork"]}),
+    ):
+        foreign = globex.request(method, path.format(theirs), json=body)
+        missing = globex.request(method, path.format(nowhere), json=body)
+        assert answer(foreign, theirs) == answer(missing, nowhere) and foreign.status_code == 404, (
+            method,
+            path,
+        )
+    restore = [
+        globex.post("/v1/sessions/tl-snap-g/restore", json={"snapshot_id": s}) for s in (theirs, nowhere)
+    ]
+    assert answer(restore[0], theirs) == answer(restore[1], nowhere) and restore[0].status_code == 404
+    assert globex.get("/v1/snapshots", params={"session_id": "tl-snap-a"}).json()["count"] == 0
+
+    # Creating one with an id of its choice: refused alike, whether another organisation has it.
+    chosen = [
+        globex.post("/v1/sessions/tl-snap-g/snapshots", json={"snapshot_id": s}) for s in (theirs, "free-1")
+    ]
+    assert answer(chosen[0], theirs) == answer(chosen[1], "free-1") and chosen[0].status_code == 400
+    # The same Idempotency-Key in two organisations names two snapshots (a retry, the same one).
+    key = {"Idempotency-Key": "same-key-" + uuid.uuid4().hex}
+    mine = [acme.post("/v1/sessions/tl-snap-a/snapshots", headers=key) for _ in range(2)]
+    other = globex.post("/v1/sessions/tl-snap-g/snapshots", headers=key)
+    assert mine[0].status_code == mine[1].status_code == other.status_code == 201, other.text
+    assert mine[0].json()["snapshot_id"] == mine[1].json()["snapshot_id"] != other.json()["snapshot_id"]
+    # acme's snapshot is untouched; the operator still chooses ids.
+    assert acme.get(f"/v1/snapshots/{theirs}").json()["status"] == "ready"
+    assert (
+        client.post("/v1/sessions/tl-snap-g/snapshots", json={"snapshot_id": "tl-op-chosen"}).status_code
+        == 201
+    )

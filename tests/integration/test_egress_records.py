@@ -35,7 +35,7 @@ async def egress_entries(world, session: str, want: int, timeout: float = 30.0) 
     )
     deadline = asyncio.get_running_loop().time() + timeout
     while True:
-        page = await reader.page(session, {"egress"}, limit=1000)
+        page = await reader.page(await reader.members(session), {"egress"}, limit=1000)
         connections = [c for e in page.entries for c in e.connections or []]
         if sum(c.connections for c in connections) >= want or asyncio.get_running_loop().time() > deadline:
             return page.entries

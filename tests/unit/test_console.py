@@ -233,8 +233,10 @@ def test_timeline_rows_as_the_script_renders_them():
                           org_id="acme", user_id="ann")  # fmt: skip
     assert views.timeline_row(entry) == {
         "seq": "3", "time": "2026-12-03T09:00:00Z", "kind": "command", "summary": "shell: ls",
-        "who": "acme / ann",
+        "who": "acme / ann", "incarnation": "",
     }  # fmt: skip
+    again = msgspec.structs.replace(entry, incarnation=2)
+    assert views.timeline_row(again)["incarnation"] == "2"
 
 
 def report(service: str, instance: str, age: float, **details: str) -> health.HealthReport:

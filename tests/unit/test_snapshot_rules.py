@@ -94,6 +94,18 @@ def test_retention_removes_a_sessions_oldest_ready_snapshots_past_the_limit() ->
     assert [s.snapshot_id for s in rules.over_retention([gone, *mine[1:]], 3)] == ["snap-1"]
 
 
+def test_a_sessions_snapshots_are_those_of_its_id_and_its_organisation() -> None:
+    """An id deleted and created again by another organisation: the new owner's snapshots
+    never make retention remove the old owner's (nor count them)."""
+    acme = [state(f"snap-{n}", n) for n in range(3)]
+    globex = msgspec_replace(state("snap-g", 5), org_id="globex")
+    other = state("snap-o", 6, session_id="task-43")
+    every = [*acme, globex, other]
+    assert rules.of_session(every, "task-42", "globex") == [globex]
+    assert rules.of_session(every, "task-42", "acme") == acme
+    assert rules.over_retention(rules.of_session(every, "task-42", "globex"), 1) == []
+
+
 def test_a_fork_is_created_with_its_sandbox_in_one_append_and_never_over_an_existing_session() -> None:
     snap = state()
     fork = commands.ForkSession(

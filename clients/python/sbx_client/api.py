@@ -178,6 +178,10 @@ class TimelineEntry(msgspec.Struct, kw_only=True, omit_defaults=True):
     """Egress entries: the connections of the batch, in the order they closed."""
     lost: int | None = None
     """Egress entries: connections the proxy could not record (too many at once)."""
+    incarnation: int | None = None
+    """Which life of the session id it is of (1, then +1 each time the id is created again
+    after a deletion; as ``Session.incarnation``). A key bound to an organisation sees only
+    the incarnations its organisation created; the operator's key sees every one."""
 
 
 class Timeline(msgspec.Struct, kw_only=True):

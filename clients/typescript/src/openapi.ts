@@ -390,6 +390,7 @@ export interface components {
         /**
          * CreateSnapshotRequest
          * @description Optional: the snapshot's id (default: a new one, or one derived from the Idempotency-Key).
+         *     Only the operator's key chooses one: a key bound to an organisation is refused it.
          */
         CreateSnapshotRequest: {
             /** @default null */
@@ -622,6 +623,8 @@ export interface components {
             connections?: components["schemas"]["EgressConnection"][] | null;
             /** @default null */
             lost?: number | null;
+            /** @default null */
+            incarnation?: number | null;
         };
         /**
          * EgressConnection
@@ -1322,7 +1325,7 @@ export interface operations {
                     "application/json": components["schemas"]["Snapshot"];
                 };
             };
-            /** @description Invalid input; nothing was changed. */
+            /** @description Invalid input, or a key bound to an organisation chose a snapshot id (only the operator's key may); nothing was changed. */
             400: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1355,7 +1358,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1701,7 +1704,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -1934,7 +1937,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description The session is stopped or has no sandbox yet, or the id is taken; or another write won the race (code concurrency): retry. */
+            /** @description The session is stopped or has no sandbox yet, or the id (chosen by the operator) is taken; or another write won the race (code concurrency): retry. */
             409: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */
@@ -2694,7 +2697,7 @@ export interface operations {
                     "application/json": components["schemas"]["Problem"];
                 };
             };
-            /** @description No such session, ever (or another organisation's). */
+            /** @description No such session, ever (or only other organisations' incarnations of it). */
             404: {
                 headers: {
                     /** @description Seconds to wait before retrying; sent when the error is retriable. */

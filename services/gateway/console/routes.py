@@ -32,9 +32,9 @@ from starlette.types import ASGIApp, Scope
 from sbx_client.api import Timeline
 from services.gateway import auth, hostapi, timeline
 from services.gateway.console import asgi, templating, tokens, views
-from shared.contract import commands, errors, events, ids, states
-from shared.domain import projections
-from shared.infrastructure import health, projector, replay, rpc, service
+from shared.contract import commands, errors, ids, states
+from shared.domain import incarnations, projections
+from shared.infrastructure import eventstore, health, projector, replay, rpc, service
 
 log = structlog.get_logger(__name__)
 
@@ -403,7 +403,7 @@ class Console:
 
     async def audit(self, request: Request, who: tokens.Identity) -> Response:
         last = await self.ctx.store.last_seq()
-        owners: dict[str, str | None] = {}
+        lives: dict[str, incarnations.Incarnations] = {}
         records = []
         if last:
             reader = self.ctx.store.read(None, start_seq=max(1, last - AUDIT_SHOWN + 1))
@@ -411,7 +411,7 @@ class Console:
                 async for stored in stream:
                     if stored.seq > last:
                         break
-                    if await self.sees(stored.event, who, owners):
+                    if await self.sees(stored, who, lives):
                         records.append(views.audit_record(stored.seq, stored.event))
         body = templating.render(
             "audit.html",
@@ -435,20 +435,31 @@ class Console:
     async def _audit_records(
         self, who: tokens.Identity, after: int
     ) -> AsyncGenerator[views.AuditRecord, None]:
-        owners: dict[str, str | None] = {}
+        lives: dict[str, incarnations.Incarnations] = {}
         async with contextlib.aclosing(self.ctx.store.read(None, start_seq=after + 1, follow=True)) as stream:
             async for stored in stream:
-                if await self.sees(stored.event, who, owners):
+                if await self.sees(stored, who, lives):
                     yield views.audit_record(stored.seq, stored.event)
 
-    async def sees(self, event: events.Event, who: tokens.Identity, owners: dict[str, str | None]) -> bool:
+    async def sees(
+        self, stored: eventstore.Stored, who: tokens.Identity, lives: dict[str, incarnations.Incarnations]
+    ) -> bool:
+        """Whether a login sees an event of the audit stream; ``lives``: the incarnations
+        of the session ids met so far (read whole the first time one is met, then learnt
+        from the stream), so that an event of a session id is its incarnation's, not the
+        id's current owner's."""
         if who.operator:
             return True
+        event = stored.event
         sid = views.session_of(event)
-        if sid is not None and sid not in owners:
-            state = await self.sessions.get(sid)
-            owners[sid] = state.org_id if state else None
-        return views.visible_event(event, who.org, owners.get(sid) if sid else None)
+        owner = None
+        if sid is not None:
+            if sid not in lives:
+                lives[sid] = (await self.history.reader.members(sid)).lives
+            lives[sid].learn(stored.seq, event)
+            life = lives[sid].of(stored.seq, event)
+            owner = life.org_id if life is not None else None
+        return views.visible_event(event, who.org, owner)
 
     def counted(self, response: Response) -> Response:
         """A live stream, if fewer than :data:`STREAMS_MAX` are open (else 503: the page's

@@ -294,6 +294,7 @@ def timeline_row(entry: TimelineEntry) -> dict[str, str]:
         "kind": entry.kind,
         "summary": redact(entry.summary),
         "who": who(entry.org_id, entry.user_id),
+        "incarnation": str(entry.incarnation or ""),
     }
 
 
@@ -310,7 +311,8 @@ def session_of(event: events.Event) -> str | None:
 def visible_event(event: events.Event, bound: str | None, owner: str | None) -> bool:
     """Whether a console login sees an event of the audit stream: the operator all; a key
     bound to an organisation the events its organisation caused and those of its sessions
-    (``owner``: the organisation of the session the event concerns, if it concerns one)."""
+    (``owner``: the organisation of the session incarnation the event belongs to, if it
+    concerns a session: never the id's current owner, who may have created it again)."""
     if bound is None:
         return True
     return event.meta.org_id == bound or (session_of(event) is not None and owner == bound)

@@ -20,7 +20,10 @@ function redact(text) {
 
 const CELLS = {
   // A timeline entry (the API's TimelineEntry): as views.timeline_row renders one.
-  entry: (e) => [String(e.seq), when(e.time), e.kind, redact(e.summary), who(e.org_id, e.user_id)],
+  entry: (e) => [
+    String(e.seq), when(e.time), e.kind, redact(e.summary), who(e.org_id, e.user_id),
+    e.incarnation == null ? "" : String(e.incarnation),
+  ],
   // An audit record (views.AuditRecord), already in text.
   record: (r) => [String(r.seq), r.time, r.type, { link: r.session }, r.summary, r.who, r.by],
 };
