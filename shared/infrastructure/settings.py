@@ -275,7 +275,10 @@ class RuntimeSettings:
     """Files and directories per sandbox (``SBX_SANDBOX_INODES``)."""
     disk_reserve: int = 2 * 1024**3
     """Free space the state filesystem keeps for the event store: no sandbox starts
-    while less is free (``SBX_DISK_RESERVE``)."""
+    while less is free, and image pulls stop before going below it (``SBX_DISK_RESERVE``)."""
+    disk_reserve_inodes: int = 10_000
+    """Free inodes the state filesystem keeps: image pulls stop before going below it
+    (``SBX_DISK_RESERVE_INODES``)."""
     egress: str = "none"
     """Sandbox network (``SBX_SANDBOX_EGRESS``): ``proxy`` (only the credential proxy is
     reachable) or ``none`` (loopback only). ``sbx up`` chooses ``proxy`` where it can."""
@@ -284,6 +287,10 @@ class RuntimeSettings:
     insecure registries, mirrors; see docs/images.md). Read by the services only."""
     image_max_bytes: int = 8 * 1024**3
     """Most bytes one image may download, and most it may unpack to (``SBX_IMAGE_MAX_BYTES``)."""
+    image_max_layers: int = 128
+    """Most layers an image may have, refused from its manifest (``SBX_IMAGE_MAX_LAYERS``)."""
+    image_max_entries: int = 500_000
+    """Most files, directories and links one pull may unpack (``SBX_IMAGE_MAX_ENTRIES``)."""
     pull_timeout: float = 600.0
     """Longest an image pull may take (``SBX_IMAGE_PULL_TIMEOUT``)."""
     snapshot_budget: int = 20 * 1024**3
@@ -319,8 +326,13 @@ class RuntimeSettings:
             else _size(env, "SBX_SANDBOX_DISK", cls.disk_bytes, minimum=64 * 1024**2),
             disk_inodes=_count(env, "SBX_SANDBOX_INODES", cls.disk_inodes, 1024, 100_000_000),
             disk_reserve=_size(env, "SBX_DISK_RESERVE", cls.disk_reserve, minimum=0),
+            disk_reserve_inodes=_count(
+                env, "SBX_DISK_RESERVE_INODES", cls.disk_reserve_inodes, 0, 1_000_000_000
+            ),
             registries_file=Path(env["SBX_REGISTRIES_FILE"]) if env.get("SBX_REGISTRIES_FILE") else None,
             image_max_bytes=_size(env, "SBX_IMAGE_MAX_BYTES", cls.image_max_bytes, minimum=1024**2),
+            image_max_layers=_count(env, "SBX_IMAGE_MAX_LAYERS", cls.image_max_layers, 1, 1000),
+            image_max_entries=_count(env, "SBX_IMAGE_MAX_ENTRIES", cls.image_max_entries, 1000, 100_000_000),
             pull_timeout=_duration(env, "SBX_IMAGE_PULL_TIMEOUT", cls.pull_timeout, minimum=1),
             snapshot_budget=_size(env, "SBX_SNAPSHOT_BUDGET", cls.snapshot_budget, minimum=0),
             snapshots_per_session=_count(

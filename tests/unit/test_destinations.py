@@ -1,6 +1,6 @@
 """Where the image puller may connect (pure): the destination rule the services share with
 the credential proxy, the operator's allow-list, and each hop's check with a resolver given
-here (no network)."""
+here (no network). Also the pure parts of a pull's disk rules: chain keys and the reserve."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from shared.domain import destinations
-from shared.runtime.local import registry
+from shared.runtime.local import disk, layers, registry
 from shared.runtime.local.registries import Registry, RegistryConfig
 from tests import support
 
@@ -95,3 +95,20 @@ def test_each_hop_is_resolved_once_and_every_address_must_pass() -> None:
         client.destination(httpx.URL("http://public.example/v2/"))
     with pytest.raises(registry.Refused, match="scheme"):
         client.destination(httpx.URL("ftp://public.example/x"))
+
+
+def test_chain_keys_name_a_layer_by_every_layer_below_it() -> None:
+    a, b, c = (f"sha256:{n * 64}" for n in "abc")
+    assert layers.chain_keys([a]) == ["a" * 64]  # the bottom layer reads nothing below
+    ab, cb = layers.chain_keys([a, b]), layers.chain_keys([c, b])
+    assert ab[0] == "a" * 64 and ab[1] != "b" * 64 and ab[1] != cb[1]
+    assert layers.chain_keys([a, b, c])[:2] == ab
+
+
+def test_the_reserve_counts_bytes_and_inodes() -> None:
+    room = disk.Room(bytes=100 * 1024**2, inodes=1000)
+    limits = {"reserve_bytes": 50 * 1024**2, "reserve_inodes": 100}
+    assert disk.shortfall(room, **limits) is None
+    assert "MiB free" in str(disk.shortfall(room, **limits, more_bytes=60 * 1024**2))
+    assert "inodes free" in str(disk.shortfall(room, **limits, more_inodes=950))
+    assert disk.shortfall(disk.Room(10**12, None), **limits, more_inodes=10**9) is None  # no inode limit

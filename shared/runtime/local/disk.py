@@ -45,6 +45,8 @@ class Disk:
 
     reserve_bytes: int = 2 * 1024**3
     """Sandboxes do not start while the state filesystem has less than this free."""
+    reserve_inodes: int = 10_000
+    """Free inodes the state filesystem keeps: image pulls stop before going below it."""
 
     @staticmethod
     @functools.cache
@@ -108,6 +110,35 @@ class Disk:
                     "clear sessions you no longer need"
                 )
         return None
+
+
+@dataclass(frozen=True)
+class Room:
+    """What a filesystem has free for us (not counting blocks reserved for root)."""
+
+    bytes: int
+    inodes: int | None
+    """None: the filesystem has no inode limit (btrfs reports none)."""
+
+
+def room(path: Path) -> Room:
+    st = os.statvfs(path)
+    return Room(st.f_bavail * st.f_frsize, st.f_favail if st.f_files else None)
+
+
+def shortfall(
+    free: Room, *, reserve_bytes: int, reserve_inodes: int, more_bytes: int = 0, more_inodes: int = 0
+) -> str | None:
+    """What would be short if ``more_bytes`` and ``more_inodes`` were written now, with the
+    reserves kept (pure), or None."""
+    if free.bytes - more_bytes < reserve_bytes:
+        return (
+            f"{max(free.bytes, 0) // 1024**2} MiB free, {reserve_bytes // 1024**2} MiB kept "
+            "(SBX_DISK_RESERVE)"
+        )
+    if free.inodes is not None and free.inodes - more_inodes < reserve_inodes:
+        return f"{max(free.inodes, 0)} inodes free, {reserve_inodes} kept (SBX_DISK_RESERVE_INODES)"
+    return None
 
 
 TEMPLATES = ".disk-templates"

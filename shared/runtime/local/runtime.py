@@ -225,6 +225,9 @@ class LocalRuntime(api.Runtime):
         disk_reserve: int | None = None,
         registries: RegistryConfig | None = None,
         image_max_bytes: int | None = None,
+        image_max_layers: int | None = None,
+        image_max_entries: int | None = None,
+        disk_reserve_inodes: int | None = None,
         pull_timeout: float | None = None,
         snapshot_budget: int | None = None,
     ) -> None:
@@ -241,13 +244,19 @@ class LocalRuntime(api.Runtime):
         self.proxy_ca = proxy_ca or state_dir / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
         self.root = state_dir / "sandboxes"
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.disk = disk.Disk() if disk_reserve is None else disk.Disk(reserve_bytes=disk_reserve)
+        self.disk = disk.Disk(
+            reserve_bytes=disk.Disk.reserve_bytes if disk_reserve is None else disk_reserve,
+            reserve_inodes=disk.Disk.reserve_inodes if disk_reserve_inodes is None else disk_reserve_inodes,
+        )
         store = layers.LayerStore(
             state_dir / "images",
             registries or RegistryConfig(),
             max_bytes=image_max_bytes or layers.oci.DEFAULT_MAX_BYTES,
             timeout=pull_timeout or 600.0,
             reserve=self.disk.reserve_bytes,
+            reserve_inodes=self.disk.reserve_inodes,
+            max_layers=image_max_layers or layers.MAX_LAYERS,
+            max_entries=image_max_entries or layers.oci.DEFAULT_MAX_MEMBERS,
         )
         self.images = images.ImageStore(state_dir / "images", store)
         # Pulls wait on registries: threads of their own, so that slow ones never take the
