@@ -29,7 +29,7 @@ it can change an image unnoticed.
 Why our own client rather than ``oras`` or ``skopeo``: both would still leave us the
 layer store, the platform choice and digest checks of our own unpacking; ``oras`` is
 written for artifacts (no manifest lists, no platform choice) and ``skopeo`` is a binary
-that can give no progress per layer. This module is ~300 lines with one dependency we
+that can give no progress per layer. This module is ~500 lines with one dependency we
 already have, and streams each blob straight to disk while hashing it.
 """
 
