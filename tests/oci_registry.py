@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from shared.runtime.local import registries
 from tests import support
 
 BUSYBOX = Path("/bin/busybox")
@@ -56,7 +57,7 @@ class Registry:
         self.root.mkdir(parents=True, exist_ok=True)
         config = {
             "version": 0.1,
-            "log": {"level": "error"},
+            "log": {"level": "error", "accesslog": {"disabled": False}},
             "storage": {"filesystem": {"rootdirectory": str(self.root / "data")}},
             "http": {"addr": self.host},
         }
@@ -90,6 +91,40 @@ class Registry:
             self.proc.terminate()
             self.proc.wait(10)
 
+    def requests(self, method: str = "GET", path_part: str = "") -> list[str]:
+        """The request lines of the registry's access log with ``method`` and ``path_part``."""
+        log = (self.root / "registry.log").read_text(errors="replace")
+        return [line for line in log.splitlines() if f'"{method} /v2/' in line and path_part in line]
+
+    def put_image(self, name: str, tag: str, layers: list[bytes]) -> str:
+        """Upload blobs and a manifest of ``layers`` (which may repeat one blob) through
+        the registry API, without skopeo; the manifest's digest."""
+        base = f"http://{self.host}/v2/{name}"
+
+        def upload(data: bytes) -> dict[str, object]:
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            started = httpx.post(f"{base}/blobs/uploads/", timeout=30)
+            location = httpx.URL(f"http://{self.host}").join(started.headers["location"])
+            done = httpx.put(location.copy_merge_params({"digest": digest}), content=data, timeout=30)
+            done.raise_for_status()
+            return {"digest": digest, "size": len(data)}
+
+        config = json.dumps({"architecture": "amd64", "os": "linux", "config": {}}).encode()
+        uploaded = {data: upload(data) for data in dict.fromkeys(layers)}
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI + "manifest.v1+json",
+                "config": {"mediaType": OCI + "config.v1+json", **upload(config)},
+                "layers": [{"mediaType": OCI + "layer.v1.tar+gzip", **uploaded[data]} for data in layers],
+            }
+        ).encode()
+        put = httpx.put(
+            f"{base}/manifests/{tag}", content=manifest, headers={"Content-Type": OCI + "manifest.v1+json"}
+        )
+        put.raise_for_status()
+        return "sha256:" + hashlib.sha256(manifest).hexdigest()
+
     def push(self, layout: Path, name: str, *, all_platforms: bool = False, user: str | None = None) -> None:
         """Push the layout's ``latest`` to ``<registry>/<name>`` with skopeo."""
         args = ["skopeo", "copy", "-q", "--dest-tls-verify=false", "--insecure-policy"]
@@ -102,6 +137,18 @@ class Registry:
         subprocess.run(
             [*args, f"oci:{layout}:latest", f"docker://{self.host}/{name}"], check=True, capture_output=True
         )
+
+
+def allow(*hosts: str) -> registries.RegistryConfig:
+    """An operator's registry configuration naming ``hosts`` (test registries on loopback)
+    as insecure: the puller reaches loopback only for hosts the operator names."""
+    return registries.RegistryConfig({host: registries.Registry(insecure=True) for host in hosts})
+
+
+def registries_file(path: Path, *hosts: str) -> Path:
+    """The same as a ``SBX_REGISTRIES_FILE`` for a stack."""
+    path.write_text("".join(f'[registries."{host}"]\ninsecure = true\n' for host in hosts))
+    return path
 
 
 # ---- writing images ---------------------------------------------------------------
@@ -270,6 +317,10 @@ class TokenServer:
         self._server: Any = None
 
     @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
     def realm(self) -> str:
         return f"http://127.0.0.1:{self.port}/token"
 
@@ -376,7 +427,11 @@ class HostileRegistry:
         self.trickle: dict[str, float] = {}
         """Path tail (a tag, a digest) -> seconds between bytes."""
         self.redirects: dict[str, str] = {}
-        """Digest -> URL its blob is redirected to."""
+        """Digest (or tag) -> URL its blob (manifest) is redirected to."""
+        self.challenge: str | None = None
+        """A ``WWW-Authenticate`` value: every request is answered 401 with it."""
+        self.seen: list[str] = []
+        """Every request's path and query, in order."""
         self.port = support.free_port()
         outer = self
 
@@ -387,8 +442,15 @@ class HostileRegistry:
                 pass
 
             def do_GET(self) -> None:
+                outer.seen.append(self.path)
                 path = self.path.split("?")[0]
                 tail = path.rsplit("/", 1)[-1]
+                if outer.challenge is not None:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", outer.challenge)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return None
                 if path == "/v2/":
                     return self.send(b"{}", "application/json")
                 if tail in outer.redirects:
@@ -424,7 +486,14 @@ class HostileRegistry:
                 except OSError:
                     return
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            def verify_request(self, request: Any, client_address: Any) -> bool:
+                outer.connections += 1
+                return True
+
+        self.connections = 0
+        """TCP connections accepted (a TLS handshake that fails is one too)."""
+        self.server = Server(("127.0.0.1", self.port), Handler)
         self.server.daemon_threads = True
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -288,6 +288,10 @@ class RuntimeSettings:
     insecure registries, mirrors; see docs/images.md). Read by the services only."""
     image_max_bytes: int = 8 * 1024**3
     """Most bytes one image may download, and most it may unpack to (``SBX_IMAGE_MAX_BYTES``)."""
+    image_max_layers: int = 128
+    """Most layers an image may have, refused from its manifest (``SBX_IMAGE_MAX_LAYERS``)."""
+    image_max_entries: int = 500_000
+    """Most files, directories and links one pull may unpack (``SBX_IMAGE_MAX_ENTRIES``)."""
     pull_timeout: float = 600.0
     """Longest an image pull may take (``SBX_IMAGE_PULL_TIMEOUT``)."""
     snapshot_budget: int = 20 * 1024**3
@@ -328,6 +332,8 @@ class RuntimeSettings:
             ),
             registries_file=Path(env["SBX_REGISTRIES_FILE"]) if env.get("SBX_REGISTRIES_FILE") else None,
             image_max_bytes=_size(env, "SBX_IMAGE_MAX_BYTES", cls.image_max_bytes, minimum=1024**2),
+            image_max_layers=_count(env, "SBX_IMAGE_MAX_LAYERS", cls.image_max_layers, 1, 1000),
+            image_max_entries=_count(env, "SBX_IMAGE_MAX_ENTRIES", cls.image_max_entries, 1000, 100_000_000),
             pull_timeout=_duration(env, "SBX_IMAGE_PULL_TIMEOUT", cls.pull_timeout, minimum=1),
             snapshot_budget=_size(env, "SBX_SNAPSHOT_BUDGET", cls.snapshot_budget, minimum=0),
             snapshots_per_session=_count(

@@ -50,6 +50,8 @@ def open_runtime(
             disk_reserve_inodes=images.disk_reserve_inodes if images else None,
             registries=RegistryConfig.load(images.registries_file) if images else None,
             image_max_bytes=images.image_max_bytes if images else None,
+            image_max_layers=images.image_max_layers if images else None,
+            image_max_entries=images.image_max_entries if images else None,
             pull_timeout=images.pull_timeout if images else None,
             snapshot_budget=images.snapshot_budget if images else None,
         )

@@ -9,12 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 
 import httpx2
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from shared.runtime.local import registry
 from tests import oci_registry as o
 from tests import support
 from tests.e2e.test_mcp import Agent
@@ -47,7 +49,11 @@ def registry_stack(tmp_path):
         reg.push(shonly, "test/shonly:1")
         pools = json.dumps([{"name": "bashy", "image": f"{reg.host}/test/bashy:1", "min_idle": 1}])
         state = tmp_path / "state"
-        with running_stack(state, SBX_POOLS=pools, SBX_POOL_MIN_IDLE="0") as (_, url):
+        named = o.registries_file(tmp_path / "registries.toml", reg.host)  # the operator's allow-list
+        with running_stack(state, SBX_POOLS=pools, SBX_POOL_MIN_IDLE="0", SBX_REGISTRIES_FILE=str(named)) as (
+            _,
+            url,
+        ):
             yield reg, state, url
     finally:
         reg.stop()
@@ -81,13 +87,23 @@ async def test_an_agent_gets_registry_images_and_a_pool_of_one_starts_warm(regis
     ok, text = await Agent(url, key, "reg-3").call("create_sandbox", image=f"{reg.host}/test/missing:1")
     assert not ok and "has no image" in text and "test/missing:1" in text, text
 
+    # The host's own services are no registry: the gateway's port, a closed one, metadata.
+    gateway = urllib.parse.urlparse(url).port
+    said = []
+    hosts = (f"127.0.0.1:{gateway}", f"127.0.0.1:{support.free_port()}", "169.254.169.254")
+    for host in hosts:
+        ok, text = await Agent(url, key, "reg-4").call("create_sandbox", image=f"{host}/x/y:1")
+        assert not ok and registry.UNREACHABLE.format(host=host) in text, text
+        said.append(text.replace(host, "HOST"))
+    assert len(set(said)) == 1, said  # one text: nothing tells what listens
+
     seen = events(state)
     pulls = [e for e in seen if e["type"].startswith("image.")]
     pulled = {e["reference"]: e for e in pulls if e["type"] == "image.pulled"}
     assert set(pulled) == {pooled, f"{reg.host}/test/shonly:1"}
     assert all(p["digest"].startswith("sha256:") and p["size"] > 0 for p in pulled.values())
     failed = [e for e in pulls if e["type"] == "image.pull_failed"]
-    assert [f["reference"] for f in failed] == [f"{reg.host}/test/missing:1"]
+    assert [f["reference"] for f in failed] == [f"{reg.host}/test/missing:1", *(f"{h}/x/y:1" for h in hosts)]
     claimed = [e for e in seen if e["type"] == "sandbox.claimed" and e.get("session_id") == "reg-1"]
     assert claimed, "the session for the pool's image claimed a warm sandbox"
     assert sum(1 for e in pulls if e["type"] == "image.pull_started" and e["reference"] == pooled) == 1

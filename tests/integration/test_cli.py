@@ -212,9 +212,11 @@ def test_ctrl_c_stops_an_image_pull_under_way(tmp_path):
         layer = o.layer({"bin/sh": b"x" * 200_000}, compress=False)
         registry.image("slow", [layer])
         registry.trickle[registry.blob(layer)] = 0.001  # minutes for the whole layer
+        named = o.registries_file(tmp_path / "registries.toml", registry.host)
         pull = subprocess.Popen(
             [SBX, "image", "pull", f"{registry.host}/t/img:slow", "--state-dir", str(state)],
-            env=environment(None, None), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**environment(None, None), "SBX_REGISTRIES_FILE": str(named)},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         partial = state / "images" / "blobs"
         asyncio.run(support.eventually(lambda: partial.is_dir() and any(partial.iterdir()), timeout=30))

@@ -209,7 +209,7 @@ async def test_snapshots_keep_the_filesystems_reserve_of_bytes_and_inodes(small_
             "filler",
             "rm /workspace/blob; mkdir /workspace/many; cd /workspace/many; seq 15000 | xargs touch",
         )
-        with pytest.raises(errors.LimitExceeded, match="free inodes.*SBX_DISK_RESERVE_INODES"):
+        with pytest.raises(errors.LimitExceeded, match="inodes free.*SBX_DISK_RESERVE_INODES"):
             await rt.snapshot("filler", "too-many")
         assert await rt.list_snapshots() == [] and list(tmp.iterdir()) == []
         await sh(rt, "filler", "rm -r /workspace/many")
@@ -220,7 +220,8 @@ async def test_snapshots_keep_the_filesystems_reserve_of_bytes_and_inodes(small_
         for n in range(40):
             (source / f"f{n}").write_bytes(os.urandom(1024**2))
         free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
-        room = disk.Room(disk.Disk(reserve_bytes=free - 20 * 1024**2), small_fs, 10 * 1024**3, "the copy")
+        reserve = disk.Disk(reserve_bytes=free - 20 * 1024**2)
+        room = disk.Headroom(small_fs, reserve, lambda why: f"the copy was stopped: {why}")
         with pytest.raises(errors.LimitExceeded, match="the copy was stopped: .*SBX_DISK_RESERVE"):
             fdtree.sync(source, small_fs / "copy", guard=room)
         assert room.size <= 20 * 1024**2

@@ -10,6 +10,8 @@ import gzip
 import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import threading
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 
 from shared.contract import errors, references
 from shared.runtime import api
-from shared.runtime.local import layers, oci, registry
+from shared.runtime.local import layerfs, layers, oci, registry
 from shared.runtime.local import runtime as local
 from shared.runtime.local.registries import Registry, RegistryConfig
 from tests import oci_registry as o
@@ -36,8 +38,8 @@ def reg(tmp_path_factory):
 
 
 @pytest.fixture
-async def rt(tmp_path):
-    runtime = local.LocalRuntime(tmp_path / "state")
+async def rt(tmp_path, reg):
+    runtime = local.LocalRuntime(tmp_path / "state", registries=o.allow(reg.host))
     yield runtime
     for info in await runtime.list():
         await runtime.delete(info.sandbox_id)
@@ -181,15 +183,17 @@ async def test_basic_auth_uses_only_the_operators_credentials(tmp_path):
         o.simple_image(layout)
         private.push(layout, "team/tool:1", user="bot")
         ref = references.parse(f"{private.host}/team/tool:1")
-        anonymous = layers.LayerStore(tmp_path / "anon")
+        anonymous = layers.LayerStore(tmp_path / "anon", o.allow(private.host))
         with pytest.raises(errors.InvalidInput, match=r"needs credentials .*\(SBX_REGISTRIES_FILE\)"):
             anonymous.pull(ref)
-        wrong = layers.LayerStore(tmp_path / "wrong", RegistryConfig({private.host: Registry("bot", "nope")}))
+        wrong = layers.LayerStore(
+            tmp_path / "wrong", RegistryConfig({private.host: Registry("bot", "nope", insecure=True)})
+        )
         with pytest.raises(errors.InvalidInput, match="refused") as refused:
             wrong.pull(ref)
         assert "nope" not in refused.value.message
         right = layers.LayerStore(
-            tmp_path / "right", RegistryConfig({private.host: Registry("bot", "s3cret-pw")})
+            tmp_path / "right", RegistryConfig({private.host: Registry("bot", "s3cret-pw", insecure=True)})
         )
         assert right.pull(ref).fetched == 1
         for store in (anonymous, wrong, right):  # nothing of a failed pull, no credential anywhere
@@ -213,8 +217,10 @@ async def test_the_token_flow_docker_hub_and_ghcr_use(tmp_path):
         gated.push(layout, "org/app:2")
         ref = references.parse(f"{gated.host}/org/app:2")
         with pytest.raises(errors.InvalidInput, match="refused"):
-            layers.LayerStore(tmp_path / "anon").pull(ref)
-        config = RegistryConfig({gated.host: Registry("bot", "tok-pw")})
+            layers.LayerStore(tmp_path / "anon", o.allow(gated.host, tokens.host)).pull(ref)
+        config = RegistryConfig(
+            {gated.host: Registry("bot", "tok-pw", insecure=True), tokens.host: Registry(insecure=True)}
+        )
         pulled = layers.LayerStore(tmp_path / "bot", config).pull(ref)
         assert pulled.fetched == 1
         assert ("bot", "repository:org/app:pull") in tokens.requests
@@ -225,7 +231,7 @@ async def test_the_token_flow_docker_hub_and_ghcr_use(tmp_path):
 
 async def test_a_mirror_is_asked_first(reg, tmp_path):
     push(reg, tmp_path, "library/mirrored:1", o.layer({"etc/from": b"mirror"}))
-    config = RegistryConfig({"docker.io": Registry(mirrors=(reg.host,))})
+    config = RegistryConfig({"docker.io": Registry(mirrors=(reg.host,)), reg.host: Registry(insecure=True)})
     pulled = layers.LayerStore(tmp_path / "store", config).pull(references.parse("mirrored:1"))
     assert pulled.reference == "docker.io/library/mirrored:1" and pulled.fetched == 2
 
@@ -235,13 +241,13 @@ async def test_unknown_images_and_unreachable_registries_are_clear_errors(reg, r
         await rt.create(api.SandboxSpec(sandbox_id="u1", image=f"{reg.host}/test/never-pushed:1"))
     with pytest.raises(errors.NotFound, match="manifest unknown"):
         await rt.pull(f"{reg.host}/test/layered:no-such-tag")
-    port = o.support.free_port()
-    with pytest.raises(errors.Unavailable, match=f"registry 127.0.0.1:{port} cannot be reached"):
-        await rt.pull(f"127.0.0.1:{port}/test/img:1")
-    # A host name that does not exist (.invalid never resolves, RFC 6761) is the reference's
-    # fault, not an outage: a client error, not a retriable one.
-    with pytest.raises(errors.InvalidInput, match="registry no-such-registry.invalid does not resolve"):
+    # A host name that does not exist (.invalid never resolves, RFC 6761) says what any
+    # registry that cannot be reached says: the errors tell nothing of the host's network.
+    with pytest.raises(errors.Unavailable) as unknown:
         await rt.pull("no-such-registry.invalid/test/img:1")
+    assert unknown.value.message.endswith(registry.UNREACHABLE.format(host="no-such-registry.invalid")), (
+        unknown.value.message
+    )
     # An IPv6 literal the grammar takes but no URL can hold (schemathesis found it: a 503).
     with pytest.raises(errors.InvalidInput, match=r"registry \[dfa:ad\] is not a usable address"):
         await rt.pull("[dfa:ad]/test/img:1")
@@ -272,12 +278,12 @@ async def test_a_blob_altered_in_the_registry_is_refused_and_nothing_kept(reg, t
     forged = o.layer({"etc/payload": b"forgery" * 100})
     assert len(forged) == len(payload)
     blob.write_bytes(forged)
-    store = layers.LayerStore(tmp_path / "store")
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host))
     with pytest.raises(errors.InvalidInput, match="does not match its digest"):
         store.pull(references.parse(f"{reg.host}/test/tampered:1"))
     assert store.all() == []
-    kept = [p.name for p in (store.root / "layers").iterdir() if not p.name.endswith(".json")]
-    assert len(kept) == 1  # busybox's layer, which was fine; the forged one is not there
+    # Not even busybox's layer, which was fine: a failed pull keeps nothing.
+    assert list((store.root / "layers").iterdir()) == []
     assert list((store.root / "blobs").iterdir()) == []
 
 
@@ -294,7 +300,7 @@ async def test_a_blob_altered_in_the_registry_is_refused_and_nothing_kept(reg, t
 async def test_a_layer_that_tries_to_escape_is_refused(reg, tmp_path, entries, said):
     name = f"test/escape-{abs(hash(said)) % 10_000}:1"
     push(reg, tmp_path, name, o.layer(entries))
-    store = layers.LayerStore(tmp_path / "store")
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host))
     with pytest.raises(oci.ImageError, match=said):
         store.pull(references.parse(f"{reg.host}/{name}"))
     assert store.all() == []
@@ -306,11 +312,11 @@ async def test_decompression_bombs_and_oversized_images_are_refused(reg, tmp_pat
     bomb = gzip.compress(o.layer({"zeros": b"\0" * (64 * 1024**2)}, compress=False), 9)
     assert len(bomb) < 256 * 1024
     push(reg, tmp_path, "test/bomb:1", bomb)
-    store = layers.LayerStore(tmp_path / "store", max_bytes=16 * 1024**2)
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host), max_bytes=16 * 1024**2)
     with pytest.raises(oci.ImageError, match="unpacks to more than"):
         store.pull(references.parse(f"{reg.host}/test/bomb:1"))
     assert store.all() == []
-    tiny = layers.LayerStore(tmp_path / "tiny", max_bytes=64 * 1024)
+    tiny = layers.LayerStore(tmp_path / "tiny", o.allow(reg.host), max_bytes=64 * 1024)
     with pytest.raises(oci.ImageError, match="more than the limit .*SBX_IMAGE_MAX_BYTES"):
         tiny.pull(references.parse(f"{reg.host}/test/bomb:1"))
 
@@ -338,7 +344,9 @@ async def test_concurrent_pulls_of_one_image_download_it_once(reg, tmp_path):
                 self.bytes += count
 
     counting = Counting()
-    stores = [layers.LayerStore(tmp_path / "store") for _ in range(6)]  # as six processes would
+    stores = [
+        layers.LayerStore(tmp_path / "store", o.allow(reg.host)) for _ in range(6)
+    ]  # as six processes would
     results = await asyncio.gather(*(asyncio.to_thread(s.pull, ref, progress=counting) for s in stores))
     assert len({r.digest for r in results}) == 1
     assert sum(r.fetched for r in results) == 2  # each layer once, by whichever pull came first
@@ -347,7 +355,7 @@ async def test_concurrent_pulls_of_one_image_download_it_once(reg, tmp_path):
 
 async def test_a_pull_that_takes_too_long_keeps_nothing(reg, tmp_path):
     push(reg, tmp_path, "test/slow:1", o.layer({"etc/big": os.urandom(1024**2)}))
-    store = layers.LayerStore(tmp_path / "store", timeout=0.0)
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host), timeout=0.0)
     with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
         store.pull(references.parse(f"{reg.host}/test/slow:1"))
     assert store.all() == [] and list((store.root / "blobs").iterdir()) == []
@@ -359,7 +367,7 @@ async def test_a_full_disk_is_a_clear_error_and_leaves_nothing_half_registered(r
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(small)], check=True)
     try:
-        store = layers.LayerStore(small / "store")
+        store = layers.LayerStore(small / "store", o.allow(reg.host))
         with pytest.raises(errors.LimitExceeded, match="not enough disk space|no space left"):
             store.pull(references.parse(f"{reg.host}/test/huge:1"))
         assert store.all() == []
@@ -406,8 +414,15 @@ mirrors = ["mirror.internal:5000"]
     config = RegistryConfig.load(path)
     assert config.credentials_for("ghcr.io") == ("bot", "pw-from-file")
     assert "pw-from-file" not in repr(config)
-    assert config.allows_http("registry.internal:5000") and config.allows_http("127.0.0.1:5000")
-    assert not config.allows_http("ghcr.io") and not config.allows_http("10.1.2.3:5000")
+    assert config.allows_http("registry.internal:5000") and config.insecure("registry.internal", 5000)
+    assert not config.insecure("registry.internal", 5001) and not config.insecure("ghcr.io", 80)
+    # Loopback is no exception: only what the operator names.
+    assert not config.allows_http("127.0.0.1:5000") and not config.allows_http("10.1.2.3:5000")
+    assert config.names("registry.internal", 5000, "http") and config.names("ghcr.io", 443, "https")
+    assert config.names("mirror.internal", 5000, "https") and config.names(
+        "registry-1.docker.io", 443, "https"
+    )
+    assert not config.names("ghcr.io", 8443, "https") and not config.names("127.0.0.1", 5000, "http")
     assert config.mirrors_for("docker.io") == ("mirror.internal:5000",)
     for bad, said in (
         ('[registries."x"]\nusername = "a"\n', "both a username and a password"),
@@ -452,8 +467,9 @@ def test_plain_http_is_refused_for_a_registry_not_listed_as_insecure(reg, tmp_pa
             check=True, capture_output=True,
         )  # fmt: skip
         ref = references.parse(f"{host}/t/plain:1")
-        with pytest.raises(errors.Unavailable, match="cannot be reached"):
-            layers.LayerStore(tmp_path / "strict").pull(ref)
+        for config in (RegistryConfig(), RegistryConfig({host: Registry()})):  # unnamed; named, not insecure
+            with pytest.raises(errors.Unavailable, match="cannot be reached"):
+                layers.LayerStore(tmp_path / "strict", config).pull(ref)
         listed = RegistryConfig({host: Registry(insecure=True)})
         assert layers.LayerStore(tmp_path / "listed", listed).pull(ref).fetched == 1
     finally:
@@ -469,6 +485,7 @@ def test_the_operator_commands_pull_list_and_prune(reg, tmp_path):
     push(reg, tmp_path, "test/cli:1", o.layer({"etc/cli": b"1"}))
     state, ref = tmp_path / "state", f"{reg.host}/test/cli:1"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_"))}
+    env["SBX_REGISTRIES_FILE"] = str(o.registries_file(tmp_path / "registries.toml", reg.host))
 
     def sbx(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -539,7 +556,7 @@ def hostile():
 def test_a_registry_that_trickles_bytes_cannot_hold_a_pull_past_its_timeout(hostile, tmp_path):
     hostile.image("slow", [o.busybox_layer()])
     hostile.trickle["slow"] = 0.05  # a manifest of some hundred bytes: tens of seconds
-    store = layers.LayerStore(tmp_path / "store", timeout=1.0)
+    store = layers.LayerStore(tmp_path / "store", o.allow(hostile.host), timeout=1.0)
     started = __import__("time").monotonic()
     with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
         store.pull(references.parse(f"{hostile.host}/t/img:slow"))
@@ -548,7 +565,7 @@ def test_a_registry_that_trickles_bytes_cannot_hold_a_pull_past_its_timeout(host
 
 
 def test_layers_without_a_size_and_absurd_json_are_refused(hostile, tmp_path):
-    store = layers.LayerStore(tmp_path / "store")
+    store = layers.LayerStore(tmp_path / "store", o.allow(hostile.host))
     hostile.image("nosize", [o.busybox_layer()], sizes=False)
     with pytest.raises(oci.ImageError, match="a layer without a size"):
         store.pull(references.parse(f"{hostile.host}/t/img:nosize"))
@@ -559,13 +576,19 @@ def test_layers_without_a_size_and_absurd_json_are_refused(hostile, tmp_path):
 
 
 def test_a_blob_redirected_to_plain_http_elsewhere_is_refused(hostile, tmp_path):
+    """Even to an address the operator named (the registry's own, another port): plain HTTP
+    goes only to a host:port listed as insecure."""
     address = outside_address()
     layer = o.busybox_layer()
     hostile.image("redirect", [layer])
     digest = "sha256:" + __import__("hashlib").sha256(layer).hexdigest()
     hostile.redirects[digest] = f"http://{address}:{hostile.port}/v2/t/img/blobs/{digest}"
-    with pytest.raises(errors.InvalidInput, match="over plain HTTP"):
-        layers.LayerStore(tmp_path / "store").pull(references.parse(f"{hostile.host}/t/img:redirect"))
+    config = RegistryConfig({hostile.host: Registry(insecure=True), f"{address}:{hostile.port}": Registry()})
+    store = layers.LayerStore(tmp_path / "store", config)
+    with pytest.raises(errors.Unavailable, match="cannot be reached"):
+        store.pull(references.parse(f"{hostile.host}/t/img:redirect"))
+    assert sum(digest in seen for seen in hostile.seen) == registry.ATTEMPTS  # never the redirect's target
+    assert store.all() == [] and list((store.root / "layers").iterdir()) == []
 
 
 def test_a_tag_and_its_digest_pulled_at_once_register_one_image(reg, tmp_path, monkeypatch):
@@ -583,7 +606,7 @@ def test_a_tag_and_its_digest_pulled_at_once_register_one_image(reg, tmp_path, m
 
     monkeypatch.setattr(layers, "_discard", spying)
     for attempt in range(3):
-        store = layers.LayerStore(tmp_path / f"store{attempt}")
+        store = layers.LayerStore(tmp_path / f"store{attempt}", o.allow(reg.host))
         threads = [threading.Thread(target=store.pull, args=(refs[i % 2],)) for i in range(4)]
         for thread in threads:
             thread.start()
@@ -609,3 +632,252 @@ async def test_a_user_of_uid_zero_in_any_spelling_is_not_honoured(reg, rt, tmp_p
         await rt.create(api.SandboxSpec(sandbox_id=sid, image=f"{reg.host}/{name}", run_as_root=False))
         await rt.start(sid)
         assert (await sh(rt, sid, "id -u"))[1] == "1000\n", user
+
+
+# ---- image references are an egress decision -------------------------------------------
+
+
+def _unreachable(ref: str) -> str:
+    return registry.UNREACHABLE.format(host=references.parse(ref).api_host)
+
+
+def test_references_to_the_hosts_own_addresses_are_refused_and_all_look_alike(hostile, tmp_path, monkeypatch):
+    """A tenant names host loopback ports (an HTTP service, a non-HTTP one, a closed one) in
+    every notation, link-local metadata and private addresses, and a name resolving to
+    loopback: nothing is connected to, and every error is the one text of a registry that
+    cannot be reached (no oracle of what listens where)."""
+    monkeypatch.setattr(registry, "BACKOFF", 0.0)
+    raw = socket.socket()
+    raw.bind(("127.0.0.1", 0))
+    raw.listen(16)
+    raw.setblocking(False)
+    closed = o.support.free_port()
+    port = hostile.port
+    refs = [
+        f"127.0.0.1:{port}/t/img:1",  # an HTTP service of the host
+        f"127.0.0.1:{raw.getsockname()[1]}/t/img:1",  # a non-HTTP one
+        f"127.0.0.1:{closed}/t/img:1",  # nothing listening
+        f"localhost:{port}/t/img:1",
+        f"2130706433:{port}/t/img:1",  # 127.0.0.1 in decimal
+        f"[::ffff:7f00:1]:{port}/t/img:1",  # 127.0.0.1, IPv4-mapped IPv6
+        f"[::1]:{port}/t/img:1",
+        "169.254.169.254/latest/meta-data:1",  # cloud metadata
+        "10.1.2.3:5000/t/img:1",  # private
+        f"loopback.example.com:{port}/t/img:1",  # a public-looking name that resolves to loopback
+        "no-such-registry.invalid/t/img:1",  # no such name
+    ]
+
+    def resolver(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"] if host == "loopback.example.com" else registry.resolve_addresses(host, port)
+
+    store = layers.LayerStore(tmp_path / "store", resolver=resolver)
+    for ref in refs:
+        with pytest.raises(errors.SandboxError) as failed:
+            store.pull(references.parse(ref))
+        assert type(failed.value) is errors.Unavailable, (ref, failed.value)
+        assert failed.value.message.endswith(_unreachable(ref)), (ref, failed.value.message)
+    # In octal, no URL can hold it: refused from the reference's text alone.
+    with pytest.raises(registry.PullError, match="is not a usable address"):
+        store.pull(references.parse(f"0177.0.0.1:{port}/t/img:1"))
+    assert hostile.seen == [] and hostile.connections == 0
+    with pytest.raises(BlockingIOError):
+        raw.accept()  # nobody connected
+    raw.close()
+    assert store.all() == [] and list((store.root / "layers").iterdir()) == []
+
+
+@pytest.fixture
+def admin():
+    """A host-only HTTP endpoint (an admin API on loopback) that logs what reaches it."""
+    server = o.HostileRegistry()
+    yield server
+    server.stop()
+
+
+def test_redirects_and_token_realms_into_the_host_are_refused(hostile, admin, tmp_path, monkeypatch):
+    """A registry the operator named (here on loopback; a public one alike) sends the
+    puller elsewhere: every redirect and the token realm is checked like the reference.
+    A GET of the attacker's choice never reaches the host-only endpoint."""
+    monkeypatch.setattr(registry, "BACKOFF", 0.0)
+    good = o.HostileRegistry()  # another named registry: redirects to it are followed
+    try:
+        good.image("ok", [o.busybox_layer()])
+        hostile.image("ok", [o.busybox_layer()])
+        hostile.redirects["ok"] = f"http://{good.host}/v2/t/img/manifests/ok"
+        targets = {
+            "plain": f"http://127.0.0.1:{admin.port}/admin/delete?all=1",
+            "tls": f"https://127.0.0.1:{admin.port}/admin/delete?all=1",
+            "mapped": f"https://[::ffff:127.0.0.1]:{admin.port}/admin",
+            "localhost": f"http://localhost:{admin.port}/admin",
+            "metadata": "http://169.254.169.254/latest/meta-data/iam/security-credentials/",
+            "named-metadata": "https://metadata.example.com/computeMetadata/v1/",
+            "loop": f"http://{hostile.host}/v2/t/img/manifests/loop",
+        }
+        hostile.redirects.update(targets)
+
+        def resolver(host: str, port: int) -> list[str]:
+            if host == "metadata.example.com":
+                return ["169.254.169.254"]
+            return registry.resolve_addresses(host, port)
+
+        config = o.allow(hostile.host, good.host)
+        store = layers.LayerStore(tmp_path / "store", config, resolver=resolver)
+        assert store.pull(references.parse(f"{hostile.host}/t/img:ok")).fetched == 1  # followed
+        for tag in targets:
+            ref = f"{hostile.host}/t/img:{tag}"
+            with pytest.raises(errors.Unavailable) as failed:
+                store.pull(references.parse(ref))
+            assert failed.value.message.endswith(_unreachable(ref)), (tag, failed.value.message)
+        loops = sum(seen.endswith("/manifests/loop") for seen in hostile.seen)
+        assert loops == registry.ATTEMPTS * (registry.MAX_REDIRECTS + 1)  # bounded
+        hostile.redirects.clear()
+        for realm in (
+            f"http://127.0.0.1:{admin.port}/admin?cmd=drop-everything",
+            f"https://127.0.0.1:{admin.port}/token",
+            "https://metadata.example.com/token",
+        ):
+            hostile.challenge = f'Bearer realm="{realm}",service="registry"'
+            with pytest.raises(errors.Unavailable) as failed:
+                store.pull(references.parse(f"{hostile.host}/t/img:realm"))
+            assert failed.value.message.endswith(_unreachable(f"{hostile.host}/t/img:realm")), realm
+        assert admin.seen == [] and admin.connections == 0
+    finally:
+        good.stop()
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(hostile, tmp_path, monkeypatch):
+    """No second lookup between the check and the connection (DNS rebinding): the
+    resolver is asked once per hop, and the connection is made to its answer; the system's
+    resolver, which would answer otherwise, is never asked for the name."""
+    hostile.image("pinned", [o.busybox_layer()])
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def system_resolver(host, *args, **kwargs):
+        asked.append(str(host))
+        if host == "pinned.example.com":
+            raise socket.gaierror(socket.EAI_NONAME, "rebound elsewhere")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", system_resolver)
+    checked: list[str] = []
+
+    def resolver(host: str, port: int) -> list[str]:
+        checked.append(host)
+        return ["127.0.0.1"]
+
+    name = f"pinned.example.com:{hostile.port}"
+    store = layers.LayerStore(tmp_path / "store", o.allow(name), resolver=resolver)
+    assert store.pull(references.parse(f"{name}/t/img:pinned")).fetched == 1
+    assert checked and set(checked) == {"pinned.example.com"}
+    assert "pinned.example.com" not in asked
+
+
+# ---- disk: the manifest's size, and free bytes and inodes while writing ---------------------
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 64 MiB ext4 filesystem of 2048 inodes, loop-mounted (the machine's disk is never
+    filled), and a thread noting the least it had free while a test ran."""
+    image, mount = tmp_path / "fs.img", tmp_path / "fs"
+    subprocess.run(["truncate", "-s", "64M", str(image)], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-N", "2048", str(image)], check=True)
+    mount.mkdir()
+    subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+class Lowest:
+    """The least free bytes and inodes a filesystem had while this ran (sampled)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.bytes, self.inodes = path, 2**63, 2**63
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            st = os.statvfs(self.path)
+            self.bytes = min(self.bytes, st.f_bavail * st.f_frsize)
+            self.inodes = min(self.inodes, st.f_favail)
+            self._stop.wait(0.002)
+
+    def __enter__(self) -> Lowest:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _nothing_kept(store: layers.LayerStore) -> None:
+    assert store.all() == []
+    for sub in ("layers", "manifests", "tags", "blobs"):
+        assert list((store.root / sub).iterdir()) == [], sub
+
+
+async def test_pulls_keep_the_reserve_of_bytes_and_inodes_and_keep_nothing_when_refused(
+    reg, small_fs, tmp_path
+):
+    reserve, inodes = 24 * 1024**2, 600
+    zeros = o.layer({"zeros": b"\0" * (96 * 1024**2)}, compress=False)
+    bomb = gzip.compress(zeros, 9)
+    many = o.layer({f"f{n}": b"" for n in range(3000)})
+    assert len(bomb) < 256 * 1024 and len(many) < 256 * 1024  # small downloads
+    push(reg, tmp_path, "test/disk-bomb:1", bomb)
+    push(reg, tmp_path, "test/inode-bomb:1", many)
+    st = os.statvfs(small_fs)
+    assert st.f_bavail * st.f_frsize > reserve + 2 * len(bomb) and st.f_favail > inodes + 100
+    store = layers.LayerStore(small_fs / "store", o.allow(reg.host), reserve=reserve, reserve_inodes=inodes)
+    for name, said in (("disk-bomb", "MiB free"), ("inode-bomb", "inodes free")):
+        with Lowest(small_fs) as lowest, pytest.raises(errors.LimitExceeded, match=said) as refused:
+            store.pull(references.parse(f"{reg.host}/test/{name}:1"))
+        assert "nothing was kept" in refused.value.message
+        assert lowest.bytes >= reserve and lowest.inodes >= inodes, (name, lowest.bytes, lowest.inodes)
+        _nothing_kept(store)  # not even the busybox layer this pull unpacked
+    # With room, the same store pulls an image as usual.
+    push(reg, tmp_path, "test/fits:1", o.layer({"etc/fits": b"1"}))
+    assert store.pull(references.parse(f"{reg.host}/test/fits:1")).fetched == 2
+
+
+async def test_an_image_of_too_many_layers_is_refused_before_any_blob_is_asked_for(reg, tmp_path):
+    one = o.layer({"etc/one": b"1"})
+    reg.put_image("test/many-layers", "1", [one] * 600)
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host))
+    with pytest.raises(
+        oci.ImageError, match="has 600 layers, more than the limit of 128 .*SBX_IMAGE_MAX_LAYERS"
+    ):
+        store.pull(references.parse(f"{reg.host}/test/many-layers:1"))
+    await o.support.eventually(lambda: reg.requests("GET", "test/many-layers/manifests/"), timeout=5)
+    assert reg.requests("GET", "test/many-layers/blobs/") == []
+    _nothing_kept(store)
+
+
+# ---- layers are tenant-safe -------------------------------------------------------------
+
+
+async def test_a_shared_layer_never_takes_its_files_from_another_images_layers(reg, tmp_path):
+    """Two organisations' images share an upper layer (same digest) whose unpacked form
+    reads the layers below it: a hard link to a lower file and a directory it implies.
+    The first to pull must not decide what the second's image shows."""
+    shared = o.layer({"opt/linked": o.Link("opt/secret", hard=True), "opt/added": b"shared\n"})
+    bases = {
+        "a": o.layer({"opt": o.Dir(0o777), "opt/secret": b"organisation A\n"}),
+        "b": o.layer({"opt": o.Dir(0o750), "opt/secret": b"organisation B\n"}),
+    }
+    for org, base in bases.items():
+        push(reg, tmp_path, f"test/tenant-{org}:1", base, shared)
+    store = layers.LayerStore(tmp_path / "store", o.allow(reg.host))
+    pulled = {org: store.pull(references.parse(f"{reg.host}/test/tenant-{org}:1")) for org in bases}
+    for org, mode in (("a", 0o777), ("b", 0o750)):
+        lowers = list(reversed(store.lower_dirs(pulled[org])))
+        assert layers.read_image_file(lowers, "opt/linked") == f"organisation {org.upper()}\n"
+        finder = layerfs.LayerExtractor("", oci.Budget(0, 0), [str(p) for p in lowers])
+        found = finder.find("opt")
+        assert found is not None and stat.S_IMODE(found[1].st_mode) == mode | oci.DIR_OWNER, org
+    assert pulled["a"].dirs[-1] != pulled["b"].dirs[-1]  # one directory per stack

@@ -506,3 +506,78 @@ def test_size_cap_is_enforced(tmp_path: Path, rootfs: Path) -> None:
 def test_member_cap_is_enforced(tmp_path: Path, rootfs: Path) -> None:
     archive = docker_save(tmp_path / "image.tar", [layer(*(file(f"f{i}") for i in range(20)))])
     assert_rejected(archive, rootfs, max_members=10)
+
+
+def _raw_header(name: str, kind: bytes, size: int) -> bytes:
+    """One ustar header declaring ``size`` bytes of data (which need not follow)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.size = kind, size
+    return info.tobuf(format=tarfile.USTAR_FORMAT)
+
+
+@pytest.mark.parametrize("kind", [tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.GNUTYPE_LONGNAME])
+def test_a_huge_pax_or_long_name_header_is_refused_before_it_is_read(
+    tmp_path: Path, rootfs: Path, kind: bytes
+) -> None:
+    """``tarfile`` reads such a header whole into memory: 8 MiB declared (of zeros that
+    gzip to a few KiB) is refused from its size, without being read."""
+    raw = _raw_header("././@PaxHeader", kind, 8 * 1024**2) + b"\0" * (8 * 1024**2 + 1024)
+    bomb = gzip.compress(raw, 9)
+    assert len(bomb) < 64 * 1024
+    error = assert_rejected(docker_save(tmp_path / "image.tar", [bomb]), rootfs)
+    assert "tar header of 8388608 bytes" in str(error)
+
+
+@pytest.mark.parametrize(
+    ("entry", "said"),
+    [
+        (file("a/" * 300 + "deep"), "more than 256 directories deep"),
+        (file("n" * 5000), "longer than 4096 characters"),
+        (hardlink("link", "a/" * 300 + "deep"), "more than 256 directories deep"),
+    ],
+    ids=["deep", "long", "deep-link"],
+)
+def test_huge_names_and_depths_are_refused(tmp_path: Path, rootfs: Path, entry: Entry, said: str) -> None:
+    error = assert_rejected(docker_save(tmp_path / "image.tar", [layer(entry)]), rootfs)
+    assert said in str(error)
+
+
+def test_directories_an_entry_implies_count_as_entries(tmp_path: Path, rootfs: Path) -> None:
+    """One entry 200 directories deep makes 200 inodes: counted, so an inode bomb of a few
+    entries stops at the cap."""
+    deep = "/".join(f"d{i}" for i in range(200)) + "/f"
+    archive = docker_save(tmp_path / "image.tar", [layer(file(deep))])
+    assert "more than 100 entries" in str(assert_rejected(archive, rootfs, max_members=100))
+    oci.unpack(archive, rootfs, max_members=300)
+
+
+@pytest.mark.parametrize("name", ["../pax-escape", "/pax-absolute"])
+def test_a_pax_path_is_checked_like_any_name(tmp_path: Path, rootfs: Path, name: str) -> None:
+    """A PAX ``path`` record replaces the header's (harmless) name: the real one is checked."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("harmless")
+        info.size, info.pax_headers = 5, {"path": name}
+        tar.addfile(info, io.BytesIO(b"pwned"))
+    assert_rejected(docker_save(tmp_path / "image.tar", [buffer.getvalue()]), rootfs)
+    assert not (rootfs.parent / "pax-escape").exists() and not Path("/pax-absolute").exists()
+
+
+def test_a_guard_stops_the_unpack_before_each_write(tmp_path: Path) -> None:
+    """What a pull uses to keep the filesystem's reserve: told before every entry and
+    every file's bytes, it can stop the unpack, which then leaves nothing."""
+    told: list[tuple[int, int]] = []
+
+    def guard(more_bytes: int, more_entries: int) -> None:
+        told.append((more_bytes, more_entries))
+        if more_bytes > 1000:
+            raise errors.LimitExceeded("the reserve")
+
+    budget = oci.Budget(max_bytes=10**9, max_members=10**6, guard=guard)
+    dest = tmp_path / "layer"
+    dest.mkdir()
+    data = layer(file("small", b"x" * 10), file("big", b"y" * 5000))
+    with pytest.raises(errors.LimitExceeded), oci.open_layer(io.BytesIO(data)) as tar:
+        oci.Extractor(str(dest), budget).run(tar)
+    assert (0, 1) in told and (10, 0) in told and (5000, 0) in told
+    assert not (dest / "big").exists()

@@ -17,7 +17,6 @@ filesystem has: the runtime also refuses to start a sandbox when less than
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import fcntl
@@ -27,6 +26,8 @@ import shutil
 import struct
 import subprocess
 import tempfile
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,59 +102,98 @@ class Disk:
 
     def space_problem(self, state_dir: Path, *, size: int = 0, entries: int = 0) -> str | None:
         """Why nothing may write ``size`` bytes and ``entries`` files more on the state
-        filesystem now (it would go below the reserve kept for the event store), or None."""
-        with contextlib.suppress(OSError):
-            st = os.statvfs(state_dir)
-            free = st.f_bavail * st.f_frsize
-            if free - size < self.reserve_bytes:
-                needs = f" and this needs {size // 1024**2} MiB" if size else ""
-                return (
-                    f"the state filesystem ({state_dir}) has {free // 1024**2} MiB free{needs}, "
-                    f"less than the {self.reserve_bytes // 1024**2} MiB kept for the event store "
-                    "(SBX_DISK_RESERVE): clear sessions, snapshots or images you no longer need"
-                )
-            if st.f_files and st.f_favail - entries < self.reserve_inodes:  # (0 files: no inode limit)
-                needs = f" and this needs {entries}" if entries else ""
-                return (
-                    f"the state filesystem ({state_dir}) has {st.f_favail} free inodes{needs}, "
-                    f"less than the {self.reserve_inodes} kept for the event store "
-                    "(SBX_DISK_RESERVE_INODES): clear sessions, snapshots or images you no longer need"
-                )
-        return None
+        filesystem now (it would go below the reserves kept for the event store), or None."""
+        try:
+            room = free(state_dir)
+        except OSError:
+            return None
+        why = shortfall(
+            room,
+            reserve_bytes=self.reserve_bytes,
+            reserve_inodes=self.reserve_inodes,
+            more_bytes=size,
+            more_inodes=entries,
+        )
+        if why is None:
+            return None
+        needs = f" (this needs {size // 1024**2} MiB and {entries} files)" if size or entries else ""
+        return (
+            f"the state filesystem ({state_dir}) has {why} for the event store{needs}: "
+            "clear sessions, snapshots or images you no longer need"
+        )
 
 
-LOOK_EVERY, LOOK_EVERY_ENTRIES = 8 * 1024**2, 1024
-"""How often a ``Room`` looks at the filesystem again (bytes, entries written since)."""
+@dataclass(frozen=True)
+class Free:
+    """What a filesystem has free for us (not counting blocks reserved for root)."""
+
+    bytes: int
+    inodes: int | None
+    """None: the filesystem has no inode limit (btrfs reports none)."""
 
 
-@dataclass
-class Room:
+def free(path: Path) -> Free:
+    st = os.statvfs(path)
+    return Free(st.f_bavail * st.f_frsize, st.f_favail if st.f_files else None)
+
+
+def shortfall(
+    room: Free, *, reserve_bytes: int, reserve_inodes: int, more_bytes: int = 0, more_inodes: int = 0
+) -> str | None:
+    """What would be short if ``more_bytes`` and ``more_inodes`` were written now, with the
+    reserves kept (pure), or None. The one rule for the state filesystem's reserve."""
+    if room.bytes - more_bytes < reserve_bytes:
+        return (
+            f"{max(room.bytes, 0) // 1024**2} MiB free, {reserve_bytes // 1024**2} MiB kept "
+            "(SBX_DISK_RESERVE)"
+        )
+    if room.inodes is not None and room.inodes - more_inodes < reserve_inodes:
+        return f"{max(room.inodes, 0)} inodes free, {reserve_inodes} kept (SBX_DISK_RESERVE_INODES)"
+    return None
+
+
+LOOK_BYTES, LOOK_ENTRIES = 8 * 1024**2, 256
+"""How often a ``Headroom`` looks at the filesystem again (bytes, entries written since)."""
+
+
+class Headroom:
     """A guard (``fdtree.Guard``) for what the host writes on a sandbox's or a tenant's
-    behalf (a snapshot's copy, an image's layers): stops it with ``LimitExceeded`` once it
-    would pass ``budget`` bytes, or leave the state filesystem below the disk's reserve of
-    bytes or inodes (looked at again every ``LOOK_EVERY`` bytes or ``LOOK_EVERY_ENTRIES``)."""
+    behalf (a snapshot's copy, an image pull's downloads and layers): told every write
+    before it happens (``(bytes, entries)``, from any thread), it stops it with
+    ``LimitExceeded`` once it would pass ``budget`` bytes, or before the filesystem of
+    ``root`` goes below the disk's reserves: it looks every :data:`LOOK_BYTES` /
+    :data:`LOOK_ENTRIES`, keeping that much room above the reserves in between.
+    ``refusal`` says what was stopped, given what is short."""
 
-    disk: Disk
-    path: Path
-    budget: int
-    what: str
-    size: int = 0
-    entries: int = 0
-    _looked: tuple[int, int] = (0, 0)
+    def __init__(
+        self, root: Path, disk: Disk, refusal: Callable[[str], str], budget: int | None = None
+    ) -> None:
+        self.root, self.disk, self.refusal, self.budget = root, disk, refusal, budget
+        self.size = 0
+        self._lock = threading.Lock()
+        self._bytes = self._entries = LOOK_BYTES * 2  # look at once
 
-    def __call__(self, size: int, entries: int) -> None:
-        self.size += size
-        self.entries += entries
-        if self.size > self.budget:
-            raise errors.LimitExceeded(
-                f"{self.what} passed the {self.budget // 1024**2} MiB it may take and was stopped"
-            )
-        size_then, entries_then = self._looked
-        if self.size - size_then >= LOOK_EVERY or self.entries - entries_then >= LOOK_EVERY_ENTRIES:
-            self._looked = (self.size, self.entries)
-            problem = self.disk.space_problem(self.path, size=LOOK_EVERY, entries=LOOK_EVERY_ENTRIES)
-            if problem is not None:
-                raise errors.LimitExceeded(f"{self.what} was stopped: {problem}")
+    def __call__(self, more_bytes: int, more_entries: int) -> None:
+        with self._lock:
+            self.size += max(more_bytes, 0)
+            if self.budget is not None and self.size > self.budget:
+                raise errors.LimitExceeded(
+                    self.refusal(f"it passed the {self.budget // 1024**2} MiB it may take")
+                )
+            self._bytes += max(more_bytes, 0)
+            self._entries += more_entries
+            if self._bytes < LOOK_BYTES and self._entries < LOOK_ENTRIES:
+                return
+            self._bytes = self._entries = 0
+        why = shortfall(
+            free(self.root),
+            reserve_bytes=self.disk.reserve_bytes,
+            reserve_inodes=self.disk.reserve_inodes,
+            more_bytes=max(more_bytes, 0) + LOOK_BYTES,
+            more_inodes=more_entries + LOOK_ENTRIES,
+        )
+        if why is not None:
+            raise errors.LimitExceeded(self.refusal(why))
 
 
 TEMPLATES = ".disk-templates"

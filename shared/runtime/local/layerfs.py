@@ -13,7 +13,9 @@ overlayfs reads, instead of being applied onto the layers below:
 Everything else is ``oci.Extractor``'s: no path escapes, nothing written through a
 symlink, set-id bits dropped, devices and FIFOs skipped, sizes and entry counts capped.
 A hard link to a file of a lower layer (allowed by the OCI spec) is a copy here, and a
-directory the layer implies without an entry of its own takes the mode it has below.
+directory the layer implies without an entry of its own takes the mode it has below: so
+a layer's unpacked form depends on the layers below it, and the store keys it by all of
+them (``layers.chain_keys``), never by its own digest alone.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def unpack_layer(blob: Path, dest: Path, lowers: Sequence[Path], budget: oci.Bud
         raise oci.ImageError("zstd-compressed layers are not supported yet; use a gzip image")
     dest.mkdir(mode=0o755)
     try:
-        with blob.open("rb") as raw, tarfile.open(fileobj=raw, mode="r|*") as tar:
+        with blob.open("rb") as raw, oci.open_layer(raw) as tar:
             LayerExtractor(str(dest), budget, [str(p) for p in lowers]).run(tar)
     except (OSError, EOFError, zlib.error, gzip.BadGzipFile, tarfile.TarError) as exc:
         if isinstance(exc, OSError) and exc.errno == 28:

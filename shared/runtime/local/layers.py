@@ -2,9 +2,14 @@
 
 Under ``<state>/images/``:
 
-* ``layers/<hex>/`` one layer, unpacked as an overlay lower directory (``layerfs``),
-  named by the digest of its blob; ``layers/<hex>.json`` its sizes. Shared read-only by
-  every sandbox of every image that has it: nothing is copied per sandbox.
+* ``layers/<key>/`` one layer, unpacked as an overlay lower directory (``layerfs``),
+  named by its *chain*: the digest of its blob and of every layer below it
+  (``chain_keys``), because unpacking a layer may read the layers below (a hard link to
+  a lower file is a copy, an implied directory takes its mode from below). Two images
+  share a layer directory only when they share the whole stack under it, so no image's
+  layers can decide another's files. ``layers/<key>.json`` its sizes. Shared read-only by
+  every sandbox of every image that has it: nothing is copied per sandbox. (Images
+  recorded before chains name their layers by digest alone, and keep them.)
 * ``manifests/<hex>.json`` one pulled image (by manifest digest): its reference, its
   layers bottom to top, its config; ``manifests/<hex>.top/`` the small directory every
   sandbox of it has on top (mount points, our ``/etc/hosts``, the sandbox user).
@@ -12,12 +17,20 @@ Under ``<state>/images/``:
 * ``tags/<token>.json`` which digest a tag was resolved to, once (``sbx image pull``
   resolves it again).
 * ``locks/`` flocks: one pull per reference and one download per layer at a time across
-  every process on this machine; ``store.lock`` held shared by pulls and sandbox
-  creation, exclusively by prune, so prune never takes what is being used.
+  every process on this machine; ``hold-<key>`` held shared by every pull using a layer
+  until its image is recorded; ``store.lock`` held shared by pulls and sandbox creation,
+  exclusively by prune, so prune never takes what is being used.
 
 Blobs are downloaded next to the store, checked against their digest, unpacked, and
 removed; a layer directory or an image record only ever appears complete (renamed into
-place), so a crash or a full disk leaves nothing half-registered.
+place), so a crash or a full disk leaves nothing half-registered. A pull that fails
+removes the layers it used that no image has and no other pull holds: a failed or
+refused pull leaves nothing behind.
+
+Before any blob is asked for, the manifest's layer count and total size are checked
+(``max_layers``, ``max_bytes``); while blobs download and unpack, every write is checked
+against the filesystem's free bytes and inodes minus the reserves (``disk.Headroom``), and the
+unpacked bytes and entries of the pull against ``max_bytes`` and ``max_entries``.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -39,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from shared.contract import errors, ids, references
-from shared.runtime.local import bwrap, layerfs, oci, registry
+from shared.runtime.local import bwrap, disk, layerfs, oci, registry
 from shared.runtime.local.registries import RegistryConfig
 
 LAYER_TYPES = (
@@ -51,6 +65,8 @@ LAYER_TYPES = (
 )
 DOWNLOADS = 4
 """Layers downloaded at once for one pull."""
+MAX_LAYERS = 128
+"""Most layers an image may have (``SBX_IMAGE_MAX_LAYERS``): Docker's own limit is 127."""
 TRUST_STORE = "etc/ssl/certs/ca-certificates.crt"
 #: Mount points and our own files every sandbox of a pulled image has on top.
 TOP_DIRS = {
@@ -86,13 +102,30 @@ class Pulled:
     has_bash: bool = True
     has_sh: bool = True
     fetched: int = 0
+    """Layers downloaded by the pull that returned this (0: all were in the store)."""
     downloaded: int = 0
     """Bytes those layers were."""
-    """Layers downloaded by the pull that returned this (0: all were in the store)."""
+    dirs: tuple[str, ...] = ()
+    """The layers' directories under ``layers/``, bottom first (their chain keys)."""
 
     @property
     def hex(self) -> str:
         return self.digest.split(":", 1)[1]
+
+
+def chain_keys(digests: Sequence[str]) -> list[str]:
+    """Where each layer of an image is unpacked (pure): the bottom one by its digest (it
+    reads nothing below), each other by the hash of the key below it and its own digest,
+    as OCI's ChainID is made. Equal keys mean equal stacks, hence equal unpacked files."""
+    keys: list[str] = []
+    for digest in digests:
+        chain = (
+            digest
+            if not keys
+            else "sha256:" + hashlib.sha256(f"sha256:{keys[-1]} {digest}".encode()).hexdigest()
+        )
+        keys.append(chain.split(":", 1)[1])
+    return keys
 
 
 class Progress:
@@ -117,6 +150,13 @@ class LayerStore:
     timeout: float = 600.0
     reserve: int = 0
     """Free space the filesystem keeps: a pull that would go below it is refused."""
+    reserve_inodes: int = 0
+    """Free inodes the filesystem keeps, likewise."""
+    max_layers: int = MAX_LAYERS
+    max_entries: int = oci.DEFAULT_MAX_MEMBERS
+    """Most files, directories and links one pull may unpack."""
+    resolver: registry.Resolver = registry.resolve_addresses
+    """How registry names are resolved (tests give one)."""
 
     def __post_init__(self) -> None:
         for sub in ("layers", "manifests", "tags", "locks", "blobs"):
@@ -151,6 +191,7 @@ class LayerStore:
             trust_store=raw.get("trust_store", False),
             has_bash=raw.get("has_bash", True),
             has_sh=raw.get("has_sh", True),
+            dirs=tuple(raw.get("dirs") or (d.split(":", 1)[1] for d in raw["layers"])),
         )
 
     def all(self) -> list[Pulled]:
@@ -172,7 +213,7 @@ class LayerStore:
 
     def lower_dirs(self, image: Pulled) -> tuple[Path, ...]:
         """The overlay lower directories of a sandbox of ``image``, bottom first."""
-        layers = [self.root / "layers" / d.split(":", 1)[1] for d in image.layers]
+        layers = [self.root / "layers" / key for key in image.dirs]
         return (*layers, self.root / "manifests" / f"{image.hex}.top")
 
     def _tag(self, ref: references.Reference) -> str | None:
@@ -207,7 +248,7 @@ class LayerStore:
         with self.using(), self._flock(f"pull-{ids.token(ref.name + '@' + (ref.digest or ref.tag or ''))}"):
             if not refresh and (have := self.cached(ref)) is not None:
                 return have
-            client = registry.Client(self.config)
+            client = registry.Client(self.config, resolver=self.resolver)
             client.deadline = time.monotonic() + self.timeout
             try:
                 return self._pull(client, ref, progress)
@@ -224,74 +265,142 @@ class LayerStore:
         if (have := self.get(manifest.digest)) is not None:
             self._record_tag(ref, manifest.digest)
             return have
-        config_json = client.blob_json(ref, manifest.config)
-        config = oci.ImageConfig.from_json(config_json)
         layers = [_layer(ref, descriptor) for descriptor in manifest.layers]
+        self._check_manifest(ref, layers)  # before any blob is asked for
+        config = oci.ImageConfig.from_json(client.blob_json(ref, manifest.config))
+        keys = chain_keys([d for d, _ in layers])
+        try:
+            with contextlib.ExitStack() as holds:
+                for key in dict.fromkeys(keys):
+                    holds.enter_context(self._flock(f"hold-{key}", fcntl.LOCK_SH))
+                return self._assemble(client, ref, manifest.digest, config, layers, keys, progress)
+        except BaseException:
+            self._remove_unheld(keys)
+            raise
+
+    def _check_manifest(self, ref: references.Reference, layers: list[tuple[str, int | None]]) -> None:
+        if len(layers) > self.max_layers:
+            raise oci.ImageError(
+                f"{ref} has {len(layers)} layers, more than the limit of {self.max_layers} "
+                "(SBX_IMAGE_MAX_LAYERS)"
+            )
         size = sum(s or 0 for _, s in layers)
         if size > self.max_bytes:
             raise oci.ImageError(
                 f"{ref} is {size} bytes to download, more than the limit of {self.max_bytes} "
                 "(SBX_IMAGE_MAX_BYTES)"
             )
-        present = {d for d, _ in layers if self._layer_ready(d)}
-        self._check_space(sum(s or 0 for d, s in layers if d not in present), ref)
-        progress.layers([(d, s, d in present) for d, s in layers])
-        budget = oci.Budget(max_bytes=self.max_bytes, max_members=oci.DEFAULT_MAX_MEMBERS)
+
+    def _assemble(
+        self,
+        client: registry.Client,
+        ref: references.Reference,
+        digest: str,
+        config: oci.ImageConfig,
+        layers: list[tuple[str, int | None]],
+        keys: list[str],
+        progress: Progress,
+    ) -> Pulled:
+        """Download and unpack the layers not in the store yet, then record the image
+        (every layer's hold is taken)."""
+        present = {key for key in keys if self._layer_ready(key)}
+        self._check_space(
+            sum(s or 0 for (_, s), k in zip(layers, keys, strict=True) if k not in present), ref
+        )
+        progress.layers([(d, s, k in present) for (d, s), k in zip(layers, keys, strict=True)])
+        headroom = disk.Headroom(
+            self.root,
+            disk.Disk(reserve_bytes=self.reserve, reserve_inodes=self.reserve_inodes),
+            lambda why: (
+                f"not enough disk space to pull {ref}: {why}; nothing was kept; prune images "
+                "(`sbx image prune`)"
+            ),
+        )
+        budget = oci.Budget(max_bytes=self.max_bytes, max_members=self.max_entries, guard=headroom)
         fetched = downloaded = 0
-        with concurrent.futures.ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="sbx-pull") as pool:
-            stop = threading.Event()
-            downloads = {
-                digest: pool.submit(self._download, client, ref, digest, size, progress, stop)
-                for digest, size in layers
-                if digest not in present
-            }
-            try:
-                lowers: list[Path] = []
-                for digest, layer_size in layers:
-                    layer_dir = self.root / "layers" / digest.split(":", 1)[1]
-                    if digest in downloads:
-                        blob = downloads[digest].result()
-                        if blob is not None:
-                            self._unpack(digest, blob, layer_dir, lowers, budget)
-                            fetched += 1
-                            downloaded += layer_size or 0
-                    else:
-                        budget.take(self._unpacked_size(digest))
-                    progress.unpacked(digest)
-                    lowers.insert(0, layer_dir)
-                    client.check_deadline()
-            except BaseException:
-                stop.set()
-                for future in downloads.values():
-                    future.cancel()
-                raise
-        with self._flock(
-            f"image-{manifest.digest.split(':', 1)[1]}"
-        ):  # a tag and its digest may be pulled at once
+        downloads: dict[str, concurrent.futures.Future[Path | None]] = {}
+        try:
+            with concurrent.futures.ThreadPoolExecutor(DOWNLOADS, thread_name_prefix="sbx-pull") as pool:
+                stop = threading.Event()
+                for (layer_digest, size), key in zip(layers, keys, strict=True):
+                    if key not in present and key not in downloads:
+                        downloads[key] = pool.submit(
+                            self._download, client, ref, layer_digest, key, size, progress, stop, headroom
+                        )
+                try:
+                    lowers: list[Path] = []
+                    for (layer_digest, layer_size), key in zip(layers, keys, strict=True):
+                        layer_dir = self.root / "layers" / key
+                        if key in downloads:
+                            blob = downloads[key].result()
+                            if blob is not None:
+                                self._unpack(key, blob, layer_dir, lowers, budget)
+                                fetched += 1
+                                downloaded += layer_size or 0
+                        else:
+                            budget.take(self._unpacked_size(key), written=False)
+                        progress.unpacked(layer_digest)
+                        lowers.insert(0, layer_dir)
+                        client.check_deadline()
+                except BaseException:
+                    stop.set()
+                    for future in downloads.values():
+                        future.cancel()
+                    raise
+        finally:  # blobs downloaded but never unpacked (a layer below failed)
+            for future in downloads.values():
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    if (left := future.result()) is not None:
+                        left.unlink(missing_ok=True)
+        with self._flock(f"image-{digest.split(':', 1)[1]}"):  # a tag and its digest may be pulled at once
             # Registered meanwhile: its top may be in use, never replace it.
-            pulled = self.get(manifest.digest) or self._register(
-                ref, manifest.digest, [d for d, _ in layers], config, size, budget.bytes
+            pulled = self.get(digest) or self._register(
+                ref,
+                digest,
+                [d for d, _ in layers],
+                keys,
+                config,
+                sum(s or 0 for _, s in layers),
+                budget.bytes,
             )
-        self._record_tag(ref, manifest.digest)
+        self._record_tag(ref, digest)
         return dataclasses.replace(pulled, fetched=fetched, downloaded=downloaded)
 
-    def _layer_ready(self, digest: str) -> bool:
-        return (self.root / "layers" / f"{digest.split(':', 1)[1]}.json").exists()
+    def _remove_unheld(self, keys: list[str]) -> None:
+        """After a failed pull: remove each of its layers that no recorded image has and
+        no other pull holds (the last pull to let go of a layer removes it)."""
+        for key in dict.fromkeys(keys):
+            fd = os.open(self.root / "locks" / f"hold-{key}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # another pull uses it: it records it, or removes it when it fails
+                if key not in {k for image in self.all() for k in image.dirs}:
+                    (self.root / "layers" / f"{key}.json").unlink(missing_ok=True)
+                    _discard(self.root / "layers" / key)
+            finally:
+                os.close(fd)
 
-    def _unpacked_size(self, digest: str) -> int:
+    def _layer_ready(self, key: str) -> bool:
+        return (self.root / "layers" / f"{key}.json").exists()
+
+    def _unpacked_size(self, key: str) -> int:
         try:
-            return int(
-                json.loads((self.root / "layers" / f"{digest.split(':', 1)[1]}.json").read_text())["unpacked"]
-            )
+            return int(json.loads((self.root / "layers" / f"{key}.json").read_text())["unpacked"])
         except (OSError, ValueError, KeyError):
             return 0
 
     def _check_space(self, needed: int, ref: references.Reference) -> None:
-        free = shutil.disk_usage(self.root).free
-        if free - self.reserve < needed * 3:  # the blob, then unpacked (usually 2-3x)
+        free = disk.free(self.root)
+        # the blobs, then unpacked (usually 2-3x)
+        why = disk.shortfall(
+            free, reserve_bytes=self.reserve, reserve_inodes=self.reserve_inodes, more_bytes=needed * 3
+        )
+        if why is not None:
             raise errors.LimitExceeded(
-                f"not enough disk space to pull {ref}: {needed} bytes to download, "
-                f"{max(free - self.reserve, 0)} free above the reserve; prune images (`sbx image prune`)"
+                f"not enough disk space to pull {ref}: {needed} bytes to download, {why}; "
+                "prune images (`sbx image prune`)"
             )
 
     def _download(
@@ -299,40 +408,40 @@ class LayerStore:
         client: registry.Client,
         ref: references.Reference,
         digest: str,
+        key: str,
         size: int | None,
         progress: Progress,
         stop: threading.Event,
+        headroom: disk.Headroom,
     ) -> Path | None:
         """The blob in a temporary file, or None if another process unpacked it meanwhile."""
-        hexd = digest.split(":", 1)[1]
-        with self._flock(f"layer-{hexd}"):
-            if self._layer_ready(digest) or stop.is_set():
+        with self._flock(f"layer-{key}"):
+            if self._layer_ready(key) or stop.is_set():
                 return None
-            blob = self.root / "blobs" / f"{hexd}.{os.getpid()}.{threading.get_ident()}"
+            blob = self.root / "blobs" / f"{key}.{os.getpid()}.{threading.get_ident()}"
 
             def advanced(count: int) -> None:
                 if stop.is_set():
                     raise errors.Cancelled("the pull stopped")
                 client.check_deadline()
+                headroom(count, 0)
                 progress.advanced(digest, count)
 
             try:
+                headroom(0, 1)
                 client.fetch_blob(ref, {"digest": digest, "size": size}, blob, advanced, self.max_bytes)
             except BaseException as exc:
                 blob.unlink(missing_ok=True)
-                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise errors.LimitExceeded(f"no space left on the device while pulling {ref}") from None
                 raise
             return blob
 
-    def _unpack(
-        self, digest: str, blob: Path, layer_dir: Path, lowers: list[Path], budget: oci.Budget
-    ) -> None:
-        hexd = digest.split(":", 1)[1]
-        tmp = self.root / "layers" / f".{hexd}.{os.getpid()}.{threading.get_ident()}"
-        with self._flock(f"layer-{hexd}"):
+    def _unpack(self, key: str, blob: Path, layer_dir: Path, lowers: list[Path], budget: oci.Budget) -> None:
+        tmp = self.root / "layers" / f".{key}.{os.getpid()}.{threading.get_ident()}"
+        with self._flock(f"layer-{key}"):
             try:
-                if self._layer_ready(digest):
+                if self._layer_ready(key):
                     return
                 before = budget.bytes
                 _discard(tmp)
@@ -340,8 +449,8 @@ class LayerStore:
                 _discard(layer_dir)  # from a crash between rename and record
                 tmp.rename(layer_dir)
                 _write_json(
-                    self.root / "layers" / f"{hexd}.json",
-                    {"digest": digest, "size": blob.stat().st_size, "unpacked": budget.bytes - before},
+                    self.root / "layers" / f"{key}.json",
+                    {"key": key, "size": blob.stat().st_size, "unpacked": budget.bytes - before},
                 )
             except BaseException:
                 _discard(tmp)
@@ -354,12 +463,13 @@ class LayerStore:
         ref: references.Reference,
         digest: str,
         layers: list[str],
+        keys: list[str],
         config: oci.ImageConfig,
         size: int,
         unpacked: int,
     ) -> Pulled:
         hexd = digest.split(":", 1)[1]
-        lowers = [self.root / "layers" / d.split(":", 1)[1] for d in reversed(layers)]
+        lowers = [self.root / "layers" / key for key in reversed(keys)]
         top = self.root / "manifests" / f"{hexd}.top"
         tmp = top.with_name(f".{hexd}.top.{os.getpid()}.{threading.get_ident()}")
         _discard(tmp)
@@ -386,6 +496,7 @@ class LayerStore:
             trust_store=_is_file(finder, TRUST_STORE),
             has_bash=bash is not None,
             has_sh=sh is not None,
+            dirs=tuple(keys),
         )
         _write_json(
             self.root / "manifests" / f"{hexd}.json",
@@ -393,6 +504,7 @@ class LayerStore:
                 "reference": pulled.reference,
                 "digest": digest,
                 "layers": layers,
+                "dirs": keys,
                 "env": config.env,
                 "working_dir": config.working_dir,
                 "user": config.user,
@@ -422,8 +534,8 @@ class LayerStore:
         with self._flock("store.lock"):
             used = in_use()
             images = sorted(self.all(), key=self.last_used)
-            kept_layers = {layer for image in images for layer in image.layers}
-            total = sum(self._unpacked_size(d) for d in kept_layers)
+            kept_layers = {key for image in images for key in image.dirs}
+            total = sum(self._unpacked_size(key) for key in kept_layers)
             removed = []
             for image in images:
                 if image.digest in used or (keep_bytes and total <= keep_bytes):
@@ -438,13 +550,13 @@ class LayerStore:
                     with contextlib.suppress(OSError, ValueError, KeyError):
                         if json.loads(tag.read_text())["digest"] == image.digest:
                             tag.unlink()
-                still = {layer for other in self.all() for layer in other.layers}
-                total -= sum(self._unpacked_size(d) for d in set(image.layers) - still)
-            wanted = {layer.split(":", 1)[1] for image in self.all() for layer in image.layers}
+                still = {key for other in self.all() for key in other.dirs}
+                total -= sum(self._unpacked_size(key) for key in set(image.dirs) - still)
+            wanted = {key for image in self.all() for key in image.dirs}
             freed = 0
             for meta in (self.root / "layers").glob("*.json"):
                 if meta.stem not in wanted:
-                    freed += self._unpacked_size(f"sha256:{meta.stem}")
+                    freed += self._unpacked_size(meta.stem)
                     _discard(self.root / "layers" / meta.stem)
                     meta.unlink(missing_ok=True)
             self._remove_strays()

@@ -43,6 +43,12 @@ __all__ = ["ImageConfig", "ImageError", "unpack"]
 
 DEFAULT_MAX_BYTES = 8 * 1024**3
 DEFAULT_MAX_MEMBERS = 500_000
+MAX_NAME = 4096
+"""Longest entry or link name (PATH_MAX): a longer one is refused."""
+MAX_DEPTH = 256
+"""Most directory levels an entry may be below the root."""
+MAX_HEADER = 1024**2
+"""Largest PAX or GNU long-name header: ``tarfile`` reads one whole into memory."""
 #: Directories the sandbox mounts over; created empty when the image lacks them.
 MOUNT_POINTS = {"proc": 0o555, "dev": 0o755, "sys": 0o555, "tmp": 0o1777}
 
@@ -199,7 +205,7 @@ class _Source(abc.ABC):
 
 class _TarSource(_Source):
     def __init__(self, path: Path, max_members: int) -> None:
-        self._tar = tarfile.open(path, "r:*")
+        self._tar = tarfile.open(path, "r:*", tarinfo=BoundedTarInfo)
         self._members: dict[str, tarfile.TarInfo] = {}
         try:
             for count, member in enumerate(self._tar, start=1):
@@ -450,22 +456,53 @@ def _read_oci_layout(source: _Source) -> tuple[ImageConfig, list[_Layer]]:
 
 @dataclass
 class Budget:
+    """What one unpack may write: bytes and entries (files, directories it implies,
+    whiteouts), and a ``guard`` told before each write (the filesystem's free space)."""
+
     max_bytes: int
     max_members: int
     bytes: int = 0
     members: int = 0
+    guard: Callable[[int, int], None] | None = None
+    """Called with ``(bytes, entries)`` about to be written; raises to stop the unpack."""
 
     def member(self) -> None:
         self.members += 1
         if self.members > self.max_members:
-            raise ImageError(f"image has more than {self.max_members} entries")
+            raise ImageError(f"image has more than {self.max_members} entries (SBX_IMAGE_MAX_ENTRIES)")
+        if self.guard is not None:
+            self.guard(0, 1)
 
-    def take(self, size: int) -> None:
+    def take(self, size: int, *, written: bool = True) -> None:
+        """Count ``size`` more bytes (``written``: about to be written now)."""
         if size < 0:
             raise ImageError("layer entry has a negative size")
         self.bytes += size
         if self.bytes > self.max_bytes:
-            raise ImageError(f"image unpacks to more than {self.max_bytes} bytes")
+            raise ImageError(f"image unpacks to more than {self.max_bytes} bytes (SBX_IMAGE_MAX_BYTES)")
+        if written and self.guard is not None:
+            self.guard(size, 0)
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """Refuses PAX and GNU long-name headers larger than :data:`MAX_HEADER`, which
+    ``tarfile`` would read whole into memory (a few bytes of gzip can declare gigabytes)."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type in _LONG_HEADERS and self.size > MAX_HEADER:
+            raise tarfile.HeaderError(f"a tar header of {self.size} bytes (at most {MAX_HEADER})")
+        return super()._proc_member(tarfile_)  # type: ignore[misc]
+
+
+_LONG_HEADERS = (
+    tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE, tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+)  # fmt: skip
+
+
+def open_layer(raw: IO[bytes]) -> tarfile.TarFile:
+    """A layer tar (plain or compressed) read as a stream, headers bounded."""
+    return tarfile.open(fileobj=raw, mode="r|*", tarinfo=BoundedTarInfo)
 
 
 def _apply_layer(source: _Source, layer: _Layer, dest: Path, budget: Budget) -> None:
@@ -477,7 +514,7 @@ def _apply_layer(source: _Source, layer: _Layer, dest: Path, budget: Budget) -> 
         raise ImageError("zstd layers are not supported")
     with source.open(layer.name) as raw:
         try:
-            tar = tarfile.open(fileobj=raw, mode="r|*")
+            tar = open_layer(raw)
         except tarfile.TarError as exc:
             raise ImageError(f"layer {layer.name} is not a (compressed) tar: {exc}") from exc
         with tar:
@@ -488,11 +525,15 @@ def clean_member_name(name: str) -> str:
     """A member path relative to the rootfs; absolute paths and ``..`` are refused."""
     if "\x00" in name:
         raise ImageError(f"layer entry name contains a NUL byte: {name!r}")
+    if len(name) > MAX_NAME:
+        raise ImageError(f"layer entry name is longer than {MAX_NAME} characters: {name[:80]!r}...")
     if name.startswith("/"):
         raise ImageError(f"layer entry has an absolute path: {name!r}")
     parts = [part for part in name.split("/") if part not in ("", ".")]
     if ".." in parts:
         raise ImageError(f"layer entry path contains '..': {name!r}")
+    if len(parts) > MAX_DEPTH:
+        raise ImageError(f"layer entry is more than {MAX_DEPTH} directories deep: {name[:80]!r}...")
     return "/".join(parts)
 
 
@@ -539,6 +580,7 @@ class Extractor:
             except FileNotFoundError:
                 if not create:
                     return None
+                self.budget.member()  # a directory the entry implies is an inode too
                 os.mkdir(current, 0o755)
                 os.chmod(current, 0o755)  # noqa: S103 - a rootfs directory, as docker creates it
                 self._mark("/".join(parts[: index + 1]))

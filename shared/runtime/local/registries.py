@@ -13,7 +13,14 @@ of it reaches a sandbox, an event or a log)::
     [registries."docker.io"]
     mirrors = ["mirror.internal:5000"]           # tried first, in order
 
-Loopback registries (``localhost``, ``127.*``, ``[::1]``) may always use plain HTTP.
+    [registries."auth.internal"]                 # named, nothing else: may be on a
+                                                 # private address (a token service)
+
+It is also the puller's egress allow-list. A reference is a tenant's choice, so the
+puller reaches only public addresses (``shared/domain/destinations.py``), except the
+hosts named here: each ``[registries."HOST[:PORT]"]`` table and each mirror may be on
+any address (loopback, private). Plain HTTP only to the ones marked ``insecure``. A host
+matches as written: with a port, that port only; without one, the scheme's default port.
 """
 
 from __future__ import annotations
@@ -66,10 +73,43 @@ class RegistryConfig:
         return entry.username, entry.password
 
     def allows_http(self, host: str) -> bool:
-        return references.is_loopback(host) or self._get(host).insecure
+        """Whether ``host`` (``name[:port]``, as in a reference) may be asked over plain HTTP."""
+        return self._get(host).insecure
+
+    def names(self, host: str, port: int, scheme: str) -> bool:
+        """Whether the operator named the destination ``host``:``port`` (reached over
+        ``scheme``): a registry's table or a mirror. Named destinations may be on any
+        address; every other one only on public addresses."""
+        wanted = _host(host.strip("[]"))
+        default = 443 if scheme == "https" else 80
+        for name in (*self.registries, *(m for entry in self.registries.values() for m in entry.mirrors)):
+            listed, listed_port = _split(name)
+            if listed == wanted and (listed_port or default) == port:
+                return True
+        return False
+
+    def insecure(self, host: str, port: int) -> bool:
+        """Whether plain HTTP may go to ``host``:``port`` (an ``insecure`` entry names it)."""
+        wanted = _host(host.strip("[]"))
+        for name, entry in self.registries.items():
+            listed, listed_port = _split(name)
+            if entry.insecure and listed == wanted and (listed_port or 80) == port:
+                return True
+        return False
 
     def mirrors_for(self, host: str) -> tuple[str, ...]:
         return self._get(host).mirrors
+
+
+def _split(name: str) -> tuple[str, int | None]:
+    """``host[:port]`` (an IPv6 literal in brackets) as its host and port."""
+    host, port = name, ""
+    if name.startswith("[") and "]" in name:
+        host, _, rest = name[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ""
+    elif name.count(":") == 1:
+        host, port = name.split(":")
+    return _host(host), int(port) if port.isdigit() else None
 
 
 def _host(host: str) -> str:

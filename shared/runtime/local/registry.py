@@ -9,18 +9,27 @@ it can change an image unnoticed.
   token from the challenge's realm (with the operator's credentials for that registry,
   if any: Docker Hub's and GHCR's flow), a ``Basic`` challenge with those credentials.
   Credentials come only from the operator's registry configuration (``registries.py``);
-  they are never logged, never put into an error, and never sent to another host than the
-  registry or the realm it names (httpx drops ``Authorization`` on a redirect elsewhere,
-  which is where blobs usually live).
-* **Transport**: HTTPS; plain HTTP only for loopback registries and the ones the operator
-  lists as insecure. The host's proxy settings (``HTTPS_PROXY``, ``NO_PROXY``) apply.
-  Mirrors are tried before the registry itself.
+  they are never logged, never put into an error, and never sent to another origin than
+  the registry or the realm it names (dropped on a redirect elsewhere, which is where
+  blobs usually live).
+* **Egress**: a reference is a tenant's choice, and this runs on the host. Every hop (the
+  registry, each redirect, followed here and at most :data:`MAX_REDIRECTS`, and the token
+  realm) is resolved here, every address it has must be public
+  (``shared/domain/destinations.py``, the credential proxy's rule) unless the operator
+  names the host (``registries.py``), and the connection goes to the address checked (no
+  second lookup: the URL carries the address, TLS still verifies the name). Plain HTTP
+  only to hosts listed as ``insecure``. Whatever stops a registry from being reached (no
+  such name, a refused address, nothing listening, not HTTP, TLS) is one error text, so
+  errors tell nothing of what listens where; the operator's log has the reason. Proxy
+  variables of the host are not used: a forward proxy would choose the address.
+* **Transport**: HTTPS, mirrors tried before the registry itself. One connection pool
+  per host name, so a connection made for one name (its TLS name) never serves another.
 * **Retries**: connection errors, ``429`` and ``5xx`` are retried (3 attempts, backing off).
 
 Why our own client rather than ``oras`` or ``skopeo``: both would still leave us the
 layer store, the platform choice and digest checks of our own unpacking; ``oras`` is
 written for artifacts (no manifest lists, no platform choice) and ``skopeo`` is a binary
-that can give no progress per layer. This module is ~300 lines with one dependency we
+that can give no progress per layer. This module is ~500 lines with one dependency we
 already have, and streams each blob straight to disk while hashing it.
 """
 
@@ -41,9 +50,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import structlog
 
 from shared.contract import errors, references
+from shared.domain import destinations
 from shared.runtime.local.registries import RegistryConfig
+
+log = structlog.get_logger(__name__)
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -57,6 +70,13 @@ ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 MANIFEST_MAX = 4 * 1024**2
 ATTEMPTS = 3
 BACKOFF = 0.5
+MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
+UNREACHABLE = (
+    "registry {host} cannot be reached (a registry on a private or loopback address must be "
+    "named in SBX_REGISTRIES_FILE)"
+)
+"""The one text for every registry that cannot be reached, whatever the reason."""
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 _CHALLENGE = re.compile(r'(\w+)="([^"]*)"')
 
@@ -69,6 +89,19 @@ def machine_platform() -> tuple[str, str]:
 
 class PullError(errors.InvalidInput):
     """The registry or the image is wrong in a way a retry does not fix."""
+
+
+class Refused(Exception):
+    """A hop's destination is not allowed (its reason is for the operator's log only)."""
+
+
+Resolver = Callable[[str, int], list[str]]
+"""A host name and port to the addresses it has."""
+
+
+def resolve_addresses(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
 @dataclass(frozen=True)
@@ -85,15 +118,13 @@ class Manifest:
 class Client:
     """Talks to the registries of ``config``; safe to share between threads."""
 
-    def __init__(self, config: RegistryConfig, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, config: RegistryConfig, *, timeout: float = 30.0, resolver: Resolver = resolve_addresses
+    ) -> None:
         self.config = config
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=10.0),
-            follow_redirects=True,
-            trust_env=True,
-            headers={"User-Agent": "cloud-agent-sandbox"},
-            event_hooks={"request": [self._plain_http_only_where_allowed]},
-        )
+        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self._resolve = resolver
+        self._clients: dict[str, httpx.Client] = {}
         self._tokens: dict[tuple[str, str], str] = {}
         self._schemes: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -106,15 +137,71 @@ class Client:
             raise errors.Timeout("the pull took too long (SBX_IMAGE_PULL_TIMEOUT); nothing was kept")
 
     def close(self) -> None:
-        self._http.close()
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
 
-    def _plain_http_only_where_allowed(self, request: httpx.Request) -> None:
-        """Every request, redirects included: plain HTTP only to loopback and insecure hosts."""
-        self.check_deadline()
-        if request.url.scheme == "http" and not self.config.allows_http(request.url.netloc.decode()):
-            raise PullError(
-                f"refused to fetch {request.url.host} over plain HTTP (not loopback, not listed as insecure)"
-            )
+    def _client(self, host: str) -> httpx.Client:
+        """The connection pool for one host name (its connections carry its TLS name)."""
+        with self._lock:
+            if (client := self._clients.get(host)) is None:
+                client = self._clients[host] = httpx.Client(
+                    timeout=self._timeout,
+                    follow_redirects=False,
+                    trust_env=False,
+                    headers={"User-Agent": "cloud-agent-sandbox"},
+                )
+            return client
+
+    # ---- egress: every hop checked, pinned, redirects followed here ----------------
+
+    def destination(self, url: httpx.URL) -> str:
+        """The address to connect to for ``url``, checked; raises :class:`Refused`."""
+        scheme, host = url.scheme, url.host
+        port = url.port or (443 if scheme == "https" else 80)
+        if scheme not in ("https", "http"):
+            raise Refused(f"{url.host}: scheme {scheme!r}")
+        if scheme == "http" and not self.config.insecure(host, port):
+            raise Refused(f"{host}:{port}: plain HTTP to a host not listed as insecure")
+        try:
+            addresses = self._resolve(host, port)
+        except (OSError, UnicodeError) as exc:
+            raise Refused(f"{host}: cannot resolve ({type(exc).__name__}: {exc})") from None
+        if not addresses:
+            raise Refused(f"{host} has no address")
+        if not self.config.names(host, port, scheme):
+            for address in addresses:
+                if (why := destinations.refusal(address)) is not None:
+                    raise Refused(f"{host}:{port}: {why}")
+        return addresses[0]
+
+    def _send(
+        self, url: httpx.URL, headers: dict[str, str], *, credentials_for: httpx.URL | None = None
+    ) -> httpx.Response:
+        """GET ``url`` (streamed), following redirects; each hop checked and pinned.
+        ``Authorization`` goes only to the origin of ``credentials_for`` (default: ``url``)."""
+        origin = _origin(credentials_for or url)
+        for _ in range(MAX_REDIRECTS + 1):
+            self.check_deadline()
+            address = self.destination(url)
+            sent = dict(headers)
+            if _origin(url) != origin:
+                sent.pop("Authorization", None)
+            sent["Host"] = url.netloc.decode("ascii")
+            pinned = url.copy_with(host=address.split("%", 1)[0])
+            client = self._client(url.host)
+            request = client.build_request("GET", pinned, headers=sent, extensions={"sni_hostname": url.host})
+            response = client.send(request, stream=True)
+            location = response.headers.get("location")
+            if response.status_code not in REDIRECTS or not location:
+                return response
+            response.close()
+            try:
+                url = url.join(location)
+            except httpx.InvalidURL:
+                raise Refused(f"{url.host}: a redirect to an invalid URL") from None
+        raise Refused(f"more than {MAX_REDIRECTS} redirects")
 
     # ---- manifests -----------------------------------------------------------
 
@@ -213,9 +300,9 @@ class Client:
                 return contextlib.closing(self._request(host, ref, path, accept=accept, what=what))
         return contextlib.closing(self._request(hosts[-1], ref, path, accept=accept, what=what))
 
-    def _build(self, host: str, url: str, headers: dict[str, str]) -> httpx.Request:
+    def _url(self, host: str, url: str) -> httpx.URL:
         try:
-            return self._http.build_request("GET", url, headers=headers)
+            return httpx.URL(url)
         except httpx.InvalidURL as exc:  # (an IPv6 literal the grammar takes, no URL can hold)
             raise PullError(
                 f"registry {host} is not a usable address ({exc}): check the image reference"
@@ -231,21 +318,15 @@ class Client:
             headers = {"Accept": accept} if accept else {}
             if token := self._tokens.get((host, scope)):
                 headers["Authorization"] = token
-            url = f"{self._scheme(host)}://{host}{path}"
-            request = self._build(host, url, headers)
+            url = self._url(host, f"{self._scheme(host)}://{host}{path}")
             try:
-                response = self._http.send(request, stream=True)
-            except httpx.TransportError as exc:
-                if self._fall_back_to_http(host, exc):
+                response = self._send(url, headers)
+            except (httpx.TransportError, Refused) as exc:
+                if isinstance(exc, httpx.TransportError) and self._fall_back_to_http(host, exc):
                     continue
-                if _unknown_name(exc):
-                    raise PullError(
-                        f"registry {host} does not resolve ({_reason(exc)}): check the image "
-                        "reference, or configure a mirror (SBX_REGISTRIES_FILE)"
-                    ) from None
                 attempt += 1
                 if attempt >= ATTEMPTS:
-                    raise errors.Unavailable(f"registry {host} cannot be reached: {_reason(exc)}") from None
+                    raise self._unreachable(host, exc) from None
                 time.sleep(BACKOFF * 2 ** (attempt - 1))
                 continue
             if response.status_code == 200:
@@ -267,11 +348,16 @@ class Client:
                 continue
             raise _refusal(host, what, response)  # a second 401: the credentials are not enough
 
+    def _unreachable(self, host: str, exc: BaseException) -> errors.Unavailable:
+        """The one error for a registry that cannot be reached; the reason goes to the log."""
+        log.warning("image.registry_unreachable", registry=host, reason=_reason(exc))
+        return errors.Unavailable(UNREACHABLE.format(host=host))
+
     def _scheme(self, host: str) -> str:
         return self._schemes.get(host, "https")
 
     def _fall_back_to_http(self, host: str, exc: httpx.TransportError) -> bool:
-        """An insecure or loopback registry that does not speak TLS is asked over HTTP."""
+        """A registry listed as insecure that does not speak TLS is asked over HTTP."""
         if self._scheme(host) == "http" or not self.config.allows_http(host):
             return False
         if not isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
@@ -295,21 +381,22 @@ class Client:
             raise PullError(f"registry {host} asks for an unsupported authentication ({scheme or 'none'})")
         fields = dict(_CHALLENGE.findall(params))
         realm = fields.get("realm", "")
-        realm_url = httpx.URL(realm) if realm else None
-        if realm_url is None or realm_url.scheme not in ("https", "http"):
+        try:
+            realm_url = httpx.URL(realm) if realm else None
+        except httpx.InvalidURL:
+            realm_url = None
+        if realm_url is None or realm_url.scheme not in ("https", "http") or not realm_url.host:
             raise PullError(f"registry {host} sent a token challenge without a usable realm")
-        if realm_url.scheme == "http" and not self.config.allows_http(realm_url.netloc.decode()):
-            raise PullError(f"registry {host} wants tokens from {realm} over plain HTTP; refused")
         query = {"scope": fields.get("scope") or scope}
         if service := fields.get("service"):
             query["service"] = service
-        auth = httpx.BasicAuth(*credentials) if credentials else None
+        headers = {"Authorization": basic_header(*credentials)} if credentials else {}
         try:
-            answer = self._http.get(realm, params=query, auth=auth)
-        except httpx.TransportError as exc:
-            raise errors.Unavailable(
-                f"the token service of {host} cannot be reached: {_reason(exc)}"
-            ) from None
+            answer = self._send(realm_url.copy_merge_params(query), headers, credentials_for=realm_url)
+            body = _read_capped(answer, MANIFEST_MAX, f"the token of {host}", self.check_deadline)
+            answer.close()
+        except (httpx.TransportError, Refused) as exc:
+            raise self._unreachable(host, exc) from None
         if answer.status_code in (401, 403):
             raise errors.InvalidInput(
                 f"registry {host} refused access to {ref}"
@@ -318,9 +405,9 @@ class Client:
         if answer.status_code != 200:
             raise errors.Unavailable(f"the token service of {host} answered {answer.status_code}")
         try:
-            body = answer.json()
-            token = body.get("token") or body.get("access_token")
-        except (ValueError, AttributeError):
+            document = json.loads(body)
+            token = document.get("token") or document.get("access_token")
+        except (ValueError, AttributeError, RecursionError):
             token = None
         if not isinstance(token, str) or not token:
             raise PullError(f"the token service of {host} sent no token")
@@ -414,18 +501,9 @@ def _refusal(host: str, what: str, response: httpx.Response) -> errors.SandboxEr
     return PullError(f"registry {host} answered {status} for {what}{said}")
 
 
-def _unknown_name(exc: BaseException) -> bool:
-    """The registry's host name does not exist (EAI_NONAME, EAI_NODATA): a retry cannot help,
-    unlike a resolver that fails for now (EAI_AGAIN), which stays a retriable outage."""
-    seen: BaseException | None = exc
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, socket.gaierror):
-            return seen.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME))
-        seen = seen.__cause__ or seen.__context__
-    return False
+def _origin(url: httpx.URL) -> tuple[str, str, int | None]:
+    return url.scheme, url.host, url.port
 
 
-def _reason(exc: Exception) -> str:
+def _reason(exc: BaseException) -> str:
     return str(exc)[:200] or type(exc).__name__

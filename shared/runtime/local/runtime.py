@@ -226,6 +226,8 @@ class LocalRuntime(api.Runtime):
         disk_reserve_inodes: int | None = None,
         registries: RegistryConfig | None = None,
         image_max_bytes: int | None = None,
+        image_max_layers: int | None = None,
+        image_max_entries: int | None = None,
         pull_timeout: float | None = None,
         snapshot_budget: int | None = None,
     ) -> None:
@@ -252,6 +254,9 @@ class LocalRuntime(api.Runtime):
             max_bytes=image_max_bytes or layers.oci.DEFAULT_MAX_BYTES,
             timeout=pull_timeout or 600.0,
             reserve=self.disk.reserve_bytes,
+            reserve_inodes=self.disk.reserve_inodes,
+            max_layers=image_max_layers or layers.MAX_LAYERS,
+            max_entries=image_max_entries or layers.oci.DEFAULT_MAX_MEMBERS,
         )
         self.images = images.ImageStore(state_dir / "images", store)
         # Pulls wait on registries: threads of their own, so that slow ones never take the
@@ -948,7 +953,7 @@ class LocalRuntime(api.Runtime):
             left = store.check_room(size)
             if problem := self.disk.space_problem(store.root, size=size, entries=entries):
                 raise errors.LimitExceeded(f"no room for this snapshot: {problem}")
-            room = disk.Room(self.disk, store.root, left, "the snapshot")
+            room = disk.Headroom(store.root, self.disk, lambda why: f"the snapshot was stopped: {why}", left)
             copy = store.new_copy()
             try:
                 frozen = self._copy_frozen(info, rw, sources, copy, room)
@@ -1000,7 +1005,7 @@ class LocalRuntime(api.Runtime):
         rw: Path,
         sources: builtins.list[tuple[Path, str]],
         copy: Path,
-        room: fdtree.Guard,
+        room: disk.Headroom,
     ) -> float:
         """Copy ``sources`` into ``copy`` as they are at one instant: everything is copied
         as it is (the sandbox may run meanwhile, each entry noted as it is looked at),
