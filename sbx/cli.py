@@ -337,8 +337,7 @@ client_cli.register(app)
 
 
 async def _pause_or_resume(nc: Any, topology: Any, *, session: str, pause: bool, as_json: bool) -> int:
-    import json as json_module
-
+    from sbx_client import terminal
     from shared.contract import codec, commands, ids
     from shared.infrastructure import rpc
 
@@ -348,10 +347,10 @@ async def _pause_or_resume(nc: Any, topology: Any, *, session: str, pause: bool,
     )
     sandbox = reply.sandbox
     if as_json:
-        typer.echo(json_module.dumps({"changed": reply.appended > 0, "sandbox": codec.to_builtins(sandbox)}))
+        typer.echo(terminal.json_line({"changed": reply.appended > 0, "sandbox": codec.to_builtins(sandbox)}))
     elif sandbox is not None:
         done = ("paused" if pause else "resumed") if reply.appended else f"already {sandbox.status}"
-        typer.echo(f"{session}: sandbox {sandbox.sandbox_id} {done}")
+        typer.echo(terminal.escape(f"{session}: sandbox {sandbox.sandbox_id} {done}"))
     return 0
 
 
