@@ -248,7 +248,10 @@ class _Recorder:
         except Exception:
             return cls()
         topology = subjects.Topology(bus_settings.namespace)
-        return cls(nc, eventstore.EventStore(nc.jetstream(), topology), topology)
+        store = eventstore.EventStore(
+            nc.jetstream(), topology, audit_ttl=bus_settings.retention.audit_max_age
+        )
+        return cls(nc, store, topology)
 
     def meta(self) -> events.Meta:
         return events.Meta(
