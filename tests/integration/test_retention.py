@@ -1,19 +1,27 @@
 """Bounded audit against a real nats-server: the event stream gets its definition on an
 existing stack, audit records expire by their own TTL and are trimmed oldest first near the
 byte budget while every aggregate's events stay (``sbx replay --verify`` still holds), one
-session's allowance is shared by every executor."""
+session's allowance is shared by every executor, and ``sbx events export`` resumes with
+neither duplicates nor gaps."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
+import pytest
 from nats.js import api
 
 from shared.contract import errors, events, ids, subjects
 from shared.domain import audit, projections
 from shared.infrastructure import auditrate, bus, eventstore, projector, replay, retention, settings
 from tests import support
+from tests.integration.test_cli import environment
+
+SBX = str(Path(sys.executable).with_name("sbx"))
 
 
 def meta() -> events.Meta:
@@ -128,3 +136,84 @@ async def test_one_sessions_allowance_is_shared_by_every_executor(bus):
     assert "retry in 10 s" in refused[0].message and refused[0].code == "limit_exceeded"
     await second.charge("quiet", 1000, now=100.0)  # another session: untouched
     await first.charge("busy", 1000, now=110.0)  # refilled: 1000 bytes in 10 s
+
+
+# ---- export --------------------------------------------------------------------------
+
+
+async def export(env: dict[str, str], *args: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        SBX,
+        "events",
+        "export",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return proc.returncode, out.decode()
+
+
+async def test_export_resumes_without_duplicates_or_gaps(nats_server, namespace, bus, tmp_path):
+    nc, topology = bus
+    store = eventstore.EventStore(nc.jetstream(), topology)
+    env = environment(nats_server.url, namespace)
+    archive, cursor = tmp_path / "audit.jsonl", tmp_path / "audit.cursor"
+
+    async def write(count: int) -> list[int]:
+        seqs = []
+        for n in range(count):
+            seqs.append(
+                await store.record(topology.aggregate_subject(subjects.EXEC, "a"), command("a", f"#{n}"))
+            )
+            await sessions(store, nc.jetstream(), 1)
+        return seqs
+
+    written = await write(3)
+    await sessions(store, nc.jetstream(), 2)  # not audit: not exported by default
+    await export(env, "--output", str(archive), "--cursor", str(cursor))
+    assert json.loads(cursor.read_text())["seq"] == written[-1]
+    written += await write(4)
+    await export(env, "--output", str(archive), "--cursor", str(cursor))
+    await export(env, "--output", str(archive), "--cursor", str(cursor))  # nothing new: nothing added
+    lines = [json.loads(line) for line in archive.read_text().splitlines()]
+    assert [line["seq"] for line in lines] == written
+    assert all(line["event"]["type"] == "exec.completed" for line in lines)
+
+    # A crash mid-line: the cut line is removed and written again, whole, once.
+    with open(archive, "a") as handle:
+        handle.write('{"seq": 99999, "subj')
+    cursor.unlink()
+    written += await write(2)
+    await export(env, "--output", str(archive))  # the file alone says where to go on
+    assert [json.loads(line)["seq"] for line in archive.read_text().splitlines()] == written
+
+    # To a pipe, the cursor file says where to go on.
+    _, piped = await export(env, "--since-seq", str(written[3]), "--cursor", str(cursor))
+    assert [json.loads(line)["seq"] for line in piped.splitlines()] == written[3:]
+    written += await write(1)
+    _, piped = await export(env, "--cursor", str(cursor))
+    assert [json.loads(line)["seq"] for line in piped.splitlines()] == written[-1:]
+
+
+@pytest.mark.parametrize("bad", ["--kind", "--cursor"])
+async def test_export_refuses_a_bad_kind_or_cursor_clearly(nats_server, namespace, bus, tmp_path, bad):
+    env = environment(nats_server.url, namespace)
+    cursor = tmp_path / "c"
+    cursor.write_text("not json")
+    value = "commands" if bad == "--kind" else str(cursor)
+    proc = await asyncio.create_subprocess_exec(
+        SBX,
+        "events",
+        "export",
+        bad,
+        value,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 2 and out == b""
+    assert err.decode().startswith("sbx: error: ") and "Traceback" not in err.decode()

@@ -87,6 +87,7 @@ async def sbx(env: dict[str, str], *args: str) -> tuple[int, str, str]:
         (("events", "--session", "t"), 3),
         (("timeline", "t"), 3),
         (("timeline", "t", "--json"), 3),
+        (("events", "export"), 3),
     ],
 )
 async def test_hostile_text_is_shown_escaped_one_line_per_record(hostile, args, lines):
@@ -94,7 +95,7 @@ async def test_hostile_text_is_shown_escaped_one_line_per_record(hostile, args, 
     assert code == 0, err
     assert raw_controls(out) == [] and raw_controls(err) == []
     assert len(out.splitlines()) == lines  # no forged line
-    if "--json" in args:
+    if "--json" in args or "export" in args:
         parsed = [json.loads(line) for line in out.splitlines()]
         assert COMMAND in strings(parsed)  # the value, exactly, for a program
     else:
