@@ -157,8 +157,17 @@ def status_command(state_dir: StateDir = None, json: Json = False) -> None:
     _with_stack(state_dir, observe.status, as_json=json, phase=info.phase if info else None)
 
 
-@app.command("events")
+events_app = typer.Typer(
+    help="Print the audit stream (then exit, or keep following it with --follow); export it.",
+    **{**_SETTINGS, "no_args_is_help": False},
+    invoke_without_command=True,
+)
+app.add_typer(events_app, name="events")
+
+
+@events_app.callback()
 def events_command(
+    ctx: typer.Context,
     session: Annotated[str | None, typer.Option(metavar="ID", help="Only this session's events.")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing new events.")] = False,
     since: Annotated[int, typer.Option(metavar="SEQ", help="Start at this stream sequence.", min=1)] = 1,
@@ -166,9 +175,48 @@ def events_command(
     json: Annotated[bool, typer.Option("--json", help="One JSON object a line (NDJSON).")] = False,
 ) -> None:
     """Print the audit stream (then exit, or keep following it with --follow)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from sbx import observe
 
     _with_stack(state_dir, observe.follow_events, session=session, follow=follow, as_json=json, since=since)
+
+
+@events_app.command("export")
+def events_export(
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", metavar="FILE", help="Append to FILE (default: stdout)."),
+    ] = None,
+    cursor: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="Resume after the sequence FILE holds; update it as records go."),
+    ] = None,
+    since_seq: Annotated[
+        int, typer.Option("--since-seq", metavar="SEQ", help="Start at this stream sequence.", min=1)
+    ] = 1,
+    kind: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KIND", help="Only these kinds (repeat it; default: exec, image, egress)."),
+    ] = None,
+    all_kinds: Annotated[bool, typer.Option("--all", help="Every event, not only audit records.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Write audit records as JSON lines, from where the last export stopped to the stream's
+    end: archive them before retention removes them (SBX_AUDIT_MAX_AGE, SBX_EVENTS_MAX_BYTES)."""
+    from sbx import export
+    from shared.infrastructure import settings
+
+    kinds = export.kinds_of(kind or [], all_kinds)  # before connecting: a bad kind touches nothing
+    _with_stack(
+        state_dir,
+        export.export,
+        kinds=kinds,
+        since=since_seq,
+        cursor=cursor,
+        output=output,
+        retention=settings.RetentionSettings.from_env(os.environ),
+    )
 
 
 @app.command("timeline")
@@ -337,8 +385,7 @@ client_cli.register(app)
 
 
 async def _pause_or_resume(nc: Any, topology: Any, *, session: str, pause: bool, as_json: bool) -> int:
-    import json as json_module
-
+    from sbx_client import terminal
     from shared.contract import codec, commands, ids
     from shared.infrastructure import rpc
 
@@ -348,10 +395,10 @@ async def _pause_or_resume(nc: Any, topology: Any, *, session: str, pause: bool,
     )
     sandbox = reply.sandbox
     if as_json:
-        typer.echo(json_module.dumps({"changed": reply.appended > 0, "sandbox": codec.to_builtins(sandbox)}))
+        typer.echo(terminal.json_line({"changed": reply.appended > 0, "sandbox": codec.to_builtins(sandbox)}))
     elif sandbox is not None:
         done = ("paused" if pause else "resumed") if reply.appended else f"already {sandbox.status}"
-        typer.echo(f"{session}: sandbox {sandbox.sandbox_id} {done}")
+        typer.echo(terminal.escape(f"{session}: sandbox {sandbox.sandbox_id} {done}"))
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import os
 import signal
 import subprocess
@@ -29,6 +28,7 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from sbx import natsd, observe, stack, supervisor
+from sbx_client import terminal
 from shared.contract import commands, errors, events, ids, states, subjects
 from shared.domain import projections
 from shared.domain import proxy as proxy_rules
@@ -312,7 +312,7 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False, a
 
 def _report(report: dict[str, object], as_json: bool) -> int:
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(terminal.json_text(report, indent=2))
     return 0
 
 

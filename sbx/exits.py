@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import typer
 
+from sbx_client import terminal
 from shared.contract import errors
 
 OK = 0
@@ -46,7 +47,7 @@ def of_error(exc: errors.SandboxError) -> int:
 def fail(message: str, code: int = FAILURE) -> typer.Exit:
     """Say ``message`` on stderr; the exception to raise to exit with ``code``."""
     with contextlib.suppress(OSError):  # stderr closed too: the exit code still says it
-        print(f"sbx: error: {message}", file=sys.stderr, flush=True)
+        print(f"sbx: error: {terminal.escape(message)}", file=sys.stderr, flush=True)
     return typer.Exit(code)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sbx import bars
+from sbx_client import terminal
 from shared.contract import errors, events, ids, references
 from shared.domain import describe
 from shared.infrastructure import settings
@@ -180,7 +180,7 @@ async def pull(
 
 def _say(report: dict[str, Any], text: str, as_json: bool) -> None:
     """A command's one report: ``report`` as one JSON object, or ``text``."""
-    print(json.dumps(report, indent=2) if as_json else text)
+    print(terminal.json_text(report, indent=2) if as_json else terminal.escape(text))
 
 
 def listing(state_dir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -189,16 +189,18 @@ def listing(state_dir: Path, env: dict[str, str]) -> list[dict[str, Any]]:
 
 def print_listing(rows: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
-        print(json.dumps({"images": rows}, indent=2))
+        print(terminal.json_text({"images": rows}, indent=2))
         return
     print(f"{'REFERENCE':<50} {'DIGEST':<19} {'SIZE':>9} {'LAST USED':<25} SANDBOXES")
     for row in rows:
         if row["kind"] != "pulled":
-            print(f"{row['reference']:<50} {'(' + row['kind'] + ')':<19} {'':>9} {'':<25}")
+            print(terminal.escape(f"{row['reference']:<50} {'(' + row['kind'] + ')':<19} {'':>9} {'':<25}"))
             continue
         print(
-            f"{row['reference']:<50} {row['digest'][:19]:<19} {describe.size(row['size']):>9} "
-            f"{row['last_used'] or '-':<25} {row['sandboxes']}"
+            terminal.escape(
+                f"{row['reference']:<50} {row['digest'][:19]:<19} {describe.size(row['size']):>9} "
+                f"{row['last_used'] or '-':<25} {row['sandboxes']}"
+            )
         )
 
 
@@ -208,7 +210,7 @@ def prune(state_dir: Path, env: dict[str, str], keep_bytes: int, *, as_json: boo
         _say({"removed": removed, "freed": freed, "keep": keep_bytes}, "", as_json)
         return
     for image in removed:
-        print(f"removed {image}")
+        print(terminal.escape(f"removed {image}"))
     print(f"{len(removed)} images removed, {describe.size(freed)} of layers freed")
 
 
@@ -246,7 +248,10 @@ class _Recorder:
         except Exception:
             return cls()
         topology = subjects.Topology(bus_settings.namespace)
-        return cls(nc, eventstore.EventStore(nc.jetstream(), topology), topology)
+        store = eventstore.EventStore(
+            nc.jetstream(), topology, audit_ttl=bus_settings.retention.audit_max_age
+        )
+        return cls(nc, store, topology)
 
     def meta(self) -> events.Meta:
         return events.Meta(
@@ -261,7 +266,10 @@ class _Recorder:
         try:
             await self.store.record(self.topology.aggregate_subject(subjects.IMAGE, event.reference), event)
         except errors.SandboxError as exc:
-            print(f"sbx: note: the pull was not recorded in the event stream: {exc.message}", file=sys.stderr)
+            print(
+                terminal.escape(f"sbx: note: the pull was not recorded in the event stream: {exc.message}"),
+                file=sys.stderr,
+            )
 
     async def close(self) -> None:
         if self.nc is not None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import sys
 from collections import Counter
 from datetime import UTC, datetime
@@ -16,6 +15,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sbx import bars, stack
+from sbx_client import terminal
 from sbx_client.api import TimelineEntry
 from shared.contract import codec, errors, events, ids, subjects
 from shared.domain import describe, projections
@@ -55,7 +55,7 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phas
     try:
         reports = await health.read_all(js, topology.health_bucket)
     except Exception as exc:  # no bucket yet: nothing has started in this namespace
-        print(f"sbx: no health reports ({type(exc).__name__}: {exc})", file=sys.stderr)
+        print(terminal.escape(f"sbx: no health reports ({type(exc).__name__}: {exc})"), file=sys.stderr)
         reports = []
     store = eventstore.EventStore(js, topology)
     sessions = await _all(js, projections.SESSIONS, store)
@@ -83,7 +83,7 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phas
     counts = Counter(s.status for s in sessions.values())
     if as_json:
         print(
-            json.dumps(
+            terminal.json_text(
                 {
                     "phase": phase,
                     "services": instances,
@@ -102,8 +102,10 @@ async def status(nc: Client, topology: subjects.Topology, *, as_json: bool, phas
         for i in instances:
             details = " ".join(f"{k}={v}" for k, v in i["details"].items())
             print(
-                f"{i['service']:14} {i['instance']:28} {i['pid']:>7} {i['status']:9} "
-                f"{i['last_report_age_s']:>6}s  {details}"
+                terminal.escape(
+                    f"{i['service']:14} {i['instance']:28} {i['pid']:>7} {i['status']:9} "
+                    f"{i['last_report_age_s']:>6}s  {details}"
+                )
             )
         for name in missing:
             print(f"{name:14} {'-':28} {'-':>7} {'down':9}")
@@ -167,14 +169,15 @@ async def follow_events(
                 members.learn(stored.seq, stored.event)
                 if not members.owns(stored.seq, stored.event):
                     continue
-            print(json.dumps(event_record(stored)) if as_json else _line(stored), flush=True)
+            print(terminal.json_line(event_record(stored)) if as_json else _line(stored), flush=True)
     return 0
 
 
 def _line(stored: eventstore.Stored) -> str:
+    """One event for people: its fields are what sandboxes and tenants wrote, escaped."""
     meta = stored.event.meta
     who = " ".join(f"{k}={v}" for k, v in (("org", meta.org_id), ("user", meta.user_id)) if v)
-    return (
+    return terminal.escape(
         f"{stored.seq:>8} {meta.time.isoformat(timespec='milliseconds')} "
         f"{events.tag_of(type(stored.event)):18} {describe.line(stored.event)}  "
         f"[{meta.service}/{meta.instance}{' ' + who if who else ''}]"
@@ -252,10 +255,10 @@ async def _session_known(nc: Client, topology: subjects.Topology, session: str) 
 
 def _timeline_line(entry: TimelineEntry, as_json: bool) -> str:
     if as_json:
-        return msgspec.json.encode(entry).decode()
+        return terminal.json_line(msgspec.to_builtins(entry))
     who = " ".join(f"{k}={v}" for k, v in (("user", entry.user_id), ("request", entry.request_id)) if v)
     took = f" {entry.duration_ms} ms" if entry.duration_ms is not None and entry.kind != "lifecycle" else ""
-    return (
+    return terminal.escape(
         f"{entry.seq:>8} {entry.time.isoformat(timespec='milliseconds')} {entry.kind:9} "
         f"{entry.summary}{took}{'  [' + who + ']' if who else ''}"
     )
@@ -273,15 +276,14 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
             report = await replay.verify(js, topology, progress=progress)
     if as_json:
         print(
-            json.dumps(
+            terminal.json_text(
                 {
                     "events": report.events,
                     "seconds": round(report.seconds, 3),
                     "aggregates": report.aggregates,
-                    "differences": [d.__dict__ for d in report.differences],
+                    "differences": [codec.to_builtins(d.__dict__) for d in report.differences],
                     "rebuilt": rebuild,
                 },
-                default=str,
                 indent=2,
             )
         )
@@ -292,7 +294,7 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
             f"in {report.seconds:.2f}s ({report.rate:,.0f} events/s)"
         )
         for difference in report.differences:
-            print(("rewrote " if rebuild else "DIFFERS ") + difference.describe())
+            print(terminal.escape(("rewrote " if rebuild else "DIFFERS ") + difference.describe()))
         if not report.differences:
             print("projections match the event stream")
         elif rebuild:
@@ -305,7 +307,7 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
 async def set_replicas(nc: Client, topology: subjects.Topology, *, copies: int, as_json: bool) -> int:
     before = await bus.set_replicas(nc.jetstream(), topology, copies)
     if as_json:
-        print(json.dumps({"replicas": copies, "before": before}))
+        print(terminal.json_line({"replicas": copies, "before": before}))
     else:
         for name, count in before.items():
             print(f"{name:40} {count} -> {copies}" if count != copies else f"{name:40} {copies} (unchanged)")

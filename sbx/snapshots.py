@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from nats.aio.client import Client
 
+from sbx_client import terminal
 from shared.contract import codec, commands, errors, ids, states, subjects
 from shared.domain import describe, projections
 from shared.infrastructure import eventstore, rpc
@@ -29,7 +29,7 @@ def _line(s: states.SnapshotState) -> str:
 
 
 def _print(state: states.SnapshotState, as_json: bool) -> None:
-    print(json.dumps(codec.to_builtins(state)) if as_json else _line(state))
+    print(terminal.json_line(codec.to_builtins(state)) if as_json else terminal.escape(_line(state)))
 
 
 async def create(
@@ -133,11 +133,16 @@ async def fork(
         if isinstance(result, errors.SandboxError):
             failed += 1
             line: dict[str, Any] = {"session_id": sid, "error": result.code, "message": result.message}
-            print(json.dumps(line) if as_json else f"{sid}: not forked: {result.message}")
+            said = f"{sid}: not forked: {result.message}"
+            print(terminal.json_line(line) if as_json else terminal.escape(said))
         elif isinstance(result, BaseException):
             raise result
         else:
-            print(json.dumps(codec.to_builtins(result)) if as_json else f"{sid}: forked from {snapshot_id}")
+            print(
+                terminal.json_line(codec.to_builtins(result))
+                if as_json
+                else terminal.escape(f"{sid}: forked from {snapshot_id}")
+            )
     return 1 if failed else 0
 
 
@@ -151,7 +156,7 @@ async def restore(
     )
     assert state is not None
     if as_json:
-        print(json.dumps(codec.to_builtins(state)))
+        print(terminal.json_line(codec.to_builtins(state)))
     else:
-        print(f"{session}: restored to {snapshot_id} (new sandbox {state.sandbox_id})")
+        print(terminal.escape(f"{session}: restored to {snapshot_id} (new sandbox {state.sandbox_id})"))
     return 0

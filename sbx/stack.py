@@ -122,7 +122,12 @@ def bus_settings(directory: Path, env: Mapping[str, str]) -> settings.BusSetting
             "pass --state-dir, or set NATS_URL)"
         )
     token = nats_token(directory) if info.embedded_nats else env.get("NATS_TOKEN")
-    return settings.BusSettings(nats_url=info.nats_url, namespace=info.namespace, nats_token=token)
+    return settings.BusSettings(
+        nats_url=info.nats_url,
+        namespace=info.namespace,
+        nats_token=token,
+        retention=settings.RetentionSettings.from_env(env),
+    )
 
 
 def nats_token(directory: Path) -> str:

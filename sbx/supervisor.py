@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from sbx_client import terminal
+
 #: A service that exits with this code found its configuration wrong: restarting it
 #: cannot help, so it is not restarted and the stack stops (``shared.infrastructure.service.main``).
 CONFIG_EXIT = 2
@@ -39,7 +41,7 @@ def die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def say(message: str) -> None:
-    print(f"sbx: {message}", file=sys.stderr, flush=True)
+    print(f"sbx: {terminal.escape(message)}", file=sys.stderr, flush=True)
 
 
 @dataclass

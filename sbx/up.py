@@ -105,6 +105,8 @@ async def _egress(state: Path, env: dict[str, str]) -> tuple[dict[str, str], _Eg
     """Check the settings every service reads (a bad value stops here, before anything
     starts) and choose the sandboxes' egress; with proxy egress, make the CA first."""
     settings.LifecycleSettings.from_env(env)
+    settings.AuditRateSettings.from_env(env)
+    settings.BusSettings.from_env(env)
     mode, why = proxyrun.egress_choice(env)
     why_none = why or ""
     env = {**env, "SBX_SANDBOX_EGRESS": mode}

@@ -6,14 +6,17 @@ from collections.abc import Mapping
 
 from services.executor import caches, handlers, shells
 from shared.domain import projections
-from shared.infrastructure import projector, rpc, service, settings
+from shared.infrastructure import auditrate, projector, rpc, service, settings
 from shared.runtime import backends
 
 #: Requests served concurrently per instance: long shell calls wait, they do not block others.
 MAX_WORKERS = 256
 
 
-def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
+def make_setup(
+    runtime_settings: settings.RuntimeSettings,
+    audit_rate: settings.AuditRateSettings | None = None,
+) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         runtime = backends.open_runtime(
             runtime_settings.backend,
@@ -25,8 +28,11 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
         servers = shells.ShellServers(runtime)
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         tenant_caches = caches.TenantCaches(ctx, runtime, sessions, sandboxes)
+        rate = auditrate.AuditRate(
+            await ctx.key_value(ctx.topology.audit_rate_bucket), audit_rate or settings.AuditRateSettings()
+        )
         executor = handlers.Executor(
-            ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers, tenant_caches
+            ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers, tenant_caches, rate
         )
         ctx.details["runtime"] = runtime.name
 
@@ -46,5 +52,5 @@ def make_setup(runtime_settings: settings.RuntimeSettings) -> service.Setup:
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
     return settings.ServiceSettings.from_env("executor", env), make_setup(
-        settings.RuntimeSettings.from_env(env)
+        settings.RuntimeSettings.from_env(env), settings.AuditRateSettings.from_env(env)
     )

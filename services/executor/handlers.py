@@ -12,7 +12,18 @@ from nats.js.kv import KeyValue
 
 from services.executor import caches, edits, output, scripts, shells, streamed
 from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
-from shared.infrastructure import activity, bounded, metrics, projector, responders, rpc, service, tracing
+from shared.domain import audit
+from shared.infrastructure import (
+    activity,
+    auditrate,
+    bounded,
+    metrics,
+    projector,
+    responders,
+    rpc,
+    service,
+    tracing,
+)
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -36,6 +47,7 @@ class Executor:
         activity_kv: KeyValue | None = None,
         shell_servers: shells.ShellServers | None = None,
         tenant_caches: caches.TenantCaches | None = None,
+        audit_rate: auditrate.AuditRate | None = None,
     ) -> None:
         self.ctx = ctx
         self.runtime = runtime
@@ -45,6 +57,7 @@ class Executor:
         self.activity_kv = activity_kv
         self.streamed = streamed.StreamedOps(runtime, ctx.nc, self._streamed_finished)
         self.tenant_caches = tenant_caches
+        self.audit_rate = audit_rate
         self._owners: bounded.Bounded[str, str] = bounded.Bounded(OWNERS_REMEMBERED)
         self._calls: dict[str, tuple[str, asyncio.Future[execution.Reply]]] = {}
         """Calls running here that a cancellation may stop: call id → (session token, task)."""
@@ -62,7 +75,11 @@ class Executor:
             request = rpc.decode(rpc.EXEC, raw)
             ids.validate_session_id(request.session_id)
             valid = True
-            sandbox, session = await self._lookups(request)
+            (sandbox, session), refused = await self._admit(request)
+            if refused is not None:
+                unrecordable = True  # not recorded: recording refusals would be the flood itself
+                metrics.audit_refused.inc()
+                raise refused
             if self.tenant_caches is not None:
                 await self.tenant_caches.ensure(request, sandbox, session)
             # Busy for as long as the call may run (so the reaper never counts it idle),
@@ -193,6 +210,25 @@ class Executor:
             await activity.touch(self.activity_kv, session_id, busy_for=busy_for)
         except errors.SandboxError as exc:
             log.warning("executor.activity_failed", error=exc.message)
+
+    async def _admit(
+        self, request: execution.AnyRequest
+    ) -> tuple[tuple[states.SandboxState | None, states.SessionState | None], errors.LimitExceeded | None]:
+        """The owner check (see ``_lookups``) and the charge of the call's audit record to
+        its session's allowance, at once; the refusal, if the allowance is used up. A
+        failed owner check wins: it is answered (and recorded) as before."""
+        if self.audit_rate is None or not self.audit_rate.on or not _acts(request):
+            return await self._lookups(request), None
+        what, path, _ = _recorded(request)
+        charge = self.audit_rate.charge(request.session_id, audit.cost(what + (path or "")))
+        looked, charged = await asyncio.gather(self._lookups(request), charge, return_exceptions=True)
+        if isinstance(looked, BaseException):
+            raise looked
+        if isinstance(charged, errors.LimitExceeded):
+            return looked, charged
+        if isinstance(charged, BaseException):
+            raise charged
+        return looked, None
 
     async def _lookups(
         self, request: execution.AnyRequest
@@ -450,30 +486,7 @@ class Executor:
         run); why it could not be recorded, if it could not."""
         if not _acts(request):
             return None  # reads, not actions: the job's start and stop are audited
-        path: str | None = None
-        size: int | None = None
-        match request:
-            case execution.Shell() | execution.ShellAsync():
-                what = request.command
-            case execution.Edit():
-                what = f"{request.command} {request.path}"
-                path = request.path
-                text = {"create": request.file_text, "str_replace": request.new_str}.get(
-                    request.command, request.insert_text
-                )
-                size = len(text.encode()) if text is not None else None
-            case execution.ShellStop():
-                what = f"stop {request.job_id}"
-            case execution.Run():
-                what = request.command
-            case execution.PutFiles():
-                what = f"put into {request.root}" + (
-                    f", {len(request.delete)} deleted" if request.delete else ""
-                )
-            case execution.GetFiles():
-                what = f"get from {request.root}"
-            case _:
-                what = ""
+        what, path, size = _recorded(request)
         outcome = outcome or (
             "cancelled"
             if reply.error is not None and reply.error.code == errors.Cancelled.code
@@ -495,7 +508,7 @@ class Executor:
             session_id=request.session_id,
             sandbox_id=request.sandbox_id,
             tool=events.tag_of(type(request)),
-            command=what[:AUDIT_COMMAND_MAX],
+            command=what,
             exit_code=reply.exit_code,
             duration_ms=int(seconds * 1000),
             job_id=reply.job_id,
@@ -515,6 +528,32 @@ class Executor:
             return exc.message
         self._audit_problem = None
         return None
+
+
+def _recorded(request: execution.Request) -> tuple[str, str | None, int | None]:
+    """What a call's audit record says it did: its command text (at most
+    :data:`AUDIT_COMMAND_MAX` characters), the path it edited and the size written."""
+    path: str | None = None
+    size: int | None = None
+    match request:
+        case execution.Shell() | execution.ShellAsync() | execution.Run():
+            what = request.command
+        case execution.Edit():
+            what = f"{request.command} {request.path}"
+            path = request.path
+            text = {"create": request.file_text, "str_replace": request.new_str}.get(
+                request.command, request.insert_text
+            )
+            size = len(text.encode()) if text is not None else None
+        case execution.ShellStop():
+            what = f"stop {request.job_id}"
+        case execution.PutFiles():
+            what = f"put into {request.root}" + (f", {len(request.delete)} deleted" if request.delete else "")
+        case execution.GetFiles():
+            what = f"get from {request.root}"
+        case _:
+            what = ""
+    return what[:AUDIT_COMMAND_MAX], path, size
 
 
 def _acts(request: execution.Request) -> bool:

@@ -14,7 +14,7 @@ from nats.js.kv import KeyValue
 from services.reaper import logic
 from shared.contract import commands, errors, events, ids, provisioning, states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import activity, aggregates, metrics, projector, rpc, service, settings
+from shared.infrastructure import activity, aggregates, metrics, projector, retention, rpc, service, settings
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -105,9 +105,32 @@ class Reaper:
                 log.warning("reaper.orphan_snapshot_deleted", snapshot_id=snapshot_id)
                 report.findings["delete_orphan_snapshot"] += 1
                 metrics.reconcile_findings.labels("delete_orphan_snapshot").inc()
+        await self._trim_audit(report)
         if report.reaps or report.findings:
             log.info("reaper.pass", reaps=dict(report.reaps), findings=dict(report.findings))
         return report
+
+    async def _trim_audit(self, report: Report) -> None:
+        """The oldest audit records go while the event stream nears its byte limit."""
+        limit = self.ctx.settings.bus.retention.events_max_bytes
+        try:
+            trimmed = await retention.trim_audit(self.ctx.js, self.ctx.topology, limit)
+        except errors.SandboxError as exc:
+            log.warning("reaper.audit_trim_failed", error=exc.message)
+            return
+        metrics.events_bytes.set(trimmed.bytes_after)
+        if not trimmed.below:
+            return
+        freed = max(0, trimmed.bytes_before - trimmed.bytes_after)
+        log.warning(
+            "reaper.audit_trimmed",
+            below_seq=trimmed.below,
+            bytes_before=trimmed.bytes_before,
+            bytes_after=trimmed.bytes_after,
+            limit=limit,
+        )
+        report.findings["trim_audit"] += 1
+        metrics.audit_trimmed_bytes.inc(freed)
 
     async def _orphan_snapshots(self, now: datetime) -> list[str]:
         """Snapshots the runtime holds that no event names (see ``logic.orphan_snapshots``)."""

@@ -25,7 +25,8 @@ Subjects (``<ns>`` is the namespace):
 =================================  =============================================
 
 Buckets: ``<ns>_sessions``, ``<ns>_instances``, ``<ns>_sandboxes``, ``<ns>_proxies``,
-``<ns>_snapshots`` (projections), ``<ns>_health``, ``<ns>_activity``, ``<ns>_leases``.
+``<ns>_snapshots`` (projections), ``<ns>_health``, ``<ns>_activity``, ``<ns>_leases``,
+``<ns>_audit_rate``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from shared.contract import ids
 #: Header names, as NATS spells them.
 MSG_ID = "Nats-Msg-Id"
 EXPECTED_LAST_SUBJECT_SEQUENCE = "Nats-Expected-Last-Subject-Sequence"
+MSG_TTL = "Nats-TTL"
+"""A message's own expiry (seconds; NATS 2.11+, on a stream that allows it)."""
 
 #: Aggregate kinds; each has its own subject space and projection bucket.
 SESSION = "session"
@@ -54,6 +57,11 @@ EGRESS = "egress"
 """Sandbox connections through the proxy, per session (not projected: the stream is the
 record)."""
 
+#: Audit records: not projected (the stream is the record), each written with a TTL
+#: (``Nats-TTL``), and the first to go when the stream nears its byte limit. The other
+#: kinds are aggregates whose projections are the fold of all their events: never expire.
+AUDIT_KINDS = (EXEC, IMAGE, EGRESS)
+
 #: How long JetStream remembers a ``Nats-Msg-Id`` for de-duplication.
 DUPLICATE_WINDOW_SECONDS = 120.0
 
@@ -62,6 +70,10 @@ ACTIVITY_TTL_SECONDS = 7 * 86400.0
 
 #: A lease not renewed within this long is free for another instance.
 LEASE_TTL_SECONDS = 10.0
+
+#: How long the audit-rate bucket keeps a session's level without a call (a full
+#: allowance refills within a window, at most a day: expiry forgets nothing).
+AUDIT_RATE_TTL_SECONDS = 86400.0
 
 #: How long a heartbeat survives without renewal. Fixed (not a setting) because
 #: every service creates the bucket and their definitions must agree.
@@ -174,6 +186,11 @@ class Topology:
         """Last tool call per session (and until when a call in flight may run): the
         reaper's idle clock. Not a projection: it is a timestamp, not a state change."""
         return f"{self.namespace}_activity"
+
+    @property
+    def audit_rate_bucket(self) -> str:
+        """How much audit text each session caused lately (the executor's rate limit)."""
+        return f"{self.namespace}_audit_rate"
 
     @property
     def leases_bucket(self) -> str:

@@ -57,7 +57,8 @@ async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: floa
 async def ensure_topology(js: JetStreamContext, topology: subjects.Topology, *, replicas: int = 1) -> None:
     """Create the event stream, the pool stream and the buckets if missing, with
     ``replicas`` copies each. What exists keeps its number of copies: a service starting
-    with another setting never lowers (or raises) it; ``set_replicas`` does, on purpose."""
+    with another setting never lowers (or raises) it; ``set_replicas`` does, on purpose.
+    An existing event stream gets the current definition (per-message TTLs allowed)."""
     await _ensure_events_stream(js, topology, replicas)
     try:
         await js.add_stream(jetstream.pool_stream(topology, replicas))
@@ -74,22 +75,37 @@ async def ensure_topology(js: JetStreamContext, topology: subjects.Topology, *, 
 
 async def _ensure_events_stream(js: JetStreamContext, topology: subjects.Topology, replicas: int) -> None:
     """Create the event stream, or bring an existing one's definition up to date (its
-    number of copies kept)."""
+    number of copies kept): a stack made before audit records expired gets the per-message
+    TTLs they need on its next start."""
     stream = jetstream.events_stream(topology, replicas)
     try:
-        await js.add_stream(stream)
-        return
+        made = await js.add_stream(stream)
     except nats.js.errors.BadRequestError as exc:
         if getattr(exc, "err_code", None) != STREAM_NAME_IN_USE:
             raise eventstore.translate(exc, "creating the event stream") from exc
     except Exception as exc:
         raise eventstore.translate(exc, "creating the event stream") from exc
+    else:
+        _check_limits(made.config)
+        return
     try:
         current = await js.stream_info(topology.events_stream)
-        await js.update_stream(dataclasses.replace(stream, num_replicas=current.config.num_replicas))
+        kept = dataclasses.replace(stream, num_replicas=current.config.num_replicas)
+        updated = await js.update_stream(kept)
     except Exception as exc:
         raise eventstore.translate(exc, "updating the event stream") from exc
+    _check_limits(updated.config)
     log.info("bus.stream_updated", stream=topology.events_stream)
+
+
+def _check_limits(config: api.StreamConfig) -> None:
+    """A server older than NATS 2.11 accepts the definition but ignores per-message TTLs:
+    audit records would then never expire. Refuse to run on it rather than grow for ever."""
+    if not config.allow_msg_ttl:
+        raise errors.ConfigError(
+            f"the NATS server keeps no per-message TTL on stream {config.name} (NATS 2.11 or "
+            "newer is needed: audit records expire by their own TTL); upgrade the server"
+        )
 
 
 async def _ensure_bucket(js: JetStreamContext, config: api.KeyValueConfig) -> None:

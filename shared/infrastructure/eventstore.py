@@ -22,7 +22,7 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 
 from shared.contract import codec, errors, events, subjects
-from shared.infrastructure import tracing
+from shared.infrastructure import settings, tracing
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -116,9 +116,17 @@ def translate(exc: Exception, doing: str) -> errors.SandboxError:
 
 
 class EventStore:
-    def __init__(self, js: JetStreamContext, topology: subjects.Topology) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        topology: subjects.Topology,
+        *,
+        audit_ttl: float = settings.RetentionSettings.audit_max_age,
+    ) -> None:
+        """``audit_ttl``: seconds an audit record lives (``SBX_AUDIT_MAX_AGE``; 0: no TTL)."""
         self._js = js
         self.topology = topology
+        self.audit_ttl = audit_ttl
 
     async def append(
         self,
@@ -174,13 +182,16 @@ class EventStore:
 
     async def record(self, subject: str, event: events.Event) -> int:
         """Append to an append-only subject (audit records): no expected sequence, only
-        de-duplication by event id. Returns the stream sequence."""
+        de-duplication by event id, and the audit TTL. Returns the stream sequence."""
+        headers = {subjects.MSG_ID: event.meta.event_id}
+        if self.audit_ttl > 0 and self.topology.kind_of(subject) in subjects.AUDIT_KINDS:
+            headers[subjects.MSG_TTL] = str(max(1, round(self.audit_ttl)))
         with tracing.appending("events.record", subject, [event]):
             try:
                 ack = await self._js.publish(
                     subject,
                     codec.encode(event),
-                    headers=tracing.inject({subjects.MSG_ID: event.meta.event_id}),
+                    headers=tracing.inject(headers),
                     stream=self.topology.events_stream,
                 )
             except Exception as exc:

@@ -10,13 +10,21 @@ from shared.contract import subjects
 
 
 def events_stream(topology: subjects.Topology, replicas: int = 1) -> api.StreamConfig:
+    """No limit of its own: the server never removes an event on its own, because a
+    projection is the fold of *all* its aggregate's events. Audit records expire by their
+    own TTL (``allow_msg_ttl``); the byte limit is the reaper's, which removes the oldest
+    audit records (:mod:`shared.infrastructure.retention`). JetStream's ``max_bytes`` is
+    not used: it cannot tell audit records from state, and it reserves its whole size on
+    every server at creation (a stack would not start on a smaller disk). ``discard=new``:
+    should an operator add a limit, new events are refused rather than old state dropped."""
     return api.StreamConfig(
         name=topology.events_stream,
         description="Every lifecycle event of the product: the source of truth and the audit log.",
         subjects=[topology.events_all],
         retention=api.RetentionPolicy.LIMITS,
         storage=api.StorageType.FILE,
-        discard=api.DiscardPolicy.OLD,
+        discard=api.DiscardPolicy.NEW,
+        allow_msg_ttl=True,
         duplicate_window=subjects.DUPLICATE_WINDOW_SECONDS,
         allow_direct=True,
         num_replicas=replicas,
@@ -67,6 +75,17 @@ def projection_bucket(topology: subjects.Topology, kind: str, replicas: int = 1)
     )
 
 
+def audit_rate_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValueConfig:
+    return api.KeyValueConfig(
+        bucket=topology.audit_rate_bucket,
+        description="Audit bytes each session caused lately, for the executor's rate limit.",
+        history=1,
+        ttl=subjects.AUDIT_RATE_TTL_SECONDS,
+        storage=api.StorageType.FILE,
+        replicas=replicas,
+    )
+
+
 def health_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValueConfig:
     return api.KeyValueConfig(
         bucket=topology.health_bucket,
@@ -79,10 +98,11 @@ def health_bucket(topology: subjects.Topology, replicas: int = 1) -> api.KeyValu
 
 
 def buckets(topology: subjects.Topology, replicas: int = 1) -> list[api.KeyValueConfig]:
-    """Every bucket of a topology: the projections, health, leases and activity."""
+    """Every bucket of a topology: the projections, health, leases, activity and audit rate."""
     return [
         *(projection_bucket(topology, kind, replicas) for kind in subjects.PROJECTED_KINDS),
         health_bucket(topology, replicas),
         leases_bucket(topology, replicas),
         activity_bucket(topology, replicas),
+        audit_rate_bucket(topology, replicas),
     ]

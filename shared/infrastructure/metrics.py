@@ -87,6 +87,21 @@ audit_failures = Counter(
     "Executor calls whose audit record could not be written (reported to the caller as errors).",
     registry=REGISTRY,
 )
+audit_refused = Counter(
+    "sbx_audit_refused_total",
+    "Executor calls refused because their session used its audit allowance (SBX_AUDIT_RATE).",
+    registry=REGISTRY,
+)
+audit_trimmed_bytes = Counter(
+    "sbx_audit_trimmed_bytes_total",
+    "Bytes of audit records the reaper removed before their age (the stream near SBX_EVENTS_MAX_BYTES).",
+    registry=REGISTRY,
+)
+events_bytes = Gauge(
+    "sbx_events_bytes",
+    "Bytes the event stream holds, as the reaper last saw (its limit: SBX_EVENTS_MAX_BYTES).",
+    registry=REGISTRY,
+)
 reconcile_findings = Counter(
     "sbx_reconcile_findings_total",
     "What the self-healing sweep fixed, by action.",

@@ -214,7 +214,7 @@ async def run(  # noqa: C901
         lambda: bus.ensure_topology(js, topology, replicas=service_settings.bus.replicas),
         "checking the streams",
     )
-    store = eventstore.EventStore(js, topology)
+    store = eventstore.EventStore(js, topology, audit_ttl=service_settings.bus.retention.audit_max_age)
     ctx = Context(s, nc, js, topology, store, started_at=now())
     instances = await projector.ProjectionStore.open(js, projections.INSTANCES, store)  # (patient)
     health_kv = await ctx.key_value(topology.health_bucket)

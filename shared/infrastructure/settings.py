@@ -101,6 +101,9 @@ class BusSettings:
     """Copies of the event stream, the pool stream and every bucket in a NATS cluster
     (``SBX_NATS_REPLICAS``, 1-5), applied when they are created; a service that finds them
     never changes their count (``sbx replicas`` does, on purpose)."""
+    retention: RetentionSettings = field(default_factory=lambda: RetentionSettings())
+    """How much of the event stream is kept: audit records' TTL (every writer of one) and
+    the byte budget (the reaper)."""
 
     @property
     def servers(self) -> list[str]:
@@ -119,7 +122,65 @@ class BusSettings:
             request_timeout=_duration(env, "SBX_REQUEST_TIMEOUT", cls.request_timeout, minimum=0.05),
             nats_token=env.get("NATS_TOKEN") or None,
             replicas=_replicas(env),
+            retention=RetentionSettings.from_env(env),
         )
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """What the event stream keeps. Audit records (``exec``, ``image``, ``egress``) expire;
+    the aggregates' events (sessions, sandboxes, snapshots, instances, proxies) never do:
+    the projections are their fold (docs/architecture.md, "Retention")."""
+
+    audit_max_age: float = 30 * 86400.0
+    """An audit record is removed this long after it was written (``SBX_AUDIT_MAX_AGE``;
+    0: never, only the byte limit removes them). Each record carries it (``Nats-TTL``), so
+    a change applies to records written from then on."""
+    events_max_bytes: int = 8 * 1024**3
+    """The event stream's byte budget (``SBX_EVENTS_MAX_BYTES``): past 90 % of it the
+    reaper removes the oldest audit records, down to 80 %. The aggregates' events are never
+    removed; should they alone fill the disk, the stream refuses new events."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> RetentionSettings:
+        return cls(
+            audit_max_age=_duration(env, "SBX_AUDIT_MAX_AGE", cls.audit_max_age, minimum=0),
+            events_max_bytes=_size(env, "SBX_EVENTS_MAX_BYTES", cls.events_max_bytes, minimum=64 * 1024**2),
+        )
+
+
+@dataclass(frozen=True)
+class AuditRateSettings:
+    """How much audit text one session may cause (the executor refuses calls past it)."""
+
+    bytes_per_window: int = 4 * 1024**2
+    """Audit bytes one session may cause per window (``SBX_AUDIT_RATE``; 0: no limit):
+    each audited call counts its recorded command text plus a fixed overhead per record."""
+    window: float = 600.0
+    """The window (``SBX_AUDIT_RATE_WINDOW``, at most a day): the allowance refills
+    evenly over it."""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> AuditRateSettings:
+        made = cls(
+            bytes_per_window=_size(env, "SBX_AUDIT_RATE", cls.bytes_per_window, minimum=0),
+            window=_duration(env, "SBX_AUDIT_RATE_WINDOW", cls.window, minimum=1),
+        )
+        if 0 < made.bytes_per_window < AUDIT_RATE_MINIMUM:
+            raise errors.ConfigError(
+                f"SBX_AUDIT_RATE={env['SBX_AUDIT_RATE']!r} must be 0 (no limit) or at least 64k"
+            )
+        if made.window > AUDIT_RATE_WINDOW_MAX:
+            raise errors.ConfigError(
+                f"SBX_AUDIT_RATE_WINDOW={env['SBX_AUDIT_RATE_WINDOW']!r} must be at most a day (1d)"
+            )
+        return made
+
+
+AUDIT_RATE_MINIMUM = 64 * 1024
+"""Below this, a few ordinary calls would use a session's whole allowance."""
+AUDIT_RATE_WINDOW_MAX = 86400.0
+"""The audit-rate bucket forgets a session after a day (its TTL), so no window is longer."""
 
 
 def _replicas(env: Mapping[str, str]) -> int:

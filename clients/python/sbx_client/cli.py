@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 from sbx_client import route as router
+from sbx_client import terminal
 from sbx_client.sandbox import Sandbox, SyncError
 from sbx_client.transport import ApiError
 
@@ -77,9 +78,9 @@ def release_command(ctx: typer.Context, session: Session) -> None:
     try:
         had = Sandbox(session=session, keep=True).release()
     except (ApiError, SyncError) as exc:
-        typer.echo(f"{ctx.command_path}: {exc}", err=True)
+        typer.echo(terminal.escape(f"{ctx.command_path}: {exc}"), err=True)
         raise typer.Exit(EXIT_USAGE) from None
-    typer.echo(f"released {session}" if had else f"{session} had no sandbox")
+    typer.echo(terminal.escape(f"released {session}" if had else f"{session} had no sandbox"))
 
 
 def route_command(
@@ -151,7 +152,7 @@ def run(command: str, session: str, keep: bool, timeout: float | None, name: str
     try:
         sandbox = Sandbox(session=session, keep=keep, progress=bar)
     except (SyncError, ApiError) as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(terminal.escape(f"{name}: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     interrupted = threading.Event()
 
@@ -176,7 +177,7 @@ def run(command: str, session: str, keep: bool, timeout: float | None, name: str
         code = EXIT_INTERRUPTED if interrupted.is_set() else result.exit_code
         report_refused(result.refused, name=name)
     except (ApiError, SyncError) as exc:
-        print(f"{name}: {exc}", file=sys.stderr)
+        print(terminal.escape(f"{name}: {exc}"), file=sys.stderr)
         code = EXIT_RETRY if isinstance(exc, ApiError) and exc.retriable else EXIT_USAGE
     except KeyboardInterrupt:
         code = EXIT_INTERRUPTED
@@ -189,7 +190,7 @@ def run(command: str, session: str, keep: bool, timeout: float | None, name: str
         try:
             sandbox.close()
         except (ApiError, OSError) as exc:
-            print(f"{name}: could not release the sandbox: {exc}", file=sys.stderr)
+            print(terminal.escape(f"{name}: could not release the sandbox: {exc}"), file=sys.stderr)
     return code
 
 
@@ -236,7 +237,7 @@ def report_refused(refused: list[tuple[str, str]], shown: int = SHOWN, name: str
     inside_git = [path for path, why in refused if kept in why]
     others = [(path, why) for path, why in refused if kept not in why]
     for path, why in others[:shown]:
-        print(f"{name}: not brought back: {path or '(all)'}: {why}", file=sys.stderr)
+        print(terminal.escape(f"{name}: not brought back: {path or '(all)'}: {why}"), file=sys.stderr)
     if len(others) > shown:
         print(f"{name}: ... and {len(others) - shown} more not brought back", file=sys.stderr)
     if inside_git:
