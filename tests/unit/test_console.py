@@ -81,6 +81,13 @@ def test_csrf_tokens_belong_to_one_binding():
 # ---- templates ---------------------------------------------------------------------
 
 
+def test_characters_that_reorder_text_are_shown_as_escapes():
+    """A command ``ls \u202egnp.exe`` would read as ``ls exe.png`` in a table cell."""
+    row = templating.render("line.html", text="ls \u202egnp.exe \u2066x\u2069 \u200f")
+    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", row)
+    assert "ls \\u202egnp.exe \\u2066x\\u2069 \\u200f" in row
+
+
 def test_every_value_is_escaped_unless_it_was_rendered():
     row = templating.render(
         "link.html", href='/console/sessions/x" onmouseover="alert(1)', text="<script>alert(1)</script>"

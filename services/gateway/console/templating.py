@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import html
+import re
 import string
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,10 +29,16 @@ class Markup(str):
 EMPTY = Markup("")
 
 
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters that reorder the text around them (U+202E reverses what follows): a value
+shows them as escapes (``\\u202e``), so a command cannot disguise itself in a table."""
+
+
 def escape(value: object) -> Markup:
     if isinstance(value, Markup):
         return value
-    return Markup(html.escape("" if value is None else str(value), quote=True))
+    text = _BIDI.sub(lambda m: f"\\u{ord(m.group()):04x}", "" if value is None else str(value))
+    return Markup(html.escape(text, quote=True))
 
 
 @functools.cache

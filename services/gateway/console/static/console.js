@@ -28,6 +28,11 @@ const CELLS = {
   record: (r) => [String(r.seq), r.time, r.type, { link: r.session }, r.summary, r.who, r.by],
 };
 
+// Characters that reorder the text around them (U+202E reverses what follows) are shown
+// as escapes, as the server's templates show them.
+const BIDI = /[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]/g;
+const shown = (text) => text.replace(BIDI, (c) => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+
 function cell(value) {
   const td = document.createElement("td");
   if (value && typeof value === "object") {
@@ -38,7 +43,7 @@ function cell(value) {
       td.appendChild(a);
     }
   } else {
-    td.textContent = value == null ? "" : String(value);
+    td.textContent = value == null ? "" : shown(String(value));
   }
   return td;
 }
