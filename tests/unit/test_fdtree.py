@@ -127,7 +127,10 @@ def test_a_directory_swapped_for_a_link_between_look_and_open_is_not_entered(tmp
     monkeypatch.setattr(fdtree, "_entry", swapping)
     copy = fdtree.sync(source, dest)
     monkeypatch.undo()
-    assert "d" not in copy.notes  # left to the refresh, as changed
+    top = os.stat(source)
+    assert (
+        fdtree._key(top, "d") not in copy.notes and fdtree._key(top, "a") not in copy.notes
+    )  # left to the refresh
     found = [p.read_text() for p in dest.rglob("*") if p.is_file() and not p.is_symlink()]
     assert "host secret" not in found
     fdtree.sync(source, dest, before=copy.notes, recent_ns=0)
@@ -187,3 +190,58 @@ def test_read_file_reads_only_through_real_directories(tmp_path):
     assert found is not None and found[0] == b"/workspace"
     assert fdtree.read_file(tmp_path / "top", ("shell", "cwd"), 5) is None  # too big
     assert fdtree.read_file(tmp_path / "top", ("nope", "cwd"), 100) is None
+
+
+def test_a_directory_moved_into_what_is_still_to_walk_is_walked_once(tmp_path, monkeypatch):
+    """A sandbox that moves a walked subtree into the next sibling the host has not listed
+    yet would have it walked again for every sibling (K x M entries from K + M)."""
+    source = tmp_path / "src"
+    (source / "s").mkdir(parents=True)
+    for n in range(20):
+        (source / "s" / f"f{n}").write_text("x")
+    for n in range(3):
+        (source / f"z{n}").mkdir()
+    listed = fdtree._names
+
+    def moving(dir_fd: int) -> list[str]:
+        ino = os.fstat(dir_fd).st_ino
+        for n in range(3):  # entering z<n>: the subtree is moved in just before it is listed
+            if ino == os.stat(source / f"z{n}").st_ino:
+                os.rename(source / ("s" if n == 0 else f"z{n - 1}/s"), source / f"z{n}" / "s")
+        return sorted(listed(dir_fd))
+
+    monkeypatch.setattr(fdtree, "_names", moving)
+    assert fdtree.measure(source).entries <= 20 + 1 + 3 + 3
+    (source / "z2" / "s").rename(source / "s")
+    copy = fdtree.sync(source, tmp_path / "copy")
+    assert copy.written <= 20 + 1 + 3 + 3
+
+
+def test_set_id_bits_are_dropped_from_files_and_hard_links_count_once(tmp_path):
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "tool").write_bytes(b"x" * 40000)
+    os.chmod(source / "tool", 0o6755)
+    (source / "shared").mkdir()
+    os.chmod(source / "shared", 0o2775)
+    for n in range(10):
+        os.link(source / "tool", source / f"name{n}")
+    tally = fdtree.measure(source)
+    assert tally.entries == 12 and tally.bytes < 2 * 40960 + 2 * fdtree.BLOCK
+    fdtree.sync(source, tmp_path / "copy")
+    assert stat.S_IMODE(os.stat(tmp_path / "copy" / "tool").st_mode) == 0o755
+    assert (
+        stat.S_IMODE(os.stat(tmp_path / "copy" / "shared").st_mode) == 0o2775
+    )  # (a directory's setgid: kept)
+
+
+def test_a_tree_of_too_many_entries_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(fdtree, "MAX_ENTRIES", 50)
+    source = tmp_path / "src"
+    source.mkdir()
+    for n in range(60):
+        (source / f"f{n}").touch()
+    with pytest.raises(errors.LimitExceeded, match="more than 50 entries"):
+        fdtree.measure(source)
+    with pytest.raises(errors.LimitExceeded, match="more than 50 entries"):
+        fdtree.sync(source, tmp_path / "copy")

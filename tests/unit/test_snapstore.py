@@ -3,6 +3,7 @@ while its source changes, then refreshed, equals the source; layers are named by
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 
 from shared.contract import errors
 from shared.runtime import api
-from shared.runtime.local import snapstore
+from shared.runtime.local import fdtree, snapstore
 
 
 def tree(top: Path) -> None:
@@ -23,11 +24,19 @@ def tree(top: Path) -> None:
     (top / "becomes-dir").write_text("file")
 
 
-def test_a_layers_digest_is_its_content(tmp_path):
+def test_a_layers_digest_is_all_it_keeps(tmp_path):
     one, two = tmp_path / "one", tmp_path / "two"
-    for top in (one, two):
-        top.mkdir()
-        tree(top)
+    one.mkdir()
+    tree(one)
+    fdtree.sync(one, two)  # (times kept)
+    assert snapstore.tree_digest(one) == snapstore.tree_digest(two)
+    st = os.stat(two / "d" / "b")
+    os.utime(two / "d" / "b", ns=(st.st_atime_ns, st.st_mtime_ns + 1))  # a time alone
+    assert snapstore.tree_digest(one) != snapstore.tree_digest(two)
+    os.utime(two / "d" / "b", ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.setxattr(two / "a", "user.note", b"mine")  # an attribute alone
+    assert snapstore.tree_digest(one) != snapstore.tree_digest(two)
+    os.removexattr(two / "a", "user.note")
     assert snapstore.tree_digest(one) == snapstore.tree_digest(two)
     (two / "d" / "b").write_text("B")
     assert snapstore.tree_digest(one) != snapstore.tree_digest(two)
@@ -82,12 +91,21 @@ def test_layers_are_named_by_content_shared_and_counted_against_the_budget(tmp_p
     (digest,) = one.layers
     assert one.size > 0 and one.files == 8 and store.bytes() == one.size and store.get("one") == one
     second = store.new_copy()
-    tree(second)
+    second.rmdir()
+    fdtree.sync(store.layer(digest), second)  # equal to the last attribute
     two = store.add(second, _record("two"))
     assert two.layers == one.layers and two.size == 0  # equal content: the same layer
     assert not second.exists() and store.bytes() == one.size
     with pytest.raises(errors.LimitExceeded, match="SBX_SNAPSHOT_BUDGET"):
-        store.check_room(10 * 1024**2)
+        with store.reserving(10 * 1024**2):
+            pass
+    with store.reserving(4 * 1024**2) as may_write:  # held while a snapshot is made...
+        assert may_write <= 10 * 1024**2 - store.bytes()
+        with pytest.raises(errors.LimitExceeded, match="SBX_SNAPSHOT_BUDGET"):
+            with store.reserving(6 * 1024**2):  # ...so another made meanwhile counts it
+                pass
+    with store.reserving(6 * 1024**2):  # (released once made)
+        pass
     assert store.forget("one") and store.collect(lambda: []) == 0  # "two" still names it
     assert store.forget("two") and store.collect(lambda: [digest]) == 0  # a sandbox does
     assert store.collect(lambda: []) == one.size and not store.layer(digest).exists()

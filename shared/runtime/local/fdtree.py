@@ -41,6 +41,12 @@ from shared.contract import errors
 
 MAX_DEPTH = 256
 """Deepest directory a copy enters (two descriptors are held per level)."""
+MAX_ENTRIES = 1_000_000
+"""Most entries (names: hard links count once each) one walk of a tree takes."""
+LINK_PATH_MAX = 4000
+"""Longest path a hard link's first copy is remembered by (a link needs a path)."""
+BLOCK = 4096
+"""What an entry costs at least on disk (its inode, a directory's block): charged per entry."""
 CHUNK = 1 << 20
 FICLONE = 0x40049409
 XATTR_PREFIX = "user."
@@ -48,7 +54,8 @@ XATTR_PREFIX = "user."
 Note = tuple[int, int, int]
 """What a copy notes of an entry when it looks at it: inode, ctime (ns) and mode. The ctime
 changes with any change of its content, metadata or (a directory) its entries, and cannot
-be set back."""
+be set back. Notes are keyed by :func:`_key` (the entry's directory and name, hashed: a
+few dozen bytes an entry however long its path)."""
 
 CTIME_SLACK_NS = 50_000_000
 """File times come from a coarse clock (a tick of up to 10 ms): an entry changed this
@@ -61,8 +68,11 @@ Guard = Callable[[int, int], None]
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.ENXIO)
-"""An entry that vanished, or changed kind, between a look and an open."""
+_GONE = (
+    errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.ENXIO, errno.EACCES, errno.EAGAIN,
+)  # fmt: skip
+"""An entry that vanished, changed kind (a whiteout: EACCES on a nodev mount) or is leased
+(EAGAIN) between a look and an open: left out of this pass, as changed."""
 
 
 def _no_guard(size: int, entries: int) -> None:
@@ -77,6 +87,25 @@ def open_dir(path: Path) -> int | None:
         if exc.errno in _GONE:
             return None
         raise
+
+
+def _names(dir_fd: int) -> list[str]:
+    try:
+        return os.listdir(dir_fd)
+    except OSError as exc:
+        if exc.errno in _GONE:  # (removed after it was opened)
+            return []
+        raise
+
+
+def _key(parent: os.stat_result | int, name: str) -> int:
+    """An entry's key in the notes: its directory's inode and its name. (A collision could
+    only keep a copy whose note is the same inode's: the same file.)"""
+    return hash((parent if isinstance(parent, int) else parent.st_ino, name))
+
+
+def _too_many() -> errors.LimitExceeded:
+    return errors.LimitExceeded(f"the tree has more than {MAX_ENTRIES} entries; such a tree is not copied")
 
 
 def _same(a: os.stat_result, b: os.stat_result) -> bool:
@@ -114,14 +143,17 @@ def _too_deep() -> errors.LimitExceeded:
 
 @dataclass
 class Tally:
-    """What a tree takes: bytes its files really hold on disk (holes are free), and entries."""
+    """What a tree takes: bytes its entries really hold on disk (holes are free; at least
+    :data:`BLOCK` an entry), and entries."""
 
     bytes: int = 0
     entries: int = 0
+    seen: set[tuple[int, int]] = field(default_factory=set, repr=False)
 
 
 def measure(top: Path) -> Tally:
-    """What a copy of the tree at ``top`` needs, read by descriptor (a link is not followed)."""
+    """What a copy of the tree at ``top`` needs, read by descriptor (a link is not followed;
+    a directory met twice, moved meanwhile, and a file's other names count once)."""
     tally = Tally()
     fd = open_dir(top)
     if fd is None:
@@ -130,20 +162,26 @@ def measure(top: Path) -> Tally:
         _measure(fd, os.fstat(fd).st_dev, tally, 0)
     finally:
         os.close(fd)
+    tally.seen.clear()
     return tally
 
 
 def _measure(dir_fd: int, dev: int, tally: Tally, depth: int) -> None:
     if depth >= MAX_DEPTH:
         raise _too_deep()
-    for name in os.listdir(dir_fd):
+    for name in _names(dir_fd):
         st = _entry(dir_fd, name)
         if st is None or st.st_dev != dev:
             continue
         tally.entries += 1
-        if stat.S_ISREG(st.st_mode):
-            tally.bytes += st.st_blocks * 512
-        elif stat.S_ISDIR(st.st_mode):
+        if tally.entries > MAX_ENTRIES:
+            raise _too_many()
+        if (st.st_dev, st.st_ino) in tally.seen:
+            continue  # (another name of a file, or a directory moved into what is still to walk)
+        if st.st_nlink > 1 or stat.S_ISDIR(st.st_mode):
+            tally.seen.add((st.st_dev, st.st_ino))
+        tally.bytes += max(st.st_blocks * 512, BLOCK)
+        if stat.S_ISDIR(st.st_mode):
             sub = _open_checked(dir_fd, name, _DIR, st)
             if sub is not None:
                 try:
@@ -157,7 +195,7 @@ class Copy:
     """What one :func:`sync` did: every entry it left equal to the source (noted as it was
     looked at, for a later refresh), and how many entries it wrote."""
 
-    notes: dict[str, Note] = field(default_factory=dict)
+    notes: dict[int, Note] = field(default_factory=dict)
     written: int = 0
     bytes: int = 0
 
@@ -166,7 +204,7 @@ def sync(
     source: Path,
     dest: Path,
     *,
-    before: dict[str, Note] | None = None,
+    before: dict[int, Note] | None = None,
     recent_ns: int = 0,
     guard: Guard = _no_guard,
 ) -> Copy:
@@ -195,9 +233,9 @@ def sync(
             looked = os.fstat(top)
             job.dev = looked.st_dev
             job.dest_top = out
-            job.directory(top, out, "", 0)
+            job.directory(top, looked, out, "", 0, placed=True)
             job.finish(out, looked, top)
-            job.result.notes["."] = (looked.st_ino, looked.st_ctime_ns, looked.st_mode)
+            job.result.notes[_key(0, ".")] = (looked.st_ino, looked.st_ctime_ns, looked.st_mode)
         finally:
             os.close(top)
     finally:
@@ -206,25 +244,35 @@ def sync(
 
 
 class _Sync:
-    def __init__(self, before: dict[str, Note], recent_ns: int, guard: Guard, refreshing: bool) -> None:
+    def __init__(self, before: dict[int, Note], recent_ns: int, guard: Guard, refreshing: bool) -> None:
         self.before, self.recent_ns, self.guard, self.refreshing = before, recent_ns, guard, refreshing
         self.result = Copy()
         self.dev = 0
         self.dest_top = -1
+        self.entries = 0
+        self.dirs: set[int] = set()  # directories walked in this pass (one met again moved meanwhile)
         self.linked: dict[int, str] = {}  # inode -> where its first copy is (hard links kept)
         self.reflinks = True
 
-    def directory(self, src: int, out: int, rel: str, depth: int) -> None:
+    def directory(
+        self, src: int, looked: os.stat_result, out: int, rel: str | None, depth: int, *, placed: bool
+    ) -> None:
+        """Copy what directory ``src`` holds into ``out``. ``placed``: ``out`` is where the
+        earlier pass copied this very directory (else nothing in it is taken as kept)."""
         if depth >= MAX_DEPTH:
             raise _too_deep()
         kept: set[str] = set()
-        for name in os.listdir(src):
+        for name in _names(src):
             st = _entry(src, name)
             if st is None or st.st_dev != self.dev:
                 continue
-            path = f"{rel}{name}"
+            self.entries += 1
+            if self.entries > MAX_ENTRIES:
+                raise _too_many()
+            key = _key(looked, name)
             note = (st.st_ino, st.st_ctime_ns, st.st_mode)
-            same = self.before.get(path) == note and st.st_ctime_ns < self.recent_ns
+            same = placed and self.before.get(key) == note and st.st_ctime_ns < self.recent_ns
+            path = f"{rel}{name}" if rel is not None and len(rel) + len(name) < LINK_PATH_MAX else None
             if stat.S_ISDIR(st.st_mode):
                 done = self.subdirectory(src, out, name, st, path, depth, same)
             elif same:
@@ -233,22 +281,25 @@ class _Sync:
                 done = self.other(src, out, name, st, path)
             if done:
                 kept.add(name)
-                self.result.notes[path] = note
+                self.result.notes[key] = note
         if self.refreshing:
             self.prune(out, kept)
 
     def subdirectory(
-        self, src: int, out: int, name: str, st: os.stat_result, path: str, depth: int, same: bool
+        self, src: int, out: int, name: str, st: os.stat_result, path: str | None, depth: int, same: bool
     ) -> bool:
+        if st.st_ino in self.dirs:  # met again: moved meanwhile into what was still to walk
+            return False
         sub = _open_checked(src, name, _DIR, st)
         if sub is None:
             return False
+        self.dirs.add(st.st_ino)
         try:
             if not same:
                 self.written(0, 1)
             theirs = self.dest_dir(out, name)
             try:
-                self.directory(sub, theirs, f"{path}/", depth + 1)
+                self.directory(sub, st, theirs, None if path is None else f"{path}/", depth + 1, placed=same)
                 self.finish(theirs, st, sub)
             finally:
                 os.close(theirs)
@@ -266,7 +317,7 @@ class _Sync:
             os.mkdir(name, 0o700, dir_fd=out)
         return os.open(name, _DIR, dir_fd=out)
 
-    def other(self, src: int, out: int, name: str, st: os.stat_result, path: str) -> bool:
+    def other(self, src: int, out: int, name: str, st: os.stat_result, path: str | None) -> bool:
         """A file, link, FIFO or whiteout copied in place of what ``out`` has as ``name``."""
         kind = stat.S_IFMT(st.st_mode)
         if kind == stat.S_IFREG:
@@ -288,16 +339,15 @@ class _Sync:
             self.replace(out, name)
             self.written(0, 1)
             os.mknod(name, kind | 0o600, st.st_rdev, dir_fd=out)
-            os.chmod(name, stat.S_IMODE(st.st_mode), dir_fd=out)
         else:  # sockets, devices: nothing a sandbox's files need (it cannot make devices)
             return False
         os.chown(name, st.st_uid, st.st_gid, dir_fd=out, follow_symlinks=False)
-        if kind != stat.S_IFLNK:  # chown clears set-id bits: the mode again
-            os.chmod(name, stat.S_IMODE(st.st_mode), dir_fd=out)
+        if kind != stat.S_IFLNK:
+            os.chmod(name, _mode(st), dir_fd=out)
         os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=out, follow_symlinks=False)
         return True
 
-    def file(self, src: int, out: int, name: str, st: os.stat_result, path: str) -> bool:
+    def file(self, src: int, out: int, name: str, st: os.stat_result, path: str | None) -> bool:
         fd = _open_checked(src, name, _FILE, st)
         if fd is None:
             return False
@@ -310,7 +360,8 @@ class _Sync:
                         os.link(first, name, src_dir_fd=self.dest_top, dst_dir_fd=out, follow_symlinks=False)
                         self.result.written += 1
                         return True
-                self.linked[st.st_ino] = path
+                elif path is not None:  # (paths past LINK_PATH_MAX are not kept: copied instead)
+                    self.linked[st.st_ino] = path
             self.written(0, 1)
             copy = os.open(name, _NEW, 0o600, dir_fd=out)
             try:
@@ -347,7 +398,12 @@ class _Sync:
                 if exc.errno == errno.ENXIO:  # no data after offset
                     return
                 raise
-            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            try:
+                end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # truncated meanwhile: the refresh sees its ctime
+                    return
+                raise
             while start < end:
                 chunk = os.pread(fd, min(end - start, CHUNK), start)
                 if not chunk:  # truncated meanwhile: the refresh sees its ctime
@@ -358,9 +414,10 @@ class _Sync:
             offset = end
 
     def finish(self, fd: int, st: os.stat_result, source_fd: int, *, new: bool = False) -> None:
-        """Owner, mode (set-id bits kept: chown clears them), ``user.*`` attributes and times."""
+        """Owner, mode (a file's set-id bits dropped: nothing runs set-id in a sandbox, and a
+        copy is host root's), ``user.*`` attributes and times."""
         os.fchown(fd, st.st_uid, st.st_gid)
-        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        os.fchmod(fd, _mode(st))
         theirs = [a for a in _xattrs(source_fd) if a.startswith(XATTR_PREFIX)]
         for attr in () if new else _xattrs(fd):  # (a directory kept by a refresh may have lost one)
             if attr.startswith(XATTR_PREFIX) and attr not in theirs:
@@ -371,7 +428,7 @@ class _Sync:
         os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
     def written(self, size: int, entries: int) -> None:
-        self.guard(size, entries)
+        self.guard(size + entries * BLOCK, entries)
         self.result.bytes += size
         self.result.written += entries
 
@@ -431,6 +488,11 @@ def _xattrs(fd: int) -> list[str]:
         if exc.errno in (errno.ENOTSUP, errno.EPERM):
             return []
         raise
+
+
+def _mode(st: os.stat_result) -> int:
+    mode = stat.S_IMODE(st.st_mode)
+    return mode if stat.S_ISDIR(st.st_mode) else mode & ~(stat.S_ISUID | stat.S_ISGID)
 
 
 def _remove(dir_fd: int, name: str, st: os.stat_result) -> None:

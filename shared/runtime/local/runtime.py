@@ -24,6 +24,7 @@ import fcntl
 import functools
 import json
 import os
+import resource
 import secrets
 import shutil
 import signal
@@ -55,6 +56,8 @@ from shared.runtime.local import (
 from shared.runtime.local.registries import RegistryConfig
 
 START_TIMEOUT = 10.0
+SNAPSHOTS_AT_ONCE = 2
+"""Snapshots one runtime copies at once (each walks a tree by descriptor, two per level)."""
 LAUNCH = """limit=$1; shift
 while [ "$1" != -- ]; do echo 0 > "$1" || exit 1; shift; done
 shift
@@ -238,6 +241,8 @@ class LocalRuntime(api.Runtime):
         self.state_dir = state_dir
         self.snapshot_budget = 20 * api.GiB if snapshot_budget is None else snapshot_budget
         self.snapshot_store = snapstore.SnapshotStore(state_dir / "snapshots", self.snapshot_budget)
+        self._snapshotting = asyncio.Semaphore(SNAPSHOTS_AT_ONCE)
+        _raise_file_limit()
         self.network = network.Network()
         self.egress_problem = self.network.unavailable() if egress == "proxy" else None
         self.egress = "proxy" if egress == "proxy" and self.egress_problem is None else "none"
@@ -938,7 +943,8 @@ class LocalRuntime(api.Runtime):
                 f"sandbox {sandbox_id!r} stands on {len(base.layers)} snapshot layers, the most there can "
                 "be: snapshot a session forked from an earlier snapshot instead"
             )
-        return await asyncio.to_thread(self._snapshot, info, base, snapshot_id)
+        async with self._snapshotting:  # (each holds a thread and descriptors for the copy)
+            return await asyncio.to_thread(self._snapshot, info, base, snapshot_id)
 
     def _snapshot(self, info: api.SandboxInfo, base: _Base, snapshot_id: str) -> api.SnapshotInfo:
         d, store = self._dir(info.sandbox_id), self.snapshot_store
@@ -950,16 +956,17 @@ class LocalRuntime(api.Runtime):
             sources = self._snapshot_sources(rw)
             needs = [fdtree.measure(source) for source, _ in sources]
             size, entries = sum(n.bytes for n in needs), sum(n.entries for n in needs)
-            left = store.check_room(size)
-            if problem := self.disk.space_problem(store.root, size=size, entries=entries):
-                raise errors.LimitExceeded(f"no room for this snapshot: {problem}")
-            room = disk.Headroom(store.root, self.disk, lambda why: f"the snapshot was stopped: {why}", left)
-            copy = store.new_copy()
-            try:
-                frozen = self._copy_frozen(info, rw, sources, copy, room)
-            except BaseException:
-                shutil.rmtree(copy, ignore_errors=True)
-                raise
+            with store.reserving(size) as may_write:
+                if problem := self.disk.space_problem(store.root, size=size, entries=entries):
+                    raise errors.LimitExceeded(f"no room for this snapshot: {problem}")
+                refusal = "the snapshot was stopped: {}".format
+                room = disk.Headroom(store.root, self.disk, refusal, may_write)
+                copy = store.new_copy()
+                try:
+                    frozen = self._copy_frozen(info, rw, sources, copy, room)
+                except BaseException:
+                    shutil.rmtree(copy, ignore_errors=True)
+                    raise
         finally:
             if mounted_here:
                 disk.Disk.unmount(d)
@@ -1032,6 +1039,7 @@ class LocalRuntime(api.Runtime):
                     fdtree.sync(source, dest, before=before, recent_ns=recent_ns, guard=room)
                 for shell_file in snapstore.SHELL_FILES:  # (small: copied at the instant itself)
                     snapstore.copy_shell_file(rw / "control", shell_file, copy / "shell" / shell_file)
+                snapstore.settle(copy)
             finally:
                 if freeze:
                     self.cgroups.thaw(name)
@@ -1191,3 +1199,13 @@ def _write_pin(d: Path, image: images.Image) -> None:
             )
         )
     )
+
+
+def _raise_file_limit() -> None:
+    """The process's soft limit on open files raised to its hard limit (at most 65536): a
+    snapshot holds two descriptors per directory level of the tree it copies."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = min(hard if hard != resource.RLIM_INFINITY else 65536, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))

@@ -12,8 +12,9 @@ Layout under ``<state>/snapshots/``:
   the layers it is made of, bottom first (a fork's snapshot: its base's, then its own);
 * ``tmp/``: copies being made (anything left there by a crash is removed at start).
 
-A layer's name is the SHA-256 of its content (paths, types, modes, owners, sizes, file
-contents, link targets, devices, overlay xattrs, in sorted order): a copy equal to a layer
+A layer's name is the SHA-256 of all it keeps (paths, types, modes, owners, modification
+times, sizes, file contents, link targets, devices, ``user.*`` xattrs, each framed, in
+sorted order): a copy equal to a layer
 that exists is dropped, and its snapshot uses that one. A layer is removed once no record
 and no sandbox (``base.json`` in its directory) names it: deleting a snapshot never
 breaks a sandbox started from it.
@@ -39,8 +40,11 @@ from shared.domain import describe
 from shared.runtime import api
 from shared.runtime.local import fdtree
 
-OVERLAY_XATTR = b"user.overlay."
+USER_XATTR = b"user."
 READ_SIZE = 1024 * 1024
+GROWTH_SLACK = 64 * 1024**2
+"""What a snapshot's copy may write beyond what its files measured (they may grow meanwhile),
+at least: a quarter more otherwise, within the budget."""
 MAX_LAYERS = 16
 """Most layers one snapshot stacks (a fork of a fork of …): each is one more overlay lower
 directory of every overlay of a sandbox started from it."""
@@ -82,6 +86,7 @@ class SnapshotStore:
                 shutil.rmtree(left, ignore_errors=True)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        self._reserved = 0  # bytes held by snapshots being made
         self._sync()
 
     @contextlib.contextmanager
@@ -152,17 +157,27 @@ class SnapshotStore:
         with self._lock:
             return self._sizes.get(digest, 0)
 
-    def check_room(self, needed: int) -> int:
-        """Raise LimitExceeded if ``needed`` more bytes would take the store past its
-        budget; else the bytes the budget has left."""
+    @contextlib.contextmanager
+    def reserving(self, needed: int) -> Iterator[int]:
+        """Hold ``needed`` bytes of the budget while a snapshot is made (snapshots made at the
+        same time each count the others'): LimitExceeded if they would take the store past
+        it; else yields the bytes the copy may write (``needed`` and some slack for files
+        that grow meanwhile, within the budget)."""
         held = self.bytes()
-        if held + needed > self.budget:
-            raise errors.LimitExceeded(
-                f"the snapshot store holds {describe.size(held)} of its {describe.size(self.budget)} budget "
-                f"(SBX_SNAPSHOT_BUDGET) and this snapshot needs about {describe.size(needed)}: "
-                "delete snapshots first"
-            )
-        return self.budget - held
+        with self._lock:
+            taken = held + self._reserved
+            if taken + needed > self.budget:
+                raise errors.LimitExceeded(
+                    f"the snapshot store holds {describe.size(taken)} of its {describe.size(self.budget)} "
+                    f"budget (SBX_SNAPSHOT_BUDGET) and this snapshot needs about {describe.size(needed)}: "
+                    "delete snapshots first"
+                )
+            self._reserved += needed
+        try:
+            yield min(self.budget - taken, needed + max(needed // 4, GROWTH_SLACK))
+        finally:
+            with self._lock:
+                self._reserved -= needed
 
     def new_copy(self) -> Path:
         """An empty directory to copy a layer into (``add`` makes it a layer)."""
@@ -225,7 +240,20 @@ def copy_shell_file(control: Path, name: str, dest: Path) -> bool:
     dest.write_bytes(data)
     os.chown(dest, st.st_uid, st.st_gid)
     os.chmod(dest, stat.S_IMODE(st.st_mode))
+    os.utime(dest, ns=(st.st_atime_ns, st.st_mtime_ns))
     return True
+
+
+HOST_MADE = ("root", "dirs", "shell")
+"""Directories of a layer the host makes (not copied): their times are set to 0 once it is
+written, so that equal copies have equal digests."""
+
+
+def settle(copy: Path) -> None:
+    """The times of the directories the host made in ``copy`` set to 0 (see HOST_MADE)."""
+    for name in HOST_MADE:
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(copy / name, ns=(0, 0), follow_symlinks=False)
 
 
 def disk_bytes(top: Path) -> int:
@@ -239,28 +267,37 @@ def disk_bytes(top: Path) -> int:
 
 
 def tree_digest(top: Path) -> tuple[str, int]:
-    """The SHA-256 of everything under ``top`` (the host's own copy; hex), and how many
-    entries it holds."""
+    """The SHA-256 of everything under ``top`` (the host's own copy; hex) that a copy keeps,
+    each field framed by its length (names, modes, owners, modification times, contents,
+    link targets, devices, ``user.*`` attributes), and how many entries it holds. Equal
+    digests mean equal layers to the last attribute, so a layer shared by two snapshots
+    (size 0 for the second) never shows one sandbox's metadata in another's fork."""
     outer = hashlib.sha256()
     entries = 0
+
+    def field(value: bytes) -> None:
+        outer.update(b"%d:" % len(value))
+        outer.update(value)
+
     for directory, dirs, files, fd in os.fwalk(top):
         dirs.sort()
         rel_dir = os.path.relpath(directory, top)
         for name in sorted((*dirs, *files)):
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             entries += 1
-            rel = os.path.normpath(os.path.join(rel_dir, name)).encode("utf-8", "surrogateescape")
-            outer.update(b"%s\0%o\0%d\0%d\0" % (rel, st.st_mode, st.st_uid, st.st_gid))
+            field(os.fsencode(os.path.normpath(os.path.join(rel_dir, name))))
+            field(b"%o %d %d %d" % (st.st_mode, st.st_uid, st.st_gid, st.st_mtime_ns))
             if stat.S_ISREG(st.st_mode):
-                outer.update(b"f%d\0%s" % (st.st_size, _file_digest(name, fd)))
+                field(b"%d" % st.st_size)
+                field(_file_digest(name, fd))
             elif stat.S_ISLNK(st.st_mode):
-                outer.update(b"l" + os.fsencode(os.readlink(name, dir_fd=fd)))
+                field(os.fsencode(os.readlink(name, dir_fd=fd)))
             elif stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-                outer.update(b"d%d" % st.st_rdev)
+                field(b"%d" % st.st_rdev)
             if stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode):  # (user.* xattrs live on these alone)
-                for attr, value in _overlay_xattrs(name, fd):
-                    outer.update(b"x%s=%s" % (attr, value))
-            outer.update(b"\n")
+                for attr, value in _user_xattrs(name, fd):
+                    field(attr)
+                    field(value)
     return outer.hexdigest(), entries
 
 
@@ -273,13 +310,13 @@ def _file_digest(name: str, dir_fd: int) -> bytes:
     return digest.digest()
 
 
-def _overlay_xattrs(name: str, dir_fd: int) -> list[tuple[bytes, bytes]]:
+def _user_xattrs(name: str, dir_fd: int) -> list[tuple[bytes, bytes]]:
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     try:
         return sorted(
             (attr.encode(), os.getxattr(fd, attr))
             for attr in os.listxattr(fd)
-            if attr.encode().startswith(OVERLAY_XATTR)
+            if attr.encode().startswith(USER_XATTR)
         )
     except OSError:
         return []
