@@ -5,6 +5,7 @@ are in the event stream."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -110,9 +111,9 @@ async def test_an_agent_gets_registry_images_and_a_pool_of_one_starts_warm(regis
 
 
 @pytest.fixture
-def slow_image_stack(tmp_path):
-    """`sbx up` and a registry with one image (a front that slows the registry down is the
-    test's: it runs on the test's event loop)."""
+def slow_registry(tmp_path):
+    """A registry with one image (the front that slows it down, and the stack that names the
+    front as an operator's registry, are the test's: the front runs on its event loop)."""
     if missing := o.missing_tools():
         pytest.fail(f"missing {', '.join(missing)}: scripts/setup --dev installs them")
     reg = o.Registry(tmp_path / "registry").start()
@@ -120,20 +121,18 @@ def slow_image_stack(tmp_path):
         layout = tmp_path / "slow"
         o.simple_image(layout, o.layer({"etc/marker": b"slow pull\n"}))
         reg.push(layout, "test/slow:1")
-        state = tmp_path / "state"
-        with running_stack(state, SBX_POOL_MIN_IDLE="0") as (_, url):
-            yield reg, state, url
+        yield reg, tmp_path
     finally:
         reg.stop()
 
 
-async def test_create_sandbox_waits_out_a_pull_slower_than_the_request_timeout(slow_image_stack):
+async def test_create_sandbox_waits_out_a_pull_slower_than_the_request_timeout(slow_registry):
     """A registry that takes longer to send a blob than the gateway's request timeout (5 s):
     `create_sandbox` waits for the pull, saying how long it has waited (MCP progress), and
     answers with the new sandbox, which runs the image (it answered "the scheduler did not
     answer in time" while the pull went on)."""
-    reg, state, url = slow_image_stack
-    key = (state / "api-key").read_text().strip()
+    reg, tmp_path = slow_registry
+    state = tmp_path / "state"
     blobs = 0
 
     def slow_first_blob(request_line: bytes) -> float:
@@ -149,20 +148,29 @@ async def test_create_sandbox_waits_out_a_pull_slower_than_the_request_timeout(s
         heard.append(message or "")
 
     async with support.http_front(reg.host, delay=slow_first_blob) as front:
-        image = f"{front.removeprefix('http://')}/test/slow:1"
-        headers = {"Authorization": f"Bearer {key}", "X-Session-Id": "slow-1"}
-        async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
-            async with streamable_http_client(f"{url}/mcp", http_client=http) as (read, write):
-                async with ClientSession(read, write) as mcp:
-                    await mcp.initialize()
-                    asked = {"image": image}
-                    result = await mcp.call_tool("create_sandbox", asked, progress_callback=progress)
-    text = "".join(getattr(c, "text", "") for c in result.content)
-    assert not result.is_error, text
-    assert "provisioned" in text and image in text
-    assert blobs >= 1, "the pull went through the slow front"
-    assert heard and all(m.startswith("starting the new sandbox: ") for m in heard), heard
-    ok, text = await Agent(url, key, "slow-1").call("shell", command="cat /etc/marker")
-    assert ok and text.startswith("slow pull"), text
-    pulls = [e["type"] for e in events(state) if e.get("reference") == image]
-    assert pulls == ["image.pull_started", "image.pulled"]
+        host = front.removeprefix("http://")
+        image = f"{host}/test/slow:1"
+        allowed = o.registries_file(tmp_path / "registries.toml", host)  # (a loopback registry: named)
+        # (started and stopped in a thread: its clean-up runs an event loop of its own)
+        stack = running_stack(state, SBX_POOL_MIN_IDLE="0", SBX_REGISTRIES_FILE=str(allowed))
+        _, url = await asyncio.to_thread(stack.__enter__)
+        try:
+            key = (state / "api-key").read_text().strip()
+            headers = {"Authorization": f"Bearer {key}", "X-Session-Id": "slow-1"}
+            async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
+                async with streamable_http_client(f"{url}/mcp", http_client=http) as (read, write):
+                    async with ClientSession(read, write) as mcp:
+                        await mcp.initialize()
+                        asked = {"image": image}
+                        result = await mcp.call_tool("create_sandbox", asked, progress_callback=progress)
+            text = "".join(getattr(c, "text", "") for c in result.content)
+            assert not result.is_error, text
+            assert "provisioned" in text and image in text
+            assert blobs >= 1, "the pull went through the slow front"
+            assert heard and all(m.startswith("starting the new sandbox: ") for m in heard), heard
+            ok, text = await Agent(url, key, "slow-1").call("shell", command="cat /etc/marker")
+            assert ok and text.startswith("slow pull"), text
+            pulls = [e["type"] for e in events(state) if e.get("reference") == image]
+            assert pulls == ["image.pull_started", "image.pulled"]
+        finally:
+            await asyncio.to_thread(stack.__exit__, None, None, None)
