@@ -450,7 +450,14 @@ async def test_a_snapshot_kept_warm_is_a_pool_within_max_running_and_leaves_noth
     await support.eventually(lambda: _count(idle(nc, topology, pool_id), 2), timeout=30)
     pooled = {s.sandbox_id for s in await idle(nc, topology, pool_id)}
     assert all(s.snapshot == "snap-w" for s in await idle(nc, topology, pool_id))
+    js = nc.jetstream()
 
+    async def both_offered() -> bool:  # (idle in the record a moment before it is offered)
+        subject = topology.pool_offers(pool_id)
+        info = await js.stream_info(topology.pool_stream, subjects_filter=subject)
+        return (info.state.subjects or {}).get(subject, 0) >= 2
+
+    await support.eventually(both_offered, timeout=30)
     forks = await asyncio.gather(
         *(
             support.send(
@@ -469,7 +476,6 @@ async def test_a_snapshot_kept_warm_is_a_pool_within_max_running_and_leaves_noth
     assert len(live) <= lifecycle.max_running
 
     assert (await warm(0)).snapshot.warm == 0
-    js = nc.jetstream()
 
     async def dropped() -> bool:
         consumers = [c.config.metadata or {} for c in await js.consumers_info(topology.pool_stream)]
