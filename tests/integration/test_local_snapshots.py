@@ -298,7 +298,7 @@ async def test_a_sandbox_swapping_directories_for_host_links_during_a_copy_gets_
     tops = [f"/workspace/t{n}" for n in range(6)] + ["/usr/local/t0", "/root/t0"]
     setup = " ".join(
         f"mkdir -p {top}/d/sub && ln -s {host} {top}/l && "
-        f"for i in $(seq 150); do echo mine > {top}/d/f$i; echo mine > {top}/d/sub/f$i; done;"
+        f"for i in $(seq 100); do echo mine > {top}/d/f$i; echo mine > {top}/d/sub/f$i; done;"
         for top in tops
     )
     await sh(rt, "swapper", setup)
@@ -306,7 +306,7 @@ async def test_a_sandbox_swapping_directories_for_host_links_during_a_copy_gets_
     for n in range(3):  # three racers, each over every pair
         await sh(rt, "swapper", f"python3 /tmp/swap.py /tmp/ready{n} {' '.join(tops)} >/dev/null 2>&1 &")
     await sh(rt, "swapper", "while [ ! -e /tmp/ready0 ] || [ ! -e /tmp/ready2 ]; do sleep 0.01; done")
-    for n in range(12):
+    for n in range(8):
         await rt.snapshot("swapper", f"swap-{n}")
     store = rt.state_dir / "snapshots"
     leaked = [
@@ -316,7 +316,7 @@ async def test_a_sandbox_swapping_directories_for_host_links_during_a_copy_gets_
     ]
     assert leaked == []
     # What a fork of the last one shows: the sandbox's files, and links that lead nowhere.
-    await started(rt, "swap-fork", snapshot="swap-11")
+    await started(rt, "swap-fork", snapshot="swap-7")
     out = await sh(rt, "swap-fork", "cat /workspace/t*/d/f1 /workspace/t*/l/f1 2>/dev/null; true")
     assert marker not in out and "mine" in out
 

@@ -23,6 +23,7 @@ breaks a sandbox started from it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -302,11 +303,31 @@ def tree_digest(top: Path) -> tuple[str, int]:
 
 
 def _file_digest(name: str, dir_fd: int) -> bytes:
+    """A file's data extents (offset, length, bytes): its holes are not read, so a sparse
+    file costs what was written, and the same bytes with other holes hash otherwise (a
+    layer then is not shared, nothing worse)."""
     digest = hashlib.sha256()
     fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-    with os.fdopen(fd, "rb") as f:
-        while chunk := f.read(READ_SIZE):
-            digest.update(chunk)
+    try:
+        size, offset = os.fstat(fd).st_size, 0
+        while offset < size:
+            try:
+                start = os.lseek(fd, offset, os.SEEK_DATA)
+            except OSError as exc:
+                if exc.errno == errno.ENXIO:  # only a hole after offset
+                    break
+                raise
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+            digest.update(b"%d+%d:" % (start, end - start))
+            while start < end:
+                chunk = os.pread(fd, min(end - start, READ_SIZE), start)
+                if not chunk:
+                    break
+                digest.update(chunk)
+                start += len(chunk)
+            offset = end
+    finally:
+        os.close(fd)
     return digest.digest()
 
 
