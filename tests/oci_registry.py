@@ -432,6 +432,12 @@ class HostileRegistry:
         """A ``WWW-Authenticate`` value: every request is answered 401 with it."""
         self.seen: list[str] = []
         """Every request's path and query, in order."""
+        self.authorizations: list[str | None] = []
+        """Every request's ``Authorization``, in order."""
+        self.encodings: dict[str, str] = {}
+        """Path tail -> a ``Content-Encoding`` its (already encoded) body is sent with."""
+        self.slow_heads: set[str] = set()
+        """Path tails answered with endless headers, a byte every 50 ms."""
         self.port = support.free_port()
         outer = self
 
@@ -443,8 +449,18 @@ class HostileRegistry:
 
             def do_GET(self) -> None:
                 outer.seen.append(self.path)
+                outer.authorizations.append(self.headers.get("Authorization"))
                 path = self.path.split("?")[0]
                 tail = path.rsplit("/", 1)[-1]
+                if tail in outer.slow_heads:
+                    try:
+                        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 100_000:
+                            self.wfile.write(bytes([byte]))
+                            self.wfile.flush()
+                            time.sleep(0.05)
+                    except OSError:
+                        pass
+                    return None
                 if outer.challenge is not None:
                     self.send_response(401)
                     self.send_header("WWW-Authenticate", outer.challenge)
@@ -461,7 +477,9 @@ class HostileRegistry:
                     return None
                 if "/manifests/" in path and tail in outer.manifests:
                     body, media_type = outer.manifests[tail]
-                    return self.send(body, media_type, outer.trickle.get(tail))
+                    return self.send(
+                        body, media_type, outer.trickle.get(tail), encoding=outer.encodings.get(tail)
+                    )
                 if "/blobs/" in path and tail in outer.blobs:
                     return self.send(outer.blobs[tail], "application/octet-stream", outer.trickle.get(tail))
                 return self.send(
@@ -469,10 +487,17 @@ class HostileRegistry:
                 )
 
             def send(
-                self, body: bytes, media_type: str, trickle: float | None = None, code: int = 200
+                self,
+                body: bytes,
+                media_type: str,
+                trickle: float | None = None,
+                code: int = 200,
+                encoding: str | None = None,
             ) -> None:
                 self.send_response(code)
                 self.send_header("Content-Type", media_type)
+                if encoding:
+                    self.send_header("Content-Encoding", encoding)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 try:

@@ -44,6 +44,7 @@ _GLOBAL_EXCEPTIONS = tuple(
 METADATA = (
     ipaddress.ip_network("169.254.0.0/16"),  # AWS, GCP, Azure IMDS, ECS task metadata, time sync
     ipaddress.ip_network("fd00:ec2::/32"),  # AWS IMDS and DNS over IPv6
+    ipaddress.ip_network("fd20:ce::254/128"),  # GCP metadata over IPv6
     ipaddress.ip_network("168.63.129.16/32"),  # Azure WireServer
     ipaddress.ip_network("100.100.100.200/32"),  # Alibaba Cloud
 )

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, Set
 
 from sbx_client.api import Timeline, TimelineEntry, TimelineKind
 from shared.contract import events, subjects
+from shared.domain import incarnations
 from shared.domain import timeline as rules
 from shared.infrastructure import eventstore
 
@@ -115,11 +116,22 @@ class TimelineReader:
         starts after its creation has not read it): its subject's first event says."""
         if not isinstance(event, events.SnapshotEvent) or members.lives.knows_snapshot(event.snapshot_id):
             return
-        subject = self.topology.aggregate_subject(subjects.SNAPSHOT, event.snapshot_id)
-        reader = self.store.read(subject)
+        if (first := await self._first_of_snapshot(event.snapshot_id)) is not None:
+            members.learn(first.seq, first.event)
+
+    async def place_snapshot(self, lives: incarnations.Incarnations, event: events.Event) -> None:
+        """The same for a reader of the whole stream (the console's audit page): an event of
+        a snapshot is placed in the incarnation that took it, whatever the page has read."""
+        if not isinstance(event, events.SnapshotEvent) or lives.knows_snapshot(event.snapshot_id):
+            return
+        if (first := await self._first_of_snapshot(event.snapshot_id)) is not None:
+            lives.learn(first.seq, first.event)
+
+    async def _first_of_snapshot(self, snapshot_id: str) -> eventstore.Stored | None:
+        reader = self.store.read(self.topology.aggregate_subject(subjects.SNAPSHOT, snapshot_id))
         try:
             async for first in reader:
-                members.learn(first.seq, first.event)
-                break
+                return first
         finally:
             await reader.aclose()
+        return None

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
 import json
 import os
 import shutil
 import socket
 import stat
 import subprocess
+import tarfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -561,6 +564,69 @@ def test_a_registry_that_trickles_bytes_cannot_hold_a_pull_past_its_timeout(host
     with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
         store.pull(references.parse(f"{hostile.host}/t/img:slow"))
     assert __import__("time").monotonic() - started < 5
+    assert store.all() == []
+
+
+def test_a_registry_that_trickles_its_headers_cannot_hold_a_pull_past_its_timeout(hostile, tmp_path):
+    """Headers a byte every 50 ms never trip a read timeout: the pull's watchdog shuts the
+    connection down at its deadline."""
+    hostile.image("slowhead", [o.busybox_layer()])
+    hostile.slow_heads.add("slowhead")
+    store = layers.LayerStore(tmp_path / "store", o.allow(hostile.host), timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(errors.Timeout, match="SBX_IMAGE_PULL_TIMEOUT"):
+        store.pull(references.parse(f"{hostile.host}/t/img:slowhead"))
+    assert time.monotonic() - started < 10
+    assert store.all() == []
+
+
+def test_an_encoded_answer_is_never_inflated(hostile, tmp_path):
+    """``Content-Encoding: gzip, gzip``: a few hundred bytes inflate to 64 MiB in the
+    pool-manager before any cap; the puller asks for ``identity`` and reads answers as sent."""
+    bomb = gzip.compress(gzip.compress(b" " * 64 * 1024**2))
+    hostile.image("bomb", [o.busybox_layer()], manifest=bomb)
+    hostile.encodings["bomb"] = "gzip, gzip"
+    store = layers.LayerStore(tmp_path / "store", o.allow(hostile.host))
+    with pytest.raises(errors.InvalidInput, match="not valid JSON"):  # (inflated: "larger than 4194304")
+        store.pull(references.parse(f"{hostile.host}/t/img:bomb"))
+
+
+def test_credentials_never_go_to_a_realm_a_redirect_target_names(hostile, tmp_path):
+    """A registry with the operator's credentials redirects its manifest to another host
+    that answers 401 with a realm of its own: nothing is sent there but the plain GET."""
+    other = o.HostileRegistry()
+    try:
+        other.challenge = f'Bearer realm="http://{other.host}/token",service=x'
+        hostile.image("away", [o.busybox_layer()])
+        hostile.redirects["away"] = f"http://{other.host}/v2/t/img/manifests/away"
+        config = RegistryConfig(
+            {
+                hostile.host: Registry(insecure=True, username="op", password="s3cret"),
+                other.host: Registry(insecure=True),
+            }
+        )
+        store = layers.LayerStore(tmp_path / "store", config)
+        with pytest.raises(errors.SandboxError):
+            store.pull(references.parse(f"{hostile.host}/t/img:away"))
+        assert not any("/token" in seen for seen in other.seen)
+        assert set(other.authorizations) == {None}
+    finally:
+        other.stop()
+
+
+def test_entries_skipped_by_the_unpack_count_against_its_bytes(hostile, tmp_path):
+    """A member of an unknown type (or a whiteout) carrying data is not written, but tarfile
+    inflates its data to skip it: 64 MiB from a few KB, counted like any entry's."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        member = tarfile.TarInfo("junk")
+        member.type = b"Z"
+        member.size = 64 * 1024**2
+        tar.addfile(member, io.BytesIO(b"\0" * member.size))
+    hostile.image("skip", [gzip.compress(raw.getvalue())])
+    store = layers.LayerStore(tmp_path / "store", o.allow(hostile.host), max_bytes=16 * 1024**2)
+    with pytest.raises(oci.ImageError, match="SBX_IMAGE_MAX_BYTES"):
+        store.pull(references.parse(f"{hostile.host}/t/img:skip"))
     assert store.all() == []
 
 

@@ -457,3 +457,57 @@ def test_live_streams_are_bounded_and_need_a_login(console):
     console.app_state.console._streams = routes.STREAMS_MAX
     full = console.get("/console/audit/stream")
     assert full.status_code == 503 and full.headers["retry-after"]
+
+
+def test_the_audit_page_places_a_snapshots_event_in_the_life_that_took_it():
+    """An org-less event of an old life's snapshot (the operator deleting it), read long after
+    the snapshot's creation, is the old owner's: the new owner of the id never sees it."""
+    import asyncio
+
+    from shared.domain import timeline as rules
+    from shared.infrastructure import eventstore
+
+    now = datetime(2026, 12, 3, tzinfo=UTC)
+
+    def meta(org: str | None) -> events.Meta:
+        return events.Meta(
+            event_id="e" * 32, time=now, service="t", instance="t1", org_id=org, session_id="x"
+        )
+
+    own_subject = [
+        (1, events.SessionCreated(meta=meta("acme"), session_id="x", org_id="acme")),
+        (
+            2,
+            events.SessionSandboxAssigned(
+                meta=meta("acme"), session_id="x", sandbox_id="sb-a", image="default"
+            ),
+        ),
+        (9, events.SessionDeleted(meta=meta("acme"), session_id="x")),
+        (20, events.SessionCreated(meta=meta("globex"), session_id="x", org_id="globex")),
+    ]
+    first = events.SnapshotCreated(
+        meta=meta("acme"),
+        snapshot_id="snap-acme",
+        session_id="x",
+        sandbox_id="sb-a",
+        org_id="acme",
+        digest="d",
+    )
+
+    class Reader:
+        async def members(self, sid: str, viewer: str | None = None) -> rules.Membership:
+            found = rules.Membership(sid, viewer)
+            for seq, event in own_subject:
+                found.learn(seq, event)
+            return found
+
+        async def place_snapshot(self, lives, event) -> None:  # (what the real reader reads: seq 5)
+            if isinstance(event, events.SnapshotEvent) and not lives.knows_snapshot(event.snapshot_id):
+                lives.learn(5, first)
+
+    console = object.__new__(routes.Console)
+    console.history = SimpleNamespace(reader=Reader())
+    globex = tokens.Identity(org="globex", user="g", expires=0, nonce="n")
+    deleted = events.SnapshotDeleted(meta=meta(None), snapshot_id="snap-acme", session_id="x")
+    stored = eventstore.Stored(seq=500, subject="t.events.snapshot.snap-acme", prev_seq=5, event=deleted)
+    assert asyncio.run(console.sees(stored, globex, {})) is False

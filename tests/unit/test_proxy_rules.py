@@ -102,7 +102,7 @@ def test_allow_lists_win_and_metadata_needs_an_explicit_allow():
     assert destinations.refusal("10.20.1.1", allow_private=False, allow=[net]) is None
     assert destinations.refusal("10.1.1.1", allow_private=True) is None
     assert "metadata" in str(destinations.refusal("169.254.169.254", allow_private=True))
-    for other_metadata in ("169.254.170.2", "168.63.129.16", "fd00:ec2::253"):
+    for other_metadata in ("169.254.170.2", "168.63.129.16", "fd00:ec2::253", "fd20:ce::254"):
         refusal = destinations.refusal(other_metadata, allow_private=True)
         assert refusal is not None and refusal.reason == "metadata_address"
         assert "metadata" in str(refusal)

@@ -457,6 +457,7 @@ class Console:
             if sid not in lives:
                 lives[sid] = (await self.history.reader.members(sid)).lives
             lives[sid].learn(stored.seq, event)
+            await self.history.reader.place_snapshot(lives[sid], event)  # (its creation may be off the page)
             life = lives[sid].of(stored.seq, event)
             owner = life.org_id if life is not None else None
         return views.visible_event(event, who.org, owner)

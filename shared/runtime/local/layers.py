@@ -250,6 +250,9 @@ class LayerStore:
                 return have
             client = registry.Client(self.config, resolver=self.resolver)
             client.deadline = time.monotonic() + self.timeout
+            watchdog = threading.Timer(self.timeout, client.expire)  # (wakes reads a trickle holds)
+            watchdog.daemon = True
+            watchdog.start()
             try:
                 return self._pull(client, ref, progress)
             except errors.SandboxError as exc:
@@ -257,6 +260,7 @@ class LayerStore:
                     raise
                 raise type(exc)(f"pulling {ref}: {exc.message}") from None
             finally:
+                watchdog.cancel()
                 client.close()
 
     def _pull(self, client: registry.Client, ref: references.Reference, progress: Progress) -> Pulled:
@@ -316,7 +320,12 @@ class LayerStore:
                 "(`sbx image prune`)"
             ),
         )
-        budget = oci.Budget(max_bytes=self.max_bytes, max_members=self.max_entries, guard=headroom)
+
+        def guard(size: int, entries: int) -> None:  # (the unpack too ends at the pull's deadline)
+            client.check_deadline()
+            headroom(size, entries)
+
+        budget = oci.Budget(max_bytes=self.max_bytes, max_members=self.max_entries, guard=guard)
         fetched = downloaded = 0
         downloads: dict[str, concurrent.futures.Future[Path | None]] = {}
         try:

@@ -480,8 +480,8 @@ class Budget:
         self.bytes += size
         if self.bytes > self.max_bytes:
             raise ImageError(f"image unpacks to more than {self.max_bytes} bytes (SBX_IMAGE_MAX_BYTES)")
-        if written and self.guard is not None:
-            self.guard(size, 0)
+        if self.guard is not None:
+            self.guard(size if written else 0, 0)
 
 
 class BoundedTarInfo(tarfile.TarInfo):
@@ -597,6 +597,8 @@ class Extractor:
     # -- entries
 
     def entry(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> None:
+        if not member.isreg():  # (what tarfile inflates to skip an entry's data counts too)
+            self.budget.take(member.size, written=False)
         rel = clean_member_name(member.name)
         if not rel:
             return  # the root directory itself

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpcore
 import httpx
 import structlog
 
@@ -115,6 +116,64 @@ class Manifest:
     body: bytes
 
 
+class _Streams(httpcore.SyncBackend):
+    """The network backend of a client's connections that keeps each one's stream, so that
+    :meth:`Client.expire` can shut them down from another thread: a registry that trickles
+    its answer a byte at a time (headers included) never trips a read timeout, and closing
+    a socket does not wake a thread blocked reading it; shutting it down does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._open: list[_Tracked] = []
+        self._lock = threading.Lock()
+        self.expired = False
+
+    def connect_tcp(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        stream = _Tracked(super().connect_tcp(*args, **kwargs), self)
+        with self._lock:
+            self._open = [s for s in self._open if not s.closed]
+            self._open.append(stream)
+            expired = self.expired
+        if expired:
+            stream.shut()
+        return stream
+
+    def shut_all(self) -> None:
+        with self._lock:
+            self.expired = True
+            streams = list(self._open)
+        for stream in streams:
+            stream.shut()
+
+
+class _Tracked(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream, owner: _Streams) -> None:
+        self.inner, self.owner, self.closed = inner, owner, False
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return self.inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self.inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self.closed = True
+        self.inner.close()
+
+    def start_tls(self, *args: Any, **kwargs: Any) -> httpcore.NetworkStream:
+        self.inner = self.inner.start_tls(*args, **kwargs)
+        return self
+
+    def get_extra_info(self, info: str) -> Any:
+        return self.inner.get_extra_info(info)
+
+    def shut(self) -> None:
+        sock = self.inner.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
 class Client:
     """Talks to the registries of ``config``; safe to share between threads."""
 
@@ -128,13 +187,20 @@ class Client:
         self._tokens: dict[tuple[str, str], str] = {}
         self._schemes: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._streams = _Streams()
         self.deadline: float | None = None
         """``time.monotonic()`` by which every answer must be in (a pull's timeout): checked
-        on every chunk, so a registry that trickles bytes cannot hold a pull."""
+        on every chunk, and :meth:`expire` (a pull's watchdog) shuts every connection
+        down at it, so a registry that trickles bytes, headers included, cannot hold a pull."""
 
     def check_deadline(self) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        if self._streams.expired or (self.deadline is not None and time.monotonic() > self.deadline):
             raise errors.Timeout("the pull took too long (SBX_IMAGE_PULL_TIMEOUT); nothing was kept")
+
+    def expire(self) -> None:
+        """The deadline has passed: every connection is shut down now (a thread blocked
+        reading one wakes up) and every later request refused (``check_deadline``)."""
+        self._streams.shut_all()
 
     def close(self) -> None:
         with self._lock:
@@ -146,11 +212,14 @@ class Client:
         """The connection pool for one host name (its connections carry its TLS name)."""
         with self._lock:
             if (client := self._clients.get(host)) is None:
+                transport = httpx.HTTPTransport(trust_env=False)
+                transport._pool._network_backend = self._streams  # (httpx takes no backend of its own)
                 client = self._clients[host] = httpx.Client(
                     timeout=self._timeout,
                     follow_redirects=False,
                     trust_env=False,
-                    headers={"User-Agent": "cloud-agent-sandbox"},
+                    transport=transport,
+                    headers={"User-Agent": "cloud-agent-sandbox", "Accept-Encoding": "identity"},
                 )
             return client
 
@@ -178,9 +247,10 @@ class Client:
 
     def _send(
         self, url: httpx.URL, headers: dict[str, str], *, credentials_for: httpx.URL | None = None
-    ) -> httpx.Response:
-        """GET ``url`` (streamed), following redirects; each hop checked and pinned.
-        ``Authorization`` goes only to the origin of ``credentials_for`` (default: ``url``)."""
+    ) -> tuple[httpx.Response, httpx.URL]:
+        """GET ``url`` (streamed), following redirects; each hop checked and pinned; the
+        answer, and the URL of the hop that gave it. ``Authorization`` goes only to the
+        origin of ``credentials_for`` (default: ``url``)."""
         origin = _origin(credentials_for or url)
         for _ in range(MAX_REDIRECTS + 1):
             self.check_deadline()
@@ -195,7 +265,7 @@ class Client:
             response = client.send(request, stream=True)
             location = response.headers.get("location")
             if response.status_code not in REDIRECTS or not location:
-                return response
+                return response, url
             response.close()
             try:
                 url = url.join(location)
@@ -268,7 +338,7 @@ class Client:
                     ) as response,
                     dest.open("wb") as out,
                 ):
-                    for chunk in response.iter_bytes():
+                    for chunk in response.iter_raw():  # (never decoded: see _read_capped)
                         self.check_deadline()
                         written += len(chunk)
                         if limit is not None and written > limit:
@@ -320,7 +390,7 @@ class Client:
                 headers["Authorization"] = token
             url = self._url(host, f"{self._scheme(host)}://{host}{path}")
             try:
-                response = self._send(url, headers)
+                response, answered = self._send(url, headers)
             except (httpx.TransportError, Refused) as exc:
                 if isinstance(exc, httpx.TransportError) and self._fall_back_to_http(host, exc):
                     continue
@@ -336,8 +406,8 @@ class Client:
                 response.close()
                 raise refusal
             response.close()
-            if response.status_code == 401 and not authorized:
-                authorized = True
+            if response.status_code == 401 and not authorized and _origin(answered) == _origin(url):
+                authorized = True  # (only the registry's own challenge: never one a redirect's target sets)
                 self._authorize(host, ref, response.headers.get("www-authenticate", ""), scope)
                 continue
             if response.status_code == 429 or response.status_code >= 500:
@@ -392,7 +462,7 @@ class Client:
             query["service"] = service
         headers = {"Authorization": basic_header(*credentials)} if credentials else {}
         try:
-            answer = self._send(realm_url.copy_merge_params(query), headers, credentials_for=realm_url)
+            answer, _ = self._send(realm_url.copy_merge_params(query), headers, credentials_for=realm_url)
             body = _read_capped(answer, MANIFEST_MAX, f"the token of {host}", self.check_deadline)
             answer.close()
         except (httpx.TransportError, Refused) as exc:
@@ -476,12 +546,19 @@ def _json(body: bytes, what: str) -> Any:
 
 
 def _read_capped(response: httpx.Response, limit: int, what: str, check: Callable[[], None]) -> bytes:
+    """The answer's body as sent, at most ``limit`` bytes. Never decoded: a ``Content-Encoding``
+    (we ask for ``identity``) would have httpx inflate it without bound before any cap
+    (1.8 KB of stacked gzip is 1 GiB); an encoded answer then fails its digest or parse."""
     out = bytearray()
-    for chunk in response.iter_bytes():
-        check()
-        out += chunk
-        if len(out) > limit:
-            raise PullError(f"{what} is larger than {limit} bytes")
+    try:
+        for chunk in response.iter_raw():
+            check()
+            out += chunk
+            if len(out) > limit:
+                raise PullError(f"{what} is larger than {limit} bytes")
+    except httpx.TransportError:
+        check()  # (shut down by the pull's watchdog: its deadline is the reason)
+        raise
     return bytes(out)
 
 
