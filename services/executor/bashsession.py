@@ -30,7 +30,8 @@ Processes, all inside the sandbox:
   with its exact status.
 
 The **relay** (``SERVER``) is the executor's end: one per executor and sandbox, started
-through the runtime's exec. It takes the session's lock, starts the session if none runs,
+through the runtime's exec. It takes the session's lock (a token in a FIFO, see
+``__sbx_lock``), starts the session if none runs,
 writes the call's script, keeps the output pipe's reader ready, passes requests and
 answers, and reads each call's output file. It holds no state, so an executor killed
 between two calls loses nothing, and a call can land on any executor.
@@ -299,14 +300,22 @@ __sbx_s=@S@
 [ -d "$__sbx_s" ] || mkdir -p "$__sbx_s" || exit 3
 __sbx_dir=/tmp; [ -d @OUT@ ] && [ -w @OUT@ ] && __sbx_dir=@OUT@
 [ -d "$__sbx_dir" ] && [ -w "$__sbx_dir" ] || exit 3
-for __sbx_f in req reply anchor alive ctl; do
+__sbx_new=
+for __sbx_f in req reply anchor alive ctl token; do
   __sbx_f=$__sbx_s/$__sbx_f
   [ -p "$__sbx_f" ] && continue
   [ -e "$__sbx_f" ] && rm -f "$__sbx_f"
-  mkfifo -m 600 "$__sbx_f" || [ -p "$__sbx_f" ] || exit 3
+  if mkfifo -m 600 "$__sbx_f"; then
+    [ "${__sbx_f##*/}" = token ] && __sbx_new=1
+  else
+    [ -p "$__sbx_f" ] || exit 3
+  fi
 done
-exec {__sbx_rq}<>"$__sbx_s/req" {__sbx_rp}<>"$__sbx_s/reply" {__sbx_an}<>"$__sbx_s/anchor" || exit 3
+exec {__sbx_rq}<>"$__sbx_s/req" {__sbx_rp}<>"$__sbx_s/reply" {__sbx_an}<>"$__sbx_s/anchor" \
+  {__sbx_tk}<>"$__sbx_s/token" || exit 3
+[ -n "$__sbx_new" ] && printf x >&"$__sbx_tk"  # (the session's first relay makes its lock's token)
 __sbx_flock=; command -v flock >/dev/null 2>&1 && __sbx_flock=1
+__sbx_held=
 __sbx_setsid=$(command -v setsid)
 __sbx_prog=("$1" bash "$__sbx_dir" "$(command -v bash)" "${@:2}")
 __sbx_jb= __sbx_jl= __sbx_jt=
@@ -338,7 +347,7 @@ __sbx_start() {  # $1 why (kept in STATE/restarts, with the time, for whoever lo
   # (As a job: a background command without job control would ignore SIGINT and SIGQUIT,
   # and so would every process of the session.)
   set -m
-  $__sbx_setsid bash -c "${__sbx_prog[@]}" 9>&- {__sbx_rq}<&- {__sbx_rp}>&- {__sbx_an}<&- \
+  $__sbx_setsid bash -c "${__sbx_prog[@]}" 9>&- {__sbx_rq}<&- {__sbx_rp}>&- {__sbx_an}<&- {__sbx_tk}<&- \
     </dev/null >/dev/null 2>&1 &
   set +m
   until __sbx_up; do
@@ -359,7 +368,7 @@ __sbx_sink() {  # the reader of the next call's output pipe: a cat from a FIFO i
   __sbx_so=$__sbx_dir/.sbx-out-$BASHPID-$__sbx_sn
   # Its fd 3 tells when it ends (end of file on __sbx_sd): all writers closed the pipe.
   exec {__sbx_sd}< <(exec 3>&1 cat -- "$__sbx_ff" >>"$__sbx_so" </dev/null \
-    9>&- {__sbx_rq}<&- {__sbx_rp}>&- {__sbx_an}<&-)
+    9>&- {__sbx_rq}<&- {__sbx_rp}>&- {__sbx_an}<&- {__sbx_tk}<&-)
   __sbx_sp=$!
 }
 
@@ -382,16 +391,50 @@ __sbx_sink_end() {  # the call's output is all in its file (within $1 looks, 2 m
   __sbx_ff= __sbx_sd=
 }
 
+# The session's lock: one byte in the FIFO STATE/token. Whoever reads it holds the lock
+# (its pid and start time in STATE/holder) and writes it back to release it: no process
+# per call. A token lost with a holder that was killed (or with the sandbox's processes:
+# a FIFO keeps no byte that nobody has open) is made anew, once, under flock.
+__sbx_holder() {  # the last holder of the token runs
+  local p t
+  IFS=' ' read -r p t 2>/dev/null < "$__sbx_s/holder" || return 1
+  __sbx_stat "$p" && [ "${__sbx_st[19]}" = "$t" ]
+}
+
+__sbx_lock() {
+  until read -r -N 1 -t 1 -u "$__sbx_tk" _; do
+    __sbx_holder || __sbx_renew
+  done
+  printf '%s\n' "$__sbx_me" >| "$__sbx_s/holder"
+  __sbx_held=1
+}
+
+__sbx_unlock() {
+  [ -n "$__sbx_held" ] && printf x >&"$__sbx_tk"
+  __sbx_held=
+}
+
+__sbx_renew() {  # a token, unless there is one or its holder lives (a holder names itself
+  # at once after taking it: a second look after a while)
+  [ -n "$__sbx_flock" ] && { exec 9>"$__sbx_s/lock"; flock 9; }
+  read -r -t 0.05 -u "$__sbx_an" _
+  if ! __sbx_holder && ! read -r -t 0 -u "$__sbx_tk"; then
+    printf x >&"$__sbx_tk"
+    : >| "$__sbx_s/holder"
+  fi
+  exec 9>&-
+}
+
 __sbx_failed() {  # $1 nonce, $2 why
   printf '%s started 0 0 0\nsbx: %s\n%s exited 1\n' "$1" "$2" "$1"
-  exec 9>&-
+  __sbx_unlock
 }
 
 __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   local line b= rc=1 note= i k busy gone flag=- text
   # The session's own nonce: the command can see it, never the executor's.
   k=${EPOCHREALTIME/./}$RANDOM$RANDOM$BASHPID
-  if [ -n "$__sbx_flock" ]; then exec 9>"$__sbx_s/lock"; flock 9; fi
+  __sbx_lock
   __sbx_n=$((__sbx_n + 1))
   if ! __sbx_up && ! { read -r -t 0.05 -u "$__sbx_an" _; __sbx_up; }; then  # (a second look)
     [ -f "$__sbx_s/used" ] && note='the sandbox was restarted or its shell was killed'
@@ -442,11 +485,10 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   done
   __sbx_jb=
   __sbx_sink_end 500
-  if [ -s "$__sbx_so" ]; then cat -- "$__sbx_so"; fi
-  rm -f -- "$__sbx_so"
+  if [ -s "$__sbx_so" ]; then cat -- "$__sbx_so"; rm -f -- "$__sbx_so"; fi
   printf '%s exited %d\n' "$1" "$rc"
-  exec 9>&-
-  # Files of calls whose output was held open, and of backups, are cleared now and then.
+  __sbx_unlock
+  # Empty output files (silent calls) are cleared now and then: one exec per 200 calls.
   [ $((__sbx_n % 200)) -eq 0 ] && rm -f "$__sbx_dir"/.sbx-out-*
   __sbx_sink
 }
@@ -466,7 +508,10 @@ SERVER = (
 # Its executor died (SIGTERM, see runtime enter): the running call's caller is gone, so the
 # call is killed, and with it the session's lock.
 # (Its three numbers are kept apart: the trap may run inside an ``IFS= read``.)
-trap '[ -n "$__sbx_jb" ] && __sbx_kill "$__sbx_jb" "$__sbx_jl" "$__sbx_jt"; __sbx_quit 143' TERM HUP
+trap '[ -n "$__sbx_jb" ] && __sbx_kill "$__sbx_jb" "$__sbx_jl" "$__sbx_jt"
+  __sbx_unlock; __sbx_quit 143' TERM HUP
+__sbx_stat "$BASHPID" && __sbx_me="$BASHPID ${__sbx_st[19]}"
+[ -n "$__sbx_new" ] || __sbx_holder || __sbx_renew  # (a sandbox restarted: no token)
 printf 'sbx-shell-server 3\n'
 while IFS= read -r __sbx_nonce && IFS= read -r -d '' __sbx_cmd; do
   __sbx_call "$__sbx_nonce" "$__sbx_cmd"

@@ -60,9 +60,10 @@ instance serves too (each call lands on either, at random)."""
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    """One `sbx up` for the module's tests (new sessions per case)."""
+    """One `sbx up` for the module's tests (new sessions per case: ~190 in all, some of
+    them cleared as they go)."""
     state = tmp_path_factory.mktemp("bash") / "state"
-    with running_stack(state, SBX_POOL_MIN_IDLE="8") as (proc, url):
+    with running_stack(state, SBX_POOL_MIN_IDLE="8", SBX_MAX_RUNNING="250") as (proc, url):
         yield proc, state, url
 
 
