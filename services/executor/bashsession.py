@@ -133,14 +133,14 @@ _BACKUP = r"""
 __sbx_so=${SHELLOPTS-} __sbx_tf=$__sbx_dir/.sbx-traps __sbx_tp=
 \builtin trap -p >| "$__sbx_tf" 2>/dev/null
 IFS= \builtin read -r -d '' __sbx_tp <"$__sbx_tf" 2>/dev/null
-\builtin set +euvxfC +o pipefail
+\builtin set +euvxfC +o pipefail +o posix
 \builtin trap '__sbx_q=1' USR1
 if [[ -n $__sbx_w ]]; then \command exec {__sbx_w}>&-; fi
 \builtin export -p >| @S@/env 2>/dev/null
 [[ -n ${__sbx_q-} ]] && \builtin exit 0
 \builtin trap '\builtin exit 0' USR1
 \command exec {__sbx_m}<@S@/alive
-until IFS= \builtin read -r -u "$__sbx_m" __sbx_x; [[ $? -eq 1 ]]; do :; done
+until IFS= TMOUT= \builtin read -r -u "$__sbx_m" __sbx_x; [[ $? -eq 1 ]]; do :; done
 \command exec {__sbx_m}<&-
 \builtin trap - USR1
 \builtin eval "$__sbx_state"

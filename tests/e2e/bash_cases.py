@@ -90,6 +90,19 @@ CASES = (
         ("no longer exists", "/workspace"),
     ),
     Case("heredoc", ("cat > /tmp/h.txt <<'EOF'\nline1\nEOF",), "cat /tmp/h.txt", ("line1",)),
+    # The session's own code runs amid whatever the agent set: POSIX mode, noclobber,
+    # nounset, an odd IFS, TMOUT, aliases named like builtins, a DEBUG trap; also in a
+    # shell that took over after `exit`.
+    Case(
+        "hostile settings",
+        (
+            "set -o posix -C -u; IFS=x; TMOUT=1; alias builtin='echo A' eval='echo A'; "
+            "trap 'echo dbg >/dev/null' DEBUG; v=1",
+            "echo once; exit 4",
+        ),
+        "set +o posix; set -e; echo v=$v; false",
+        ("v=1", "[exit code: 1]"),
+    ),
 )
 
 
