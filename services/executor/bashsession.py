@@ -372,21 +372,24 @@ __sbx_sink() {  # the reader of the next call's output pipe: a cat from a FIFO i
   __sbx_sp=$!
 }
 
-__sbx_sink_end() {  # the call's output is all in its file (within $1 looks, 2 ms apart)
-  local i line
+__sbx_sink_end() {  # the call's output is all in its file: $1 looks, 2 ms apart, or
+  local i line     # "unused" (the call never started: its reader, waiting for ever, ends)
   [ -n "$__sbx_sd" ] || return 0
-  for ((i = 0; i < $1; i++)); do
-    # End of file: every writer closed the pipe and the reader wrote all and ended.
-    read -r -t 0.002 -u "$__sbx_sd" _
-    if [ $? -eq 1 ]; then exec {__sbx_sd}<&-; __sbx_sd=; return 0; fi
-    # Still open (what the call left running has it) yet its reader sleeps: the pipe is
-    # empty, so all the call wrote is in the file; later output goes nowhere.
-    IFS= read -r line 2>/dev/null < "/proc/$__sbx_sp/stat" || break
-    line=${line##*) }
-    [ "${line%% *}" = S ] && break
-  done
-  exec {line}<>"$__sbx_ff"; exec {line}<&-  # (a reader still waiting for a writer ends)
-  rm -f -- "$__sbx_ff"
+  if [ "$1" = unused ]; then
+    kill -KILL "$__sbx_sp" 2>/dev/null
+  else
+    for ((i = 0; i < $1; i++)); do
+      # End of file: every writer closed the pipe and the reader wrote all and ended.
+      read -r -t 0.002 -u "$__sbx_sd" _
+      if [ $? -eq 1 ]; then exec {__sbx_sd}<&-; __sbx_sd=; return 0; fi
+      # Still open (what the call left running has it) yet its reader sleeps: the pipe is
+      # empty, so all the call wrote is in the file; later output goes nowhere.
+      IFS= read -r line 2>/dev/null < "/proc/$__sbx_sp/stat" || break
+      line=${line##*) }
+      [ "${line%% *}" = S ] && break
+    done
+  fi
+  rm -f -- "$__sbx_ff"  # (given up: still open, or a late writer would find it)
   exec {__sbx_sd}<&-
   __sbx_ff= __sbx_sd=
 }
@@ -472,7 +475,11 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
     gone=0
     printf '%s %s %s\n' "$k" "$__sbx_ff" "$flag" >&"$__sbx_rq"
   done
-  if [ -z "$b" ]; then __sbx_sink_end 1; __sbx_failed "$1" 'the session shell does not answer'; return; fi
+  if [ -z "$b" ]; then
+    __sbx_sink_end unused
+    __sbx_failed "$1" 'the session shell does not answer'
+    return
+  fi
   IFS=' ' read -r __sbx_jb __sbx_jl __sbx_jt <<<"$b"
   printf '%s started %s\n' "$1" "$b"
   [ -n "$note" ] && printf '[a new shell: %s; %s]\n' "$note" "$__sbx_restarted"
@@ -493,9 +500,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   __sbx_sink
 }
 
-__sbx_quit() {  # $1 the exit status; the waiting reader of the next call's pipe ends too
-  local x
-  [ -n "$__sbx_ff" ] && [ -n "$__sbx_sd" ] && exec {x}<>"$__sbx_ff"
+__sbx_quit() {  # $1 the exit status; the reader made for the next call ends too
+  [ -n "$__sbx_sd" ] && kill -KILL "$__sbx_sp" 2>/dev/null
   exit "$1"
 }
 """

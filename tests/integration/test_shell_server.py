@@ -273,3 +273,19 @@ async def test_a_shell_killed_from_inside_is_replaced_and_says_what_was_lost(rt,
     assert note.startswith("[a new shell: the sandbox was restarted or its shell was killed;")
     assert (pwd, values) == ("/tmp", "1[]")
     assert recorded.endswith(" the sandbox was restarted or its shell was killed")
+
+
+async def test_a_helper_that_ends_leaves_no_reader_of_output_behind(rt, sandbox):
+    """Each helper keeps a reader ready for its next call's output; ending right after a
+    call (its executor closing it) ends that reader too."""
+    for _ in range(3):
+        pool = shells.ShellServers(rt)
+        await fast(pool, sandbox, "echo hi")
+        await pool.close()
+    count = "pgrep -fc '^cat -- /.sbx/shell/ou[t]-' || true"
+    for _ in range(50):
+        _, out, _ = await rt.run(sandbox, ["/bin/sh", "-c", count])
+        if out.strip() == b"0":
+            break
+        await asyncio.sleep(0.1)
+    assert out.strip() == b"0", "readers left behind"
