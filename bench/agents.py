@@ -99,13 +99,18 @@ async def timed(samples: list[float], coro) -> None:
     samples.append(time.perf_counter() - start)
 
 
-def start_stack(state: Path, pool: int, **extra: str) -> tuple[subprocess.Popen[str], str]:
+def start_stack(
+    state: Path, pool: int, root: Path | None = None, **extra: str
+) -> tuple[subprocess.Popen[str], str]:
+    """`sbx up` of this tree, or of the checkout at ``root`` (another version's code)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
     env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500", **extra)
+    if root is not None:
+        env["PYTHONPATH"] = f"{root}:{root}/clients/python"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=root,
     )  # fmt: skip
     seen = ""
     while "Stop with Ctrl-C" not in seen:

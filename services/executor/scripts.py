@@ -4,8 +4,9 @@ All session state lives *inside the sandbox* (``/.sbx``): the session's bash
 (:mod:`services.executor.bashsession`), which also saves its cwd and exported variables
 after each call, and each async job's command, process group, output and exit code. So
 any executor instance can serve any session, and an executor killed mid-session loses
-neither shell state nor jobs. Calls of one session are serialized by ``flock`` on a file
-in the sandbox, which the kernel releases if a holder dies.
+neither shell state nor jobs. Edits and the ``sh`` path's calls of one session are
+serialized by ``flock`` on a file in the sandbox, which the kernel releases if a holder
+dies; the session bash's calls by a lock of their own (see ``bashsession``).
 
 Scripts are POSIX sh; the user's commands run under bash when the image has it.
 """

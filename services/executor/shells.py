@@ -6,8 +6,8 @@ helper per sandbox it serves (the relay of :mod:`services.executor.bashsession`,
 through the runtime's ordinary exec with stdin kept open), which passes each call to
 the session's bash in the sandbox. Nothing about the session lives in the helper: the
 state is in that bash, which the sandbox owns, calls of one session are serialized by a
-lock file in the sandbox, so any executor can serve any call, and a helper that dies
-loses nothing.
+lock in the sandbox, so any executor can serve any call, and a helper that dies loses
+nothing.
 
 The helper's answers come from inside the sandbox and are treated as untrusted: a
 malformed answer retires the helper, and everything it can say affects only the

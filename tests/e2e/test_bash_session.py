@@ -1,7 +1,8 @@
 """The `shell` tool is one bash session: what an agent does in one call is there in the
 next, as in a persistent bash, also when the executor was SIGKILLed between the two calls
-(the next call lands on a new executor process with no memory of the session). A real
-`sbx up`, real sandboxes, the official MCP client over HTTP; one session per case."""
+(the next call lands on a new executor process with no memory of the session); and each
+call's text runs as bash runs a script (compared with bash itself, in the same image). A
+real `sbx up`, real sandboxes, the official MCP client over HTTP; one session per case."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests import support
+from tests.e2e import bash_cases
 from tests.e2e.bash_cases import CASES, Case, checked
 from tests.e2e.test_chaos import children
 from tests.e2e.test_mcp import Agent
@@ -56,10 +58,72 @@ lands on a new executor process with no memory of the session); a second executo
 instance serves too (each call lands on either, at random)."""
 
 
-def test_the_shell_keeps_everything_a_bash_session_keeps(tmp_path):
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    """One `sbx up` for the module's tests (new sessions per case: ~190 in all, some of
+    them cleared as they go)."""
+    state = tmp_path_factory.mktemp("bash") / "state"
+    with running_stack(state, SBX_POOL_MIN_IDLE="8", SBX_MAX_RUNNING="250") as (proc, url):
+        yield proc, state, url
+
+
+def test_a_call_runs_as_bash_runs_a_script(stack):
+    """Each text of the table through `shell` (a session of its own) and as a script run
+    by a fresh bash in a sandbox of the same image (one shared session; each case in its
+    own directory, the same in both): same output, exit status and state after; the
+    cases that cannot match by design are listed, with the reason, and must still differ."""
+    _, state, url = stack
+    key = (state / "api-key").read_text().strip()
+    wrong, listed = asyncio.run(_compare_all(url, key))
+    for name, why in listed:
+        print(f"\ndiffers by design: {name}: {why}")
+    matched = len(bash_cases.COMPARED) - len(listed) - len(wrong)
+    print(f"\nbash comparison: {matched} cases match bash, {len(listed)} differ by design")
+    assert not wrong, "\n\n".join(wrong)
+
+
+async def _compare_all(url: str, key: str) -> tuple[list[str], list[tuple[str, str]]]:
+    reference = Agent(url, key, "bash-reference")
+    limit = asyncio.Semaphore(6)
+
+    async def one(i: int, case: bash_cases.Compared) -> str | None:
+        where = f"/workspace/c{i}"
+        ours = Agent(url, key, f"bash-ours-{i}")
+        async with limit:
+            ok, _ = await ours.call("shell", command=f"mkdir -p {where} && cd {where}")
+            assert ok
+            _, text = await ours.call("shell", command=case.text, timeout=60)
+            output, _, status = bash_cases.split(text)
+            state = ""
+            if not case.ends:
+                _, after = await ours.call("shell", command=bash_cases.probe(case))
+                _, state, _ = bash_cases.split(after)
+            path = f"/tmp/sbx-ref/{i}/command"
+            script = bash_cases.reference(case, path, probed=not case.ends)
+            _, text = await reference.call(
+                "shell", command=f"mkdir -p {where} && cd {where} && {script}", timeout=60
+            )
+            ref_output, ref_state, ref_status = bash_cases.split(text.replace(path, bash_cases.SCRIPT_PATH))
+            await ours.call("clear_session")  # (its sandbox goes: the stack's other tests need room)
+        same = (output, state, status) == (ref_output, ref_state, ref_status)
+        if case.differs is not None:
+            return None if not same else f"{case.name}: listed as differing, yet matches bash: {output!r}"
+        if same:
+            return None
+        return (
+            f"{case.name} ({case.text!r}):\n  shell: {output!r} state {state!r} exit {status}\n"
+            f"  bash:  {ref_output!r} state {ref_state!r} exit {ref_status}"
+        )
+
+    found = await asyncio.gather(*(one(i, c) for i, c in enumerate(bash_cases.COMPARED)))
+    listed = [(c.name, c.differs) for c in bash_cases.COMPARED if c.differs is not None]
+    return [w for w in found if w], listed
+
+
+def test_the_shell_keeps_everything_a_bash_session_keeps(stack):
     """Every case in each mode on one stack (new sessions per mode)."""
-    state = tmp_path / "state"
-    with running_stack(state, SBX_POOL_MIN_IDLE="8") as (proc, url):
+    proc, state, url = stack
+    if True:
         key = (state / "api-key").read_text().strip()
         wrong = {}
         for between in MODES:

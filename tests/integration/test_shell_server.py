@@ -302,3 +302,19 @@ async def test_a_helper_that_floods_the_executor_is_retired_and_memory_stays_fla
     await rt.run(sandbox, ["rm", "/usr/local/bin/bash"])
     result, text = await fast(servers, sandbox, "echo back")
     assert (result.exit_code, text) == (0, "back\n")
+
+
+async def test_a_helper_that_ends_leaves_no_reader_of_output_behind(rt, sandbox):
+    """Each helper keeps a reader ready for its next call's output; ending right after a
+    call (its executor closing it) ends that reader too."""
+    for _ in range(3):
+        pool = shells.ShellServers(rt)
+        await fast(pool, sandbox, "echo hi")
+        await pool.close()
+    count = "pgrep -fc '^cat -- /.sbx/shell/ou[t]-' || true"
+    for _ in range(50):
+        _, out, _ = await rt.run(sandbox, ["/bin/sh", "-c", count])
+        if out.strip() == b"0":
+            break
+        await asyncio.sleep(0.1)
+    assert out.strip() == b"0", "readers left behind"
