@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from services.executor import output, shells
+from services.executor import bashsession, output, shells
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 from tests import support
@@ -280,8 +280,9 @@ async def test_a_helper_that_floods_the_executor_is_retired_and_memory_stays_fla
     """The helper runs the sandbox's own bash, which root inside can replace: one that
     greets, then writes 300 MB nobody asked for, is retired and killed once it has written
     ``shells.BUFFER_MAX``; the executor's memory stays flat, and a real bash works again."""
+    hello = bashsession.HELLO.decode().strip()  # (it greets as the helper of this version does)
     fake = (
-        "printf '#!/bin/sh\\nprintf \"sbx-shell-server 2\\\\n\"\\nexec head -c 300000000 /dev/zero\\n' "
+        f"printf '#!/bin/sh\\nprintf \"{hello}\\\\n\"\\nexec head -c 300000000 /dev/zero\\n' "
         "> /usr/local/bin/bash && chmod +x /usr/local/bin/bash"
     )
     result, _, err = await rt.run(sandbox, ["/bin/sh", "-c", fake])
