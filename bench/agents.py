@@ -106,7 +106,7 @@ def start_stack(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
     env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500", **extra)
     if root is not None:
-        env["PYTHONPATH"] = f"{root}:{root}/clients/python"
+        env["PYTHONPATH"] = f"{root}:{root}/api:{root}/clients/python"
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],

@@ -28,8 +28,9 @@ from nats.aio.client import Client
 from nats.js.errors import NotFoundError
 
 from sbx import natsd, observe, stack, supervisor
+from sbx_api import errors
 from sbx_client import terminal
-from shared.contract import commands, errors, events, ids, states, subjects
+from shared.contract import commands, events, ids, states, subjects
 from shared.domain import projections
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 
 import typer
 
+from sbx_api import errors
 from sbx_client import terminal
-from shared.contract import errors
 
 OK = 0
 FAILURE = 1

@@ -20,8 +20,9 @@ from typing import IO, Any
 
 from nats.aio.client import Client
 
+from sbx_api import errors
 from sbx_client import terminal
-from shared.contract import errors, subjects
+from shared.contract import subjects
 from shared.infrastructure import eventstore, settings
 
 BATCH = 1000

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from sbx import bars
+from sbx_api import errors
 from sbx_client import terminal
-from shared.contract import errors, events, ids, references
+from shared.contract import events, ids, references
 from shared.domain import describe
 from shared.infrastructure import settings
 from shared.runtime import backends

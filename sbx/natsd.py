@@ -7,7 +7,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 
 
 def binary() -> str:

@@ -15,9 +15,10 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from sbx import bars, stack
+from sbx_api import errors
+from sbx_api.wire import TimelineEntry
 from sbx_client import terminal
-from sbx_client.api import TimelineEntry
-from shared.contract import codec, errors, events, ids, subjects
+from shared.contract import codec, events, ids, subjects
 from shared.domain import describe, projections
 from shared.domain import timeline as timeline_rules
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings

@@ -9,7 +9,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import settings
 from shared.runtime import backends
 

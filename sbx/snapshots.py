@@ -8,8 +8,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from sbx_api import errors
 from sbx_client import terminal
-from shared.contract import codec, commands, errors, ids, states, subjects
+from shared.contract import codec, commands, ids, states, subjects
 from shared.domain import describe, projections
 from shared.infrastructure import eventstore, rpc
 

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO
 
+from sbx_api import errors
 from sbx_client.local import API_KEY_FILE, STACK_FILE
 from sbx_client.local import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR  # where the client looks too
 from sbx_client.local import state_dir as state_dir
-from shared.contract import errors
 from shared.infrastructure import settings
 
 SERVICES = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")

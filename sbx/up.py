@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sbx import down, natsd, observe, proxyrun, stack, supervisor
-from shared.contract import errors, subjects
+from sbx_api import errors
+from shared.contract import subjects
 from shared.infrastructure import bus, health, processenv, settings
 from shared.runtime import backends
 

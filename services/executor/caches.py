@@ -10,7 +10,8 @@ import asyncio
 
 import structlog
 
-from shared.contract import errors, execution, ids, states
+from sbx_api import errors
+from shared.contract import execution, ids, states
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, bounded, projector, service
 from shared.runtime import api

@@ -14,7 +14,7 @@ every rule testable without a sandbox.
 
 Conventions shared by all functions:
 
-* Errors an agent can fix raise :class:`shared.contract.errors.InvalidInput` with a message
+* Errors an agent can fix raise :class:`sbx_api.errors.InvalidInput` with a message
   saying what was wrong and what to do instead.
 * A file's lines are separated by ``"\\n"`` only (never by the other characters
   ``str.splitlines`` knows); a final ``"\\n"`` ends the last line rather than
@@ -31,7 +31,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from shared.contract.errors import InvalidInput
+from sbx_api.errors import InvalidInput
 
 #: Largest output ``view`` returns (line numbers included) before truncating.
 MAX_VIEW_BYTES = 256 * 1024

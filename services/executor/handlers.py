@@ -10,8 +10,9 @@ import structlog
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
+from sbx_api import errors, hostapi
 from services.executor import caches, edits, output, scripts, shells, streamed
-from shared.contract import checks, codec, commands, errors, events, execution, hostapi, ids, states, subjects
+from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
     activity,

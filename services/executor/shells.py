@@ -28,8 +28,9 @@ from typing import Any
 
 import structlog
 
+from sbx_api import errors
 from services.executor import bashsession, output, scripts
-from shared.contract import errors, ids
+from shared.contract import ids
 from shared.infrastructure import bounded
 from shared.runtime import api
 

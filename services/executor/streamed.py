@@ -5,7 +5,7 @@ listing of a tree that lets the client see what a command changed.
 Each operation starts before the executor replies (so a sandbox that is gone or not
 running is an ordinary error reply), then runs in a task of its own that streams its
 result to the caller's inbox (:mod:`shared.infrastructure.streams`) and ends with a
-:class:`shared.contract.hostapi.End` frame. A message on the request's ``stop`` subject, a
+:class:`sbx_api.hostapi.End` frame. A message on the request's ``stop`` subject, a
 caller that goes away or stops acknowledging, or the executor's drain kills what runs
 in the sandbox: nothing keeps running for nobody.
 
@@ -13,7 +13,7 @@ Everything the sandbox sends back (output, tar bytes, listings) is passed throug
 untouched, never parsed here; the client treats it as untrusted. What the sandbox's own
 programs (which root inside can replace) write is bounded: streams go out no faster than
 the caller takes them (:mod:`shared.infrastructure.streams`), a listing stops at
-:data:`~shared.contract.hostapi.LISTING_MAX`, and what goes to no channel (messages, an
+:data:`~sbx_api.hostapi.LISTING_MAX`, and what goes to no channel (messages, an
 upload's stdout) stops at :data:`UNASKED_MAX`; past a bound the process is killed.
 """
 
@@ -29,8 +29,9 @@ import msgspec
 import structlog
 from nats.aio.client import Client
 
+from sbx_api import errors, hostapi
 from services.executor import output
-from shared.contract import checks, errors, execution, hostapi
+from shared.contract import checks, execution
 from shared.infrastructure import streams
 from shared.runtime import api
 

@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sbx_api import errors
 from services.gateway import (
     archive,
     auth,
@@ -34,7 +35,6 @@ from services.gateway import (
     timeline,
 )
 from services.gateway import console as web_console
-from shared.contract import errors
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
 

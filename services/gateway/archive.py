@@ -8,7 +8,7 @@ paths of a session's sandbox as a tar, upload a tar into it.
   status; a failure after that breaks the connection, which every client reports.
 * ``PUT /v1/sessions/{id}/archive?root=/workspace``: the body is a tar (``curl -T
   project.tar``), extracted into the root (created if missing); answers JSON
-  :class:`~shared.contract.hostapi.ArchiveWritten`.
+  :class:`~sbx_api.hostapi.ArchiveWritten`.
 
 An upload, as the rest of the host API, gives a session with no sandbox one; a download
 (a GET: safe) never does: 404 if the session has no running sandbox (a paused one is
@@ -24,9 +24,10 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sbx_api import errors
+from sbx_api import hostapi as contract
 from services.gateway import hostapi, media, rest, schemas
-from shared.contract import errors, execution
-from shared.contract import hostapi as contract
+from shared.contract import execution
 from shared.infrastructure import streams
 
 log = structlog.get_logger(__name__)

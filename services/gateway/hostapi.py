@@ -1,15 +1,15 @@
 """The host API: streamed exec and file transfer for the agent-host client (``sbx exec``,
 ``sbx_client.Sandbox``). Same API key as the rest; the session is the path's id, and a
 call on a session with no sandbox claims one (as the MCP tools do). Wire format:
-:mod:`shared.contract.hostapi`.
+:mod:`sbx_api.hostapi`.
 
-* ``POST /v1/sessions/{id}/run``: JSON :class:`~shared.contract.hostapi.RunBody`; answers a
+* ``POST /v1/sessions/{id}/run``: JSON :class:`~sbx_api.hostapi.RunBody`; answers a
   frame stream (``o``/``e`` output as it comes, ``l`` the listing when asked, then ``x``
   or ``!``). ``X-Run-Id`` names the run: ``POST /v1/sessions/{id}/runs/{run}/stop`` (any
   gateway) kills it, and so does the client going away.
-* ``POST /v1/sessions/{id}/files/put``: body frames ``j`` (:class:`~shared.contract.hostapi.PutParams`)
+* ``POST /v1/sessions/{id}/files/put``: body frames ``j`` (:class:`~sbx_api.hostapi.PutParams`)
   then ``t`` (a tar); answers ``l`` (the tree's listing) and ``x``.
-* ``POST /v1/sessions/{id}/files/get``: JSON :class:`~shared.contract.hostapi.GetBody`; answers
+* ``POST /v1/sessions/{id}/files/get``: JSON :class:`~sbx_api.hostapi.GetBody`; answers
   ``t`` (a tar of those paths) and ``x``.
 """
 
@@ -28,8 +28,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from sbx_api import errors, hostapi
 from services.gateway import media, rest, schemas, sessions
-from shared.contract import checks, commands, errors, execution, hostapi, ids, subjects
+from shared.contract import checks, commands, execution, ids, subjects
 from shared.infrastructure import rpc, streams
 
 log = structlog.get_logger(__name__)
@@ -47,7 +48,7 @@ START_BUDGET = 30.0
 
 _FRAMES = (
     f"A frame stream ({hostapi.MEDIA_TYPE}): 1 channel byte, a 4-byte big-endian length, the "
-    "payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame "
+    "payload; see api/sbx_api/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame "
     "(JSON error); 'h' frames (keepalives) are skipped."
 )
 ERRORS = {

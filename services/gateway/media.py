@@ -1,7 +1,7 @@
 """Content negotiation and a run's output in standard media types (pure: no I/O).
 
-The executor's answer is frames (:mod:`shared.contract.hostapi`); the agent-host client
-takes them as they are. Everyone else gets one :data:`~shared.contract.hostapi.RunEvent`
+The executor's answer is frames (:mod:`sbx_api.hostapi`); the agent-host client
+takes them as they are. Everyone else gets one :data:`~sbx_api.hostapi.RunEvent`
 per NDJSON line or per server-sent event, readable with curl and a browser's ``fetch``.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from shared.contract import errors, hostapi
+from sbx_api import errors, hostapi
 
 RUN_MEDIA_TYPES = (hostapi.NDJSON, hostapi.EVENT_STREAM, hostapi.MEDIA_TYPE)
 """What a run answers with, the default first."""
@@ -22,7 +22,7 @@ _encoder = msgspec.json.Encoder()
 def negotiate(accept: str | None, offers: Sequence[str]) -> str:
     """The offer an ``Accept`` header prefers (RFC 9110: the most specific range decides an
     offer's weight; ties go to the earlier offer); the first offer when there is no header.
-    :class:`~shared.contract.errors.NotAcceptable` when it admits none."""
+    :class:`~sbx_api.errors.NotAcceptable` when it admits none."""
     if not accept or not accept.strip():
         return offers[0]
     ranges: list[tuple[str, str, float]] = []

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
+from sbx_api.hostapi import MEDIA_TYPE as FRAMES
 from services.gateway import archive, hostapi, rest, schemas, snapshots, timeline
-from shared.contract.hostapi import MEDIA_TYPE as FRAMES
 
 REF = "#/components/schemas/{name}"
 BYTES = {"type": "string", "format": "binary"}

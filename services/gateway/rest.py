@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,15 +11,15 @@ import structlog
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sbx_api import errors
 from services.gateway import schemas
-from shared.contract import commands, errors, ids, states
+from shared.contract import commands, ids, states
 from shared.infrastructure import projector, rpc
 
 log = structlog.get_logger(__name__)
 
 MAX_BODY = 64 * 1024
 LIST_LIMIT_MAX = 1000
-_REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 _encoder = msgspec.json.Encoder()
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -248,11 +247,7 @@ class SessionsAPI:
         to one operation: the command id is the key scoped by ``operation`` (a key reused on a
         stop, then on a delete, is two requests; the same delete again is a retry)."""
         key = request.headers.get("idempotency-key")
-        request_id = request.headers.get("x-request-id")
-        if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
-            raise errors.InvalidInput(
-                "X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'"
-            )
+        request_id = ids.validate_request_id(request.headers.get("x-request-id"))
         bound = request.scope.get("sbx.org")
         if bound is not None and org_id not in (None, bound):
             raise errors.Forbidden(

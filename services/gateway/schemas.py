@@ -1,7 +1,7 @@
 """REST request and response bodies. The OpenAPI document is generated from these.
 
 The answers (Session, SessionList, Problem, Health) are the client distribution's
-(:mod:`sbx_client.api`): one definition for the gateway and its clients; the requests
+(:mod:`sbx_api.wire`): one definition for the gateway and its clients; the requests
 stay here, with the checks that give their patterns."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from sbx_client.api import Health, Problem, Session, SessionList
+from sbx_api.wire import Health, Problem, Session, SessionList
 from shared.contract import ids, references, states
 
 __all__ = [

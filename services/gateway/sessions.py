@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.contract.commands import Actor, EnsureSession
 from shared.infrastructure import rpc
 
 T = TypeVar("T")
-REQUEST_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 PREFETCH_MAX = 1024
 """Sessions whose sandbox is being got ahead of their first call, at most, per gateway."""
 
@@ -50,9 +49,7 @@ def identity_from_headers(
         session = ids.validate_session_id(headers.get("x-session-id"), what="X-Session-Id header")
     else:
         session = ids.validate_session_id(session_id)
-    request_id = headers.get("x-request-id") or None
-    if request_id is not None and not REQUEST_ID.fullmatch(request_id):
-        raise errors.InvalidInput("X-Request-Id must be 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+    request_id = ids.validate_request_id(headers.get("x-request-id") or None)
     return Identity(
         session_id=session,
         correlation_id=request_id or ids.new_id(),

@@ -23,9 +23,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sbx_client.api import ForkFailure, Forks, Snapshot, SnapshotList
+from sbx_api import errors
+from sbx_api.wire import ForkFailure, Forks, Snapshot, SnapshotList
 from services.gateway import rest, schemas
-from shared.contract import commands, errors, ids, states
+from shared.contract import commands, ids, states
 from shared.domain import pools
 from shared.domain import snapshot as snapshot_rules
 from shared.infrastructure import rpc

@@ -1,7 +1,7 @@
 """``GET /v1/sessions/{id}/timeline``: what happened to a session and in its sandboxes, in
 order (:mod:`shared.domain.timeline` says which events and what each entry holds).
 
-A page (JSON :class:`~sbx_client.api.Timeline`) reads only the session's subjects: its
+A page (JSON :class:`~sbx_api.wire.Timeline`) reads only the session's subjects: its
 own events, its audit records and the events of the sandboxes it had, from ``after``.
 ``follow=true`` answers a stream instead (NDJSON, or server-sent events on ``Accept:
 text/event-stream``): the entries there are, then each new one as it is appended; a
@@ -19,10 +19,11 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sbx_client.api import TIMELINE_KINDS, Timeline, TimelineEntry, TimelineKind
+from sbx_api import errors
+from sbx_api import hostapi as contract
+from sbx_api.wire import TIMELINE_KINDS, Timeline, TimelineEntry, TimelineKind
 from services.gateway import hostapi, media, rest, schemas
-from shared.contract import errors, ids, subjects
-from shared.contract import hostapi as contract
+from shared.contract import ids, subjects
 from shared.domain import timeline as rules
 from shared.infrastructure import eventstore
 from shared.infrastructure import timeline as reading

@@ -15,9 +15,10 @@ from collections.abc import AsyncIterator, Callable
 import structlog
 from nats.js.kv import KeyValue
 
+from sbx_api import errors
 from services.pool_manager import logic
 from services.pool_manager import snapshots as pool_snapshots
-from shared.contract import errors, events, ids, provisioning, references, states, subjects
+from shared.contract import events, ids, provisioning, references, states, subjects
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, faults, leases, metrics, projector, rpc, service
 from shared.runtime import api

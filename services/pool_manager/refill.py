@@ -21,8 +21,9 @@ from typing import Any
 
 import structlog
 
+from sbx_api import errors
 from services.pool_manager import handlers, logic
-from shared.contract import errors, execution, ids, provisioning, states
+from shared.contract import execution, ids, provisioning, states
 from shared.domain import pools as pool_specs
 from shared.infrastructure import leases, metrics, projector, rpc, service, tracing, warmpool
 

@@ -12,7 +12,8 @@ import time
 
 import structlog
 
-from shared.contract import errors, events, provisioning, states
+from sbx_api import errors
+from shared.contract import events, provisioning, states
 from shared.domain import snapshot as snapshot_rules
 from shared.infrastructure import aggregates, metrics, projector, service
 from shared.runtime import api

@@ -16,8 +16,9 @@ from typing import Any
 
 import structlog
 
+from sbx_api import errors
 from services.proxy_scaler import logic
-from shared.contract import errors, events, ids, states
+from shared.contract import events, ids, states
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import aggregates, projector, service

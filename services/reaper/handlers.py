@@ -11,8 +11,9 @@ from datetime import UTC, datetime
 import structlog
 from nats.js.kv import KeyValue
 
+from sbx_api import errors
 from services.reaper import logic
-from shared.contract import commands, errors, events, ids, provisioning, states
+from shared.contract import commands, events, ids, provisioning, states
 from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import activity, aggregates, metrics, projector, retention, rpc, service, settings
 from shared.runtime import api

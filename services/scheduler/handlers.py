@@ -10,8 +10,9 @@ from typing import TypedDict
 
 import structlog
 
+from sbx_api import errors
 from services.scheduler import pausing, snapshots
-from shared.contract import commands, errors, events, ids, provisioning, states
+from shared.contract import commands, events, ids, provisioning, states
 from shared.domain import pools
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules

@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 import structlog
 from nats.js.kv import KeyValue
 
-from shared.contract import commands, errors, execution, provisioning, states
+from sbx_api import errors
+from shared.contract import commands, execution, provisioning, states
 from shared.domain import session as session_rules
 from shared.infrastructure import activity, projector, rpc, service
 

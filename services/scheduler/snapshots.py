@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from shared.contract import commands, errors, events, provisioning, states
+from sbx_api import errors
+from shared.contract import commands, events, provisioning, states
 from shared.domain import pools
 from shared.domain import session as session_rules
 from shared.domain import snapshot as snapshot_rules

@@ -1,9 +1,9 @@
 """Argument rules, each in one place with one wording, for every side that checks them:
 the gateway (before anything is sent), the executor (never trusting the bus) and the
 host client. Each returns the value (normalised where said) or raises
-:class:`~shared.contract.errors.InvalidInput` with a message an agent can act on.
+:class:`~sbx_api.errors.InvalidInput` with a message an agent can act on.
 Session ids are in :mod:`shared.contract.ids`; host API paths in
-:mod:`shared.contract.hostapi`."""
+:mod:`sbx_api.hostapi`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
-from shared.contract import errors, hostapi
+from sbx_api import errors, hostapi
 
 timeout = hostapi.validate_timeout
 """A timeout in seconds: more than 0, at most ``hostapi.MAX_TIMEOUT`` (None: the default)."""

@@ -13,7 +13,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from shared.contract import commands, errors, events
+from sbx_api import errors
+from shared.contract import commands, events
 
 T = TypeVar("T")
 

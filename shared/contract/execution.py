@@ -12,7 +12,8 @@ from typing import Literal
 
 import msgspec
 
-from shared.contract import commands, hostapi
+from sbx_api import hostapi
+from shared.contract import commands
 
 JobStatus = Literal["running", "exited", "stopped", "lost"]
 EditCommand = Literal["view", "create", "str_replace", "insert"]

@@ -21,7 +21,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from shared.contract import errors
+from sbx_api import errors
 
 DOCKER_HUB = "docker.io"
 DOCKER_HUB_API = "registry-1.docker.io"

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from shared.contract import errors, references, states
+from sbx_api import errors
+from shared.contract import references, states
 
 SNAPSHOT_POOL_PREFIX = "snapshot:"
 """A snapshot's pool's name: the snapshot id after it (no configured pool is named so:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from shared.contract import errors, events, states
+from sbx_api import errors
+from shared.contract import events, states
 
 
 def evolve(state: states.ProxyState | None, event: events.Event, seq: int) -> states.ProxyState:

@@ -2,7 +2,7 @@
 service records them (the pool-manager requests, starts, stops and deletes; the
 scheduler claims; the proxy-scaler assigns a proxy; the executor attaches a cache; the
 reaper marks one failed or lost). ``evolve`` raises
-:class:`~shared.contract.errors.InvalidTransition` for an event that cannot follow.
+:class:`~sbx_api.errors.InvalidTransition` for an event that cannot follow.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.contract import errors, events, states
+from sbx_api import errors
+from shared.contract import events, states
 
 LIVE = ("requested", "running", "paused", "stopped")
 """Statuses of a sandbox that exists in the runtime (or is about to)."""

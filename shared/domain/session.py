@@ -3,7 +3,7 @@
 ``decide(state, command, meta) -> events``: no I/O and no clock; the caller supplies
 ``meta`` (which carries the time). A command whose id caused the state's last event is
 a duplicate and decides nothing, which makes redelivery harmless. ``evolve`` folds one
-event into the state; it raises :class:`~shared.contract.errors.InvalidTransition` for an
+event into the state; it raises :class:`~sbx_api.errors.InvalidTransition` for an
 event that cannot follow (``decide`` never emits one, so seeing it means a corrupt
 stream). A deleted session stays as a ``status="deleted"`` tombstone, so a late or
 replayed event never resurrects it; creating the id again starts a new incarnation.
@@ -16,7 +16,8 @@ from typing import Required, TypedDict
 
 import msgspec
 
-from shared.contract import commands, errors, events, ids, states
+from sbx_api import errors
+from shared.contract import commands, events, ids, states
 
 
 # One case per event, so a session's lifecycle reads as one table.

@@ -7,7 +7,8 @@ from collections.abc import Iterable
 
 import msgspec
 
-from shared.contract import commands, errors, events, states
+from sbx_api import errors
+from shared.contract import commands, events, states
 
 
 def evolve(state: states.SnapshotState | None, event: events.Event, seq: int) -> states.SnapshotState:

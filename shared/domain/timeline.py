@@ -1,5 +1,5 @@
 """A session's timeline (pure): which events belong to it and what each says, as
-:class:`~sbx_client.api.TimelineEntry`.
+:class:`~sbx_api.wire.TimelineEntry`.
 
 A session's timeline is its own events (``session.*``), the audit records of what ran in
 it (``exec.completed``: commands, edits, transfers) and of what its sandboxes sent
@@ -16,8 +16,9 @@ from collections.abc import Iterable
 
 import msgspec
 
-from sbx_client.api import TIMELINE_KINDS, EgressConnection, TimelineEntry, TimelineKind
-from shared.contract import errors, events, subjects
+from sbx_api import errors
+from sbx_api.wire import TIMELINE_KINDS, EgressConnection, TimelineEntry, TimelineKind
+from shared.contract import events, subjects
 from shared.domain import egress, incarnations
 
 EDIT_OPERATIONS = ("create", "str_replace", "insert")

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Generic
 
-from shared.contract import errors, events
+from sbx_api import errors
+from shared.contract import events
 from shared.domain import projections
 from shared.infrastructure import eventstore, faults, projector
 

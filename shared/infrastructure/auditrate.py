@@ -9,7 +9,8 @@ import msgspec
 import nats.js.errors
 from nats.js.kv import KeyValue
 
-from shared.contract import codec, errors, ids
+from sbx_api import errors
+from shared.contract import codec, ids
 from shared.domain import audit
 from shared.infrastructure import bounded, eventstore, settings
 

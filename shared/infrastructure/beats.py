@@ -24,7 +24,7 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import tracing
 
 HEADER = "Sbx-Beat"

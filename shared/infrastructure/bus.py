@@ -17,7 +17,8 @@ from nats.aio.client import Client
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared.contract import errors, subjects
+from sbx_api import errors
+from shared.contract import subjects
 from shared.infrastructure import eventstore, jetstream, settings
 
 log = structlog.get_logger(__name__)

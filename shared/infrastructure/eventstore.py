@@ -4,7 +4,7 @@ Each aggregate (one session, one service instance) has its own subject. An
 append carries ``Nats-Expected-Last-Subject-Sequence`` = the aggregate's last
 sequence as the writer saw it, so two writers deciding on the same state cannot
 both win (invariant 3: no lost updates); the loser gets
-:class:`~shared.contract.errors.ConcurrencyError` and must reload and decide again.
+:class:`~sbx_api.errors.ConcurrencyError` and must reload and decide again.
 ``Nats-Msg-Id`` (command id + position) makes a re-sent publish a no-op.
 """
 
@@ -21,7 +21,8 @@ import structlog
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared.contract import codec, errors, events, subjects
+from sbx_api import errors
+from shared.contract import codec, events, subjects
 from shared.infrastructure import settings, tracing
 
 log = structlog.get_logger(__name__)

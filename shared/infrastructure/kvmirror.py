@@ -37,7 +37,7 @@ from nats.aio.subscription import Subscription
 from nats.js import api
 from nats.js.client import JetStreamContext
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import bus
 
 log = structlog.get_logger(__name__)

@@ -27,7 +27,8 @@ import nats.js.errors
 import structlog
 from nats.js.kv import KeyValue
 
-from shared.contract import errors, subjects
+from sbx_api import errors
+from shared.contract import subjects
 from shared.infrastructure import aio, processes
 
 log = structlog.get_logger(__name__)

@@ -27,7 +27,8 @@ from nats.js import api
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared.contract import codec, errors
+from sbx_api import errors
+from shared.contract import codec
 from shared.domain import projections
 from shared.infrastructure import aio, bus, eventstore, kvmirror
 

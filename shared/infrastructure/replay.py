@@ -19,7 +19,8 @@ from typing import Any
 import nats.js.errors
 from nats.js.client import JetStreamContext
 
-from shared.contract import codec, errors, subjects
+from sbx_api import errors
+from shared.contract import codec, subjects
 from shared.domain import projections
 from shared.infrastructure import eventstore, projector
 

@@ -25,7 +25,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.contract import commands, errors
+from sbx_api import errors
+from shared.contract import commands
 from shared.infrastructure import aio, beats, tracing
 
 log = structlog.get_logger(__name__)

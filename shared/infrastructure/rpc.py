@@ -6,7 +6,7 @@ decode, who answers, how a failure is written as a reply. The server side is
 :func:`answer` (decode, call, map errors, encode); the client side is :class:`Client`
 and its typed subclasses (send, decode, raise the reply's error). Every reply carries
 ``ok`` and ``error``; an error reply becomes the product's error again on the caller's
-side (:func:`shared.contract.errors.from_code`), so a caller sees the same error the
+side (:func:`sbx_api.errors.from_code`), so a caller sees the same error the
 responder raised. Responders beat while they hold a request (:mod:`shared.infrastructure.beats`, served by
 :mod:`shared.infrastructure.responders`): a caller whose responder died hears so within seconds.
 """
@@ -22,7 +22,8 @@ import msgspec
 import structlog
 from nats.aio.client import Client as Nats
 
-from shared.contract import codec, commands, errors, execution, provisioning, states, subjects
+from sbx_api import errors
+from shared.contract import codec, commands, execution, provisioning, states, subjects
 from shared.infrastructure import beats, tracing
 
 log = structlog.get_logger(__name__)

@@ -33,7 +33,8 @@ from nats.aio.client import Client
 from nats.js.client import JetStreamContext
 from nats.js.kv import KeyValue
 
-from shared.contract import codec, commands, errors, events, ids, subjects
+from sbx_api import errors
+from shared.contract import codec, commands, events, ids, subjects
 from shared.domain import projections
 from shared.infrastructure import (
     aio,

@@ -2,7 +2,7 @@
 
 Logic never reads ``os.environ``; each service's entry point calls
 ``*.from_env(os.environ)`` and hands the frozen result down. Invalid values stop
-start-up with a :class:`~shared.contract.errors.ConfigError` naming the variable.
+start-up with a :class:`~sbx_api.errors.ConfigError` naming the variable.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

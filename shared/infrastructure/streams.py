@@ -31,7 +31,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from shared.contract import errors
+from sbx_api import errors
 
 CHUNK = 256 * 1024
 """Largest payload of one frame (well under NATS's default 1 MiB message limit)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Set
 
-from sbx_client.api import Timeline, TimelineEntry, TimelineKind
+from sbx_api.wire import Timeline, TimelineEntry, TimelineKind
 from shared.contract import events, subjects
 from shared.domain import incarnations
 from shared.domain import timeline as rules

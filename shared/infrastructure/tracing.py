@@ -32,7 +32,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util import types as otel_types
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import settings
 
 Attributes = dict[str, otel_types.AttributeValue]

@@ -20,7 +20,7 @@ from typing import Literal
 
 import msgspec
 
-from shared.contract import errors
+from sbx_api import errors
 
 SandboxStatus = Literal["created", "running", "paused", "stopped"]
 """``paused``: running, with every process frozen (see :meth:`Runtime.pause`)."""

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 
 if TYPE_CHECKING:

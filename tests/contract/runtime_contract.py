@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 
 

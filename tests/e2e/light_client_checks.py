@@ -13,7 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sbx_client import ApiError, Client, Sandbox, hostapi
+from sbx_api import hostapi
+from sbx_client import ApiError, Client, Sandbox
 
 
 def expect_error(code: str, status: int, call) -> ApiError:

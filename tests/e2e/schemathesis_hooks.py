@@ -28,7 +28,8 @@ import tarfile
 import msgspec
 import schemathesis
 
-from shared.contract import hostapi, ids
+from sbx_api import hostapi
+from shared.contract import ids
 
 _serial = itertools.count()
 

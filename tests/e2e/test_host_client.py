@@ -17,8 +17,8 @@ import threading
 import httpx
 import pytest
 
+from sbx_api import hostapi
 from sbx_client import Sandbox, transport
-from shared.contract import hostapi
 from tests import support
 from tests.e2e.test_sbx_up import running_stack
 from tests.proxy import harness

@@ -20,7 +20,7 @@ import httpx
 import msgspec
 import pytest
 
-from shared.contract import hostapi
+from sbx_api import hostapi
 from tests import support
 from tests.e2e.test_sbx_up import running_stack, status
 

@@ -1,5 +1,6 @@
 """The light Python client (clients/python, issue 20 item 3) installed alone into a fresh
-virtual environment (only msgspec comes with it), then used against a real `sbx up`:
+virtual environment (only its wire contract, api/, and msgspec come with it), then used
+against a real `sbx up`:
 sessions, streamed runs, files as tar, the host client's Sandbox and the README's example
 (tests/e2e/light_client_checks.py, run by that environment's Python: nothing of the
 server is importable there). The `[cli]` extra gives `sbx-host`, run as an agent would."""
@@ -19,6 +20,7 @@ from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
 CLIENT = support.ROOT / "clients" / "python"
+API = support.ROOT / "api"
 CHECKS = Path(__file__).with_name("light_client_checks.py")
 
 
@@ -26,11 +28,11 @@ def uv() -> str:
     return shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
 
 
-def venv_with(where: Path, requirement: str) -> Path:
+def venv_with(where: Path, *requirements: str) -> Path:
     subprocess.run([uv(), "venv", "-q", "--python", sys.executable, str(where)], check=True, timeout=120)
     python = where / "bin" / "python"
     subprocess.run(
-        [uv(), "pip", "install", "-q", "--python", str(python), requirement],
+        [uv(), "pip", "install", "-q", "--python", str(python), *requirements],
         check=True, timeout=300, env={**os.environ, "VIRTUAL_ENV": str(where)},
     )  # fmt: skip
     return python
@@ -45,7 +47,7 @@ def stack(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def light(tmp_path_factory) -> Path:
-    return venv_with(tmp_path_factory.mktemp("light") / "venv", str(CLIENT))
+    return venv_with(tmp_path_factory.mktemp("light") / "venv", str(API), str(CLIENT))
 
 
 def client_env(stack, home: Path) -> dict[str, str]:
@@ -53,12 +55,12 @@ def client_env(stack, home: Path) -> dict[str, str]:
     return {"PATH": os.environ["PATH"], "HOME": str(home), "SBX_URL": url, "SANDBOX_API_KEY": key}
 
 
-def test_it_installs_alone_with_one_dependency(light, tmp_path):
+def test_it_installs_alone_with_its_contract_and_msgspec(light, tmp_path):
     frozen = subprocess.run(
         [uv(), "pip", "freeze", "--python", str(light)], capture_output=True, text=True, check=True
     ).stdout
     names = sorted(line.split("==")[0].split(" @ ")[0].lower() for line in frozen.splitlines() if line)
-    assert names == ["cloud-agent-sandbox-client", "msgspec"], frozen
+    assert names == ["cloud-agent-sandbox-api", "cloud-agent-sandbox-client", "msgspec"], frozen
     server_side = ("shared", "services", "sbx", "nats", "httpx")
     probe = (
         f"import sbx_client, sys; print(sorted(m for m in sys.modules if m.split('.')[0] in {server_side}))"
@@ -90,7 +92,7 @@ def test_it_works_against_a_live_stack(light, stack, tmp_path):
 
 
 def test_the_cli_extra_runs_commands_as_an_agent_does(stack, tmp_path):
-    python = venv_with(tmp_path / "venv", f"{CLIENT}[cli]")
+    python = venv_with(tmp_path / "venv", str(API), f"{CLIENT}[cli]")
     host = python.with_name("sbx-host")
     code = tmp_path / "work" / "project"
     code.mkdir(parents=True)

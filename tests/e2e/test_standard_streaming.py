@@ -18,7 +18,7 @@ import tarfile
 import httpx
 import pytest
 
-from shared.contract import hostapi
+from sbx_api import hostapi
 from tests import support
 from tests.e2e.test_sbx_up import running_stack
 

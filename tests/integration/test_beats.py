@@ -12,7 +12,8 @@ import time
 import nats
 import pytest
 
-from shared.contract import codec, commands, errors
+from sbx_api import errors
+from shared.contract import codec, commands
 from shared.infrastructure import beats, responders
 
 

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import msgspec
 import pytest
 
-from shared.contract import codec, errors, events, ids, subjects
+from sbx_api import errors
+from shared.contract import codec, events, ids, subjects
 from shared.domain import projections
 from shared.infrastructure import eventstore, projector, replay
 from tests import support

@@ -6,9 +6,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from sbx_api import hostapi
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
-from shared.contract import hostapi, ids, references, subjects
+from shared.contract import ids, references, subjects
 from shared.infrastructure import settings
 from tests import support
 

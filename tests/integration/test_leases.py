@@ -7,7 +7,7 @@ import asyncio
 import subprocess
 import sys
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import leases
 from tests import support
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.local import disk, fdtree
 from shared.runtime.local import runtime as local

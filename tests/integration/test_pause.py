@@ -12,7 +12,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.contract import codec, commands, errors, execution, ids, states, subjects
+from sbx_api import errors
+from shared.contract import codec, commands, execution, ids, states, subjects
 from shared.domain import projections
 from shared.infrastructure import eventstore, projector, replay, settings
 from tests import support

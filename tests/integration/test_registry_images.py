@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.contract import errors, references
+from sbx_api import errors
+from shared.contract import references
 from shared.runtime import api
 from shared.runtime.local import layerfs, layers, oci, registry
 from shared.runtime.local import runtime as local

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from nats.js import api
 
-from shared.contract import errors, events, ids, subjects
+from sbx_api import errors
+from shared.contract import events, ids, subjects
 from shared.domain import audit, projections
 from shared.infrastructure import auditrate, bus, eventstore, projector, replay, retention, settings
 from tests import support

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import streams
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.runtime import api
 from shared.runtime.local import caches
 from shared.runtime.local import runtime as local

@@ -9,9 +9,10 @@ from dataclasses import replace
 
 import pytest
 
+from sbx_api import errors
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared.contract import commands, errors, events, ids, subjects
+from shared.contract import commands, events, ids, subjects
 from shared.domain import pools, projections
 from shared.infrastructure import eventstore, projector, settings
 from tests import support

@@ -61,7 +61,8 @@ import attrs
 import kmock
 from kmock._internal import enums, rendering
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 

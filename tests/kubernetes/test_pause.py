@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.kubernetes import names
 from tests.contract.runtime_contract import new_id

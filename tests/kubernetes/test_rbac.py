@@ -11,7 +11,8 @@ import kmock
 import pytest
 import yaml
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.runtime import api
 from tests.contract.runtime_contract import new_id
 from tests.kubernetes.conftest import SETTINGS, needs_root

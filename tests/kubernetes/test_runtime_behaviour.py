@@ -9,7 +9,8 @@ import dataclasses
 import kmock
 import pytest
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.runtime import api
 from shared.runtime.kubernetes import names
 from tests import support

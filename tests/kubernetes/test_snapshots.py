@@ -10,7 +10,7 @@ import dataclasses
 import kmock
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.kubernetes import names
 from tests.contract.runtime_contract import new_id

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.domain import audit
 from shared.infrastructure import settings
 

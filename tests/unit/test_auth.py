@@ -15,8 +15,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from sbx_api import errors
 from services.gateway.auth import BearerAuth, KeyCheck
-from shared.contract import errors
 from shared.infrastructure import settings
 
 KEY = "Zk3vQ9-Lp_2mX8.tR~5+wY/7nB"

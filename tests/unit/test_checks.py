@@ -7,7 +7,8 @@ import math
 
 import pytest
 
-from shared.contract import checks, errors, execution, hostapi
+from sbx_api import errors, hostapi
+from shared.contract import checks, execution
 
 
 @pytest.mark.parametrize(

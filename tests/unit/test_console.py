@@ -15,10 +15,11 @@ import pytest
 from starlette.responses import Response
 from starlette.testclient import TestClient
 
-from sbx_client.api import Timeline, TimelineEntry
+from sbx_api import errors
+from sbx_api.wire import Timeline, TimelineEntry
 from services.gateway import auth, openapi
 from services.gateway.console import asgi, routes, templating, tokens, views
-from shared.contract import commands, errors, events, states, subjects
+from shared.contract import commands, events, states, subjects
 from shared.infrastructure import health
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)

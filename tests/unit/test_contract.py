@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.contract import codec, commands, errors, events, execution, provisioning, states
+from sbx_api import errors
+from shared.contract import codec, commands, events, execution, provisioning, states
 
 T0 = datetime(2025, 3, 14, 15, 9, 26, 535000, tzinfo=UTC)
 T1 = datetime(2025, 3, 14, 16, 0, 0, 1, tzinfo=UTC)

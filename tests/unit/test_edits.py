@@ -11,6 +11,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from sbx_api.errors import InvalidInput
 from services.executor import edits
 from services.executor.edits import (
     MAX_FILE_BYTES,
@@ -25,7 +26,6 @@ from services.executor.edits import (
     view_file,
 )
 from shared.contract.checks import path as validate_path
-from shared.contract.errors import InvalidInput
 
 P = "/workspace/app.py"
 FIVE = "one\ntwo\nthree\nfour\nfive\n"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime.local import fdtree
 from shared.runtime.local.snapstore import tree_digest
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sbx_api import errors, hostapi
 from services.gateway import hostapi as gateway_hostapi
 from services.gateway import media
-from shared.contract import errors, hostapi
 from shared.infrastructure import streams
 
 OFFERS = media.RUN_MEDIA_TYPES

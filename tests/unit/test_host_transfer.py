@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sbx_api import errors, hostapi
 from sbx_client import archive, changes, sync
 from services.executor import streamed
-from shared.contract import errors, execution, hostapi
+from shared.contract import execution
 
 
 def test_frames_survive_any_split():

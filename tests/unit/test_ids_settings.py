@@ -1,5 +1,5 @@
-"""Identifier rules (shared.contract.ids) and environment settings parsing
-(shared.infrastructure.settings)."""
+"""Identifier rules (sbx_api.ids, under the server's name shared.contract.ids) and
+environment settings parsing (shared.infrastructure.settings)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.infrastructure import settings
 
 KEY = "k3y-0123456789abcdef"  # 20 characters
@@ -508,3 +509,25 @@ def test_attribution_in_a_header_is_printable_ascii() -> None:
     assert ids.validate_attribution("acme-1", what="X-Org-Id header", header=True) == "acme-1"
     with pytest.raises(errors.InvalidInput, match="printable ASCII"):
         ids.validate_attribution("équipe", what="X-Org-Id header", header=True)
+
+
+@pytest.mark.parametrize("name", ["a.b", "a:b", "-lead", "x" * 129])
+def test_the_host_client_refuses_a_session_name_the_server_refuses(name: str, tmp_path) -> None:
+    """The client applies the contract's rule (sbx_api.ids), not a copy of its own: a name
+    the gateway would refuse is refused before anything is sent."""
+    from sbx_client.sandbox import Sandbox, SyncError
+
+    code = tmp_path / "project"
+    (code / ".git").mkdir(parents=True)
+    with pytest.raises(SyncError, match="session name"):
+        Sandbox(
+            code,
+            name,
+            env={
+                "HOME": str(tmp_path / "home"),
+                "SBX_URL": "http://127.0.0.1:9",
+                "SANDBOX_API_KEY": "k" * 32,
+            },
+        )
+    with pytest.raises(errors.InvalidInput):
+        ids.validate_session_id(name)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names

@@ -23,10 +23,11 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Mount, Route
 
+from sbx_api import errors
 from services.gateway import auth, sessions
 from services.gateway import mcp as mcp_tools
 from services.gateway.mcp import calls, sandbox
-from shared.contract import checks, commands, errors, execution, ids, states
+from shared.contract import checks, commands, execution, ids, states
 
 SESSION = "sess-1"
 SANDBOX = "sbx-0123"

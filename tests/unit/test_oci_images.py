@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime.local import oci
 
 # ---- archive builders -----------------------------------------------------------

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from starlette.types import Receive, Scope, Send
 
+from sbx_api import errors
 from services.gateway import origins
-from shared.contract import errors
 from shared.infrastructure import settings
 
 LOOPBACK = origins.Allowed.build("127.0.0.1")

@@ -8,9 +8,10 @@ from datetime import UTC, datetime
 import fastmcp
 import msgspec
 
+from sbx_api import errors
 from services.gateway import mcp as mcp_tools
 from services.gateway import placement
-from shared.contract import errors, execution, states
+from shared.contract import execution, states
 from tests.unit.test_mcp_tools import HEADERS, SESSION, FakeCommands, _state
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

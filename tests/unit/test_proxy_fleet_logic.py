@@ -8,8 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from sbx_api import errors
 from services.proxy_scaler import logic
-from shared.contract import errors, events, states
+from shared.contract import events, states
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
 

@@ -13,8 +13,9 @@ from datetime import UTC, datetime
 
 import pytest
 
+from sbx_api import errors
 from services.proxy_scaler import handlers
-from shared.contract import errors, states
+from shared.contract import states
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.contract import errors, references
+from sbx_api import errors
+from shared.contract import references
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 

@@ -10,7 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from shared.contract import commands, errors, events, ids, states
+from sbx_api import errors
+from shared.contract import commands, events, ids, states
 from shared.domain import projections
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.contract import commands, errors, events, states
+from sbx_api import errors
+from shared.contract import commands, events, states
 from shared.domain import instance as instance_rules
 from shared.domain import projections, session
 

@@ -6,7 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from shared.contract import commands, errors, events, states
+from sbx_api import errors
+from shared.contract import commands, events, states
 from shared.domain import pools, projections, session
 from shared.domain import snapshot as rules
 

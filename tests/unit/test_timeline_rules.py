@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from shared.contract import errors, events
+from sbx_api import errors
+from shared.contract import events
 from shared.domain import timeline
 
 NOW = datetime(2026, 12, 3, tzinfo=UTC)

@@ -13,7 +13,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from shared.contract import commands, errors, execution, provisioning, states
+from sbx_api import errors
+from shared.contract import commands, execution, provisioning, states
 from shared.infrastructure import processenv, settings, spanexport, tracing
 from tests import support
 

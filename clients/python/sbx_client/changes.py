@@ -17,7 +17,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbx_client import errors, hostapi, sync
+from sbx_api import errors, hostapi
+from sbx_client import sync
 
 SANDBOX_BASE = hostapi.WORKSPACE
 HOST_DIR = f"{SANDBOX_BASE}/.sbx-host"

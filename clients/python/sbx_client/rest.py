@@ -12,8 +12,8 @@
         api.write_files("task-42", {"src/main.py": b"print(1)\\n"})
         api.delete_session("task-42")
 
-A run streams NDJSON (:data:`~sbx_client.hostapi.RunEvent` a line); its last event is
-:class:`~sbx_client.hostapi.Exit`, or the run failed and :class:`ApiError` is raised.
+A run streams NDJSON (:data:`~sbx_api.hostapi.RunEvent` a line); its last event is
+:class:`~sbx_api.hostapi.Exit`, or the run failed and :class:`ApiError` is raised.
 Leaving a run's iteration early closes its connection, which stops the command. Every
 error answer is an :class:`ApiError` with the problem's code, status and ``retriable``.
 """
@@ -33,7 +33,9 @@ from urllib.parse import quote
 
 import msgspec
 
-from sbx_client import api, hostapi, local
+from sbx_api import hostapi
+from sbx_api import wire as api
+from sbx_client import local
 from sbx_client.connection import DEFAULT_URL, READ_TIMEOUT, ApiError, Gateway, check
 
 T = TypeVar("T")

@@ -34,12 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sbx_api import errors, hostapi, ids
 from sbx_client import (
     archive,
     changes,
-    errors,
     forward,
-    hostapi,
     hostrun,
     local,
     route,
@@ -55,7 +54,6 @@ Progress = Callable[[str, int, int], None]
 """Called with (what, bytes sent, bytes to send) while a tree uploads (``what``: the host
 directory); a first sync of a large code dir takes a while."""
 _NAMES = {hostapi.STDOUT: "stdout", hostapi.STDERR: "stderr"}
-_SESSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 OUTPUT_MAX = 16 * 1024 * 1024
@@ -247,8 +245,9 @@ class Sandbox:
                 "sandbox could write there; run from a repository or a project directory"
             )
         self.session = session or f"sbx-{secrets.token_hex(8)}"
-        if not _SESSION.fullmatch(self.session):
-            raise SyncError("a session name is 1 to 128 of letters, digits, '_', '.', ':' or '-'")
+        problem = ids.session_id_problem(self.session, what="session name")
+        if problem is not None:
+            raise SyncError(problem)
         self.keep = keep
         try:
             self.forwarded, self.unset = forward.forwarded_env(env, self.settings.forward_env)

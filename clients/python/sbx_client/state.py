@@ -19,7 +19,8 @@ from pathlib import Path
 
 import msgspec
 
-from sbx_client import hostapi, sync
+from sbx_api import hostapi
+from sbx_client import sync
 
 VERSION = 2  # 2: entries and listings as arrays (msgspec structs)
 

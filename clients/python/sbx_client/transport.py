@@ -1,4 +1,4 @@
-"""The host API as :class:`Sandbox` uses it (:mod:`sbx_client.hostapi`, frames): run a
+"""The host API as :class:`Sandbox` uses it (:mod:`sbx_api.hostapi`, frames): run a
 command with streamed output, upload a tar, download paths, stop a run, release a session.
 
 One operation at a time per ``Transport``, on :class:`~sbx_client.connection.Gateway`'s
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from sbx_client import errors, hostapi
+from sbx_api import errors, hostapi
 from sbx_client.connection import (
     CONNECT_TIMEOUT,
     DEFAULT_URL,

@@ -2015,7 +2015,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description The output as it comes, by the Accept header: NDJSON (the default) or server-sent events, one RunEvent a line or event, the last 'exit' or 'error', 'keepalive' while the command is quiet; or frames for the agent-host client: A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. */
+            /** @description The output as it comes, by the Accept header: NDJSON (the default) or server-sent events, one RunEvent a line or event, the last 'exit' or 'error', 'keepalive' while the command is quiet; or frames for the agent-host client: A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see api/sbx_api/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. */
             200: {
                 headers: {
                     /** @description The sandbox that did it. */
@@ -2219,7 +2219,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 'l' frames: the tree's listing after the upload. */
+            /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see api/sbx_api/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 'l' frames: the tree's listing after the upload. */
             200: {
                 headers: {
                     /** @description The sandbox that did it. */
@@ -2321,7 +2321,7 @@ export interface operations {
             };
         };
         responses: {
-            /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see shared/contract/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 't' frames: a tar of the paths. */
+            /** @description A frame stream (application/vnd.sbx.frames): 1 channel byte, a 4-byte big-endian length, the payload; see api/sbx_api/hostapi.py. Ends with an 'x' frame (JSON result) or a '!' frame (JSON error); 'h' frames (keepalives) are skipped. 't' frames: a tar of the paths. */
             200: {
                 headers: {
                     /** @description The sandbox that did it. */

@@ -29,10 +29,11 @@ from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Scope
 
-from sbx_client.api import Timeline
+from sbx_api import errors
+from sbx_api.wire import Timeline
 from services.gateway import auth, hostapi, timeline
 from services.gateway.console import asgi, templating, tokens, views
-from shared.contract import commands, errors, ids, states
+from shared.contract import commands, ids, states
 from shared.domain import incarnations, projections
 from shared.infrastructure import eventstore, health, projector, replay, rpc, service
 

@@ -18,8 +18,9 @@ from typing import Any, get_args
 
 import msgspec
 
-from sbx_client.api import TimelineEntry
-from shared.contract import errors, events, ids, states
+from sbx_api import errors
+from sbx_api.wire import TimelineEntry
+from shared.contract import events, ids, states
 from shared.domain import describe
 from shared.infrastructure import health
 

@@ -8,7 +8,7 @@ Identity comes only from HTTP headers, never from tool arguments: ``X-Session-Id
 (optional, becomes the correlation id). The shell, job and edit tools first send
 ``EnsureSession`` to the scheduler (get-or-create of the session's sandbox), then send
 the execution request to the executor with the sandbox id from that answer. Every
-:class:`shared.contract.errors.SandboxError` comes back as an MCP tool error carrying its message;
+:class:`sbx_api.errors.SandboxError` comes back as an MCP tool error carrying its message;
 other exceptions are masked (``mask_error_details``) and logged by fastmcp.
 
 Transport: :func:`mcp_http_app` returns fastmcp's streamable-HTTP Starlette app serving

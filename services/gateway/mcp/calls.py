@@ -16,9 +16,10 @@ from typing import TypeVar
 from fastmcp.exceptions import ToolError
 from fastmcp.server.dependencies import get_context, get_http_headers
 
+from sbx_api import errors
 from services.gateway import sessions
 from services.gateway.sessions import Identity, identity_from_headers
-from shared.contract import errors, execution, ids
+from shared.contract import execution, ids
 from shared.infrastructure import rpc, tracing
 
 REQUEST_BUDGET = 30.0

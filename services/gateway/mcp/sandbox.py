@@ -7,8 +7,9 @@ from typing import Annotated
 import fastmcp
 from pydantic import Field
 
+from sbx_api import errors
 from services.gateway.mcp import calls, texts
-from shared.contract import errors, ids
+from shared.contract import ids
 from shared.contract.commands import ClearSession, ProvisionSandbox
 from shared.infrastructure import rpc
 

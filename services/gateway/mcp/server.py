@@ -20,10 +20,10 @@ from key_value.aio.stores.memory import MemoryStore
 from mcp import types as mt
 from mcp.shared.exceptions import MCPError
 
+from sbx_api import errors
 from services.gateway import sessions
 from services.gateway.mcp import calls, checkpoints, edit, sandbox, shell, texts
 from services.gateway.sessions import Identity
-from shared.contract import errors
 from shared.infrastructure import metrics, rpc, service, tracing
 
 INVALID_PARAMS = -32602

@@ -8,10 +8,11 @@ from typing import Annotated
 import fastmcp
 from pydantic import Field
 
+from sbx_api import errors
 from services.gateway.mcp import calls, texts
 from services.gateway.mcp.calls import REQUEST_BUDGET
 from services.gateway.mcp.texts import MAX_TIMEOUT, SHELL_TIMEOUT, WAIT_TIMEOUT
-from shared.contract import checks, errors, execution
+from shared.contract import checks, execution
 
 _JOB_ID_ARG = Field(description="The job id shell_async returned (32 lower-case hex characters).")
 

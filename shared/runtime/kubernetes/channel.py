@@ -28,7 +28,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 import aiohttp
 import structlog
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)

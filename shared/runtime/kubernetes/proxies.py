@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime.kubernetes.runtime import KubernetesRuntime
 

@@ -27,7 +27,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.stream import WsApiClient
 from kubernetes_asyncio.stream.ws_client import get_websocket_url
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names

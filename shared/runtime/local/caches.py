@@ -27,7 +27,7 @@ import os
 import shutil
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.local.mounts import mounted_on, mounted_under
 

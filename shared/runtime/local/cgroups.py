@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime import api
 
 ROOT = Path("/sys/fs/cgroup")

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 
 IMAGE = "disk.img"
 MOUNT = "rw"

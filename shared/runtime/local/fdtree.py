@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 
 MAX_DEPTH = 256
 """Deepest directory a copy enters (two descriptors are held per level)."""

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors, ids, references
+from sbx_api import errors
+from shared.contract import ids, references
 from shared.runtime.local import bwrap, fdtree, layers, oci
 
 DEFAULT = "default"

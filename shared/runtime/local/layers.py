@@ -52,7 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.contract import errors, ids, references
+from sbx_api import errors
+from shared.contract import ids, references
 from shared.runtime.local import bwrap, disk, layerfs, oci, registry
 from shared.runtime.local.registries import RegistryConfig
 

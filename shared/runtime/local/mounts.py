@@ -9,7 +9,7 @@ import os
 import re
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 
 MNT_DETACH = 2
 _ESCAPE = re.compile(rb"\\([0-7]{3})")

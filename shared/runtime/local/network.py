@@ -34,7 +34,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.runtime.local import netlink
 
 SUBNET = ipaddress.IPv4Network("10.213.0.0/16")

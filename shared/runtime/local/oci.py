@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from shared.contract import errors
+from sbx_api import errors
 
 __all__ = ["ImageConfig", "ImageError", "unpack"]
 

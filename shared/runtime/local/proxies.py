@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 from shared.infrastructure import processenv, processes
 from shared.runtime.local import network
 from shared.runtime.local.runtime import LocalRuntime

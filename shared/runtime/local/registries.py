@@ -29,7 +29,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared.contract import errors, references
+from sbx_api import errors
+from shared.contract import references
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ import httpcore
 import httpx
 import structlog
 
-from shared.contract import errors, references
+from sbx_api import errors
+from shared.contract import references
 from shared.domain import destinations
 from shared.runtime.local.registries import RegistryConfig
 

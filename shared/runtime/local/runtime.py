@@ -36,7 +36,8 @@ from pathlib import Path
 
 import msgspec
 
-from shared.contract import errors, ids, references
+from sbx_api import errors
+from shared.contract import ids, references
 from shared.infrastructure import processes
 from shared.runtime import api
 from shared.runtime.local import (

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import msgspec
 
-from shared.contract import errors, ids
+from sbx_api import errors
+from shared.contract import ids
 from shared.domain import describe
 from shared.runtime import api
 from shared.runtime.local import fdtree

@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from shared.contract import errors
+from sbx_api import errors
 
 OWNER_BASE = 1_000_000_000
 OWNER_SPAN = 1_000_000_000

@@ -1,6 +1,6 @@
 """The host API's wire contract: what the agent-host client and the gateway exchange.
-The gateway uses this module as it is (``shared.contract.hostapi`` is this module): one
-definition of the frames, bodies, limits and checks for both sides.
+The gateway and the clients import this one module: one definition of the frames,
+bodies, limits and checks for both sides.
 
 Three streamed operations on a session's sandbox (``/v1/sessions/{id}/run``, ``/files/put``,
 ``/files/get``). Their bodies and answers are *frames*: one channel byte, a 4-byte
@@ -35,7 +35,7 @@ from typing import Annotated
 
 import msgspec
 
-from sbx_client import errors
+from sbx_api import errors
 
 STDOUT, STDERR, TAR, LISTING, PARAMS, END, ERROR = b"o", b"e", b"t", b"l", b"j", b"x", b"!"
 KEEPALIVE = b"h"
