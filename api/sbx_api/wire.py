@@ -31,7 +31,9 @@ class Session(msgspec.Struct, kw_only=True):
 class SessionList(msgspec.Struct, kw_only=True):
     sessions: list[Session]
     count: int
-    """How many sessions matched (``sessions`` holds at most ``limit`` of them)."""
+    """How many sessions matched, on every page (``sessions`` holds at most ``limit``)."""
+    next_cursor: str | None = None
+    """Pass as ``cursor`` (same filters) for the next page; None: this is the last."""
 
 
 SnapshotStatus = Literal["ready", "deleted"]
@@ -77,7 +79,9 @@ class Snapshot(msgspec.Struct, kw_only=True):
 class SnapshotList(msgspec.Struct, kw_only=True):
     snapshots: list[Snapshot]
     count: int
-    """How many snapshots matched (``snapshots`` holds at most ``limit`` of them)."""
+    """How many snapshots matched, on every page (``snapshots`` holds at most ``limit``)."""
+    next_cursor: str | None = None
+    """Pass as ``cursor`` (same filters) for the next page; None: this is the last."""
 
 
 class ForkFailure(msgspec.Struct, kw_only=True):

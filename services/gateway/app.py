@@ -23,6 +23,7 @@ from sbx_api import errors
 from services.gateway import (
     archive,
     auth,
+    cursors,
     hostapi,
     mcp,
     openapi,
@@ -35,8 +36,8 @@ from services.gateway import (
     timeline,
 )
 from services.gateway import console as web_console
-from shared.domain import projections
-from shared.infrastructure import metrics, projector, rpc, service, settings
+from shared.domain import listing, projections
+from shared.infrastructure import listings, metrics, projector, rpc, service, settings
 
 log = structlog.get_logger(__name__)
 
@@ -208,10 +209,18 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
-        rest_api = rest.SessionsAPI(client, session_states, where.forget)
+        tokens = cursors.Cursors(gateway.api_key)
+        listed = listings.Listing(
+            await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store), listing.session_index
+        )
+        rest_api = rest.SessionsAPI(client, session_states, where.forget, listed=listed, tokens=tokens)
         snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
         idle = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
-        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, idle)
+        listed_snapshots = listings.Listing(
+            await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store),
+            listing.snapshot_index,
+        )
+        copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, idle, listed_snapshots)
         app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
         server = _Server(
             uvicorn.Config(
@@ -251,7 +260,7 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             await served.wait()
 
         return service.Workload(
-            tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close], on_stop=[copies.close]
+            tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close], on_stop=[copies.close, listed.stop]
         )
 
     return setup

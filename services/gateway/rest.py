@@ -13,16 +13,32 @@ from starlette.responses import Response
 
 from sbx_api import errors
 from services.gateway import schemas
+from services.gateway import cursors
 from shared.contract import commands, ids, states
-from shared.infrastructure import projector, rpc
+from shared.domain import listing
+from shared.infrastructure import listings, projector, rpc
 
 log = structlog.get_logger(__name__)
 
 MAX_BODY = 64 * 1024
 LIST_LIMIT_MAX = 1000
+CURSOR_HELP = (
+    "Continue after the previous page: its `next_cursor`, unchanged, with the same filters. "
+    "An opaque, signed token naming the last item shown; a page costs the same however deep. "
+    "Items created meanwhile appear on later pages; none that existed throughout is skipped "
+    "or repeated. A cursor altered, or sent with other filters, is a 400."
+)
 _encoder = msgspec.json.Encoder()
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+def list_limit(raw: str | None) -> int:
+    """A list's ``limit`` parameter (default 100), or a 400."""
+    raw = "100" if raw is None else raw
+    if not raw.isdigit() or not 1 <= int(raw) <= LIST_LIMIT_MAX:
+        raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
+    return int(raw)
 
 
 def json_response(body: msgspec.Struct | None, status: int = 200, **headers: str) -> Response:
@@ -148,24 +164,26 @@ OPERATIONS: tuple[Operation, ...] = (
         "GET",
         "/v1/sessions",
         "listSessions",
-        "List sessions (deleted ones only when asked for)",
+        "List sessions, one page at a time (deleted ones only when asked for)",
         "list_sessions",
-        {200: (schemas.SessionList, "Matching sessions, oldest first."), **COMMON_ERRORS},
+        {200: (schemas.SessionList, "A page of matching sessions, oldest first."), **COMMON_ERRORS},
         params=(
             Param(
                 "status",
                 "query",
                 "Only sessions in this status.",
-                {"type": "string", "enum": ["active", "stopped", "deleted"]},
+                {"type": "string", "enum": list(listing.SESSION_STATUSES)},
             ),
             Param("org_id", "query", "Only sessions of this organisation."),
             Param("user_id", "query", "Only sessions of this user."),
+            Param("image", "query", "Only sessions created with this image."),
             Param(
                 "limit",
                 "query",
                 "At most this many (default 100).",
                 {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
             ),
+            Param("cursor", "query", CURSOR_HELP),
         ),
     ),
     Operation(
@@ -230,9 +248,15 @@ class SessionsAPI:
         client: rpc.SessionClient,
         sessions: projector.ProjectionStore[states.SessionState],
         forget: Callable[[str], None] | None = None,
+        *,
+        listed: listings.Listing[states.SessionState],
+        tokens: cursors.Cursors,
     ) -> None:
         self.client = client
         self.sessions = sessions
+        self.listed = listed
+        """Sessions in list indexes (a projection store of its own, followed)."""
+        self.cursors = tokens
         self.forget = forget
         """Drops what this gateway remembers of a session's sandbox (``Placement.forget``):
         after a pause, its next call asks instead of finding the sandbox frozen."""
@@ -302,12 +326,10 @@ class SessionsAPI:
     async def list_sessions(self, request: Request) -> Response:
         query = request.query_params
         status = query.get("status")
-        if status not in (None, "active", "stopped", "deleted"):
-            raise errors.InvalidInput("status must be one of: active, stopped, deleted")
-        raw_limit = query.get("limit", "100")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_LIMIT_MAX:
-            raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
-        org_id, user_id = query.get("org_id"), query.get("user_id")
+        if status is not None and status not in listing.SESSION_STATUSES:
+            raise errors.InvalidInput(f"status must be one of: {', '.join(listing.SESSION_STATUSES)}")
+        limit = list_limit(query.get("limit"))
+        org_id, user_id, image = query.get("org_id"), query.get("user_id"), query.get("image")
         bound = request.scope.get("sbx.org")
         if bound is not None:
             if org_id not in (None, bound):
@@ -315,19 +337,15 @@ class SessionsAPI:
                     "this key acts for one organisation: it lists only that organisation's"
                 )
             org_id = bound
-        matched = sorted(
-            (
-                s
-                for s in (await self.sessions.all()).values()
-                if (s.status == status if status else s.status != "deleted")
-                and (org_id is None or s.org_id == org_id)
-                and (user_id is None or s.user_id == user_id)
-            ),
-            key=lambda s: (s.created_at, s.session_id),
-        )
+        selector = listing.session_selector(status, org_id, user_id, image)
+        raw_cursor = query.get("cursor")
+        after = self.cursors.decode("sessions", selector, raw_cursor) if raw_cursor is not None else None
+        page = await self.listed.page(selector, after=after, limit=limit)
         return json_response(
             schemas.SessionList(
-                sessions=[schemas.session_of(s) for s in matched[: int(raw_limit)]], count=len(matched)
+                sessions=[schemas.session_of(s) for s in page.items],
+                count=page.total,
+                next_cursor=self.cursors.encode("sessions", selector, page.last) if page.last else None,
             )
         )
 

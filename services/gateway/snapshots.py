@@ -27,9 +27,9 @@ from sbx_api import errors
 from sbx_api.wire import ForkFailure, Forks, Snapshot, SnapshotList
 from services.gateway import rest, schemas
 from shared.contract import commands, ids, states
-from shared.domain import pools
+from shared.domain import listing, pools
 from shared.domain import snapshot as snapshot_rules
-from shared.infrastructure import rpc
+from shared.infrastructure import listings, rpc
 
 FORKS_MAX = 100
 """Most sessions one fork request makes."""
@@ -157,7 +157,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
                 "status",
                 "query",
                 "Only snapshots in this status.",
-                {"type": "string", "enum": ["ready", "deleted"]},
+                {"type": "string", "enum": list(listing.SNAPSHOT_STATUSES)},
             ),
             rest.Param(
                 "limit",
@@ -165,6 +165,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
                 "At most this many (default 100).",
                 {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
             ),
+            rest.Param("cursor", "query", rest.CURSOR_HELP),
         ),
         tag="snapshots",
     ),
@@ -243,8 +244,10 @@ OPERATIONS: tuple[rest.Operation, ...] = (
 
 
 class SnapshotsAPI:
-    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any, idle: Any) -> None:
+    def __init__(self, sessions_api: rest.SessionsAPI, snapshots: Any, idle: Any, listed: Any) -> None:
         self.api = sessions_api
+        self.listed: listings.Listing[states.SnapshotState] = listed
+        """Snapshots in list indexes (a projection store of its own, followed)."""
         self.client = sessions_api.client
         self.snapshots = snapshots
         """projector.ProjectionStore[states.SnapshotState]"""
@@ -263,6 +266,7 @@ class SnapshotsAPI:
 
     async def close(self) -> None:
         await self.idle.unfollow()
+        await self.listed.stop()
 
     @staticmethod
     def _snapshot_id(request: Request) -> str:
@@ -317,28 +321,23 @@ class SnapshotsAPI:
     async def list_snapshots(self, request: Request) -> Response:
         query = request.query_params
         status, session_id = query.get("status"), query.get("session_id")
-        if status not in (None, "ready", "deleted"):
-            raise errors.InvalidInput("status must be one of: ready, deleted")
+        if status is not None and status not in listing.SNAPSHOT_STATUSES:
+            raise errors.InvalidInput(f"status must be one of: {', '.join(listing.SNAPSHOT_STATUSES)}")
         if session_id is not None:
             ids.validate_session_id(session_id)
-        raw_limit = query.get("limit", "100")
-        if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= LIST_LIMIT_MAX:
-            raise errors.InvalidInput(f"limit must be an integer from 1 to {LIST_LIMIT_MAX}")
-        bound = request.scope.get("sbx.org")
-        matched = sorted(
-            (
-                s
-                for s in (await self.snapshots.all()).values()
-                if (s.status == status if status else s.status != "deleted")
-                and (session_id is None or s.session_id == session_id)
-                and (bound is None or s.org_id == bound)
-            ),
-            key=lambda s: (s.created_at, s.snapshot_id),
-        )
-        shown = matched[: int(raw_limit)]
-        ready = await self._ready(*shown)
+        limit = rest.list_limit(query.get("limit"))
+        selector = listing.snapshot_selector(status, request.scope.get("sbx.org"), session_id)
+        raw_cursor = query.get("cursor")
+        cursors = self.api.cursors
+        after = cursors.decode("snapshots", selector, raw_cursor) if raw_cursor is not None else None
+        page = await self.listed.page(selector, after=after, limit=limit)
+        ready = await self._ready(*page.items)
         return rest.json_response(
-            SnapshotList(snapshots=[snapshot_of(s, ready) for s in shown], count=len(matched))
+            SnapshotList(
+                snapshots=[snapshot_of(s, ready) for s in page.items],
+                count=page.total,
+                next_cursor=cursors.encode("snapshots", selector, page.last) if page.last else None,
+            )
         )
 
     async def get_snapshot(self, request: Request) -> Response:

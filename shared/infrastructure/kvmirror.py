@@ -119,11 +119,18 @@ class Mirror(Generic[T]):
 
     async def current(self) -> dict[str, T]:
         """Every (kept) key as of the end of the call (a copy: callers may keep it)."""
+        fallback = await self.sync()
+        return fallback if fallback is not None else dict(self._values)
+
+    async def sync(self) -> dict[str, T] | None:
+        """Wait until every write that finished before the call is in the mirror (and has
+        been told to ``on_change``): None then. If the mirror cannot catch up in time, the
+        (kept) keys of a snapshot instead."""
         if self._sub is None:
             raise RuntimeError(f"the mirror of {self.bucket} is not started")
         state = (await self.js.stream_info(self.stream)).state
         if not state.messages:  # purged or empty: nothing to wait for (as a snapshot says)
-            return {}
+            return None if not self._values else {}
         tail = state.last_seq
         loop = asyncio.get_running_loop()
         deadline = loop.time() + (BEHIND_WAIT if self._behind else CATCH_UP)
@@ -139,7 +146,7 @@ class Mirror(Generic[T]):
         if self._bad:
             key, problem = next(iter(self._bad.items()))
             raise errors.CorruptEvent(f"{self.bucket} entry {key} does not decode: {problem}")
-        return dict(self._values)
+        return None
 
     def _from_snapshot(self, raw: dict[str, bytes], tail: int) -> dict[str, T]:
         self.fallbacks += 1

@@ -183,6 +183,18 @@ class ProjectionStore(Generic[projections.S]):
             mirror, self._mirror = self._mirror, None
             await mirror.stop()
 
+    async def sync(self) -> dict[str, projections.S] | None:
+        """Wait until the followed copy holds every write finished before the call (None),
+        or, if it cannot catch up in time, the entries of a snapshot (``Mirror.sync``)."""
+        if self._mirror is None:
+            raise RuntimeError(f"the {self.projection.kind}s are not followed")
+        try:
+            return await self._mirror.sync()
+        except errors.SandboxError:
+            raise
+        except Exception as exc:
+            raise eventstore.translate(exc, f"listing {self.projection.kind}s") from exc
+
     async def all(self) -> dict[str, projections.S]:
         """Every entry of the bucket, decoded, keyed by projection key, as of the end of
         the call (from the followed copy when ``follow()`` was called: only the entries
