@@ -128,9 +128,15 @@ class Client:
         status: api.SessionStatus | None = None,
         org_id: str | None = None,
         user_id: str | None = None,
+        image: str | None = None,
         limit: int | None = None,
+        cursor: str | None = None,
     ) -> api.SessionList:
-        query = {"status": status, "org_id": org_id, "user_id": user_id, "limit": limit}
+        """One page, oldest first; pass the answer's ``next_cursor`` (same filters) for the next."""
+        query = {
+            "status": status, "org_id": org_id, "user_id": user_id, "image": image,
+            "limit": limit, "cursor": cursor,
+        }  # fmt: skip
         return self._json("GET", self.gateway.path("/v1/sessions", query), api.SessionList)
 
     def get_session(self, session_id: str) -> api.Session:
@@ -162,8 +168,10 @@ class Client:
         session_id: str | None = None,
         status: api.SnapshotStatus | None = None,
         limit: int | None = None,
+        cursor: str | None = None,
     ) -> api.SnapshotList:
-        query = {"session_id": session_id, "status": status, "limit": limit}
+        """One page, oldest first; pass the answer's ``next_cursor`` (same filters) for the next."""
+        query = {"session_id": session_id, "status": status, "limit": limit, "cursor": cursor}
         return self._json("GET", self.gateway.path("/v1/snapshots", query), api.SnapshotList)
 
     def get_snapshot(self, snapshot_id: str) -> api.Snapshot:

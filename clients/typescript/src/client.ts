@@ -190,7 +190,8 @@ export class Sessions {
     return (await response.json()) as Session;
   }
 
-  /** Sessions matching the filters, oldest first (deleted ones only with `status: "deleted"`). */
+  /** A page of sessions matching the filters, oldest first (deleted ones only with
+   * `status: "deleted"`); pass its `next_cursor` as `cursor` (same filters) for the next. */
   async list(query: ListSessionsQuery = {}, options: RequestOptions = {}): Promise<SessionList> {
     const params = new URLSearchParams();
     for (const [key, value] of Object.entries(query)) {
@@ -233,7 +234,7 @@ export class Snapshots {
     return (await this.post(`${sessionPath(sessionId)}/snapshots`, body, options)) as Snapshot;
   }
 
-  /** Snapshots matching the filters, oldest first. */
+  /** A page of snapshots matching the filters, oldest first; `next_cursor` continues it. */
   async list(query: ListSnapshotsQuery = {}, options: RequestOptions = {}): Promise<SnapshotList> {
     const params = new URLSearchParams();
     for (const [key, value] of Object.entries(query)) {

@@ -13,7 +13,7 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
-        /** List sessions (deleted ones only when asked for) */
+        /** List sessions, one page at a time (deleted ones only when asked for) */
         get: operations["listSessions"];
         put?: never;
         /** Register a session id */
@@ -373,6 +373,8 @@ export interface components {
         SessionList: {
             sessions: components["schemas"]["Session"][];
             count: number;
+            /** @default null */
+            next_cursor: string | null;
         };
         /**
          * SessionSandbox
@@ -428,6 +430,8 @@ export interface components {
         SnapshotList: {
             snapshots: components["schemas"]["Snapshot"][];
             count: number;
+            /** @default null */
+            next_cursor: string | null;
         };
         /**
          * ForkRequest
@@ -677,8 +681,12 @@ export interface operations {
                 org_id?: string;
                 /** @description Only sessions of this user. */
                 user_id?: string;
+                /** @description Only sessions created with this image. */
+                image?: string;
                 /** @description At most this many (default 100). */
                 limit?: number;
+                /** @description Continue after the previous page: its `next_cursor`, unchanged, with the same filters. An opaque, signed token naming the last item shown; a page costs the same however deep. Items created meanwhile appear on later pages; none that existed throughout is skipped or repeated. A cursor altered, or sent with other filters, is a 400. */
+                cursor?: string;
             };
             header?: never;
             path?: never;
@@ -686,7 +694,7 @@ export interface operations {
         };
         requestBody?: never;
         responses: {
-            /** @description Matching sessions, oldest first. */
+            /** @description A page of matching sessions, oldest first. */
             200: {
                 headers: {
                     [name: string]: unknown;
@@ -1424,6 +1432,8 @@ export interface operations {
                 status?: "ready" | "deleted";
                 /** @description At most this many (default 100). */
                 limit?: number;
+                /** @description Continue after the previous page: its `next_cursor`, unchanged, with the same filters. An opaque, signed token naming the last item shown; a page costs the same however deep. Items created meanwhile appear on later pages; none that existed throughout is skipped or repeated. A cursor altered, or sent with other filters, is a 400. */
+                cursor?: string;
             };
             header?: never;
             path?: never;
