@@ -137,7 +137,9 @@ async def run(sizes: list[int], rounds: int, code: Path) -> None:
                     started = time.perf_counter()
                     await seed(js, topology, seeded, size)
                     seeded = size
-                    print(f"(seeded up to {size:,} in {time.perf_counter() - started:.1f} s)", file=sys.stderr)
+                    print(
+                        f"(seeded up to {size:,} in {time.perf_counter() - started:.1f} s)", file=sys.stderr
+                    )
                     report(size, await asyncio.to_thread(measure, client, size, rounds))
         finally:
             proc.terminate()

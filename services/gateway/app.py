@@ -211,7 +211,8 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)
         tokens = cursors.Cursors(gateway.api_key)
         listed = listings.Listing(
-            await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store), listing.session_index
+            await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store),
+            listing.session_index,
         )
         rest_api = rest.SessionsAPI(client, session_states, where.forget, listed=listed, tokens=tokens)
         snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
@@ -260,7 +261,9 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             await served.wait()
 
         return service.Workload(
-            tasks=[serve(), announce()], on_drain=[stop_listening, resolver.close], on_stop=[copies.close, listed.stop]
+            tasks=[serve(), announce()],
+            on_drain=[stop_listening, resolver.close],
+            on_stop=[copies.close, listed.stop],
         )
 
     return setup

@@ -12,8 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sbx_api import errors
-from services.gateway import schemas
-from services.gateway import cursors
+from services.gateway import cursors, schemas
 from shared.contract import commands, ids, states
 from shared.domain import listing
 from shared.infrastructure import listings, projector, rpc
