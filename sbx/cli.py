@@ -257,15 +257,28 @@ def replay_command(
     rebuild: Annotated[
         bool, typer.Option("--rebuild", help="Rewrite every projection from the stream.")
     ] = False,
+    checkpoint: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoint", help="Store the fold as the new checkpoint (folds only what came since the last)."
+        ),
+    ] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Fold from the first event, not from the latest checkpoint.")
+    ] = False,
     state_dir: StateDir = None,
     json: Json = False,
 ) -> None:
-    """Fold the whole event stream into fresh projections and compare with (or rewrite) the live KV."""
-    if verify and rebuild:
-        raise exits.fail("choose one of --verify and --rebuild", exits.USAGE)
+    """Fold the event stream (from the latest checkpoint) into fresh projections and compare
+    with (or rewrite) the live KV, or store the fold as a new checkpoint."""
+    if sum((verify, rebuild, checkpoint)) > 1:
+        raise exits.fail("choose one of --verify, --rebuild and --checkpoint", exits.USAGE)
+    if full and checkpoint:
+        raise exits.fail("--full applies to --verify and --rebuild", exits.USAGE)
     from sbx import observe
 
-    _with_stack(state_dir, observe.replay_projections, rebuild=rebuild, as_json=json)
+    mode = "rebuild" if rebuild else "checkpoint" if checkpoint else "verify"
+    _with_stack(state_dir, observe.replay_projections, mode=mode, full=full, as_json=json)
 
 
 @app.command("replicas")

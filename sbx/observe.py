@@ -19,7 +19,7 @@ from sbx_api import errors
 from sbx_api.wire import TimelineEntry
 from sbx_client import terminal
 from shared.contract import codec, events, ids, subjects
-from shared.domain import describe, projections
+from shared.domain import checkpoints, describe, projections
 from shared.domain import timeline as timeline_rules
 from shared.infrastructure import bus, eventstore, health, projector, replay, settings
 
@@ -268,17 +268,27 @@ def _timeline_line(entry: TimelineEntry, as_json: bool) -> str:
 # ---- replay -----------------------------------------------------------------
 
 
-async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild: bool, as_json: bool) -> int:
+async def replay_projections(
+    nc: Client, topology: subjects.Topology, *, mode: str, full: bool, as_json: bool
+) -> int:
     js = nc.jetstream()
-    with bars.counting("folding events", "events", shown=bars.wanted(as_json=as_json)) as progress:
-        if rebuild:
-            report = await replay.rebuild(js, topology, progress=progress)
-        else:
-            report = await replay.verify(js, topology, progress=progress)
+    rebuild = mode == "rebuild"
+    try:
+        with bars.counting("folding events", "events", shown=bars.wanted(as_json=as_json)) as progress:
+            if mode == "checkpoint":
+                report = await replay.take_checkpoint(js, topology, progress=progress)
+            elif rebuild:
+                report = await replay.rebuild(js, topology, progress=progress, full=full)
+            else:
+                report = await replay.verify(js, topology, progress=progress, full=full)
+    except checkpoints.HistoryGone as exc:
+        print(terminal.escape(f"cannot replay: {exc}"), file=sys.stderr)
+        return 1
     if as_json:
         print(
             terminal.json_text(
                 {
+                    "from_seq": report.from_seq,
                     "events": report.events,
                     "seconds": round(report.seconds, 3),
                     "aggregates": report.aggregates,
@@ -290,10 +300,14 @@ async def replay_projections(nc: Client, topology: subjects.Topology, *, rebuild
         )
     else:
         sizes = ", ".join(f"{n} {k}s" for k, n in report.aggregates.items())
+        start = f"checkpoint at {report.from_seq}" if report.from_seq else "the first event"
         print(
-            f"replayed {report.events} events into {sizes} "
+            f"replayed {report.events} events from {start} into {sizes} "
             f"in {report.seconds:.2f}s ({report.rate:,.0f} events/s)"
         )
+        if mode == "checkpoint":
+            print("checkpoint stored" if report.events or not report.from_seq else "no new events: kept")
+            return 0
         for difference in report.differences:
             print(terminal.escape(("rewrote " if rebuild else "DIFFERS ") + difference.describe()))
         if not report.differences:

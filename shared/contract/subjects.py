@@ -150,6 +150,11 @@ class Topology:
 
     # ---- KV buckets ----------------------------------------------------------
 
+    @property
+    def checkpoints_bucket(self) -> str:
+        """The object store of projection checkpoints (``<ns>_checkpoints``)."""
+        return f"{self.namespace}_checkpoints"
+
     def bucket(self, kind: str) -> str:
         """The projection bucket of an aggregate kind (``<ns>_sessions``, ``<ns>_sandboxes``)."""
         return f"{self.namespace}_{PLURALS[kind]}"

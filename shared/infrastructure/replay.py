@@ -1,10 +1,15 @@
 """Rebuilding projections from the stream, and proving the live KV equals them.
 
-Invariant 2 (KV is a projection) is checked by :func:`verify`: fold every event
-into fresh states and compare them key by key with the live buckets. Entries
-that moved on while the fold ran (their ``last_seq`` is past the fold's end) are
-folded again from their own subject before being judged, so a live system can
-be verified without stopping it.
+Invariant 2 (KV is a projection) is checked by :func:`verify`: fold the events
+into fresh states and compare them key by key with the live buckets. The fold
+starts from the latest checkpoint (:mod:`shared.infrastructure.checkpoints`),
+so it costs the events since then, not the history (``full=True``: from the
+first event). Each aggregate's chain is checked as it is folded, so a stream
+whose older events were trimmed without a checkpoint covering them fails
+loudly (``checkpoints.HistoryGone``) instead of giving a wrong projection.
+Entries that moved on while the fold ran (their ``last_seq`` is past the fold's
+end) are folded again from their own subject before being judged, so a live
+system can be verified without stopping it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from nats.js.client import JetStreamContext
 
 from sbx_api import errors
 from shared.contract import codec, subjects
-from shared.domain import projections
+from shared.domain import checkpoints, projections
+from shared.infrastructure import checkpoints as stored_checkpoints
 from shared.infrastructure import eventstore, projector
 
 #: KV writes in flight at once during a rebuild.
@@ -57,6 +63,8 @@ class Difference:
 
 @dataclass
 class Report:
+    from_seq: int = 0
+    """The checkpoint the fold started from (0: the first event)."""
     events: int = 0
     seconds: float = 0.0
     aggregates: dict[str, int] = field(default_factory=dict)
@@ -85,26 +93,62 @@ def diff(kind: str, expected: dict[str, Any], actual: dict[str, Any]) -> list[Di
 
 
 async def fold_stream(
-    store: eventstore.EventStore, *, up_to: int, progress: Progress | None = None
+    store: eventstore.EventStore,
+    *,
+    up_to: int,
+    start: checkpoints.Checkpoint | None = None,
+    progress: Progress | None = None,
 ) -> tuple[dict[str, dict[str, Any]], int]:
-    """Fold every event with sequence <= ``up_to`` into fresh states, per kind."""
-    folded: dict[str, dict[str, Any]] = {kind: {} for kind in projections.BY_KIND}
+    """Fold the events with sequence <= ``up_to`` into fresh states per kind, on top of
+    ``start`` (from the event after it; None: from the first event); also how many events
+    were read. ``checkpoints.HistoryGone`` if an aggregate's earlier events are missing."""
+    folded: dict[str, dict[str, Any]] = (
+        start.folded() if start is not None else {kind: {} for kind in projections.BY_KIND}
+    )
     count = 0
-    if up_to == 0:
+    first = start.seq + 1 if start is not None else 1
+    if up_to < first:
         return folded, 0
-    async with contextlib.aclosing(store.read()) as stream:
+    async with contextlib.aclosing(store.read(start_seq=first)) as stream:
         async for stored in stream:
+            if stored.seq > up_to:
+                break
             kind = store.topology.kind_of(stored.subject)
-            projection = projections.BY_KIND.get(kind)
-            if projection is not None:
-                key = projection.key_of_subject(stored.subject)
-                folded[kind][key] = projection.evolve(folded[kind].get(key), stored.event, stored.seq)
+            if kind in projections.BY_KIND:
+                key = projections.BY_KIND[kind].key_of_subject(stored.subject)
+                checkpoints.fold_one(folded, kind, key, stored.seq, stored.prev_seq, stored.event)
             count += 1
             if progress is not None and (count % PROGRESS_EVERY == 0 or stored.seq >= up_to):
                 progress(stored.seq, up_to)
             if stored.seq >= up_to:
                 break
     return folded, count
+
+
+async def _base(
+    js: JetStreamContext, topology: subjects.Topology, full: bool
+) -> checkpoints.Checkpoint | None:
+    return None if full else await stored_checkpoints.latest(js, topology)
+
+
+async def take_checkpoint(
+    js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
+) -> Report:
+    """Fold the events since the latest checkpoint onto it and store the result as the new
+    latest (nothing is written if no event came since)."""
+    store = eventstore.EventStore(js, topology)
+    started = time.perf_counter()
+    base = await stored_checkpoints.latest(js, topology)
+    up_to = await store.last_seq()
+    folded, count = await fold_stream(store, up_to=up_to, start=base, progress=progress)
+    report = Report(from_seq=base.seq if base is not None else 0, events=count)
+    report.aggregates = {kind: len(entries) for kind, entries in folded.items()}
+    if base is None or up_to > base.seq:
+        total = (base.events if base is not None else 0) + count
+        checkpoint = checkpoints.of(folded, seq=up_to, events=total, taken_at=stored_checkpoints.now())
+        await stored_checkpoints.write(js, topology, checkpoint)
+    report.seconds = time.perf_counter() - started
+    return report
 
 
 async def _stores(
@@ -116,13 +160,18 @@ async def _stores(
 
 
 async def verify(
-    js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
+    js: JetStreamContext,
+    topology: subjects.Topology,
+    *,
+    progress: Progress | None = None,
+    full: bool = False,
 ) -> Report:
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
+    base = await _base(js, topology, full)
     up_to = await store.last_seq()
-    folded, count = await fold_stream(store, up_to=up_to, progress=progress)
-    report = Report(events=count)
+    folded, count = await fold_stream(store, up_to=up_to, start=base, progress=progress)
+    report = Report(from_seq=base.seq if base is not None else 0, events=count)
     for kind, target in (await _stores(js, store)).items():
         live = await target.all()
         report.aggregates[kind] = len(folded[kind])
@@ -139,21 +188,40 @@ async def verify(
 
 
 async def rebuild(
-    js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
+    js: JetStreamContext,
+    topology: subjects.Topology,
+    *,
+    progress: Progress | None = None,
+    full: bool = False,
 ) -> Report:
-    """Rewrite every projection entry that differs from the fold of the stream.
+    """Rewrite every projection entry that differs from the fold of the stream (from the
+    latest checkpoint unless ``full``).
 
     Safe on a live stack: each write is a revision CAS, and an entry that moved
-    past the fold (a writer got there first) is left alone.
+    past the fold (a writer got there first) is left alone. An entry the fold does not
+    know whose events may have been trimmed (its ``last_seq`` is below the stream's first
+    sequence) is never removed: ``checkpoints.HistoryGone``, before anything is written.
     """
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
-    folded, count = await fold_stream(store, up_to=await store.last_seq(), progress=progress)
-    report = Report(events=count)
+    base = await _base(js, topology, full)
+    folded, count = await fold_stream(store, up_to=await store.last_seq(), start=base, progress=progress)
+    first_seq = (await js.stream_info(topology.events_stream)).state.first_seq
+    report = Report(from_seq=base.seq if base is not None else 0, events=count)
+    plans = []
     for kind, target in (await _stores(js, store)).items():
         live = await target.all()
         report.aggregates[kind] = len(folded[kind])
         todo = diff(kind, folded[kind], live)
+        for d in todo:
+            if d.expected is None and d.actual is not None and d.actual.get("last_seq", 0) < first_seq:
+                raise checkpoints.HistoryGone(
+                    f"{kind} {d.key} is in KV (last_seq {d.actual.get('last_seq')}) but its events "
+                    f"are gone from the stream (it starts at {first_seq}) and no checkpoint covers "
+                    "them: nothing was rewritten"
+                )
+        plans.append((kind, target, todo))
+    for kind, target, todo in plans:
         for start in range(0, len(todo), REWRITE_CONCURRENCY):  # keys are independent: pipeline
             chunk = todo[start : start + REWRITE_CONCURRENCY]
             written = await asyncio.gather(*(_rewrite(target, d.key, folded[kind].get(d.key)) for d in chunk))
