@@ -1,14 +1,19 @@
-"""Replay speed: fold 100k events from the stream into the KV projections.
+"""Replay and catch-up against history: 10k, 100k and 1M events, with checkpoints.
 
-Appends N events (sessions going through create/stop/delete/create/stop, five events
-each, with real expected-sequence headers) to a private nats-server, then times:
+For each size, on a fresh private nats-server: appends N events (sessions going through
+create/stop/delete/create/stop, five events each, real codec and expected-sequence headers),
+takes a first checkpoint (one full fold, once), appends ``--tail`` more events, then times
+side by side:
 
-* ``replay --rebuild`` into empty buckets (fold + one KV write per aggregate),
-* ``replay --verify`` (fold + read every KV entry + compare).
+* a checkpoint taken on top of the first (folds only the tail),
+* ``replay --verify`` from the checkpoint (fold the tail + read every KV entry + compare),
+* ``replay --rebuild`` from the checkpoint into empty buckets,
+* a new projector instance joining the shared durable consumer, to its first event applied,
+* ``replay --verify --full`` (every event) for comparison, up to ``--full-max`` events.
 
-Prints events/s for each; asserts nothing about time.
+Prints seconds and events/s; asserts nothing about time.
 
-    .venv/bin/python bench/replay.py [--events 100000]
+    .venv/bin/python bench/replay.py [--events 10000,100000,1000000] [--tail 5000] [--full-max 100000]
 """
 
 from __future__ import annotations
@@ -22,9 +27,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from nats.js import api
+
 from bench import common
 from shared.contract import codec, events, ids, subjects
-from shared.infrastructure import bus, replay, settings
+from shared.domain import projections
+from shared.infrastructure import bus, eventstore, projector, replay, settings
 
 CYCLE = (
     events.SessionCreated,
@@ -35,12 +43,13 @@ CYCLE = (
 )
 
 
-async def append_all(js, topology: subjects.Topology, n_events: int) -> float:
-    """Publish asynchronously, five events per session, expected-sequence chained."""
+async def append_all(js, topology: subjects.Topology, n_events: int, first: int = 0) -> float:
+    """Publish asynchronously, five events per session, expected-sequence chained (sessions
+    numbered from ``first``)."""
     sessions = n_events // len(CYCLE)
     start = time.perf_counter()
     last: dict[int, int] = {}
-    for step, kind in enumerate(CYCLE):
+    for kind in CYCLE:
         pending = []
         for s in range(sessions):
             meta = events.Meta(
@@ -50,14 +59,14 @@ async def append_all(js, topology: subjects.Topology, n_events: int) -> float:
                 instance="b",
                 command_id=ids.new_id(),
             )
-            event = kind(meta=meta, session_id=f"s{s}")
+            event = kind(meta=meta, session_id=f"s{first + s}")
             headers = {
                 subjects.EXPECTED_LAST_SUBJECT_SEQUENCE: str(last.get(s, 0)),
                 subjects.MSG_ID: f"{meta.command_id}:0",
             }
             pending.append(
                 js.publish(
-                    topology.aggregate_subject(subjects.SESSION, f"s{s}"),
+                    topology.aggregate_subject(subjects.SESSION, f"s{first + s}"),
                     codec.encode(event),
                     headers=headers,
                     stream=topology.events_stream,
@@ -74,36 +83,90 @@ async def append_all(js, topology: subjects.Topology, n_events: int) -> float:
             base = sessions - len(acks)
             for offset, ack in enumerate(acks):
                 last[base + offset] = ack.seq
-        print(f"  appended step {step + 1}/{len(CYCLE)}", file=sys.stderr)
+        pass
     return time.perf_counter() - start
 
 
-async def main(n_events: int) -> None:
+async def join_projector(js, topology: subjects.Topology) -> float:
+    """A new projector instance joins the (existing) durable consumer: seconds until it has
+    applied one new event. Before it, the durable is put at the tail, as on a running stack
+    whose projector has kept up."""
+    store = eventstore.EventStore(js, topology)
+    durable = topology.projector_consumer(subjects.SESSION)
+    tail = await store.last_seq()
+    await js.add_consumer(
+        topology.events_stream,
+        api.ConsumerConfig(
+            durable_name=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=projector.ACK_WAIT_SECONDS,
+            max_ack_pending=10_000,
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE,
+            opt_start_seq=tail + 1,
+            filter_subject=topology.events_of_kind(subjects.SESSION),
+        ),
+    )
+    target = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    started = time.perf_counter()
+    task = asyncio.create_task(projector.catch_up(js, target))
+    await append_all(js, topology, len(CYCLE), first=10**9)
+    end = await store.last_seq()
+    while (state := await target.get("s1000000000")) is None or state.last_seq < end:
+        await asyncio.sleep(0.005)
+    elapsed = time.perf_counter() - started
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return elapsed
+
+
+def line(label: str, report: replay.Report) -> str:
+    rate = report.events / report.seconds if report.seconds else float("inf")
+    return f"  {label:34} {report.seconds:7.2f} s  {report.events:9,} events folded  {rate:10,.0f} events/s"
+
+
+async def one_size(n_events: int, tail: int, full_max: int) -> None:
     with common.nats_server() as url:
         topology = subjects.Topology("bench")
         nc = await bus.connect(settings.BusSettings(nats_url=url, namespace="bench"), "bench")
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         append_s = await append_all(js, topology, n_events)
+        first = await replay.take_checkpoint(js, topology)
+        await append_all(js, topology, tail, first=n_events)
         total = (await js.stream_info(topology.events_stream)).state.messages
+        print(f"\n{total:,} events ({n_events // len(CYCLE) + tail // len(CYCLE):,} sessions)")
+        print(
+            f"  append (publish, pipelined)        {append_s:7.2f} s  {n_events / append_s:10,.0f} events/s"
+        )
+        print(line("first checkpoint (full fold, once)", first))
+        print(line("checkpoint on top of it", await replay.take_checkpoint(js, topology)))
+        await append_all(js, topology, tail, first=n_events + tail)
+        print(f"  (then {tail:,} more events)")
         rebuilt = await replay.rebuild(js, topology)
+        print(
+            line("rebuild into empty KV (checkpoint)", rebuilt) + f"  ({len(rebuilt.differences):,} written)"
+        )
         verified = await replay.verify(js, topology)
         assert not verified.differences, verified.differences[:3]
-        print(f"\nreplay benchmark: {total} events over {rebuilt.aggregates.get('session', 0)} sessions\n")
-        print(f"append (publish, pipelined)        {append_s:7.2f} s  {total / append_s:10,.0f} events/s")
-        print(
-            f"rebuild into empty KV              {rebuilt.seconds:7.2f} s  "
-            f"{rebuilt.events / rebuilt.seconds:10,.0f} events/s"
-            f"  ({len(rebuilt.differences)} entries written)"
-        )
-        print(
-            f"verify (fold + read KV + compare)  {verified.seconds:7.2f} s  "
-            f"{verified.events / verified.seconds:10,.0f} events/s"
-        )
+        print(line("verify (checkpoint + tail)", verified))
+        joined = await join_projector(js, topology)
+        print(f"  {'new projector instance joins':34} {joined:7.2f} s  to a new session's 5 events applied")
+        if n_events <= full_max:
+            full = await replay.verify(js, topology, full=True)
+            assert not full.differences, full.differences[:3]
+            print(line("verify --full (every event)", full))
         await nc.close()
+
+
+async def main(sizes: list[int], tail: int, full_max: int) -> None:
+    for n_events in sizes:
+        await one_size(n_events, tail, full_max)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=100_000)
-    asyncio.run(main(parser.parse_args().events))
+    parser.add_argument("--events", default="10000,100000,1000000")
+    parser.add_argument("--tail", type=int, default=5000)
+    parser.add_argument("--full-max", type=int, default=100_000)
+    args = parser.parse_args()
+    asyncio.run(main([int(n) for n in args.events.split(",")], args.tail, args.full_max))
