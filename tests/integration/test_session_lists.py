@@ -4,6 +4,8 @@ carried to another organisation, and org-bound keys that list only their own."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -126,3 +128,23 @@ async def test_a_list_right_after_a_write_shows_it(api):
         assert await ids_of(api) == ([f"ryw{n}"], 1)
         assert (await api.delete(f"/v1/sessions/ryw{n}", headers=AUTH)).status_code == 204
         assert (await ids_of(api, status="deleted"))[1] == n + 1
+
+
+async def test_the_python_client_walks_the_pages_with_filters(api):
+    from sbx_client import rest as client_rest
+
+    for n in range(7):
+        await create(api, f"py{n}", image="node:22" if n % 2 else None)
+    client = client_rest.Client(str(api.base_url), support.API_KEY, env={})
+
+    def walk() -> list[str]:
+        seen, cursor = [], None
+        while True:
+            page = client.list_sessions(image="node:22", limit=2, cursor=cursor)
+            assert page.count == 3
+            seen += [s.session_id for s in page.sessions]
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    assert await asyncio.to_thread(walk) == ["py1", "py3", "py5"]
