@@ -31,6 +31,10 @@ class Checkpoint(msgspec.Struct, kw_only=True):
     events: int
     """Events folded into it, over all checkpoints before it."""
     taken_at: datetime
+    verified_kv: dict[str, int] = {}
+    """Per kind, the KV bucket's stream sequence up to which the live entries were found
+    equal to this fold when it was taken (empty: not verified). A later verify then reads
+    only the entries written after it, and those the events since ``seq`` touch."""
     session: dict[str, states.SessionState] = {}
     instance: dict[str, states.InstanceState] = {}
     sandbox: dict[str, states.SandboxState] = {}
@@ -60,11 +64,19 @@ def decode(raw: bytes) -> Checkpoint:
     return checkpoint
 
 
-def of(folded: dict[str, dict[str, Any]], *, seq: int, events: int, taken_at: datetime) -> Checkpoint:
+def of(
+    folded: dict[str, dict[str, Any]],
+    *,
+    seq: int,
+    events: int,
+    taken_at: datetime,
+    verified_kv: dict[str, int] | None = None,
+) -> Checkpoint:
     return Checkpoint(
         seq=seq,
         events=events,
         taken_at=taken_at,
+        verified_kv=verified_kv or {},
         session=folded["session"],
         instance=folded["instance"],
         sandbox=folded["sandbox"],

@@ -222,3 +222,39 @@ async def snapshot(js: JetStreamContext, bucket: str) -> dict[str, bytes]:
         return out
     finally:
         await sub.unsubscribe()
+
+
+async def changed_since(js: JetStreamContext, bucket: str, after: int) -> tuple[dict[str, bytes | None], int]:
+    """The keys of a KV bucket written after its stream sequence ``after``, each with its
+    latest value (None: deleted or purged), and the stream sequence read up to: reads only
+    those writes, so it costs what changed, not the bucket."""
+    stream = f"KV_{bucket}"
+    tail = (await js.stream_info(stream)).state.last_seq
+    out: dict[str, bytes | None] = {}
+    if tail <= after:
+        return out, tail
+    prefix = f"$KV.{bucket}."
+    sub = await js.subscribe(
+        f"{prefix}>",
+        stream=stream,
+        ordered_consumer=True,
+        config=api.ConsumerConfig(
+            deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1
+        ),
+        pending_msgs_limit=-1,
+        pending_bytes_limit=-1,
+    )
+    try:
+        seen = after
+        while seen < tail:
+            try:
+                msg = await sub.next_msg(timeout=SNAPSHOT_QUIET)
+            except nats.errors.TimeoutError:
+                break  # the rest was overwritten by later writes of the same keys (compacted)
+            key = msg.subject[len(prefix) :]
+            deleted = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
+            out[key] = None if deleted else msg.data
+            seen = msg.metadata.sequence.stream
+    finally:
+        await sub.unsubscribe()
+    return out, tail

@@ -215,6 +215,10 @@ class ProjectionStore(Generic[projections.S]):
     def _decode(self, raw: bytes) -> projections.S:
         return codec.decode_state(raw, self.projection.state_type)
 
+    def decode(self, raw: bytes) -> projections.S:
+        """A raw entry of this bucket, decoded."""
+        return self._decode(raw)
+
 
 async def catch_up(js: JetStreamContext, target: ProjectionStore[projections.S], *, batch: int = 256) -> None:
     """Run forever: apply every event of one kind through a shared durable consumer.

@@ -27,8 +27,8 @@ from nats.js.client import JetStreamContext
 from sbx_api import errors
 from shared.contract import codec, subjects
 from shared.domain import checkpoints, projections
+from shared.infrastructure import bus, eventstore, projector
 from shared.infrastructure import checkpoints as stored_checkpoints
-from shared.infrastructure import eventstore, projector
 
 #: KV writes in flight at once during a rebuild.
 REWRITE_CONCURRENCY = 256
@@ -66,6 +66,8 @@ class Report:
     from_seq: int = 0
     """The checkpoint the fold started from (0: the first event)."""
     events: int = 0
+    compared: int = 0
+    """Live entries read and compared."""
     seconds: float = 0.0
     aggregates: dict[str, int] = field(default_factory=dict)
     differences: list[Difference] = field(default_factory=list)
@@ -134,21 +136,72 @@ async def _base(
 async def take_checkpoint(
     js: JetStreamContext, topology: subjects.Topology, *, progress: Progress | None = None
 ) -> Report:
-    """Fold the events since the latest checkpoint onto it and store the result as the new
-    latest (nothing is written if no event came since)."""
+    """Fold the events since the latest checkpoint onto it, compare the result with every
+    live entry, and store it as the new latest (nothing is written if no event came
+    since). If the live entries all match, the checkpoint records how far each bucket was
+    read (``verified_kv``), so later verifies read only what changed after it."""
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
     base = await stored_checkpoints.latest(js, topology)
     up_to = await store.last_seq()
     folded, count = await fold_stream(store, up_to=up_to, start=base, progress=progress)
     report = Report(from_seq=base.seq if base is not None else 0, events=count)
-    report.aggregates = {kind: len(entries) for kind, entries in folded.items()}
     if base is None or up_to > base.seq:
+        kv_seqs: dict[str, int] = {}
+        for kind, target in (await _stores(js, store)).items():
+            kv_seqs[kind] = (await js.stream_info(f"KV_{target.kv_bucket}")).state.last_seq
+            live = await target.all()
+            report.aggregates[kind] = len(folded[kind])
+            report.differences += await _judged(store, target, up_to, diff(kind, folded[kind], live))
         total = (base.events if base is not None else 0) + count
-        checkpoint = checkpoints.of(folded, seq=up_to, events=total, taken_at=stored_checkpoints.now())
+        checkpoint = checkpoints.of(
+            folded,
+            seq=up_to,
+            events=total,
+            taken_at=stored_checkpoints.now(),
+            verified_kv=kv_seqs if not report.differences else None,
+        )
         await stored_checkpoints.write(js, topology, checkpoint)
     report.seconds = time.perf_counter() - started
     return report
+
+
+async def _judged(
+    store: eventstore.EventStore,
+    target: projector.ProjectionStore[Any],
+    up_to: int,
+    differences: list[Difference],
+) -> list[Difference]:
+    """The differences that stand: an entry written after the fold's end is judged
+    against its full history instead."""
+    out = []
+    for difference in differences:
+        moved_on = difference.actual is not None and difference.actual.get("last_seq", 0) > up_to
+        if moved_on:
+            subject = store.topology.subject_of_key(difference.kind, difference.key)
+            history = await store.load(subject)
+            fresh = target.projection.fold((s.seq, s.event) for s in history)
+            if fresh is not None and codec.to_builtins(fresh) == difference.actual:
+                continue
+        out.append(difference)
+    return out
+
+
+async def _live_since(
+    target: projector.ProjectionStore[Any], kv_seq: int, touched: set[str]
+) -> dict[str, Any]:
+    """The live entries written after ``kv_seq``, and those of ``touched``: the only ones
+    that can differ from a verified checkpoint's fold."""
+    changed, _ = await bus.changed_since(target.store_js, target.kv_bucket, kv_seq)
+    live: dict[str, Any] = {}
+    for key, raw in changed.items():
+        if raw is not None:
+            live[key] = target.decode(raw)
+    for key in touched - changed.keys():
+        state, _ = await target.get_entry(key)
+        if state is not None:
+            live[key] = state
+    return live
 
 
 async def _stores(
@@ -166,6 +219,9 @@ async def verify(
     progress: Progress | None = None,
     full: bool = False,
 ) -> Report:
+    """Compare the fold with the live entries. From a verified checkpoint, only the entries
+    the events since it touch and those written in KV since it are compared (both O(what
+    changed)); otherwise every live entry is read."""
     store = eventstore.EventStore(js, topology)
     started = time.perf_counter()
     base = await _base(js, topology, full)
@@ -173,16 +229,16 @@ async def verify(
     folded, count = await fold_stream(store, up_to=up_to, start=base, progress=progress)
     report = Report(from_seq=base.seq if base is not None else 0, events=count)
     for kind, target in (await _stores(js, store)).items():
-        live = await target.all()
         report.aggregates[kind] = len(folded[kind])
-        for difference in diff(kind, folded[kind], live):
-            moved_on = difference.actual is not None and difference.actual.get("last_seq", 0) > up_to
-            if moved_on:  # written after our fold started: judge it against its full history
-                history = await store.load(topology.subject_of_key(kind, difference.key))
-                fresh = target.projection.fold((s.seq, s.event) for s in history)
-                if fresh is not None and codec.to_builtins(fresh) == difference.actual:
-                    continue
-            report.differences.append(difference)
+        if base is not None and kind in base.verified_kv:
+            before = getattr(base, kind)
+            touched = {k for k, v in folded[kind].items() if before.get(k) is not v}
+            live = await _live_since(target, base.verified_kv[kind], touched)
+            wanted = {k: folded[kind][k] for k in live.keys() | touched if k in folded[kind]}
+        else:
+            live, wanted = await target.all(), folded[kind]
+        report.compared += len(live)
+        report.differences += await _judged(store, target, up_to, diff(kind, wanted, live))
     report.seconds = time.perf_counter() - started
     return report
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 
-from shared.contract import events, ids, subjects
+from shared.contract import codec, events, ids, subjects
 from shared.domain import checkpoints, projections
 from shared.infrastructure import checkpoints as stored_checkpoints
 from shared.infrastructure import eventstore, projector, replay
@@ -132,3 +133,39 @@ async def test_only_the_newest_checkpoints_are_kept(stack):
         await replay.take_checkpoint(js, topology)
     kept = await (await js.object_store(topology.checkpoints_bucket)).list(ignore_deletes=True)
     assert sorted(stored_checkpoints.seq_of(i.name) for i in kept) == [3, 4]
+
+
+async def test_a_verify_after_a_verified_checkpoint_reads_only_what_changed_and_still_catches_it(stack):
+    js, topology, store, target = stack
+    first = {f"v{n}": await created(store, target, f"v{n}") for n in range(30)}
+    taken = await replay.take_checkpoint(js, topology)
+    assert taken.differences == []
+    latest = await stored_checkpoints.latest(js, topology)
+    assert latest is not None and latest.verified_kv  # every entry matched: verified
+    await stopped(store, target, "v0", first["v0"].seq)
+    report = await replay.verify(js, topology)
+    assert report.differences == [] and report.compared == 1 and report.events == 1
+    # an entry nobody touched since is overwritten in KV: it was written, so it is read
+    state = await target.get("v5")
+    assert state is not None
+    key = projections.SESSIONS.key_of("v5")
+    _, revision = await target.get_entry(key)
+    await target.kv.update(key, codec.encode(msgspec.structs.replace(state, status="stopped")), last=revision)
+    # and an event appended but never projected (its KV entry stays behind)
+    subject = topology.aggregate_subject(subjects.SESSION, "v9")
+    await store.append(
+        subject, [events.SessionStopped(meta=meta(), session_id="v9")], expected_last_seq=first["v9"].seq
+    )
+    report = await replay.verify(js, topology)
+    assert sorted(d.key for d in report.differences) == sorted(
+        projections.SESSIONS.key_of(s) for s in ("v5", "v9")
+    )
+    assert report.compared == 3
+    assert sorted(d.key for d in (await replay.verify(js, topology, full=True)).differences) == sorted(
+        d.key for d in report.differences
+    )
+    # a checkpoint taken over differences is not verified: the next verify reads everything
+    assert (await replay.take_checkpoint(js, topology)).differences
+    latest = await stored_checkpoints.latest(js, topology)
+    assert latest is not None and not latest.verified_kv
+    assert (await replay.verify(js, topology)).compared == 30
