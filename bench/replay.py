@@ -120,8 +120,10 @@ async def join_projector(js, topology: subjects.Topology) -> float:
 
 
 def line(label: str, report: replay.Report) -> str:
-    rate = report.events / report.seconds if report.seconds else float("inf")
-    return f"  {label:34} {report.seconds:7.2f} s  {report.events:9,} events folded  {rate:10,.0f} events/s"
+    return (
+        f"  {label:34} {report.seconds:7.2f} s  {report.events:9,} events folded"
+        f"  {report.compared:9,} entries compared"
+    )
 
 
 async def one_size(n_events: int, tail: int, full_max: int) -> None:
@@ -131,24 +133,24 @@ async def one_size(n_events: int, tail: int, full_max: int) -> None:
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         append_s = await append_all(js, topology, n_events)
-        first = await replay.take_checkpoint(js, topology)
+        first = await replay.take_checkpoint(js, topology)  # (KV still empty: not verified)
         await append_all(js, topology, tail, first=n_events)
+        filled = await replay.rebuild(js, topology)
         total = (await js.stream_info(topology.events_stream)).state.messages
         print(f"\n{total:,} events ({n_events // len(CYCLE) + tail // len(CYCLE):,} sessions)")
         print(
             f"  append (publish, pipelined)        {append_s:7.2f} s  {n_events / append_s:10,.0f} events/s"
         )
         print(line("first checkpoint (full fold, once)", first))
-        print(line("checkpoint on top of it", await replay.take_checkpoint(js, topology)))
+        print(line("fill KV (rebuild from it)", filled) + f"  ({len(filled.differences):,} written)")
+        print(line("checkpoint on top (tail + compare)", await replay.take_checkpoint(js, topology)))
         await append_all(js, topology, tail, first=n_events + tail)
-        print(f"  (then {tail:,} more events)")
+        print(f"  (then {tail:,} more events, not projected)")
         rebuilt = await replay.rebuild(js, topology)
-        print(
-            line("rebuild into empty KV (checkpoint)", rebuilt) + f"  ({len(rebuilt.differences):,} written)"
-        )
+        print(line("rebuild from the checkpoint", rebuilt) + f"  ({len(rebuilt.differences):,} written)")
         verified = await replay.verify(js, topology)
         assert not verified.differences, verified.differences[:3]
-        print(line("verify (checkpoint + tail)", verified))
+        print(line("verify from the checkpoint", verified))
         joined = await join_projector(js, topology)
         print(f"  {'new projector instance joins':34} {joined:7.2f} s  to a new session's 5 events applied")
         if n_events <= full_max:

@@ -152,6 +152,7 @@ async def take_checkpoint(
             kv_seqs[kind] = (await js.stream_info(f"KV_{target.kv_bucket}")).state.last_seq
             live = await target.all()
             report.aggregates[kind] = len(folded[kind])
+            report.compared += len(live)
             report.differences += await _judged(store, target, up_to, diff(kind, folded[kind], live))
         total = (base.events if base is not None else 0) + count
         checkpoint = checkpoints.of(
