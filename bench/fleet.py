@@ -9,7 +9,7 @@ drop). Then cleanup as the runtime's own stop and delete of every sandbox, and c
 that nothing is left: mounts under the state dir, cgroups, nftables map entries, host
 veths, state directories, processes. Figures only; nothing is asserted. Needs root.
 
-    .venv/bin/python bench/fleet.py [--count 1000] [--egress proxy|none]
+    .venv/bin/python bench/fleet.py [--count 1000] [--egress proxy|none] [--disk-mib 10240]
 """
 
 from __future__ import annotations
@@ -32,11 +32,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared.runtime import api
-from shared.runtime.local import disk, mounts, network, userns
+from shared.runtime.local import disk, mounts, userns
 from shared.runtime.local import runtime as local
 
 MARKS = (10, 200, 500, 1000, 2000, 5000, 10000)
-WINDOW = 10
+WINDOW = 20
 
 
 class Phases:
@@ -82,14 +82,17 @@ def instrument(rt: local.LocalRuntime, phases: Phases) -> None:
     rt.network.attach = phases.wrap("network", rt.network.attach)  # type: ignore[method-assign]
 
 
-def cpu_ns(rt: local.LocalRuntime, ids: list[str]) -> int:
-    total = 0
+def cpu_seconds(rt: local.LocalRuntime, ids: list[str]) -> float:
+    """User + system CPU of every process of the sandboxes (their cgroups' members)."""
+    ticks = 0
     for i in ids:
-        for d in rt.cgroups.dirs(rt._cgroup(i)):
-            f = d / "cpuacct.usage"
-            if f.exists():
-                total += int(f.read_text())
-    return total
+        for pid in rt.cgroups.pids(rt._cgroup(i)):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def memory(rt: local.LocalRuntime, sandbox_id: str) -> int:
@@ -107,7 +110,9 @@ def mem_available() -> int:
     return 0
 
 
-async def leftovers(rt: local.LocalRuntime, state: Path, tokens: set[str], ifindexes: set[int]) -> dict[str, int]:
+async def leftovers(
+    rt: local.LocalRuntime, state: Path, tokens: set[str], ifindexes: set[int]
+) -> dict[str, int]:
     """What of the fleet is still on the host after cleanup."""
     cgroups = sum(1 for t in tokens for d in rt.cgroups.dirs(f"sbx-{t}") if d.exists())
     routes = await rt.network.routes() if rt.egress == "proxy" else {}
@@ -131,12 +136,14 @@ async def leftovers(rt: local.LocalRuntime, state: Path, tokens: set[str], ifind
     }
 
 
-async def fill(rt: local.LocalRuntime, count: int, phases: Phases) -> tuple[list[float], list[dict[str, float]]]:
+async def fill(
+    rt: local.LocalRuntime, count: int, phases: Phases, limits: api.Limits
+) -> tuple[list[float], list[dict[str, float]]]:
     starts: list[float] = []
     steps: list[dict[str, float]] = []
     for n in range(count):
         sandbox_id = f"fleet-{n:05d}"
-        await rt.create(api.SandboxSpec(sandbox_id=sandbox_id))
+        await rt.create(api.SandboxSpec(sandbox_id=sandbox_id, limits=limits))
         phases.take()
         t = time.perf_counter()
         await rt.start(sandbox_id)
@@ -161,10 +168,12 @@ def report_starts(count: int, starts: list[float], steps: list[dict[str, float]]
         for name in names:
             cols.append(statistics.median(steps[i].get(name, 0.0) for i in window) * 1000)
         other = statistics.median(starts[i] - sum(steps[i].values()) for i in window) * 1000
-        print(f"{m:>6} {p50 * 1000:>7.1f} {p50 / first:>6.2f} " + " ".join(f"{c:>8.1f}" for c in (*cols, other)))
+        print(
+            f"{m:>6} {p50 * 1000:>7.1f} {p50 / first:>6.2f} " + " ".join(f"{c:>8.1f}" for c in (*cols, other))
+        )
 
 
-async def main(count: int, egress: str, idle_seconds: float) -> None:
+async def main(count: int, egress: str, idle_seconds: float, disk_bytes: int) -> None:
     with tempfile.TemporaryDirectory(prefix="sbx-fleet-") as tmp:
         state = Path(os.path.realpath(tmp))
         ca = state / "proxy" / "ca" / "mitmproxy-ca-cert.pem"
@@ -176,13 +185,15 @@ async def main(count: int, egress: str, idle_seconds: float) -> None:
                 check=True, capture_output=True,
             )  # fmt: skip
         rt = local.LocalRuntime(state, egress=egress, proxy_ca=ca)
-        print(f"fleet: {count} sandboxes, egress {rt.egress}, {os.cpu_count()} cores "
+        print(f"fleet: {count} sandboxes, egress {rt.egress}, disk {disk_bytes // 1024**2 or 'shared'} MiB, "
+              f"{os.cpu_count()} cores "
               f"(a shared machine: other work runs alongside)")  # fmt: skip
         phases = Phases()
         instrument(rt, phases)
         before = mem_available()
         t = time.perf_counter()
-        starts, steps = await fill(rt, count, phases)
+        limits = api.Limits(disk_bytes=disk_bytes, disk_inodes=65536 if disk_bytes else 0)
+        starts, steps = await fill(rt, count, phases, limits)
         filled = time.perf_counter() - t
         ids = [f"fleet-{n:05d}" for n in range(count)]
         print(f"\nfilled to {count} in {filled:.1f} s ({count / filled:.0f}/s with creates)")
@@ -191,17 +202,21 @@ async def main(count: int, egress: str, idle_seconds: float) -> None:
         tokens = {rt._dir(s).name for s in ids}
 
         await asyncio.sleep(2)
-        cpu0, wall0 = cpu_ns(rt, ids), time.perf_counter()
+        cpu0, wall0 = cpu_seconds(rt, ids), time.perf_counter()
         await asyncio.sleep(idle_seconds)
-        cpu = (cpu_ns(rt, ids) - cpu0) / 1e9 / (time.perf_counter() - wall0)
+        cpu = (cpu_seconds(rt, ids) - cpu0) / (time.perf_counter() - wall0)
         per = sorted(memory(rt, s) for s in ids)
         drop = max(0, before - mem_available())
         mib = 1024**2
-        print(f"\nidle CPU of all {count} sandboxes: {cpu * 100:.2f}% of one core "
-              f"({cpu / count * 1e6:.1f} us/s each)")  # fmt: skip
-        print(f"memory per idle sandbox: cgroup p50 {statistics.median(per) / mib:.2f} MiB, "
-              f"max {per[-1] / mib:.2f} MiB; host MemAvailable drop {drop / count / mib:.2f} MiB")  # fmt: skip
-        print(f"host mount table: {len(mounts.mount_points())} entries")
+        p50, top = statistics.median(per) / mib, per[-1] / mib
+        each = cpu / count * 1e6
+        print(f"\nidle CPU of all {count} sandboxes: {cpu * 100:.2f}% of one core ({each:.1f} us/s each)")
+        print(f"memory per idle sandbox: cgroup p50 {p50:.2f} MiB, max {top:.2f} MiB")
+        print(f"host MemAvailable drop per sandbox: {drop / count / mib:.2f} MiB")
+        print(
+            f"host mount table: {len(mounts.mount_points())} entries, "
+            f"{len(mounts.mounts_under(state))} of them this fleet's (others: other work on the machine)"
+        )
 
         t = time.perf_counter()
         for chunk in range(0, count, 16):
@@ -224,5 +239,11 @@ if __name__ == "__main__":
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--egress", choices=("proxy", "none"), default="proxy")
     parser.add_argument("--idle-seconds", type=float, default=5.0)
+    parser.add_argument(
+        "--disk-mib",
+        type=int,
+        default=0,
+        help="a filesystem of its own per sandbox (the stack's default: 10240)",
+    )
     args = parser.parse_args()
-    asyncio.run(main(args.count, args.egress, args.idle_seconds))
+    asyncio.run(main(args.count, args.egress, args.idle_seconds, args.disk_mib * 1024**2))
