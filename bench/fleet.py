@@ -138,7 +138,8 @@ async def leftovers(
 
 async def fill(
     rt: local.LocalRuntime, count: int, phases: Phases, limits: api.Limits
-) -> tuple[list[float], list[dict[str, float]]]:
+) -> tuple[list[float], list[dict[str, float]], dict[int, float]]:
+    listing: dict[int, float] = {}
     starts: list[float] = []
     steps: list[dict[str, float]] = []
     for n in range(count):
@@ -149,9 +150,13 @@ async def fill(
         await rt.start(sandbox_id)
         starts.append(time.perf_counter() - t)
         steps.append(phases.take())
+        if n + 1 in MARKS:  # what the reaper's pass asks of the runtime (every SBX_REAPER_INTERVAL)
+            t = time.perf_counter()
+            await rt.list()
+            listing[n + 1] = time.perf_counter() - t
         if (n + 1) % 100 == 0:
             print(f"  {n + 1} live, last start {starts[-1] * 1000:.1f} ms", flush=True)
-    return starts, steps
+    return starts, steps, listing
 
 
 def report_starts(count: int, starts: list[float], steps: list[dict[str, float]]) -> None:
@@ -193,11 +198,15 @@ async def main(count: int, egress: str, idle_seconds: float, disk_bytes: int) ->
         before = mem_available()
         t = time.perf_counter()
         limits = api.Limits(disk_bytes=disk_bytes, disk_inodes=65536 if disk_bytes else 0)
-        starts, steps = await fill(rt, count, phases, limits)
+        starts, steps, listing = await fill(rt, count, phases, limits)
         filled = time.perf_counter() - t
         ids = [f"fleet-{n:05d}" for n in range(count)]
         print(f"\nfilled to {count} in {filled:.1f} s ({count / filled:.0f}/s with creates)")
         report_starts(count, starts, steps)
+        print(
+            "runtime.list() (the reaper's pass): "
+            + ", ".join(f"{n} live {t * 1000:.0f} ms" for n, t in listing.items())
+        )
         ifindexes = {i for i in (rt.egress_link(s) for s in ids) if i is not None}
         tokens = {rt._dir(s).name for s in ids}
 
