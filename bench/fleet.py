@@ -131,7 +131,9 @@ async def leftovers(
         "cgroups": cgroups,
         "nft map entries": sum(1 for i in routes if i in ifindexes),
         "host veths": len(ifindexes & links),
-        "state dirs": sum(1 for d in rt.root.iterdir()) if rt.root.exists() else 0,
+        "state dirs": sum(1 for d in rt.root.iterdir() if d.name != disk.TEMPLATES)
+        if rt.root.exists()
+        else 0,
         "processes": procs,
     }
 
