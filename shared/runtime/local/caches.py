@@ -104,7 +104,7 @@ class Caches:
         fd = self._lock(token)
         try:
             if not self.slot(token).is_dir():
-                raise errors.NotRunning("the sandbox has no cache slot (deleted, or started before caches existed)")
+                raise errors.NotRunning("the sandbox has no cache slot (deleted, or never started)")
             if self.attached(token) == key:
                 return False
             self._claim(token, key, write=False)
