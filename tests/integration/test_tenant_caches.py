@@ -12,7 +12,7 @@ import pytest
 from sbx_api import errors
 from shared.contract import ids
 from shared.runtime import api
-from shared.runtime.local import caches
+from shared.runtime.local import caches, mounts
 from shared.runtime.local import runtime as local
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime and mounts need root")
@@ -176,3 +176,38 @@ async def test_a_sandbox_made_for_an_organisation_shows_its_cache_from_the_start
     assert await runtime.attach_cache("acme-pool-1", ACME) is False
     with pytest.raises(errors.Conflict):
         await runtime.attach_cache("acme-pool-1", GLOBEX)
+
+
+async def test_sandboxes_and_their_caches_add_no_mount_to_the_host(runtime, tmp_path):
+    """Every host mount makes every later start slower (bubblewrap reads the host's mount
+    table once per bind): a sandbox, its slot and an attached cache add none; an
+    organisation's cache is bound onto itself once, whatever the number of sandboxes."""
+    state = Path(os.path.realpath(tmp_path / "state"))
+    first = await started(runtime, "acme-0")
+    assert await runtime.attach_cache(first, ACME) is True
+    assert mounts.mounts_under(state) == [state / "caches" / ACME]
+    for n in range(1, 4):
+        sandbox = await started(runtime, f"acme-{n}", run_as_root=n % 2 == 0)
+        assert await runtime.attach_cache(sandbox, ACME) is True
+        assert await sh(runtime, sandbox, f"echo {n} > {caches.CACHE_DIR}/{n}") == (0, "")
+    await runtime.create(api.SandboxSpec(sandbox_id="acme-pool", cache=ACME))
+    await runtime.start("acme-pool")
+    await started(runtime, "no-org")
+    assert mounts.mounts_under(state) == [state / "caches" / ACME]
+    assert await sh(runtime, "acme-pool", f"cat {caches.CACHE_DIR}/1 {caches.CACHE_DIR}/2") == (0, "1\n2\n")
+    code, out = await sh(runtime, "no-org", f"ls -A {caches.CACHE_DIR}")
+    assert (code, out) == (0, "")
+
+
+async def test_a_cache_attached_to_a_stopped_sandbox_shows_from_its_next_start(runtime):
+    await started(runtime, "acme-later")
+    await runtime.stop("acme-later")
+    assert await runtime.attach_cache("acme-later", ACME) is True
+    assert await runtime.attach_cache("acme-later", ACME) is False
+    with pytest.raises(errors.Conflict):
+        await runtime.attach_cache("acme-later", GLOBEX)
+    keeper = await started(runtime, "acme-keeper")
+    await runtime.attach_cache(keeper, ACME)
+    await sh(runtime, keeper, f"echo shared > {caches.CACHE_DIR}/s")
+    await runtime.start("acme-later")
+    assert await sh(runtime, "acme-later", f"cat {caches.CACHE_DIR}/s") == (0, "shared\n")

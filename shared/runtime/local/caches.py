@@ -1,21 +1,25 @@
 """Per-tenant package caches on the local runtime.
 
 A sandbox is created before anyone knows whose it will be (warm pool), so its cache is
-attached when a session of an organisation first uses it, by mount propagation:
+attached when a session of an organisation first uses it. No mount is made on the host
+per sandbox (every host mount is copied, made a slave and detached again by each later
+sandbox's start: a cost that would grow with the number alive):
 
-* before the sandbox starts, its *slot* ``<state>/cache-slots/<token>`` (an empty
-  directory) is bind-mounted onto itself and made a shared mount; bubblewrap binds it
-  at :data:`CACHE_DIR`, a slave of that mount;
-* attaching binds ``<state>/caches/<org token>`` onto the slot on the host, and the
-  mount propagates into the sandbox, which now sees its organisation's cache.
+* at start, bubblewrap binds at :data:`CACHE_DIR` the sandbox's *slot*
+  ``<state>/cache-slots/<token>`` (a plain directory: a cache of its own), or, for a
+  sandbox that shows an organisation's cache, that cache ``<state>/caches/<org token>``
+  (bound onto itself once per organisation, without setuid or devices);
+* attaching to a running sandbox clones that cache's mount (``open_tree``) and moves
+  the clone onto :data:`CACHE_DIR` inside the sandbox's own mount namespace (``setns``
+  in a forked child, ``move_mount``): the host's mount table is unchanged.
 
 Sandboxes are never reused across sessions, so a slot carries one organisation's
-cache for the sandbox's whole life; attaching another one is refused. A sandbox whose
-session has no organisation keeps its empty slot: a cache of its own, deleted with it.
+cache for the sandbox's whole life (a marker beside the slot says which); attaching
+another one is refused. A sandbox whose session has no organisation keeps its slot: a
+cache of its own, deleted with it.
 
-Slots live outside the sandboxes' directories, and deleting a sandbox detaches its
-slot's mounts *before* anything is removed (and removes the slot with ``rmdir`` only),
-so removing a sandbox can never reach into a cache.
+Slots live outside the sandboxes' directories and caches are never mounted below a
+slot on the host, so removing a sandbox can never reach into a cache.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from pathlib import Path
 
 from sbx_api import errors
 from shared.runtime import api
+from shared.runtime.local import nsmount
 from shared.runtime.local.mounts import mounted_on, mounted_under
 
 CACHE_DIR = api.CACHE_DIR
@@ -37,7 +42,6 @@ MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
-MS_SHARED = 1 << 20
 MNT_DETACH = 2
 MARKER = ".sbx-cache"
 
@@ -75,51 +79,53 @@ class Caches:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
 
-    def prepare(self, token: str, own: Path | None = None) -> Path:
-        """The sandbox's slot, a shared mount without setuid or devices (idempotent):
-        call before it starts. ``own``: where the sandbox's cache of its own lives until
-        an organisation's is attached (a directory on its own disk, so that it counts
-        against the sandbox's limit); else the slot directory itself."""
+    def prepare(self, token: str, own: Path | None = None, key: str | None = None) -> Path:
+        """What bubblewrap binds at :data:`CACHE_DIR` when the sandbox starts (call
+        before each start): cache ``key`` (an organisation's pool sandbox; a stopped one
+        that showed it), else ``own`` (its cache of its own on its own disk, so that it
+        counts against its limit), else its slot directory. Nothing is mounted per sandbox."""
+        _check_key(key)
         fd = self._lock(token)
         try:
             slot = self.slot(token)
             slot.mkdir(exist_ok=True, mode=0o700)
-            if mounted_on(slot) == 0:
-                _mount(own or slot, slot, MS_BIND)
-                _mount(None, slot, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
-            _mount(None, slot, MS_SHARED)
-            return slot
+            if key is None:
+                return own or slot
+            self._claim(token, key)
+            return self._cache_mount(key)
         finally:
             os.close(fd)
 
-    def attach(self, token: str, key: str) -> bool:
-        """Show cache ``key`` in the sandbox's slot; False if it already was. A slot that
-        carries another cache refuses (Conflict); a deleted sandbox's is NotRunning."""
-        if not key or not all(c in "0123456789abcdef" for c in key):
-            raise errors.InvalidInput("a cache key is a hex token")
+    def attach(self, token: str, key: str, pid: int | None = None) -> bool:
+        """Show cache ``key`` in the sandbox (the one whose init is ``pid`` while it runs,
+        else from its next start); False if it already did. A slot that carries another
+        cache refuses (Conflict); a deleted sandbox's is NotRunning."""
+        _check_key(key)
         fd = self._lock(token)
         try:
-            slot = self.slot(token)
-            if not slot.is_dir() or mounted_on(slot) == 0:
-                raise errors.NotRunning(
-                    "the sandbox has no cache slot (deleted, or started before caches existed)"
-                )
-            marker = self.slots / f".{token}.{MARKER}"
-            current = marker.read_text().strip() if marker.exists() else ""
-            if current == key and mounted_on(slot) >= 2:
+            if not self.slot(token).is_dir():
+                raise errors.NotRunning("the sandbox has no cache slot (deleted, or never started)")
+            if self.attached(token) == key:
                 return False
-            if current and current != key:
-                raise errors.Conflict("this sandbox already shows another organisation's cache")
-            _private_dir(self.caches)
-            cache = self._cache_mount(key)
-            _mount(cache, slot, MS_BIND)  # a copy of a nosuid,nodev mount: so is this, and what propagates
-            marker.write_text(key + "\n")
+            self._claim(token, key, write=False)
+            if pid is not None:
+                nsmount.bind_into(pid, self._cache_mount(key), CACHE_DIR)
+            self._claim(token, key)
             return True
         finally:
             os.close(fd)
 
+    def _claim(self, token: str, key: str, *, write: bool = True) -> None:
+        """Record that the slot carries ``key`` (Conflict if it carries another)."""
+        current = self.attached(token)
+        if current and current != key:
+            raise errors.Conflict("this sandbox already shows another organisation's cache")
+        if write and current != key:
+            (self.slots / f".{token}.{MARKER}").write_text(key + "\n")
+
     def _cache_mount(self, key: str) -> Path:
         """The cache's directory, bind-mounted onto itself without setuid or devices."""
+        _private_dir(self.caches)
         cache = self.caches / key
         cache.mkdir(exist_ok=True, mode=0o700)
         if mounted_on(cache) == 0:
@@ -144,9 +150,9 @@ class Caches:
                 raise errors.InfrastructureError(f"unmounting {slot} failed: {os.strerror(code)}")
 
     def detach(self, token: str) -> None:
-        """Undo the slot's mounts while the sandbox is stopped (it holds no mount then);
-        which cache it carries is kept, and :meth:`prepare` plus :meth:`attach` of
-        :meth:`attached` show it again at the next start."""
+        """Undo what an earlier version mounted on the slot on the host (a stopped sandbox
+        holds no mount); which cache it carries is kept, and the next :meth:`prepare`
+        shows it again."""
         fd = self._lock(token)
         try:
             self._unmount_slot(self.slot(token))
@@ -179,3 +185,8 @@ class Caches:
             for _ in range(8):
                 if mounted_on(cache) == 0 or _libc.umount2(os.fsencode(cache), MNT_DETACH) != 0:
                     break
+
+
+def _check_key(key: str | None) -> None:
+    if key is not None and (not key or not all(c in "0123456789abcdef" for c in key)):
+        raise errors.InvalidInput("a cache key is a hex token")

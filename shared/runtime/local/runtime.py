@@ -20,6 +20,7 @@ import asyncio
 import builtins
 import concurrent.futures
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import json
@@ -50,6 +51,7 @@ from shared.runtime.local import (
     images,
     layers,
     network,
+    nsmount,
     seccomp,
     snapstore,
     userns,
@@ -217,7 +219,7 @@ HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 class LocalRuntime(api.Runtime):
     name = "local"
     pinned_proxies = True  # each sandbox's veth is DNATed to its assigned proxy only
-    tenant_caches = True  # a slot per sandbox, an organisation's cache bound into it on claim
+    tenant_caches = True  # a slot per sandbox, an organisation's cache moved into it on claim
 
     def __init__(
         self,
@@ -695,11 +697,11 @@ class LocalRuntime(api.Runtime):
         own_cache = rw / "cache" if rw != d else None
         if own_cache is not None:
             own_cache.mkdir(exist_ok=True, mode=0o700)
-        await asyncio.to_thread(self.caches.prepare, d.name, own_cache)
         # An organisation's pool sandbox shows its cache from the start; a stopped one
-        # shows again the cache it showed.
-        if cache := spec.cache or self.caches.attached(d.name):
-            await asyncio.to_thread(self.caches.attach, d.name, cache)
+        # shows again the cache it showed. bwrap binds it: no host mount per sandbox.
+        key = spec.cache or self.caches.attached(d.name)
+        shown = await asyncio.to_thread(self.caches.prepare, d.name, own_cache, key)
+        plan = dataclasses.replace(plan, cache=shown)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
@@ -772,6 +774,8 @@ class LocalRuntime(api.Runtime):
                 json.dumps({"address": slot.sandbox_ip, "ifindex": slot.ifindex, "pid": pid})
             )
         (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
+        if (late := self.caches.attached(d.name)) and late != key:  # attached while it started
+            await asyncio.to_thread(nsmount.bind_into, pid, self.caches.caches / late, caches.CACHE_DIR)
         (d / "started").touch()
         return api.SandboxInfo(spec=spec, status="running", created_at=info.created_at, backend=self.name)
 
@@ -822,8 +826,11 @@ class LocalRuntime(api.Runtime):
         return record
 
     async def attach_cache(self, sandbox_id: str, key: str) -> bool:
-        await self._require(sandbox_id)
-        return await asyncio.to_thread(self.caches.attach, self._dir(sandbox_id).name, key)
+        info = await self._require(sandbox_id)
+        d = self._dir(sandbox_id)
+        running = self._running(d) if info.status in ("running", "paused") else None
+        pid = running.pid if running is not None else None
+        return await asyncio.to_thread(self.caches.attach, d.name, key, pid)
 
     @staticmethod
     @contextlib.contextmanager
