@@ -35,6 +35,7 @@ from services.gateway import (
     timeline,
 )
 from services.gateway import console as web_console
+from services.gateway.e2b import control as e2b_control
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
 
@@ -55,6 +56,7 @@ def build_app(
     mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
     copies: snapshots.SnapshotsAPI | None = None,
+    e2b: ASGIApp | None = None,
 ) -> ASGIApp:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -130,6 +132,8 @@ def build_app(
         inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
     )
     app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
+    if e2b is not None:
+        app = e2b_control.Mount(app, e2b)  # /e2b: E2B's control plane, its own (X-API-KEY) auth
     allowed = origins.Allowed.build(
         gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins)
     )
@@ -188,7 +192,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
+def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = rpc.SessionClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
@@ -212,7 +216,14 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
         snapshot_states = await projector.ProjectionStore.open(ctx.js, projections.SNAPSHOTS, ctx.store)
         idle = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
         copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, idle)
-        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
+        plane = e2b_control.ControlPlane(
+            client,
+            e2b_control.Stores(session_states, sandboxes, snapshot_states),
+            max_lifetime=max_lifetime,
+            forget=where.forget,
+        )
+        e2b_app = plane.app(auth.KeyCheck(gateway.api_key, gateway.org_keys))
+        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies, e2b_app)
         server = _Server(
             uvicorn.Config(
                 app,
@@ -259,4 +270,5 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
     gateway = settings.GatewaySettings.from_env(env)
-    return gateway.base, make_setup(gateway)
+    lifetime = settings.LifecycleSettings.from_env(env).max_lifetime
+    return gateway.base, make_setup(gateway, max_lifetime=lifetime)

@@ -80,8 +80,8 @@ def decide_reaps(
     without a call (where ``pauses``), stopped after ``idle_timeout`` without one, paused
     or not, and stopped at ``max_lifetime`` (paused time counts: a paused sandbox holds its
     memory). A session with a deadline (``end_at``, E2B's timeout) is deleted at it and
-    never paused, hibernated or stopped for idleness before. Stopped sessions are purged after ``stopped_retention`` and beyond
-    ``max_stopped``, oldest first."""
+    never paused, hibernated or stopped for idleness before. Stopped sessions are purged
+    after ``stopped_retention`` and beyond ``max_stopped``, oldest first."""
     reaps: list[Reap] = []
     kept_stopped: list[states.SessionState] = []
     for session in sessions:

@@ -17,7 +17,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def validate_metadata(value: dict[str, str]) -> dict[str, str]:
-    """Labels: at most 64, keys 1–128 and values up to 1024 characters, no control characters."""
+    """Labels: at most 64, keys 1 to 128 and values up to 1024 characters, no control characters."""
     if len(value) > MAX_ENTRIES:
         raise errors.InvalidInput(f"metadata has {len(value)} entries; at most {MAX_ENTRIES}")
     for key, item in value.items():

@@ -173,11 +173,7 @@ def decide(  # noqa: C901
             return [events.SessionDeleted(meta=meta, session_id=sid, reason="cleared")] if exists else []
         case commands.EnsureSession() | commands.ProvisionSandbox():
             if not exists:
-                kept = (
-                    {"metadata": command.metadata, "env": command.env, "end_at": command.end_at}
-                    if isinstance(command, commands.EnsureSession)
-                    else {}
-                )
+                ensure = command if isinstance(command, commands.EnsureSession) else None
                 return [
                     events.SessionCreated(
                         meta=meta,
@@ -185,7 +181,9 @@ def decide(  # noqa: C901
                         image=command.image,
                         org_id=command.actor.org_id,
                         user_id=command.actor.user_id,
-                        **kept,
+                        metadata=ensure.metadata if ensure else {},
+                        env=ensure.env if ensure else {},
+                        end_at=ensure.end_at if ensure else None,
                     )
                 ]
             assert state is not None
