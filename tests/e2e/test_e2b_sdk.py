@@ -85,7 +85,9 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert again.sandbox_id == sid and again.get_info().state == SandboxState.RUNNING
 
     snapshot = again.create_snapshot()
-    assert snapshot.snapshot_id in [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sid).next_items()]
+    assert snapshot.snapshot_id in [
+        s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sid).next_items()
+    ]
     restored = Sandbox.create(template=snapshot.snapshot_id, metadata={"from": "snapshot"})
     assert restored.get_info().metadata == {"from": "snapshot"}
     forks = again.fork(count=2)
@@ -108,7 +110,9 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
 
     history = [e for e in timeline(state, sid) if e["type"].startswith("session.")]
     kinds = [e["type"] for e in history]
-    assert kinds[0] == "session.created" and "session.deadline_set" in kinds and kinds[-1] == "session.deleted"
+    assert (
+        kinds[0] == "session.created" and "session.deadline_set" in kinds and kinds[-1] == "session.deleted"
+    )
     created = history[0]
     assert created["metadata"] == {"suite": "e2b", "run": "1"} and created["env"] == {"GREETING": "hi"}
     assert created["meta"]["org_id"] == "acme" and created["end_at"]

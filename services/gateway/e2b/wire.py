@@ -26,7 +26,7 @@ class NewSandbox(msgspec.Struct, frozen=True, rename="camel"):
     """``POST /sandboxes`` and ``POST /v2/sandboxes`` (fields not listed are ignored)."""
 
     template_id: str = msgspec.field(name="templateID")
-    timeout: int = 15
+    timeout: int = 300
     metadata: dict[str, str] = {}
     env_vars: dict[str, str] = {}
     auto_pause: bool = False
