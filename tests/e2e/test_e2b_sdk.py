@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -21,6 +23,8 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]
+OLD_SDK = Path(__file__).parents[2] / ".venv-e2b-old" / "bin" / "python"
+"""The environment `scripts/setup --dev` makes with the E2B SDK before 2.51."""
 ORG_KEYS = {"acme": "acme-key-e2b-0123456789", "globex": "globex-key-e2b-012345678"}
 
 
@@ -147,3 +151,24 @@ async def test_the_async_sdk(sdk_env):
     resumed = await AsyncSandbox.connect(sandbox.sandbox_id)
     assert (await resumed.get_info()).state.value == "running"
     assert await resumed.kill() is True
+
+
+def test_the_sdk_before_2_51(sdk_env):
+    """The SDK that creates with POST /sandboxes and connects with /sandboxes/{id}/connect."""
+    assert OLD_SDK.exists(), "run scripts/setup --dev: it makes .venv-e2b-old with e2b 2.50"
+    out = subprocess.run(
+        [str(OLD_SDK), str(Path(__file__).with_name("e2b_old_sdk_checks.py"))],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split() == [
+        "sdk",
+        "2.50.0",
+        "create",
+        "list",
+        "pause",
+        "and",
+        "connect",
+        "kill",
+        "async",
+    ]
