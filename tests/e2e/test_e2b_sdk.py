@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import httpx
@@ -33,7 +34,7 @@ def stack(tmp_path_factory):
     state = tmp_path_factory.mktemp("e2b") / "state"
     keys = state.parent / "org-keys"
     keys.write_text("".join(f"{org} {key}\n" for org, key in ORG_KEYS.items()))
-    with running_stack(state, SBX_ORG_KEYS=str(keys)) as (_, url):
+    with running_stack(state, SBX_ORG_KEYS=str(keys), SBX_REAPER_INTERVAL="0.5") as (_, url):
         yield state, url, (state / "api-key").read_text().strip()
 
 
@@ -98,6 +99,10 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert len(forks) == 2 and len({f.sandbox_id for f in forks}) == 2
     assert forks[0].get_info().metadata == {"suite": "e2b", "run": "1"}  # a fork keeps the labels
 
+    with pytest.raises(Exception, match="not served by this stack yet"):  # envd: not built
+        again.commands.run("echo hi")
+    with pytest.raises(Exception, match="not served by this stack yet"):
+        again.files.list("/")
     with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
         again.get_metrics()
     answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
@@ -172,3 +177,18 @@ def test_the_sdk_before_2_51(sdk_env):
         "kill",
         "async",
     ]
+
+
+def test_a_timeout_deletes_the_sandbox(sdk_env):
+    state, _, _ = sdk_env
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=2)
+    give_up = time.monotonic() + 60
+    while sandbox.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]:
+        assert time.monotonic() < give_up, "the reaper did not delete the sandbox at its deadline"
+        time.sleep(0.2)
+    deleted = [e for e in timeline(state, sandbox.sandbox_id) if e["type"] == "session.deleted"]
+    assert [e["reason"] for e in deleted] == [
+        "deadline"
+    ]  # (decided by the reaper, appended by the scheduler)

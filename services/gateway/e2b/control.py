@@ -484,6 +484,33 @@ class ApiKeyAuth:
         await self.app({**scope, "headers": headers, "sbx.org": org}, receive, send)
 
 
+ENVD_PREFIX = PREFIX + "/envd"
+"""Where ``E2B_SANDBOX_URL`` points: the in-sandbox API (envd), not served yet."""
+ENVD_NOT_BUILT = msgspec.json.encode(
+    {
+        "code": "unimplemented",
+        "message": "the in-sandbox API (envd: commands, files) is not served by this stack yet; "
+        "only the control plane is (docs/e2b.md)",
+    }
+)
+
+
+async def envd_not_built(scope: Scope, receive: Receive, send: Send) -> None:
+    """Every envd call, before any key check (it reveals nothing): Connect's ``unimplemented``
+    (HTTP 501), which the SDK shows with its message."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 501,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(ENVD_NOT_BUILT)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": ENVD_NOT_BUILT})
+
+
 class Mount:
     """The API app with the E2B control plane beside it under ``/e2b``."""
 
@@ -493,6 +520,9 @@ class Mount:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == ENVD_PREFIX or path.startswith(ENVD_PREFIX + "/"):
+            await envd_not_built(scope, receive, send)
+            return
         if path == PREFIX or path.startswith(PREFIX + "/"):
             await self.e2b_app(scope, receive, send)
             return
