@@ -192,3 +192,51 @@ def test_a_timeout_deletes_the_sandbox(sdk_env):
     assert [e["reason"] for e in deleted] == [
         "deadline"
     ]  # (decided by the reaper, appended by the scheduler)
+
+
+def test_every_route_checks_the_key_and_the_organisation(sdk_env):
+    _, url, operator = sdk_env
+    from e2b import Sandbox
+
+    theirs = Sandbox.create(metadata={"who": "globex"}, api_key=ORG_KEYS["globex"])
+    sid = theirs.sandbox_id
+    acme = {"X-API-KEY": ORG_KEYS["acme"]}
+    with httpx.Client(base_url=f"{url}/e2b", timeout=60) as api:
+        for headers in (
+            {},
+            {"Authorization": f"Bearer {ORG_KEYS['acme']}"},  # E2B's header only
+            {"X-API-KEY": "wrong"},
+        ):
+            refused = api.get("/v2/sandboxes", headers=headers)
+            assert refused.status_code == 401 and refused.json()["code"] == 401, refused.text
+        twice = api.get("/v2/sandboxes", headers=[("X-API-KEY", ORG_KEYS["acme"])] * 2)
+        assert twice.status_code == 401
+        calls = [
+            ("GET", f"/sandboxes/{sid}", None),
+            ("POST", f"/v2/sandboxes/{sid}/connect", {}),
+            ("POST", f"/sandboxes/{sid}/connect", {}),
+            ("POST", f"/sandboxes/{sid}/timeout", {"timeout": 60}),
+            ("POST", f"/sandboxes/{sid}/pause", {}),
+            ("POST", f"/sandboxes/{sid}/snapshots", {}),
+            ("POST", f"/sandboxes/{sid}/fork", {"count": 1}),
+            ("GET", f"/sandboxes/{sid}/metrics", None),
+            ("DELETE", f"/sandboxes/{sid}", None),
+        ]
+        for method, path, body in calls:  # another organisation's: as a missing one, nothing done
+            answer = api.request(method, path, headers={**acme, "X-Org-Id": "globex"}, json=body)
+            assert answer.status_code == 404, (method, path, answer.text)
+            assert set(answer.json()) == {"code", "message"} and answer.json()["code"] == 404
+        assert [s["sandboxID"] for s in api.get("/v2/sandboxes", headers=acme).json()] == [
+            s.sandbox_id for s in Sandbox.list().next_items()
+        ]
+        assert sid not in [s["sandboxID"] for s in api.get("/v2/sandboxes", headers=acme).json()]
+        assert sid in [
+            s["sandboxID"] for s in api.get("/v2/sandboxes", headers={"X-API-KEY": operator}).json()
+        ]
+        bad = api.post("/v2/sandboxes", headers=acme, json={"templateID": "base", "timeout": 0})
+        assert bad.status_code == 400 and "timeout" in bad.json()["message"]
+        bad = api.post("/v2/sandboxes", headers=acme, json={"templateID": "base", "envVars": {"A=B": "1"}})
+        assert bad.status_code == 400 and "shell name" in bad.json()["message"]
+        assert api.get("/v2/sandboxes", headers=acme, params={"nextToken": "forged"}).status_code == 400
+    assert theirs.get_info().state.value == "running"  # untouched by all of that
+    assert theirs.kill() is True
