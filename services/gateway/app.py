@@ -36,6 +36,7 @@ from services.gateway import (
 )
 from services.gateway import console as web_console
 from services.gateway.e2b import control as e2b_control
+from services.gateway.e2b import envd as e2b_envd
 from shared.domain import projections
 from shared.infrastructure import metrics, projector, rpc, service, settings
 
@@ -56,7 +57,7 @@ def build_app(
     mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
     copies: snapshots.SnapshotsAPI | None = None,
-    e2b: ASGIApp | None = None,
+    e2b: tuple[ASGIApp, ASGIApp | None] | None = None,
 ) -> ASGIApp:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -133,7 +134,7 @@ def build_app(
     )
     app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
     if e2b is not None:
-        app = e2b_control.Mount(app, e2b)  # /e2b: E2B's control plane, its own (X-API-KEY) auth
+        app = e2b_control.Mount(app, *e2b)  # /e2b: E2B's control plane (X-API-KEY) and envd (its tokens)
     allowed = origins.Allowed.build(
         gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins)
     )
@@ -221,9 +222,13 @@ def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.
             e2b_control.Stores(session_states, sandboxes, snapshot_states),
             max_lifetime=max_lifetime,
             forget=where.forget,
+            secret=e2b_envd.secret_of(gateway.api_key),
         )
-        e2b_app = plane.app(auth.KeyCheck(gateway.api_key, gateway.org_keys))
-        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies, e2b_app)
+        in_sandbox = e2b_envd.Envd(
+            session_states, host, plane.secret, lambda s: s is not None and s.status == "active"
+        )
+        e2b_apps = (plane.app(auth.KeyCheck(gateway.api_key, gateway.org_keys)), in_sandbox)
+        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies, e2b_apps)
         server = _Server(
             uvicorn.Config(
                 app,

@@ -26,6 +26,9 @@ assert sandbox.pause() is True
 again = Sandbox.connect(sandbox.sandbox_id)
 assert again.get_info().state == SandboxState.RUNNING
 print("pause and connect")
+result = again.commands.run("echo old; echo e >&2")
+assert (result.stdout, result.stderr, result.exit_code) == ("old\n", "e\n", 0), result
+print("run")
 assert again.kill() is True and Sandbox.kill(sandbox.sandbox_id) is False
 print("kill")
 

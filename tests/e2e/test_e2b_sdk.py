@@ -99,8 +99,21 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert len(forks) == 2 and len({f.sandbox_id for f in forks}) == 2
     assert forks[0].get_info().metadata == {"suite": "e2b", "run": "1"}  # a fork keeps the labels
 
-    with pytest.raises(Exception, match="not served by this stack yet"):  # envd: not built
-        again.commands.run("echo hi")
+    assert again.is_running() is True  # envd's /health
+    result = again.commands.run("echo out $GREETING; echo err >&2", envs={"EXTRA": "x"})
+    assert (result.stdout, result.stderr, result.exit_code) == ("out hi\n", "err\n", 0)
+    assert again.commands.run("echo $EXTRA-$PWD", cwd="/tmp", envs={"EXTRA": "x"}).stdout == "x-/tmp\n"
+    with pytest.raises(e2b.CommandExitException) as failed:
+        again.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
+    token = again._envd_access_token
+    route = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"}
+    assert httpx.get(f"{url}/e2b/envd/health", headers={**route, "X-Access-Token": token}).status_code == 204
+    for wrong in ({}, {"X-Access-Token": "0" * 64}, {"X-Access-Token": other._envd_access_token}):
+        refused = httpx.get(f"{url}/e2b/envd/health", headers={**route, **wrong})
+        assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated", refused.text
+    other_port = {**route, "E2b-Sandbox-Port": "8080", "X-Access-Token": token}
+    assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
     with pytest.raises(Exception, match="not served by this stack yet"):
         again.files.list("/")
     with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
@@ -174,6 +187,7 @@ def test_the_sdk_before_2_51(sdk_env):
         "pause",
         "and",
         "connect",
+        "run",
         "kill",
         "async",
     ]

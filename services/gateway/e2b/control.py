@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sbx_api import errors
 from services.gateway import auth
-from services.gateway.e2b import rules, wire
+from services.gateway.e2b import envd, rules, wire
 from shared.contract import commands, ids, states
 from shared.infrastructure import projector, rpc
 
@@ -66,7 +66,10 @@ class ControlPlane:
         max_lifetime: float,
         forget: Callable[[str], None] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        secret: bytes = b"",
     ) -> None:
+        self.secret = secret
+        """Signs each sandbox's envd access token (``envd.access_token``)."""
         self.client = client
         self.stores = stores
         self.max_lifetime = max_lifetime
@@ -134,6 +137,7 @@ class ControlPlane:
             sandboxID=session.session_id,
             clientID=wire.CLIENT_ID,
             envdVersion=wire.ENVD_VERSION,
+            envdAccessToken=envd.access_token(self.secret, session),
             domain=self.domain(request),
         )
 
@@ -512,16 +516,21 @@ async def envd_not_built(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 class Mount:
-    """The API app with the E2B control plane beside it under ``/e2b``."""
+    """The API app with the E2B control plane beside it under ``/e2b`` and envd (when built
+    in) under ``/e2b/envd``."""
 
-    def __init__(self, api_app: ASGIApp, e2b_app: ASGIApp) -> None:
+    def __init__(self, api_app: ASGIApp, e2b_app: ASGIApp, envd_app: ASGIApp | None = None) -> None:
         self.api_app = api_app
         self.e2b_app = e2b_app
+        self.envd_app = envd_app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         if path == ENVD_PREFIX or path.startswith(ENVD_PREFIX + "/"):
-            await envd_not_built(scope, receive, send)
+            if self.envd_app is None:
+                await envd_not_built(scope, receive, send)
+            else:
+                await self.envd_app({**scope, "path": path[len(ENVD_PREFIX) :] or "/"}, receive, send)
             return
         if path == PREFIX or path.startswith(PREFIX + "/"):
             await self.e2b_app(scope, receive, send)

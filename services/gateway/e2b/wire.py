@@ -56,6 +56,7 @@ class Sandbox(msgspec.Struct, frozen=True, omit_defaults=True):
     sandboxID: str
     clientID: str
     envdVersion: str
+    envdAccessToken: str | None = None
     domain: str | None = None
 
 
