@@ -1,8 +1,9 @@
-"""The E2B SDK (PyPI ``e2b``, unmodified) against a real `sbx up`: its control plane only
-(the in-sandbox API is not served yet, docs/e2b.md). The SDK is pointed at the stack with
-E2B_API_URL and E2B_API_KEY, and any route to E2B's cloud is dead (E2B_DOMAIN names a
-host that does not resolve, the proxy variables a closed port). Every call is a session
-command: the session's timeline holds what the SDK asked for."""
+"""The E2B SDK (PyPI ``e2b``, unmodified) against a real `sbx up`: its control plane and,
+of the in-sandbox API, foreground commands and the health check (docs/e2b.md). The SDK
+is pointed at the stack with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, and any route
+to E2B's cloud is dead (E2B_DOMAIN names a host that does not resolve, the proxy
+variables a closed port). Every call is a session command: the session's timeline holds
+what the SDK asked for."""
 
 from __future__ import annotations
 
@@ -114,8 +115,10 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
         assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated", refused.text
     other_port = {**route, "E2b-Sandbox-Port": "8080", "X-Access-Token": token}
     assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
-    with pytest.raises(Exception, match="not served by this stack yet"):
+    with pytest.raises(Exception, match="not served by this stack yet"):  # files: not built yet
         again.files.list("/")
+    with pytest.raises(Exception, match="not served by this stack yet"):
+        again.commands.kill(0)
     with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
         again.get_metrics()
     answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
