@@ -36,6 +36,8 @@ from services.gateway import (
     timeline,
 )
 from services.gateway import console as web_console
+from services.gateway.e2b import control as e2b_control
+from services.gateway.e2b import envd as e2b_envd
 from shared.domain import listing, projections
 from shared.infrastructure import listings, metrics, projector, rpc, service, settings
 
@@ -56,6 +58,7 @@ def build_app(
     mcp_app: StarletteWithLifespan,
     host: hostapi.HostAPI | None = None,
     copies: snapshots.SnapshotsAPI | None = None,
+    e2b: tuple[ASGIApp, ASGIApp | None] | None = None,
 ) -> ASGIApp:
     spec = msgspec.json.encode(openapi.document(service.VERSION))
 
@@ -131,6 +134,8 @@ def build_app(
         inner, auth.KeyCheck(gateway.api_key, gateway.org_keys), public=PUBLIC_PATHS
     )
     app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
+    if e2b is not None:
+        app = e2b_control.Mount(app, *e2b)  # /e2b: E2B's control plane (X-API-KEY) and envd (its tokens)
     allowed = origins.Allowed.build(
         gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins)
     )
@@ -189,7 +194,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
+def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = rpc.SessionClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
@@ -222,7 +227,18 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
             listing.snapshot_index,
         )
         copies = snapshots.SnapshotsAPI(rest_api, snapshot_states, idle, listed_snapshots)
-        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies)
+        plane = e2b_control.ControlPlane(
+            client,
+            e2b_control.Stores(session_states, sandboxes, snapshot_states),
+            max_lifetime=max_lifetime,
+            forget=where.forget,
+            secret=e2b_envd.secret_of(gateway.api_key),
+        )
+        in_sandbox = e2b_envd.Envd(
+            session_states, host, plane.secret, lambda s: s is not None and s.status == "active"
+        )
+        e2b_apps = (plane.app(auth.KeyCheck(gateway.api_key, gateway.org_keys)), in_sandbox)
+        app = build_app(gateway, ctx, rest_api, mcp_app, host, copies, e2b_apps)
         server = _Server(
             uvicorn.Config(
                 app,
@@ -271,4 +287,5 @@ def make_setup(gateway: settings.GatewaySettings) -> service.Setup:
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
     gateway = settings.GatewaySettings.from_env(env)
-    return gateway.base, make_setup(gateway)
+    lifetime = settings.LifecycleSettings.from_env(env).max_lifetime
+    return gateway.base, make_setup(gateway, max_lifetime=lifetime)

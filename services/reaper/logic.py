@@ -22,7 +22,7 @@ DEAD = ("deleted", "failed", "refused", "lost")
 class Reap:
     session_id: str
     action: Literal["pause", "hibernate", "stop", "delete"]
-    reason: Literal["lifetime", "idle", "retention", "max_stopped"]
+    reason: Literal["lifetime", "idle", "retention", "max_stopped", "deadline"]
     last_seq: int | None = field(default=None, compare=False)
     """The session's ``last_seq`` the decision was made on (sent as a precondition)."""
     quiet_since: datetime | None = field(default=None, compare=False)
@@ -79,8 +79,9 @@ def decide_reaps(
     """What the lifetimes say now. A session's sandbox is paused after ``pause_timeout``
     without a call (where ``pauses``), stopped after ``idle_timeout`` without one, paused
     or not, and stopped at ``max_lifetime`` (paused time counts: a paused sandbox holds its
-    memory). Stopped sessions are purged after ``stopped_retention`` and beyond
-    ``max_stopped``, oldest first."""
+    memory). A session with a deadline (``end_at``, E2B's timeout) is deleted at it and
+    never paused, hibernated or stopped for idleness before. Stopped sessions are purged
+    after ``stopped_retention`` and beyond ``max_stopped``, oldest first."""
     reaps: list[Reap] = []
     kept_stopped: list[states.SessionState] = []
     for session in sessions:
@@ -112,8 +113,12 @@ def _lifetime_rule(
     pausable: bool,
 ) -> Reap | None:
     start = session_start(session, sandbox)
+    if session.end_at is not None and now >= session.end_at:
+        return Reap(session.session_id, "delete", "deadline", session.last_seq)
     if sandbox.status != "stopped" and now - start >= timedelta(seconds=rules.max_lifetime):
         return Reap(session.session_id, "stop", "lifetime", session.last_seq)
+    if session.end_at is not None:  # a deadline replaces the idle rules (E2B's timeout)
+        return None
     quiet_since = max(t for t in (start, session.updated_at, last_call) if t is not None)
     quiet = now - quiet_since
     if quiet >= timedelta(seconds=rules.idle_timeout):

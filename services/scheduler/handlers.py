@@ -348,7 +348,7 @@ class SessionCommands:
 
     async def execute(self, command: commands.SessionCommand) -> tuple[states.SessionState | None, int]:
         match command:
-            case commands.CreateSession():
+            case commands.CreateSession() | commands.SetDeadline():
                 outcome = await self._decide(command)
                 return outcome.state, len(outcome.appended)
             case commands.StopSession():

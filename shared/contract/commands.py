@@ -56,6 +56,12 @@ class EnsureSession(Command, frozen=True, kw_only=True, tag="session.ensure"):
 
     session_id: str
     image: str | None = None
+    metadata: dict[str, str] = {}
+    """Kept on a session this creates (ignored for an existing one): the caller's labels."""
+    env: dict[str, str] = {}
+    """Kept on a session this creates: environment variables for the commands run in it."""
+    end_at: datetime | None = None
+    """Kept on a session this creates: when the reaper deletes it (``None``: lifetimes only)."""
 
 
 class ProvisionSandbox(Command, frozen=True, kw_only=True, tag="session.provision"):
@@ -129,6 +135,17 @@ class ForkSession(Command, frozen=True, kw_only=True, tag="session.fork"):
 
     session_id: str
     snapshot_id: str
+    metadata: dict[str, str] = {}
+    env: dict[str, str] = {}
+    end_at: datetime | None = None
+    """As for ``EnsureSession``: kept on the session the fork creates."""
+
+
+class SetDeadline(Command, frozen=True, kw_only=True, tag="session.deadline"):
+    """Move the time at which the reaper deletes the session (``None``: no deadline)."""
+
+    session_id: str
+    end_at: datetime | None
 
 
 class RestoreSession(Command, frozen=True, kw_only=True, tag="session.restore"):
@@ -177,6 +194,7 @@ SessionCommand = (
     | RestoreSession
     | DeleteSnapshot
     | WarmSnapshot
+    | SetDeadline
 )
 COMMAND_TYPES: tuple[type[Command], ...] = (
     CreateSession,
@@ -193,6 +211,7 @@ COMMAND_TYPES: tuple[type[Command], ...] = (
     RestoreSession,
     DeleteSnapshot,
     WarmSnapshot,
+    SetDeadline,
 )
 
 

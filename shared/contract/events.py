@@ -72,6 +72,18 @@ class SessionCreated(SessionEvent, frozen=True, kw_only=True, tag="session.creat
     user_id: str | None = None
     forked_from: str | None = None
     """The snapshot it was forked from (its sandbox starts with that snapshot's files)."""
+    metadata: dict[str, str] = {}
+    """The creator's labels (E2B ``metadata``): listed and filtered on, never interpreted."""
+    env: dict[str, str] = {}
+    """Environment variables for commands run in the session (E2B ``envVars``)."""
+    end_at: datetime | None = None
+    """When the reaper deletes the session (E2B ``timeout``); ``None``: lifetimes only."""
+
+
+class SessionDeadlineSet(SessionEvent, frozen=True, kw_only=True, tag="session.deadline_set"):
+    """The time at which the reaper deletes the session moved (``None``: no deadline)."""
+
+    end_at: datetime | None = None
 
 
 class SessionStopped(SessionEvent, frozen=True, kw_only=True, tag="session.stopped"):
@@ -479,6 +491,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SessionResumed,
     SessionSandboxAssigned,
     SessionSandboxReleased,
+    SessionDeadlineSet,
     SandboxRequested,
     SandboxStarted,
     SandboxStopped,
@@ -513,6 +526,7 @@ AnyEvent = (
     | SessionResumed
     | SessionSandboxAssigned
     | SessionSandboxReleased
+    | SessionDeadlineSet
     | SandboxRequested
     | SandboxStarted
     | SandboxStopped

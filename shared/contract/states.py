@@ -35,6 +35,12 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
     """The sandbox currently assigned to this session (None until first use)."""
     forked_from: str | None = None
     """The snapshot this incarnation was forked from."""
+    metadata: dict[str, str] = {}
+    """The creator's labels (E2B ``metadata``)."""
+    env: dict[str, str] = {}
+    """Environment variables for commands run in the session (E2B ``envVars``)."""
+    end_at: datetime | None = None
+    """When the reaper deletes the session; ``None``: the lifetimes alone decide."""
 
 
 SandboxStatus = Literal["requested", "running", "paused", "stopped", "deleted", "failed", "refused", "lost"]

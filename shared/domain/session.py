@@ -17,7 +17,7 @@ from typing import Required, TypedDict
 import msgspec
 
 from sbx_api import errors
-from shared.contract import commands, events, ids, states
+from shared.contract import commands, events, ids, labels, states
 
 
 # One case per event, so a session's lifecycle reads as one table.
@@ -51,6 +51,9 @@ def evolve(  # noqa: C901
                 org_id=event.org_id,
                 user_id=event.user_id,
                 forked_from=event.forked_from,
+                metadata=event.metadata,
+                env=event.env,
+                end_at=event.end_at,
                 created_at=event.meta.time,
                 updated_at=event.meta.time,
                 incarnation=state.incarnation + 1 if state else 1,
@@ -78,6 +81,10 @@ def evolve(  # noqa: C901
             if state is None or state.sandbox_id != event.sandbox_id:
                 raise refuse("only the assigned sandbox can be released")
             return step(state, sandbox_id=None)
+        case events.SessionDeadlineSet():
+            if state is None or state.status == "deleted":
+                raise refuse("the session does not exist")
+            return step(state, end_at=event.end_at)
         case _:
             raise refuse("not a session event")
 
@@ -97,6 +104,9 @@ def validate(command: commands.SessionCommand) -> None:
         ids.validate_image(command.image)
     if isinstance(command, commands.SnapshotCommand):
         ids.validate_session_id(command.snapshot_id, what="snapshot id")
+    if isinstance(command, commands.EnsureSession | commands.ForkSession):
+        labels.validate_metadata(command.metadata)
+        labels.validate_env(command.env)
 
 
 # Long on purpose: one case per command, each with its guard, as one table.
@@ -124,6 +134,7 @@ def decide(  # noqa: C901
                 | commands.HibernateSession()
                 | commands.SnapshotSession()
                 | commands.RestoreSession()
+                | commands.SetDeadline()
             ):
                 raise errors.NotFound(f"session {sid!r} does not exist")
             case commands.CreateSession():
@@ -162,6 +173,7 @@ def decide(  # noqa: C901
             return [events.SessionDeleted(meta=meta, session_id=sid, reason="cleared")] if exists else []
         case commands.EnsureSession() | commands.ProvisionSandbox():
             if not exists:
+                ensure = command if isinstance(command, commands.EnsureSession) else None
                 return [
                     events.SessionCreated(
                         meta=meta,
@@ -169,6 +181,9 @@ def decide(  # noqa: C901
                         image=command.image,
                         org_id=command.actor.org_id,
                         user_id=command.actor.user_id,
+                        metadata=ensure.metadata if ensure else {},
+                        env=ensure.env if ensure else {},
+                        end_at=ensure.end_at if ensure else None,
                     )
                 ]
             assert state is not None
@@ -189,6 +204,13 @@ def decide(  # noqa: C901
                 assert state is not None
                 raise errors.Conflict(f"session {sid!r} already exists (status: {state.status})")
             return []  # created with its sandbox: see ``decide_fork``
+        case commands.SetDeadline():
+            if not exists:
+                raise errors.NotFound(f"session {sid!r} does not exist")
+            assert state is not None
+            if state.end_at == command.end_at:
+                return []
+            return [events.SessionDeadlineSet(meta=meta, session_id=sid, end_at=command.end_at)]
     return []
 
 
@@ -213,6 +235,9 @@ def decide_fork(
             org_id=snapshot.org_id,
             user_id=command.actor.user_id,
             forked_from=snapshot.snapshot_id,
+            metadata=command.metadata,
+            env=command.env,
+            end_at=command.end_at,
         ),
         events.SessionSandboxAssigned(meta=meta, session_id=sid, sandbox_id=sandbox_id, image=snapshot.image),
     ]

@@ -105,6 +105,9 @@ EVENT_FACTORIES: dict[type, Any] = {
     events.SessionSandboxReleased: lambda: events.SessionSandboxReleased(
         meta=_meta(), session_id=SID, sandbox_id=SBX, reason="sandbox lost"
     ),
+    events.SessionDeadlineSet: lambda: events.SessionDeadlineSet(
+        meta=_meta(), session_id=SID, end_at=datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    ),
     events.SandboxRequested: lambda: events.SandboxRequested(
         meta=_pool_meta(),
         sandbox_id=SBX,
@@ -344,6 +347,9 @@ COMMAND_FACTORIES: dict[type, Any] = {
     commands.WarmSnapshot: lambda: commands.WarmSnapshot(
         command_id="cmd-14", session_id=SID, snapshot_id="snap-1", count=20
     ),
+    commands.SetDeadline: lambda: commands.SetDeadline(
+        command_id="cmd-15", session_id=SID, end_at=datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    ),
 }
 
 REQUEST_BASE: dict[str, Any] = dict(
@@ -429,6 +435,7 @@ def test_event_tags_are_stable() -> None:
         events.SessionResumed: "session.resumed",
         events.SessionSandboxAssigned: "session.sandbox_assigned",
         events.SessionSandboxReleased: "session.sandbox_released",
+        events.SessionDeadlineSet: "session.deadline_set",
         events.SandboxRequested: "sandbox.requested",
         events.SandboxStarted: "sandbox.started",
         events.SandboxStopped: "sandbox.stopped",
@@ -462,6 +469,7 @@ def test_event_tags_are_stable() -> None:
         "session.resumed",
         "session.sandbox_assigned",
         "session.sandbox_released",
+        "session.deadline_set",
         "sandbox.requested",
         "sandbox.started",
         "sandbox.stopped",
@@ -507,6 +515,7 @@ def test_command_tags_are_stable() -> None:
         commands.RestoreSession: "session.restore",
         commands.DeleteSnapshot: "snapshot.delete",
         commands.WarmSnapshot: "snapshot.warm",
+        commands.SetDeadline: "session.deadline",
     }
 
 

@@ -646,3 +646,28 @@ def test_orphan_snapshots_are_old_ones_no_ready_record_names() -> None:
     now = T0 + logic.ORPHAN_SNAPSHOT_AGE
     assert logic.orphan_snapshots(recorded, held, now) == ["dropped", "stray"]
     assert logic.orphan_snapshots(recorded, held, T0 + timedelta(minutes=5)) == []
+
+
+def test_a_deadline_deletes_the_session_and_replaces_the_idle_rules() -> None:
+    # E2B's timeout: the session lives until its deadline however idle, then is deleted.
+    start = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)
+    rules = settings.LifecycleSettings(idle_timeout=600, max_lifetime=3600, pause_timeout=300)
+    session = states.SessionState(
+        session_id="e2b-1", status="active", created_at=start, updated_at=start, last_seq=3,
+        sandbox_id="sb-1", end_at=start + timedelta(minutes=30),
+    )  # fmt: skip
+    sandbox = states.SandboxState(
+        sandbox_id="sb-1", status="running", session_id="e2b-1", created_at=start, updated_at=start,
+        started_at=start, last_seq=1,
+    )  # fmt: skip
+    idle_long = start + timedelta(minutes=29)
+    assert logic.decide_reaps([session], {"sb-1": sandbox}, {}, idle_long, rules, pausable=True) == []
+    due = start + timedelta(minutes=30)
+    assert logic.decide_reaps([session], {"sb-1": sandbox}, {}, due, rules, pausable=True) == [
+        logic.Reap("e2b-1", "delete", "deadline")
+    ]
+    later = msgspec.structs.replace(session, end_at=start + timedelta(hours=2))
+    past_lifetime = start + timedelta(hours=1)
+    assert logic.decide_reaps([later], {"sb-1": sandbox}, {}, past_lifetime, rules) == [
+        logic.Reap("e2b-1", "stop", "lifetime")
+    ]

@@ -81,6 +81,19 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
         events.SessionSandboxAssigned,
         {"session_id": "task-42", "sandbox_id": SB, "image": "python:3.12", "meta.service": "scheduler"},
     ),
+    "session.deadline_set.json": (
+        events.SessionDeadlineSet,
+        {"session_id": "e2b-task", "end_at": datetime(2026, 12, 5, 3, 0, tzinfo=UTC)},
+    ),
+    "session.created.e2b.json": (
+        events.SessionCreated,
+        {
+            "session_id": "e2b-task",
+            "metadata": {"purpose": "eval"},
+            "env": {"LANG": "C.UTF-8"},
+            "end_at": datetime(2026, 12, 5, 2, 55, tzinfo=UTC),
+        },
+    ),
     "session.sandbox_released.json": (
         events.SessionSandboxReleased,
         {
@@ -320,6 +333,10 @@ EXPECTED: dict[str, tuple[type, dict[str, Any]]] = {
             "actor.via": "cli",
             "actor.user_id": "bob",
         },
+    ),
+    "session.deadline.json": (
+        commands.SetDeadline,
+        {"session_id": "e2b-task", "actor.via": "e2b", "end_at": datetime(2026, 12, 5, 3, 0, tzinfo=UTC)},
     ),
     "session.ensure.json": (
         commands.EnsureSession,

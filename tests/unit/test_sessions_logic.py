@@ -277,6 +277,12 @@ def warm(cid: str = "cmd-w", sid: str = SID) -> commands.WarmSnapshot:
     return commands.WarmSnapshot(command_id=cid, session_id=sid, snapshot_id="snap-1", count=2)
 
 
+def deadline(cid: str = "cmd-d", sid: str = SID) -> commands.SetDeadline:
+    return commands.SetDeadline(
+        command_id=cid, session_id=sid, end_at=datetime(2026, 12, 5, 3, 0, tzinfo=UTC)
+    )
+
+
 KINDS: dict[str, Any] = {
     "create": create,
     "stop": stop,
@@ -292,6 +298,7 @@ KINDS: dict[str, Any] = {
     "restore": restore,
     "unsnap": unsnap,
     "warm": warm,
+    "deadline": deadline,
 }
 #: Status a command leaves the session in whenever it appends an event.
 STATUS_AFTER = {
@@ -309,6 +316,7 @@ STATUS_AFTER = {
     commands.RestoreSession: "never",
     commands.DeleteSnapshot: "never",
     commands.WarmSnapshot: "never",  # a snapshot's event: the session is untouched
+    commands.SetDeadline: "same",  # only its deadline moves
 }
 SANDBOXES = ["sb-1", "sb-2"]
 step = st.one_of(
@@ -376,7 +384,8 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                     | commands.ResumeSession
                     | commands.HibernateSession
                     | commands.SnapshotSession
-                    | commands.RestoreSession,
+                    | commands.RestoreSession
+                    | commands.SetDeadline,
                 )
                 produced = []
             if is_dup:  # a retry never transitions again, even after an assign/release
@@ -392,7 +401,8 @@ def test_decide_then_evolve_property(steps: list[tuple[str, str]]) -> None:
                 else:
                     assert before is not None and current.incarnation == before.incarnation
                 assert current.last_command_id == command.command_id
-                assert current.status == STATUS_AFTER[type(command)]
+                after = STATUS_AFTER[type(command)]
+                assert current.status == (before.status if after == "same" and before else after)
             previous = command
         if current is not None:
             assert current.version == folded

@@ -1,0 +1,259 @@
+"""The E2B SDK (PyPI ``e2b``, unmodified) against a real `sbx up`: its control plane and,
+of the in-sandbox API, foreground commands and the health check (docs/e2b.md). The SDK
+is pointed at the stack with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY, and any route
+to E2B's cloud is dead (E2B_DOMAIN names a host that does not resolve, the proxy
+variables a closed port). Every call is a session command: the session's timeline holds
+what the SDK asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.test_sbx_up import running_stack, sbx
+
+e2b = pytest.importorskip("e2b")
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+]
+OLD_SDK = Path(__file__).parents[2] / ".venv-e2b-old" / "bin" / "python"
+"""The environment `scripts/setup --dev` makes with the E2B SDK before 2.51."""
+ORG_KEYS = {"acme": "acme-key-e2b-0123456789", "globex": "globex-key-e2b-012345678"}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("e2b") / "state"
+    keys = state.parent / "org-keys"
+    keys.write_text("".join(f"{org} {key}\n" for org, key in ORG_KEYS.items()))
+    with running_stack(state, SBX_ORG_KEYS=str(keys), SBX_REAPER_INTERVAL="0.5") as (_, url):
+        yield state, url, (state / "api-key").read_text().strip()
+
+
+@pytest.fixture
+def sdk_env(stack, monkeypatch):
+    state, url, key = stack
+    monkeypatch.setenv("E2B_API_URL", f"{url}/e2b")
+    monkeypatch.setenv("E2B_SANDBOX_URL", f"{url}/e2b/envd")
+    monkeypatch.setenv("E2B_API_KEY", ORG_KEYS["acme"])
+    monkeypatch.setenv("E2B_DOMAIN", "e2b-cloud.invalid")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    return state, url, key
+
+
+def timeline(state, session_id: str) -> list[dict]:
+    out = sbx("events", "--json", "--session", session_id, state=state)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line)["event"] for line in out.stdout.splitlines()]
+
+
+def test_lifecycle_through_the_sync_sdk(sdk_env):
+    state, url, _ = sdk_env
+    from e2b import Sandbox, SandboxQuery, SandboxState
+
+    sandbox = Sandbox.create(timeout=120, metadata={"suite": "e2b", "run": "1"}, envs={"GREETING": "hi"})
+    sid = sandbox.sandbox_id
+    info = sandbox.get_info()
+    assert info.sandbox_id == sid and info.state == SandboxState.RUNNING
+    assert info.metadata == {"suite": "e2b", "run": "1"}
+    assert info.sandbox_domain == "127.0.0.1"  # ours, never E2B's
+    assert sandbox.is_running is not None
+
+    def listed(**query) -> list[str]:
+        paginator = Sandbox.list(query=SandboxQuery(**query), limit=1)
+        found: list[str] = []
+        while paginator.has_next:
+            found += [s.sandbox_id for s in paginator.next_items()]
+        return found
+
+    other = Sandbox.create(metadata={"suite": "e2b", "run": "2"})
+    assert set(listed(metadata={"suite": "e2b"})) == {sid, other.sandbox_id}  # a page each
+    assert listed(metadata={"run": "2"}) == [other.sandbox_id]
+    assert listed(metadata={"run": "3"}) == []
+
+    sandbox.set_timeout(600)
+    assert sandbox.pause() is True
+    assert Sandbox.pause(sid) is False  # already paused: E2B's 409
+    assert listed(state=[SandboxState.PAUSED], metadata={"suite": "e2b"}) == [sid]
+    again = Sandbox.connect(sid, timeout=900)
+    assert again.sandbox_id == sid and again.get_info().state == SandboxState.RUNNING
+
+    snapshot = again.create_snapshot()
+    assert snapshot.snapshot_id in [
+        s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sid).next_items()
+    ]
+    restored = Sandbox.create(template=snapshot.snapshot_id, metadata={"from": "snapshot"})
+    assert restored.get_info().metadata == {"from": "snapshot"}
+    forks = again.fork(count=2)
+    assert len(forks) == 2 and len({f.sandbox_id for f in forks}) == 2
+    assert forks[0].get_info().metadata == {"suite": "e2b", "run": "1"}  # a fork keeps the labels
+
+    assert again.is_running() is True  # envd's /health
+    result = again.commands.run("echo out $GREETING; echo err >&2", envs={"EXTRA": "x"})
+    assert (result.stdout, result.stderr, result.exit_code) == ("out hi\n", "err\n", 0)
+    assert again.commands.run("echo $EXTRA-$PWD", cwd="/tmp", envs={"EXTRA": "x"}).stdout == "x-/tmp\n"
+    with pytest.raises(e2b.CommandExitException) as failed:
+        again.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
+    token = again._envd_access_token
+    route = {"E2b-Sandbox-Id": sid, "E2b-Sandbox-Port": "49983"}
+    assert httpx.get(f"{url}/e2b/envd/health", headers={**route, "X-Access-Token": token}).status_code == 204
+    for wrong in ({}, {"X-Access-Token": "0" * 64}, {"X-Access-Token": other._envd_access_token}):
+        refused = httpx.get(f"{url}/e2b/envd/health", headers={**route, **wrong})
+        assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated", refused.text
+    other_port = {**route, "E2b-Sandbox-Port": "8080", "X-Access-Token": token}
+    assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
+    with pytest.raises(Exception, match="not served by this stack yet"):  # files: not built yet
+        again.files.list("/")
+    with pytest.raises(Exception, match="not served by this stack yet"):
+        again.commands.kill(0)
+    with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
+        again.get_metrics()
+    answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
+    assert answer.status_code == 501 and "not implemented" in answer.json()["message"]
+    assert answer.json()["code"] == 501
+
+    for made in (sandbox, other, restored, *forks):
+        assert made.kill() is True
+    assert Sandbox.kill(sid) is False  # gone: E2B's 404
+    with pytest.raises(e2b.NotFoundException):
+        Sandbox.connect(sid)
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id) is True
+    assert Sandbox.delete_snapshot(snapshot.snapshot_id) is False
+
+    history = [e for e in timeline(state, sid) if e["type"].startswith("session.")]
+    kinds = [e["type"] for e in history]
+    assert (
+        kinds[0] == "session.created" and "session.deadline_set" in kinds and kinds[-1] == "session.deleted"
+    )
+    created = history[0]
+    assert created["metadata"] == {"suite": "e2b", "run": "1"} and created["env"] == {"GREETING": "hi"}
+    assert created["meta"]["org_id"] == "acme" and created["end_at"]
+
+
+def test_keys_and_organisations(sdk_env):
+    from e2b import Sandbox
+
+    mine = Sandbox.create(metadata={"who": "acme"})
+    with pytest.raises(e2b.AuthenticationException):
+        Sandbox.create(api_key="not-a-key-of-this-stack")
+    theirs = Sandbox.create(metadata={"who": "globex"}, api_key=ORG_KEYS["globex"])
+    seen = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert mine.sandbox_id in seen and theirs.sandbox_id not in seen
+    with pytest.raises(e2b.SandboxException):  # another organisation's: as a missing one
+        Sandbox.get_info(theirs.sandbox_id)
+    assert Sandbox.kill(theirs.sandbox_id) is False
+    assert Sandbox.kill(theirs.sandbox_id, api_key=ORG_KEYS["globex"]) is True
+    assert mine.kill() is True
+
+
+async def test_the_async_sdk(sdk_env):
+    from e2b import AsyncSandbox
+
+    sandbox = await AsyncSandbox.create(metadata={"client": "async"}, idempotency_key="async-1")
+    same = await AsyncSandbox.create(metadata={"client": "async"}, idempotency_key="async-1")
+    assert same.sandbox_id == sandbox.sandbox_id  # the same key: the same sandbox
+    info = await sandbox.get_info()
+    assert info.metadata == {"client": "async"}
+    await sandbox.set_timeout(300)
+    assert await sandbox.pause() is True
+    resumed = await AsyncSandbox.connect(sandbox.sandbox_id)
+    assert (await resumed.get_info()).state.value == "running"
+    assert await resumed.kill() is True
+
+
+def test_the_sdk_before_2_51(sdk_env):
+    """The SDK that creates with POST /sandboxes and connects with /sandboxes/{id}/connect."""
+    assert OLD_SDK.exists(), "run scripts/setup --dev: it makes .venv-e2b-old with e2b 2.50"
+    out = subprocess.run(
+        [str(OLD_SDK), str(Path(__file__).with_name("e2b_old_sdk_checks.py"))],
+        capture_output=True, text=True, timeout=240, env=dict(os.environ),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.split() == [
+        "sdk",
+        "2.50.0",
+        "create",
+        "list",
+        "pause",
+        "and",
+        "connect",
+        "run",
+        "kill",
+        "async",
+    ]
+
+
+def test_a_timeout_deletes_the_sandbox(sdk_env):
+    state, _, _ = sdk_env
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=2)
+    give_up = time.monotonic() + 60
+    while sandbox.sandbox_id in [s.sandbox_id for s in Sandbox.list().next_items()]:
+        assert time.monotonic() < give_up, "the reaper did not delete the sandbox at its deadline"
+        time.sleep(0.2)
+    deleted = [e for e in timeline(state, sandbox.sandbox_id) if e["type"] == "session.deleted"]
+    assert [e["reason"] for e in deleted] == [
+        "deadline"
+    ]  # (decided by the reaper, appended by the scheduler)
+
+
+def test_every_route_checks_the_key_and_the_organisation(sdk_env):
+    _, url, operator = sdk_env
+    from e2b import Sandbox
+
+    theirs = Sandbox.create(metadata={"who": "globex"}, api_key=ORG_KEYS["globex"])
+    sid = theirs.sandbox_id
+    acme = {"X-API-KEY": ORG_KEYS["acme"]}
+    with httpx.Client(base_url=f"{url}/e2b", timeout=60) as api:
+        for headers in (
+            {},
+            {"Authorization": f"Bearer {ORG_KEYS['acme']}"},  # E2B's header only
+            {"X-API-KEY": "wrong"},
+        ):
+            refused = api.get("/v2/sandboxes", headers=headers)
+            assert refused.status_code == 401 and refused.json()["code"] == 401, refused.text
+        twice = api.get("/v2/sandboxes", headers=[("X-API-KEY", ORG_KEYS["acme"])] * 2)
+        assert twice.status_code == 401
+        calls = [
+            ("GET", f"/sandboxes/{sid}", None),
+            ("POST", f"/v2/sandboxes/{sid}/connect", {}),
+            ("POST", f"/sandboxes/{sid}/connect", {}),
+            ("POST", f"/sandboxes/{sid}/timeout", {"timeout": 60}),
+            ("POST", f"/sandboxes/{sid}/pause", {}),
+            ("POST", f"/sandboxes/{sid}/snapshots", {}),
+            ("POST", f"/sandboxes/{sid}/fork", {"count": 1}),
+            ("GET", f"/sandboxes/{sid}/metrics", None),
+            ("DELETE", f"/sandboxes/{sid}", None),
+        ]
+        for method, path, body in calls:  # another organisation's: as a missing one, nothing done
+            answer = api.request(method, path, headers={**acme, "X-Org-Id": "globex"}, json=body)
+            assert answer.status_code == 404, (method, path, answer.text)
+            assert set(answer.json()) == {"code", "message"} and answer.json()["code"] == 404
+        assert [s["sandboxID"] for s in api.get("/v2/sandboxes", headers=acme).json()] == [
+            s.sandbox_id for s in Sandbox.list().next_items()
+        ]
+        assert sid not in [s["sandboxID"] for s in api.get("/v2/sandboxes", headers=acme).json()]
+        assert sid in [
+            s["sandboxID"] for s in api.get("/v2/sandboxes", headers={"X-API-KEY": operator}).json()
+        ]
+        bad = api.post("/v2/sandboxes", headers=acme, json={"templateID": "base", "timeout": 0})
+        assert bad.status_code == 400 and "timeout" in bad.json()["message"]
+        bad = api.post("/v2/sandboxes", headers=acme, json={"templateID": "base", "envVars": {"A=B": "1"}})
+        assert bad.status_code == 400 and "shell name" in bad.json()["message"]
+        assert api.get("/v2/sandboxes", headers=acme, params={"nextToken": "forged"}).status_code == 400
+    assert theirs.get_info().state.value == "running"  # untouched by all of that
+    assert theirs.kill() is True
