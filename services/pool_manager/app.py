@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import time
 from collections.abc import Mapping
 
-from services.pool_manager import handlers, logic, refill, snapshots
+from services.pool_manager import demand, handlers, logic, refill, snapshots
 from shared.contract import states
 from shared.domain import pools as pool_specs
 from shared.domain import poolsizing, projections
-from shared.infrastructure import metrics, projector, rpc, service, settings
+from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
 MAX_WORKERS = 32
-CLAIMS_KEPT = 1000
 
 
 def make_setup(
@@ -63,49 +60,13 @@ def make_setup(
         # Heard once a change is in the bucket: one that leaves a pool short wakes the
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
-        claimed: dict[str, logic.Claims] = {}
-        """A pool id -> when its sandboxes were claimed (monotonic clock)."""
-        configured = pool_specs.configured(lifecycle)
-        demand = poolsizing.Demand(sizing(lifecycle))
+        heard = demand.Heard(pool_specs.configured(lifecycle), sizing(lifecycle), short)
 
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
-            if logic.leaves_room(old, new):
-                short.set()
-            if old is not None and old.pool and logic.idle(old) and new and new.session_id:
-                on_claim(old.pool, snapshot=old.snapshot is not None)
-            elif old is None and new is not None and new.status == "requested" and new.session_id and not new.pool:
-                # A cold start a configured pool could have served is demand it missed.
-                fits = pool_specs.serving(configured, _options(new), None)
-                if fits is not None:
-                    demand.add(fits.pool_id, time.monotonic())
+            heard.changed(old, new)
             changed = new or old
             if changed is not None:
                 pool.noticed(changed.sandbox_id)
-
-        def on_claim(pool_id: str, *, snapshot: bool) -> None:
-            now = time.monotonic()
-            quiet = logic.SNAPSHOT_QUIET if snapshot else logic.CLAIM_QUIET
-            if len(claimed) >= CLAIMS_KEPT:  # (pools long quiet are forgotten)
-                for gone in [p for p, c in claimed.items() if now - c.last >= logic.SNAPSHOT_QUIET]:
-                    del claimed[gone]
-            seen = claimed.get(pool_id)
-            claimed[pool_id] = seen.after(now, quiet) if seen else logic.Claims(now, now)
-            if not snapshot:
-                demand.add(pool_id, now)
-            # A held pool waits for its claims to stop coming: look again then.
-            asyncio.get_running_loop().call_later(quiet, short.set)
-
-        def sized() -> list[pool_specs.PoolSpec]:
-            """The configured pools, each at its floor plus its recent peak demand."""
-            now = time.monotonic()
-            out = []
-            for spec in configured:
-                peak = demand.peak(spec.pool_id, now)
-                want = poolsizing.target(spec.min_idle, peak, demand.sizing)
-                metrics.pool_demand.labels(spec.name).set(peak)
-                metrics.pool_target.labels(spec.name).set(want)
-                out.append(dataclasses.replace(spec, min_idle=want))
-            return out
 
         await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
 
@@ -118,7 +79,7 @@ def make_setup(
         ctx.answer(rpc.POOL, pool.handle, workers=MAX_WORKERS)
 
         tasks = [projector.catch_up(ctx.js, sandboxes), projector.catch_up(ctx.js, snapshot_store)]
-        pools = refill.pools_with_snapshots(sized, snapshot_store)
+        pools = refill.pools_with_snapshots(heard.sized, snapshot_store)
         tasks.append(
             refill.run(
                 ctx,
@@ -127,7 +88,7 @@ def make_setup(
                 lifecycle.max_running,
                 short,
                 max_age=lifecycle.pool_max_age,
-                claimed=claimed,
+                claimed=heard.claimed,
             )
         )
         return service.Workload(
@@ -144,17 +105,6 @@ def sizing(lifecycle: settings.LifecycleSettings) -> poolsizing.Sizing:
         horizon=lifecycle.pool_horizon,
         window=lifecycle.pool_demand_window,
     )
-
-
-def _options(sandbox: states.SandboxState) -> dict[str, object]:
-    """The options a session's own sandbox was made with, as a pool is matched against them."""
-    return {
-        "image": sandbox.image,
-        "run_as_root": sandbox.run_as_root,
-        "writable_root": sandbox.writable_root,
-        "use_kata": sandbox.use_kata,
-        "snapshot": sandbox.snapshot,
-    }
 
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:

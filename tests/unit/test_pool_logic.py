@@ -509,9 +509,10 @@ def test_a_configured_pool_waits_while_a_burst_claims_it_and_catches_up_after() 
         burst = burst.after(100.0 + i * 0.005, logic.CLAIM_QUIET)
     assert burst.first == 100.0
     assert logic.held([DEFAULT], {DEFAULT.pool_id: burst}, burst.last + 0.1) == {DEFAULT.pool_id}
-    assert logic.held([DEFAULT], {DEFAULT.pool_id: burst}, burst.last + logic.CLAIM_QUIET + 0.01) == frozenset()
+    burst_end = burst.last + logic.CLAIM_QUIET + 0.01
+    assert logic.held([DEFAULT], {DEFAULT.pool_id: burst}, burst_end) == frozenset()
     steady = logic.Claims(100.0, 100.0)
-    for i in range(1, 200):  # 40 a second for 5 s: one burst, held no longer than CLAIM_HOLD_MAX
+    for i in range(1, 200):  # 40 a second for 5 s: one burst, held at most CLAIM_HOLD_MAX
         steady = steady.after(100.0 + i / 40, logic.CLAIM_QUIET)
     assert logic.held([DEFAULT], {DEFAULT.pool_id: steady}, steady.last) == frozenset()
     sized = dataclasses.replace(DEFAULT, min_idle=50)
