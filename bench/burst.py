@@ -58,8 +58,9 @@ async def noop_p(url: str, key: str) -> dict[str, float]:
     return common.percentiles(samples)
 
 
-async def burst(base: str, key: str, how: str, n: int) -> tuple[list[float], int]:
-    """n new sessions at once; (first-command times of those that succeeded, failures)."""
+async def burst(base: str, key: str, how: str, n: int) -> tuple[list[float], list[str]]:
+    """n new sessions at once; (first-command times of those that succeeded, why the
+    others failed)."""
     names = [f"{how}{n}-{i}" for i in range(n)]
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=120) as http:
         t0 = time.perf_counter()
@@ -69,9 +70,7 @@ async def burst(base: str, key: str, how: str, n: int) -> tuple[list[float], int
             jobs = [rest_one(http, base, name, t0) for name in names]
         results = await asyncio.gather(*jobs, return_exceptions=True)
     ok = [r for r in results if isinstance(r, float)]
-    for failure in [r for r in results if isinstance(r, BaseException)][:3]:
-        print(f"    {how} burst of {n}: {failure!r}"[:300])
-    return ok, n - len(ok)
+    return ok, [repr(r)[:200] for r in results if isinstance(r, BaseException)]
 
 
 async def main(sizes: list[int], pool: int, rest: bool, root: Path | None) -> None:
@@ -93,7 +92,7 @@ async def main(sizes: list[int], pool: int, rest: bool, root: Path | None) -> No
                         f"burst's start p50 {p['p50']:7.1f} ms p99 {p['p99']:7.1f} ms; no-op tool call "
                         f"p50 {noop['p50']:.1f} ms p99 {noop['p99']:.1f} ms; ratio p50 "
                         f"{p['p50'] / noop['p50']:.1f}x p99 {p['p99'] / noop['p99']:.1f}x"
-                        + (f"  ({failed} failed)" if failed else "")
+                        + (f"  ({len(failed)} failed, the first: {failed[0]})" if failed else "")
                     )
                     print(lines[-1], flush=True)
                     await agents.delete_sessions(base, key, [f"{how}{n}-{i}" for i in range(n)])
