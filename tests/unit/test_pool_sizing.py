@@ -55,3 +55,25 @@ def test_the_demand_kept_is_bounded() -> None:
     for i in range(poolsizing.Demand.KEPT + 10):
         demand.add("p", 1000.0 + i * 1e-4)
     assert demand.peak("p", 1002.0) == poolsizing.Demand.KEPT
+
+
+def test_the_settings_are_read_and_bad_values_refused() -> None:
+    from sbx_api import errors
+    from shared.infrastructure import settings
+
+    default = settings.LifecycleSettings.from_env({})
+    assert default.pool_autosize and default.pool_max_idle == 100
+    made = settings.LifecycleSettings.from_env(
+        {"SBX_POOL_AUTOSIZE": "false", "SBX_POOL_MAX_IDLE": "7", "SBX_POOL_HORIZON": "30s",
+         "SBX_POOL_DEMAND_WINDOW": "1h"}
+    )  # fmt: skip
+    assert (made.pool_autosize, made.pool_max_idle, made.pool_horizon, made.pool_demand_window) == (
+        False, 7, 30.0, 3600.0,
+    )  # fmt: skip
+    for bad in ({"SBX_POOL_AUTOSIZE": "maybe"}, {"SBX_POOL_MAX_IDLE": "-1"}, {"SBX_POOL_HORIZON": "0"}):
+        try:
+            settings.LifecycleSettings.from_env(bad)
+        except errors.ConfigError as exc:
+            assert next(iter(bad)) in exc.message
+        else:
+            raise AssertionError(f"{bad} was accepted")
