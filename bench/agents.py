@@ -104,7 +104,8 @@ def start_stack(
 ) -> tuple[subprocess.Popen[str], str]:
     """`sbx up` of this tree, or of the checkout at ``root`` (another version's code)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SBX_", "NATS_", "SANDBOX_"))}
-    env.update(SBX_LOG_LEVEL="warning", SBX_POOL_MIN_IDLE=str(pool), SBX_MAX_RUNNING="500", **extra)
+    env.update({"SBX_LOG_LEVEL": "warning", "SBX_POOL_MIN_IDLE": str(pool), "SBX_MAX_RUNNING": "500"})
+    env.update(extra)
     if root is not None:
         env["PYTHONPATH"] = f"{root}:{root}/api:{root}/clients/python"
     proc = subprocess.Popen(

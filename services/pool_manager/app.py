@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping
 
-from services.pool_manager import handlers, logic, refill, snapshots
+from services.pool_manager import demand, handlers, logic, refill, snapshots
 from shared.contract import states
 from shared.domain import pools as pool_specs
-from shared.domain import projections
+from shared.domain import poolsizing, projections
 from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
 MAX_WORKERS = 32
-CLAIMS_KEPT = 1000
 
 
 def make_setup(
@@ -62,21 +60,10 @@ def make_setup(
         # Heard once a change is in the bucket: one that leaves a pool short wakes the
         # refill; any wakes a start waiting for its sandbox's proxy.
         short = asyncio.Event()
-        claimed: dict[str, logic.Claims] = {}
-        """A snapshot's pool id -> when its sandboxes were claimed (monotonic clock)."""
+        heard = demand.Heard(pool_specs.configured(lifecycle), sizing(lifecycle), short)
 
         def on_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
-            if logic.leaves_room(old, new):
-                short.set()
-            if old is not None and old.snapshot and old.pool and logic.idle(old) and new and new.session_id:
-                now = time.monotonic()
-                if len(claimed) >= CLAIMS_KEPT:  # (pools long quiet are forgotten)
-                    for pool_id in [p for p, c in claimed.items() if now - c.last >= logic.SNAPSHOT_QUIET]:
-                        del claimed[pool_id]
-                seen = claimed.get(old.pool)
-                claimed[old.pool] = seen.after(now) if seen else logic.Claims(now, now)
-                # A snapshot's pool waits for its forks to stop coming: look again then.
-                asyncio.get_running_loop().call_later(logic.SNAPSHOT_QUIET, short.set)
+            heard.changed(old, new)
             changed = new or old
             if changed is not None:
                 pool.noticed(changed.sandbox_id)
@@ -92,7 +79,7 @@ def make_setup(
         ctx.answer(rpc.POOL, pool.handle, workers=MAX_WORKERS)
 
         tasks = [projector.catch_up(ctx.js, sandboxes), projector.catch_up(ctx.js, snapshot_store)]
-        pools = refill.pools_with_snapshots(pool_specs.configured(lifecycle), snapshot_store)
+        pools = refill.pools_with_snapshots(heard.sized, snapshot_store)
         tasks.append(
             refill.run(
                 ctx,
@@ -101,7 +88,7 @@ def make_setup(
                 lifecycle.max_running,
                 short,
                 max_age=lifecycle.pool_max_age,
-                claimed=claimed,
+                claimed=heard.claimed,
             )
         )
         return service.Workload(
@@ -109,6 +96,15 @@ def make_setup(
         )
 
     return setup
+
+
+def sizing(lifecycle: settings.LifecycleSettings) -> poolsizing.Sizing:
+    return poolsizing.Sizing(
+        enabled=lifecycle.pool_autosize,
+        max_idle=lifecycle.pool_max_idle,
+        horizon=lifecycle.pool_horizon,
+        window=lifecycle.pool_demand_window,
+    )
 
 
 def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:

@@ -26,6 +26,13 @@ on 2 cores, bench/snapshots.py)..."""
 SNAPSHOT_HOLD_MAX = 10.0
 """...but never held longer than this from its burst's first claim (forks coming one
 every second or two still find the pool refilled)."""
+CLAIM_QUIET = 0.3
+"""A configured pool is not refilled while its claims come closer together than this: the
+sandbox starts would take the CPU from the sessions being served (a burst of 50 at once
+on 2 cores, bench/burst.py)..."""
+CLAIM_HOLD_MAX = 2.0
+"""...but never held longer than this from the burst's first claim (a steady stream of
+claims is refilled as it goes)."""
 SNAPSHOT_RETRY = 30.0
 """A snapshot's pool whose sandbox failed to start is left alone this long (its failure
 is its own: the other pools go on)."""
@@ -39,9 +46,9 @@ class Claims:
     """The first claim of the current burst (after a quiet of SNAPSHOT_QUIET)."""
     last: float
 
-    def after(self, now: float) -> Claims:
-        """These claims and one more at ``now``."""
-        return Claims(now if now - self.last >= SNAPSHOT_QUIET else self.first, now)
+    def after(self, now: float, quiet: float = SNAPSHOT_QUIET) -> Claims:
+        """These claims and one more at ``now`` (a new burst after ``quiet`` seconds without one)."""
+        return Claims(now if now - self.last >= quiet else self.first, now)
 
 
 LIVE = ("requested", "running", "paused")
@@ -83,16 +90,19 @@ def held(
     now: float,
     failed: Mapping[str, float] | None = None,
 ) -> frozenset[str]:
-    """The snapshots' pools not refilled now: claimed from within SNAPSHOT_QUIET (their
-    forks are still coming, unless the burst began SNAPSHOT_HOLD_MAX ago), or failed
-    within SNAPSHOT_RETRY (``failed``: when). Configured pools are never held (they
-    serve a steady stream of new sessions, and their failures are everyone's)."""
+    """The pools not refilled now. A snapshot's pool: claimed from within SNAPSHOT_QUIET
+    (its forks are still coming, unless the burst began SNAPSHOT_HOLD_MAX ago), or failed
+    within SNAPSHOT_RETRY (``failed``: when). A configured pool: claimed from within
+    CLAIM_QUIET, unless its burst began CLAIM_HOLD_MAX ago (its failures are everyone's:
+    never held for them)."""
     failed = failed or {}
     out = set()
     for pool in pools:
-        if pool.snapshot is None:
-            continue
         seen = claims.get(pool.pool_id)
+        if pool.snapshot is None:
+            if seen is not None and now - seen.last < CLAIM_QUIET and now - seen.first < CLAIM_HOLD_MAX:
+                out.add(pool.pool_id)
+            continue
         if seen is not None and now - seen.last < SNAPSHOT_QUIET and now - seen.first < SNAPSHOT_HOLD_MAX:
             out.add(pool.pool_id)
         if now - failed.get(pool.pool_id, -math.inf) < SNAPSHOT_RETRY:

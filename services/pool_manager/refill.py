@@ -52,10 +52,13 @@ Pools = Callable[[], Awaitable[list[logic.PoolSpec]]]
 
 
 def pools_with_snapshots(
-    configured: list[logic.PoolSpec], snapshots: projector.ProjectionStore[states.SnapshotState]
+    configured: Callable[[], list[logic.PoolSpec]],
+    snapshots: projector.ProjectionStore[states.SnapshotState],
 ) -> Pools:
+    """``configured``: the configured pools as sized now (``shared.domain.poolsizing``)."""
+
     async def current() -> list[logic.PoolSpec]:
-        return configured + pool_specs.warm_snapshots((await snapshots.all()).values())
+        return configured() + pool_specs.warm_snapshots((await snapshots.all()).values())
 
     return current
 

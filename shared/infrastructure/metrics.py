@@ -57,6 +57,20 @@ pool_sandboxes = Gauge(
     ["state"],
     registry=REGISTRY,
 )
+pool_target = Gauge(
+    "sbx_pool_target_idle",
+    "Idle sandboxes each configured pool keeps now: its min_idle plus its recent peak demand "
+    "(SBX_POOL_AUTOSIZE), up to SBX_POOL_MAX_IDLE.",
+    ["pool"],
+    registry=REGISTRY,
+)
+pool_demand = Gauge(
+    "sbx_pool_demand_peak",
+    "Most new sessions a configured pool served (claims and cold starts it fits) within "
+    "SBX_POOL_HORIZON seconds of the last SBX_POOL_DEMAND_WINDOW.",
+    ["pool"],
+    registry=REGISTRY,
+)
 refusals = Counter("sbx_refusals_total", "Sandboxes refused by a limit.", ["limit"], registry=REGISTRY)
 image_requests = Counter(
     "sbx_image_requests_total",

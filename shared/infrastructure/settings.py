@@ -418,6 +418,17 @@ class LifecycleSettings:
     pool_max_age: float = 3600.0
     """An idle pool sandbox older than this is recycled: removed, and the refill makes a
     fresh one (``SBX_POOL_MAX_AGE``)."""
+    pool_autosize: bool = True
+    """Whether each configured pool keeps, beyond its ``min_idle``, its busiest recent
+    demand (``SBX_POOL_AUTOSIZE``; see ``shared/domain/poolsizing.py``)."""
+    pool_max_idle: int = 100
+    """Most idle sandboxes an autosized pool keeps (``SBX_POOL_MAX_IDLE``; its
+    ``min_idle`` may be higher, and ``max_running`` bounds all)."""
+    pool_horizon: float = 10.0
+    """An autosized pool keeps ready its most new sessions within this many seconds
+    (``SBX_POOL_HORIZON``)..."""
+    pool_demand_window: float = 600.0
+    """...of the last this many seconds (``SBX_POOL_DEMAND_WINDOW``)."""
     extra_pools: tuple[tuple[str, str, bool, bool, int, str | None], ...] = ()
     """More pools (``SBX_POOLS``, JSON: ``[{"name": "py", "image": "py312", "min_idle": 2,
     "run_as_root": true, "writable_root": true, "org": "acme"}]``) as (name, image,
@@ -468,6 +479,10 @@ class LifecycleSettings:
             pool_image=_image(env.get("SBX_POOL_IMAGE", cls.pool_image)),
             extra_pools=_pools(env.get("SBX_POOLS", "")),
             pool_max_age=_duration(env, "SBX_POOL_MAX_AGE", cls.pool_max_age, minimum=1),
+            pool_autosize=_yes({"SBX_POOL_AUTOSIZE": "true", **env}, "SBX_POOL_AUTOSIZE"),
+            pool_max_idle=count("SBX_POOL_MAX_IDLE", cls.pool_max_idle, 0),
+            pool_horizon=_duration(env, "SBX_POOL_HORIZON", cls.pool_horizon, minimum=0.1),
+            pool_demand_window=_duration(env, "SBX_POOL_DEMAND_WINDOW", cls.pool_demand_window, minimum=1),
             max_running=count("SBX_MAX_RUNNING", cls.max_running, 1),
             max_stopped=count("SBX_MAX_STOPPED", cls.max_stopped, 0),
             max_lifetime=_duration(env, "SBX_MAX_LIFETIME", cls.max_lifetime, minimum=1),

@@ -509,3 +509,44 @@ async def test_a_snapshot_kept_warm_is_a_pool_within_max_running_and_leaves_noth
         timeout=60,
     )
     assert forked.ok and forked.session.sandbox_id == again
+
+
+async def test_a_burst_is_served_and_the_pool_grows_to_absorb_the_next(env):
+    """A burst of new sessions at once is served in full (warm claims, then cold starts);
+    the pool then keeps its floor plus that burst (SBX_POOL_AUTOSIZE), so the next burst
+    of the same size is claimed warm, every session of it."""
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=2, max_running=40, pool_max_idle=20)
+    pool_id = pools.configured(lifecycle)[0].pool_id
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 2), timeout=30)
+
+    first = await asyncio.gather(*(ensure(nc, topology, f"burst1-{n}") for n in range(8)))
+    assert all(r.ok for r in first), [r.error for r in first]
+    assert len({r.session.sandbox_id for r in first}) == 8
+    # Demand 8 (2 claims, 6 cold starts it could have served) on a floor of 2.
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 10), timeout=60)
+
+    second = await asyncio.gather(*(ensure(nc, topology, f"burst2-{n}") for n in range(8)))
+    assert all(r.ok for r in second), [r.error for r in second]
+    claimed = {
+        s.event.sandbox_id
+        for s in await support.stream_events(nc, topology, subjects.SANDBOX)
+        if isinstance(s.event, events.SandboxClaimed)
+    }
+    assert {r.session.sandbox_id for r in second} <= claimed, "the second burst was served warm"
+
+
+async def test_without_autosize_the_pool_stays_at_its_floor(env):
+    start, nc, topology, _ = env
+    lifecycle = replace(LIFECYCLE, pool_min_idle=2, max_running=20, pool_autosize=False)
+    pool_id = pools.configured(lifecycle)[0].pool_id
+    await start("pool-manager", pool_app.make_setup(RUNTIME, lifecycle))
+    await start("scheduler", scheduler_app.make_setup(lifecycle))
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 2), timeout=30)
+    replies = await asyncio.gather(*(ensure(nc, topology, f"s-{n}") for n in range(5)))
+    assert all(r.ok for r in replies), [r.error for r in replies]
+    await support.eventually(lambda: _offered(nc, topology, pool_id, 2), timeout=30)
+    await asyncio.sleep(3)  # a refill round or two later: still at its floor
+    assert len(await idle(nc, topology, pool_id)) == 2

@@ -473,11 +473,12 @@ def test_a_snapshots_pool_is_refilled_once_its_forks_stop_coming() -> None:
     """A burst of forks claims a snapshot's pool empty; refilling it at once would take the
     CPU from the forks' first commands, so it waits SNAPSHOT_QUIET after the last claim,
     but never longer than SNAPSHOT_HOLD_MAX from the burst's first. Configured pools
-    never wait (they serve a steady stream of new sessions)."""
+    wait only CLAIM_QUIET (they serve a steady stream of new sessions)."""
     snap = pools.PoolSpec(name="snapshot:snap-1", min_idle=3, snapshot="snap-1")
     burst = logic.Claims(100.0, 100.0)
     claimed = {snap.pool_id: burst, DEFAULT.pool_id: burst}
     assert logic.held([DEFAULT, snap], claimed, 100.5) == {snap.pool_id}
+    assert logic.held([DEFAULT, snap], claimed, 100.1) == {snap.pool_id, DEFAULT.pool_id}
     assert logic.held([DEFAULT, snap], claimed, 100.0 + logic.SNAPSHOT_QUIET) == frozenset()
     assert logic.held([DEFAULT, snap], {}, 0.0) == frozenset()  # never claimed: filled at once
     steady = burst
@@ -497,3 +498,23 @@ def test_a_snapshots_pool_that_failed_is_left_alone_for_a_while_and_only_it() ->
     failed = {snap.pool_id: 50.0, DEFAULT.pool_id: 50.0}
     assert logic.held([DEFAULT, snap], {}, 60.0, failed) == {snap.pool_id}
     assert logic.held([DEFAULT, snap], {}, 50.0 + logic.SNAPSHOT_RETRY, failed) == frozenset()
+
+
+def test_a_configured_pool_waits_while_a_burst_claims_it_and_catches_up_after() -> None:
+    """Refilling during a burst takes the CPU from the sessions being served: a configured
+    pool is held while its claims come within CLAIM_QUIET of each other, at most
+    CLAIM_HOLD_MAX from the burst's first claim, then refilled in full."""
+    burst = logic.Claims(100.0, 100.0)
+    for i in range(1, 50):  # 50 claims within a quarter of a second
+        burst = burst.after(100.0 + i * 0.005, logic.CLAIM_QUIET)
+    assert burst.first == 100.0
+    assert logic.held([DEFAULT], {DEFAULT.pool_id: burst}, burst.last + 0.1) == {DEFAULT.pool_id}
+    burst_end = burst.last + logic.CLAIM_QUIET + 0.01
+    assert logic.held([DEFAULT], {DEFAULT.pool_id: burst}, burst_end) == frozenset()
+    steady = logic.Claims(100.0, 100.0)
+    for i in range(1, 200):  # 40 a second for 5 s: one burst, held at most CLAIM_HOLD_MAX
+        steady = steady.after(100.0 + i / 40, logic.CLAIM_QUIET)
+    assert logic.held([DEFAULT], {DEFAULT.pool_id: steady}, steady.last) == frozenset()
+    sized = dataclasses.replace(DEFAULT, min_idle=50)
+    assert logic.plan([], [sized], 100, hold={DEFAULT.pool_id}).create == {}
+    assert logic.plan([], [sized], 100).create == {DEFAULT.pool_id: 50}  # caught up after
