@@ -22,6 +22,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.slow,
+    pytest.mark.serial,  # deletes the host's filter table and counts every host link
 ]
 TOKEN = "ghp_" + "egressTestToken" * 3
 

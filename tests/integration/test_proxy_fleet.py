@@ -172,6 +172,7 @@ async def test_the_fleet_follows_the_sandboxes(fleet):
     }
 
 
+@pytest.mark.serial  # deletes the host's NAT table: every other sandbox's routes with it
 async def test_routes_lost_to_an_nftables_reset_come_back_for_every_sandbox(fleet):
     """Someone deletes the host's NAT table (an nftables reload, `nft flush ruleset`) while
     a new sandbox is being assigned: the scaler's round that routes it fails or finds the
