@@ -8,7 +8,6 @@ over HTTP."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 
 import httpx2
@@ -20,7 +19,7 @@ from tests.e2e.test_mcp import Agent
 from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]

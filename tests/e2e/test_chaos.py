@@ -33,7 +33,7 @@ from tests.e2e.test_sbx_up import sbx
 from tests.e2e.test_stop import events_of, leftovers, network_links
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(420),
 ]

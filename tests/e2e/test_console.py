@@ -12,7 +12,6 @@ the page. Screenshots of the key pages are saved under the test's tmp dir (paths
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -29,7 +28,7 @@ playwright = pytest.importorskip(
 )
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed"),
     pytest.mark.slow,
     pytest.mark.timeout(300),

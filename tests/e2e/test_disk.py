@@ -20,7 +20,7 @@ import pytest
 from tests.e2e import test_sbx_up
 from tests.e2e.test_mcp import Agent
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 MiB = 1024**2
 FILLS = "/workspace/fill /usr/local/fill /var/fill /root/fill /tmp/fill /.sbx/cache/fill"
 

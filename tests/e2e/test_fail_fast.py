@@ -17,7 +17,7 @@ from shared.infrastructure import beats
 from tests.e2e.test_mcp import Agent
 from tests.e2e.test_sbx_up import sbx, stack, support_wait  # noqa: F401 - the fixture: a real `sbx up`
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def executor_pids(state) -> set[int]:

@@ -12,7 +12,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from tests.e2e.test_sbx_up import stack  # noqa: F401 - the fixture: a real `sbx up`
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 TOOLS = {
     "create_sandbox", "clear_session", "shell", "shell_async", "shell_poll", "shell_wait", "shell_stop",
     "str_replace_based_edit_tool",

@@ -24,7 +24,7 @@ from tests.e2e.test_sbx_up import running_stack, sbx, support_wait
 from tests.e2e.test_stop import leftovers
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import urllib.parse
@@ -23,7 +22,7 @@ from tests import support
 from tests.e2e.test_mcp import Agent
 from tests.e2e.test_sbx_up import running_stack
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def events(state) -> list[dict]:

@@ -15,7 +15,6 @@ from the host too: each holds only what it needs.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
 
@@ -24,7 +23,7 @@ import pytest
 from tests.e2e import test_sbx_up
 from tests.e2e.test_mcp import Agent
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 SCAN = r"""
 out=/workspace/scan-$TAG.txt

@@ -14,7 +14,7 @@ from tests import support
 from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(600),  # (npm ci on a fresh clone; the rest takes seconds)
 ]

@@ -14,7 +14,7 @@ import pytest
 
 from shared.runtime.local import netlink, network
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+pytestmark = pytest.mark.needs_root
 
 
 @pytest.fixture

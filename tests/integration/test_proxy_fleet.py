@@ -22,7 +22,7 @@ from shared.runtime.local import runtime as local
 from tests import support
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
         not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
