@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 
 playwright = pytest.importorskip(
     "playwright.async_api", reason="playwright is a dev extra (scripts/setup --dev)"

@@ -20,7 +20,7 @@ import pytest
 from sbx_api import hostapi
 from sbx_client import Sandbox, transport
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 from tests.proxy import harness
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]

@@ -21,9 +21,9 @@ import httpx2
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 from tests.e2e.test_registry_images import events
-from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime needs root"),

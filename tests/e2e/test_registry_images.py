@@ -19,8 +19,8 @@ from mcp.client.streamable_http import streamable_http_client
 from shared.runtime.local import registry
 from tests import oci_registry as o
 from tests import support
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 

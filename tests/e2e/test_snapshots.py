@@ -16,8 +16,8 @@ import json
 import httpx
 import pytest
 
-from tests.e2e.test_mcp import TOOLS, Agent
-from tests.e2e.test_sbx_up import running_stack, sbx
+from tests.e2e.agent import TOOLS, Agent
+from tests.e2e.stacks import running_stack, sbx
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime needs root"),

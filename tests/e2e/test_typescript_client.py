@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime needs root"),
