@@ -1,7 +1,11 @@
-"""Shared fixtures: one real nats-server per test session, a namespace per test."""
+"""Shared fixtures: one real nats-server per test session, a namespace per test.
+
+Also the one place the ``needs_root`` marker becomes a skip when the suite is not root.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +14,15 @@ from nats.aio.client import Client
 
 from shared.contract import subjects
 from tests import support
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if os.geteuid() == 0:
+        return
+    for item in items:
+        if (marker := item.get_closest_marker("needs_root")) is not None:
+            reason = marker.args[0] if marker.args else "needs root"
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -19,13 +19,13 @@ import pytest
 
 from tests import support
 from tests.e2e import bash_cases
+from tests.e2e.agent import Agent
 from tests.e2e.bash_cases import CASES, Case, checked
+from tests.e2e.stacks import running_stack
 from tests.e2e.test_chaos import children
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(600),
 ]

@@ -8,7 +8,6 @@ over HTTP."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 
 import httpx2
@@ -16,11 +15,11 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]

@@ -27,13 +27,13 @@ import httpx
 import pytest
 
 from tests import support
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import sbx
 from tests.e2e.test_crash_everything import runtime_sandboxes, start
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import sbx
 from tests.e2e.test_stop import events_of, leftovers, network_links
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(420),
 ]

@@ -12,7 +12,6 @@ the page. Screenshots of the key pages are saved under the test's tmp dir (paths
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
@@ -21,15 +20,15 @@ import httpx
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 
 playwright = pytest.importorskip(
     "playwright.async_api", reason="playwright is a dev extra (scripts/setup --dev)"
 )
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.skipif(shutil.which("chromium") is None, reason="Debian's chromium is not installed"),
     pytest.mark.slow,
     pytest.mark.timeout(300),

@@ -14,10 +14,10 @@ import sys
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import read_until, sbx, support_wait
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import read_until, sbx, support_wait
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def start(state, nats_port, log=None, **settings: str):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_sbx_up
-from tests.e2e.test_mcp import Agent
+from tests.e2e import stacks
+from tests.e2e.agent import Agent
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 MiB = 1024**2
 FILLS = "/workspace/fill /usr/local/fill /var/fill /root/fill /tmp/fill /.sbx/cache/fill"
 
@@ -45,7 +45,7 @@ def small_stack(tmp_path):
     subprocess.run(["mount", "-o", "loop", str(image), str(mount)], check=True)
     state = mount / "state"
     try:
-        with test_sbx_up.running_stack(state, **EXTRA) as (_proc, url):
+        with stacks.running_stack(state, **EXTRA) as (_proc, url):
             yield state, url
         mounts = Path("/proc/self/mountinfo").read_text()
         assert str(state / "sandboxes") not in mounts, "a sandbox filesystem was left mounted"
@@ -95,9 +95,9 @@ async def test_a_sandbox_filling_its_disk_stops_at_its_own_limit(small_stack):
         assert ok and "before" in text and "after" in text, text
         ok, text = await Agent(url, key, "newcomer").call("shell", command="echo fresh")
         assert ok and "fresh" in text, text
-        events = test_sbx_up.sbx("events", "--json", "--session", "filler", state=small_state).stdout
+        events = stacks.sbx("events", "--json", "--session", "filler", state=small_state).stdout
         assert events.count("dd if=/dev/zero") == len(attacks), "a command went unaudited"
-        verify = test_sbx_up.sbx("replay", "--verify", state=small_state)
+        verify = stacks.sbx("replay", "--verify", state=small_state)
         assert verify.returncode == 0 and "projections match" in verify.stdout, verify.stdout + verify.stderr
 
         # The state filesystem itself nearly full (from the host): no new sandbox, a clear

@@ -14,10 +14,10 @@ import time
 import pytest
 
 from shared.infrastructure import beats
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import sbx, stack, support_wait  # noqa: F401 - the fixture: a real `sbx up`
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import sbx, support_wait
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def executor_pids(state) -> set[int]:
@@ -29,7 +29,7 @@ def executor_pids(state) -> set[int]:
 
 
 @pytest.mark.timeout(240)
-async def test_a_call_fails_fast_when_its_executor_dies_and_the_next_call_works(stack):  # noqa: F811
+async def test_a_call_fails_fast_when_its_executor_dies_and_the_next_call_works(stack):
     proc, state, url = stack
     key = (state / "api-key").read_text().strip()
     agent = Agent(url, key, "doomed")

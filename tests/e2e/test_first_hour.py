@@ -25,9 +25,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests import support
-from tests.e2e.test_sbx_up import read_until, remove_sandboxes
+from tests.e2e.stacks import read_until, remove_sandboxes
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 GUIDE = support.ROOT / "docs" / "first-hour.md"
 
 

@@ -20,10 +20,10 @@ import pytest
 from sbx_api import hostapi
 from sbx_client import Sandbox, transport
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 from tests.proxy import harness
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 TOKEN = "host-only-token-5b1f"
 BASIC = base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
 IDENT = ("-c", "user.name=Host", "-c", "user.email=host@example.com")

@@ -22,9 +22,9 @@ import pytest
 
 from sbx_api import hostapi
 from tests import support
-from tests.e2e.test_sbx_up import running_stack, status
+from tests.e2e.stacks import running_stack, status
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 FLAT = 64 * 1024**2
 TAR = {"Content-Type": hostapi.TAR_MEDIA_TYPE}
 """How much a service's peak memory may grow while it is flooded."""

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 CLIENT = support.ROOT / "clients" / "python"
 API = support.ROOT / "api"
 CHECKS = Path(__file__).with_name("light_client_checks.py")

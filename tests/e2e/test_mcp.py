@@ -10,38 +10,12 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.e2e.test_sbx_up import stack  # noqa: F401 - the fixture: a real `sbx up`
+from tests.e2e.agent import TOOLS, Agent
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
-TOOLS = {
-    "create_sandbox", "clear_session", "shell", "shell_async", "shell_poll", "shell_wait", "shell_stop",
-    "str_replace_based_edit_tool",
-}  # fmt: skip
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
-class Agent:
-    def __init__(self, url: str, key: str, session: str, **headers: str) -> None:
-        self.url, self.session = f"{url}/mcp", session
-        self.headers = {"Authorization": f"Bearer {key}", "X-Session-Id": session, **headers}
-
-    async def call(self, tool: str, **arguments) -> tuple[bool, str]:
-        async with httpx2.AsyncClient(headers=self.headers, timeout=120) as http:
-            async with streamable_http_client(self.url, http_client=http) as (read, write):
-                async with ClientSession(read, write) as mcp:
-                    await mcp.initialize()
-                    result = await mcp.call_tool(tool, arguments)
-        text = "".join(getattr(c, "text", "") for c in result.content)
-        return not result.is_error, text
-
-    async def tools(self) -> set[str]:
-        async with httpx2.AsyncClient(headers=self.headers, timeout=60) as http:
-            async with streamable_http_client(self.url, http_client=http) as (read, write):
-                async with ClientSession(read, write) as mcp:
-                    await mcp.initialize()
-                    return {t.name for t in (await mcp.list_tools()).tools}
-
-
-async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
+async def test_an_agent_does_everything_the_tools_promise(stack):
     proc, state, url = stack
     key = (state / "api-key").read_text().strip()
     agent = Agent(url, key, "agent-1", **{"X-Org-Id": "acme", "X-User-Id": "ann"})
@@ -94,7 +68,7 @@ async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
     # Operators see it in Prometheus metrics; the key never shows there.
     import json
 
-    from tests.e2e.test_sbx_up import sbx
+    from tests.e2e.stacks import sbx
 
     status = json.loads(sbx("status", "--json", state=state).stdout)
     urls = {i["service"]: i["details"].get("metrics") for i in status["services"]}
@@ -107,7 +81,7 @@ async def test_an_agent_does_everything_the_tools_promise(stack):  # noqa: F811
     assert gateway.status_code == 200 and key not in gateway.text and key not in scheduler
 
 
-async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
+async def test_bad_headers_and_arguments_get_clear_errors(stack):
     proc, state, url = stack
     key = (state / "api-key").read_text().strip()
     async with httpx2.AsyncClient(timeout=30) as http:
@@ -143,7 +117,7 @@ async def test_bad_headers_and_arguments_get_clear_errors(stack):  # noqa: F811
     assert not ok and "job" in text
 
 
-async def test_the_default_product_routes_sandbox_traffic_through_the_credential_proxy(stack):  # noqa: F811
+async def test_the_default_product_routes_sandbox_traffic_through_the_credential_proxy(stack):
     """`sbx up` (as root, with nftables) starts the proxy and gives sandboxes proxy-only
     egress: the proxy answers for them (502 for a refused loopback target), and without it
     there is no way out."""
@@ -165,7 +139,7 @@ async def test_the_default_product_routes_sandbox_traffic_through_the_credential
     assert "none" in text and "ca-bundle.pem" in text
 
 
-async def test_a_killed_proxy_is_restarted_and_sandboxes_get_out_again(stack):  # noqa: F811
+async def test_a_killed_proxy_is_restarted_and_sandboxes_get_out_again(stack):
     """The proxy is supervised by `sbx up`: SIGKILL it and the sandboxes' way out comes
     back on the same address (their HTTPS_PROXY never changes)."""
     import asyncio
@@ -191,7 +165,7 @@ async def test_a_killed_proxy_is_restarted_and_sandboxes_get_out_again(stack):  
     assert text.startswith("502"), f"the proxy did not come back: {text}"
 
 
-async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack):  # noqa: F811
+async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack):
     """Claim on connect (SBX_CLAIM_ON_CONNECT, on by default): an agent's `initialize`
     starts getting its session's sandbox, so it is there before any tool call; the first
     call then uses that one (no second claim or provisioning for the session)."""
@@ -231,7 +205,7 @@ async def test_connecting_gets_the_sessions_sandbox_before_its_first_call(stack)
     assert re.search(rf"exec\.completed .*sandbox_id={assigned} ", after), after
 
 
-async def test_a_client_that_starts_with_tools_list_is_claimed_for_too(stack):  # noqa: F811
+async def test_a_client_that_starts_with_tools_list_is_claimed_for_too(stack):
     """A client of the newer protocol revision may skip `initialize`: its `tools/list`
     starts getting the session's sandbox the same way."""
     import asyncio
@@ -254,7 +228,7 @@ async def test_a_client_that_starts_with_tools_list_is_claimed_for_too(stack):  
         assert session.status_code == 200 and session.json()["status"] == "active", session.text
 
 
-async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_connect(stack):  # noqa: F811
+async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_connect(stack):
     """Connecting claims a warm (root) sandbox for the session; a create_sandbox racing that
     claim as the first call must still return what it asked for, every time."""
     proc, state, url = stack
@@ -267,7 +241,7 @@ async def test_a_first_call_create_sandbox_wins_over_the_sandbox_claimed_at_conn
         assert ok and text.split()[:3] == ["1000", "CapEff:", "0000000000000000"], (attempt, text)
 
 
-async def test_every_create_sandbox_option_holds_inside_the_sandbox_it_returns(stack):  # noqa: F811
+async def test_every_create_sandbox_option_holds_inside_the_sandbox_it_returns(stack):
     """Each option, verified from inside (under `sbx up`, so with the proxy's CA mounted)."""
     proc, state, url = stack
     key = (state / "api-key").read_text().strip()

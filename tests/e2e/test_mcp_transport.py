@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import platform
 import shutil
 import subprocess
@@ -22,12 +21,12 @@ import httpx2
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 from tests.e2e.test_registry_images import events
-from tests.e2e.test_sbx_up import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(600),  # (npm ci on a fresh clone; the rest takes seconds)
 ]

@@ -19,12 +19,12 @@ import pytest
 
 from shared.contract import ids
 from shared.runtime.local import runtime as local
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack, sbx, support_wait
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack, sbx, support_wait
 from tests.e2e.test_stop import leftovers
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import urllib.parse
@@ -20,10 +19,10 @@ from mcp.client.streamable_http import streamable_http_client
 from shared.runtime.local import registry
 from tests import oci_registry as o
 from tests import support
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def events(state) -> list[dict]:

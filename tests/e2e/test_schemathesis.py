@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
 pytestmark = pytest.mark.slow
 

@@ -15,16 +15,15 @@ from the host too: each holds only what it needs.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from pathlib import Path
 
 import pytest
 
-from tests.e2e import test_sbx_up
-from tests.e2e.test_mcp import Agent
+from tests.e2e import stacks
+from tests.e2e.agent import Agent
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 SCAN = r"""
 out=/workspace/scan-$TAG.txt
@@ -96,7 +95,7 @@ private_key_env = "GITHUB_APP_KEY"
 """
     )
     extra = {**values, "SBX_ORG_KEYS": str(org_keys), "SBX_PROXY_CONFIG": str(config)}
-    with test_sbx_up.running_stack(state, **extra) as (proc, url):
+    with stacks.running_stack(state, **extra) as (proc, url):
         nats_token = (state / "nats-token").read_text().strip()
         found = {**values, "org key": org_key, "NATS token": nats_token}
         # The key's body, line by line: any part of it is a leak.
@@ -130,7 +129,7 @@ async def test_no_secret_is_visible_inside_a_sandbox(secret_stack):
 
 def test_each_service_gets_only_the_variables_it_needs(secret_stack):
     state, _url, found = secret_stack
-    report = test_sbx_up.support_wait(lambda: (s := test_sbx_up.status(state))["rc"] == 0 and s)
+    report = stacks.support_wait(lambda: (s := stacks.status(state))["rc"] == 0 and s)
     proxy_vars = {"SBX_GITHUB_TOKEN", "PROXY_PASSWORD", "GITHUB_APP_KEY"}
     for instance in report["services"]:
         env = _environ(instance["pid"])

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import httpx
 import pytest
 
-from tests.e2e.test_mcp import TOOLS, Agent
-from tests.e2e.test_sbx_up import running_stack, sbx
+from tests.e2e.agent import TOOLS, Agent
+from tests.e2e.stacks import running_stack, sbx
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]

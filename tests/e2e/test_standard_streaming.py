@@ -20,9 +20,9 @@ import pytest
 
 from sbx_api import hostapi
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 DOC = support.ROOT / "docs" / "local-dev.md"
 
 

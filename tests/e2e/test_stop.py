@@ -18,11 +18,11 @@ from shared.runtime import backends
 from shared.runtime.local import mounts, network
 from shared.runtime.local import runtime as local
 from tests import support
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import sbx, support_wait
 from tests.e2e.test_crash_everything import runtime_sandboxes, start
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import sbx, support_wait
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
 
 def network_links(state: Path) -> set[int]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import signal
 import subprocess
@@ -25,10 +24,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_mcp import Agent
-from tests.e2e.test_sbx_up import running_stack, support_wait
+from tests.e2e.agent import Agent
+from tests.e2e.stacks import running_stack, support_wait
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 ORG_KEYS = {org: f"{org}-timeline-key-{uuid.uuid4().hex}" for org in ("acme", "globex", "initech")}
 
 

@@ -11,10 +11,10 @@ import subprocess
 import pytest
 
 from tests import support
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
     pytest.mark.timeout(600),  # (npm ci on a fresh clone; the rest takes seconds)
 ]

@@ -4,8 +4,6 @@ says why and when it can go on; every call that ran has its record; other sessio
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from services.executor import app as executor_app
@@ -17,7 +15,7 @@ from shared.infrastructure import settings
 from tests import support
 from tests.integration.test_executor import RUNTIME, Client
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 ALLOWANCE = 64 * 1024
 LIMITS = settings.AuditRateSettings(bytes_per_window=ALLOWANCE, window=86400)
 """Refills less than a byte a second: nothing refills during the test."""

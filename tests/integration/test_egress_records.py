@@ -7,7 +7,6 @@ verdict, why refused), and the sandbox itself reads why it was refused.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -19,7 +18,7 @@ from tests.integration.test_proxy_fleet import ensure
 from tests.integration.test_proxy_metrics import fleet, in_sandbox
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
         not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"

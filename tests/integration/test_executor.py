@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 
 import pytest
@@ -16,7 +15,7 @@ from shared.contract import codec, commands, execution, ids, provisioning, subje
 from shared.infrastructure import settings
 from tests import support
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
 
 

@@ -18,7 +18,7 @@ from tests.integration import test_local_isolation as isolation
 
 rt, sandbox, sh = isolation.rt, isolation.sandbox, isolation.sh  # the runtime fixture and helpers
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime needs root"),
     pytest.mark.slow,
 ]
 

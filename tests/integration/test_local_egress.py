@@ -19,9 +19,10 @@ from shared.runtime.local import runtime as local
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.slow,
+    pytest.mark.serial,  # deletes the host's filter table and counts every host link
 ]
 TOKEN = "ghp_" + "egressTestToken" * 3
 

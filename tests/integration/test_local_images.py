@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -17,7 +16,7 @@ from sbx_api import errors
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
+pytestmark = pytest.mark.needs_root("the local runtime needs root")
 
 
 def minimal_rootfs(dest: Path) -> Path:

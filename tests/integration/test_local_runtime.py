@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
 from shared.runtime.local import runtime as local
 from tests.contract.runtime_contract import RuntimeContract
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime's cgroup limits need root")
+pytestmark = pytest.mark.needs_root("the local runtime's cgroup limits need root")
 
 
 class TestLocalRuntime(RuntimeContract):

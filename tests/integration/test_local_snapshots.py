@@ -15,7 +15,7 @@ from shared.runtime import api
 from shared.runtime.local import disk, fdtree
 from shared.runtime.local import runtime as local
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime's cgroup limits need root")
+pytestmark = pytest.mark.needs_root("the local runtime's cgroup limits need root")
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 from shared.runtime.local import netlink, network
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
+pytestmark = pytest.mark.needs_root
 
 
 @pytest.fixture
@@ -84,6 +84,7 @@ def test_refusals_are_the_kernels_errors_and_a_gone_namespace_is_said(netns_hold
         netlink.inside(2**22 + 12345, lambda r: None)  # no such process
 
 
+@pytest.mark.serial  # the host's tables, which serial tests delete and restore
 def test_nftables_tables_are_looked_up_without_running_nft():
     asyncio.run(network.Network().ensure_host())
     assert netlink.nft_table_exists(network.TABLE) and netlink.nft_table_exists(network.NAT_TABLE)

@@ -7,7 +7,6 @@ transition is an event the projections fold as replay does."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,7 +18,7 @@ from shared.infrastructure import eventstore, projector, replay, settings
 from tests import support
 from tests.integration.test_reaper import Harness, harness, later  # noqa: F401 (the fixture)
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 PAUSING = settings.LifecycleSettings(
     pool_min_idle=0, max_lifetime=3600, idle_timeout=600, pause_timeout=300, stopped_retention=86400
 )

@@ -22,7 +22,7 @@ from shared.runtime.local import runtime as local
 from tests import support
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
         not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
@@ -172,6 +172,7 @@ async def test_the_fleet_follows_the_sandboxes(fleet):
     }
 
 
+@pytest.mark.serial  # deletes the host's NAT table: every other sandbox's routes with it
 async def test_routes_lost_to_an_nftables_reset_come_back_for_every_sandbox(fleet):
     """Someone deletes the host's NAT table (an nftables reload, `nft flush ruleset`) while
     a new sandbox is being assigned: the scaler's round that routes it fails or finds the

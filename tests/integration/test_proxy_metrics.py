@@ -12,7 +12,6 @@ in-process, real sandboxes with proxy-only egress, real ``sbx-proxy`` processes)
 from __future__ import annotations
 
 import asyncio
-import os
 import urllib.request
 
 import pytest
@@ -23,7 +22,7 @@ from tests.integration.test_proxy_fleet import FLEET, LIFECYCLE, RUNTIME, ensure
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="veth pairs and nftables need root"),
+    pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
         not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"

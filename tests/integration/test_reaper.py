@@ -5,7 +5,6 @@ mid-provision."""
 from __future__ import annotations
 
 import contextlib
-import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,7 +20,7 @@ from shared.runtime import api
 from shared.runtime.local import runtime as local
 from tests import support
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
 RULES = settings.LifecycleSettings(
     pool_min_idle=0,

@@ -29,7 +29,7 @@ from shared.runtime.local import runtime as local
 from shared.runtime.local.registries import Registry, RegistryConfig
 from tests import oci_registry as o
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
+pytestmark = pytest.mark.needs_root("the local runtime needs root")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ later calls."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -15,7 +14,7 @@ from shared.runtime.local import runtime as local
 from tests import support
 from tests.integration.test_local_images import minimal_rootfs
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root")
+pytestmark = pytest.mark.needs_root("the local runtime needs root")
 
 
 @pytest.fixture

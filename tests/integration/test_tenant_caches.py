@@ -15,7 +15,7 @@ from shared.runtime import api
 from shared.runtime.local import caches, mounts
 from shared.runtime.local import runtime as local
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime and mounts need root")
+pytestmark = pytest.mark.needs_root("the local runtime and mounts need root")
 ACME, GLOBEX = ids.token("acme"), ids.token("globex")
 
 

@@ -11,8 +11,6 @@ no span of the session is in another trace, is what proves the propagation.
 
 from __future__ import annotations
 
-import os
-
 import fastmcp
 import pytest
 from fastmcp.client.transports import StreamableHttpTransport
@@ -28,7 +26,7 @@ from services.scheduler import app as scheduler_app
 from shared.infrastructure import settings, spanexport, tracing
 from tests import support
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
 SECRET = "do-not-trace-this-4f1c"
 

@@ -4,7 +4,6 @@ max_running limit, and a spec change rolling the pool over without touching clai
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import replace
 
 import pytest
@@ -17,7 +16,7 @@ from shared.domain import pools, projections
 from shared.infrastructure import eventstore, projector, settings
 from tests import support
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"), pytest.mark.slow]
+pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
 LIFECYCLE = settings.LifecycleSettings(pool_min_idle=2, max_running=6)
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import kmock
 import pytest
 from kubernetes_asyncio import client
@@ -15,9 +13,7 @@ from tests.kubernetes.emulator import ClusterEmulator
 IMAGE = "ghcr.io/cloud-agent-sandbox/sandbox:test"
 SETTINGS = KubernetesSettings(images=(("default", IMAGE),), start_timeout=20)
 
-needs_root = pytest.mark.skipif(
-    os.geteuid() != 0, reason="the emulated kubelet runs pods as local sandboxes (root)"
-)
+needs_root = pytest.mark.needs_root("the emulated kubelet runs pods as local sandboxes (root)")
 
 
 @pytest.fixture

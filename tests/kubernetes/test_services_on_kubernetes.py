@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tests import support
-from tests.e2e.test_mcp import Agent
+from tests.e2e.agent import Agent
 from tests.kubernetes.conftest import IMAGE, needs_root
 
 # Six service processes, an emulated cluster and its pods, torn down one by one: on a busy

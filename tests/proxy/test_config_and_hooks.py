@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 
 import pytest
@@ -10,7 +9,7 @@ import pytest
 from tests.proxy import harness
 from tests.proxy.test_injection import ask, auth_of, last
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)")
+pytestmark = pytest.mark.needs_root("the proxy runs in its own mount namespace (root)")
 
 
 def test_a_bad_config_stops_start_up_with_the_field_named(tmp_path):

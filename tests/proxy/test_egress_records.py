@@ -8,7 +8,6 @@ refusal tells the client what was refused, why and what could change it.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import time
 
@@ -17,7 +16,7 @@ import pytest
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)"),
+    pytest.mark.needs_root("the proxy runs in its own mount namespace (root)"),
     pytest.mark.skipif(not harness.SBX_PROXY.exists(), reason="proxy/.venv missing: run scripts/setup"),
 ]
 TOKEN = "ghp_" + "Egr3ssT0ken" * 3

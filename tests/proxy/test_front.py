@@ -16,7 +16,7 @@ from sbx_proxy import front
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)"),
+    pytest.mark.needs_root("the proxy runs in its own mount namespace (root)"),
     pytest.mark.skipif(not harness.SBX_PROXY.exists(), reason="proxy/.venv missing: run scripts/setup"),
 ]
 

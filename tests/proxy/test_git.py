@@ -13,7 +13,7 @@ import pytest
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)"),
+    pytest.mark.needs_root("the proxy runs in its own mount namespace (root)"),
     pytest.mark.slow,
 ]
 TOKEN = "ghs_" + "gitTokenForTests" * 3

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 from datetime import UTC, datetime
 
@@ -17,7 +16,7 @@ from sbx_proxy import github_app
 from tests.proxy import harness
 from tests.proxy.test_injection import ask, auth_of, last
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)")
+pytestmark = pytest.mark.needs_root("the proxy runs in its own mount namespace (root)")
 APP_ID, INSTALLATION = 4242, 777
 
 

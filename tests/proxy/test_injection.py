@@ -8,7 +8,6 @@ on the far side of the proxy.
 
 from __future__ import annotations
 
-import os
 from http.server import ThreadingHTTPServer
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)"),
+    pytest.mark.needs_root("the proxy runs in its own mount namespace (root)"),
     pytest.mark.skipif(not harness.SBX_PROXY.exists(), reason="proxy/.venv missing: run scripts/setup"),
 ]
 TOKEN = "ghp_" + "T0k3nForTests" * 3

@@ -9,7 +9,6 @@ so the tests share one proxy and may run in any order.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 
@@ -19,7 +18,7 @@ from sbx_proxy import egress
 from tests.proxy import harness
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the proxy runs in its own mount namespace (root)"),
+    pytest.mark.needs_root("the proxy runs in its own mount namespace (root)"),
     pytest.mark.skipif(not harness.SBX_PROXY.exists(), reason="proxy/.venv missing: run scripts/setup"),
 ]
 TOKEN = "ghp_" + "M3tricsT0ken" * 3

@@ -271,7 +271,7 @@ def test_caller_variables_cannot_change_what_the_wrapper_does(tmp_path):
 
 
 @pytest.mark.skipif(not __import__("shutil").which("setpriv"), reason="setpriv (util-linux) missing")
-@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="runs processes as another user")
+@pytest.mark.needs_root("runs processes as another user")
 def test_the_killer_kills_even_when_other_processes_environments_are_unreadable():
     """As an unprivileged user (as in a pod with every capability dropped), grep cannot read
     root's /proc/*/environ and exits 2; the killer must go on and kill its target."""
