@@ -428,13 +428,26 @@ __sbx_renew() {  # a token, unless there is one or its holder lives (a holder na
   exec 9>&-
 }
 
+__sbx_wedge_note='a new shell: this one could no longer run commands (set -n, enable -n, '
+__sbx_wedge_note+='or its __sbx_ variables changed); it has the state from before the call that did it'
+
+__sbx_wedged() {  # $1 B: blocked reading its program's FIFO or the requests, no answer pending
+  local sc fd _
+  read -r sc fd _ 2>/dev/null < "/proc/$1/syscall" || return 1
+  case $sc in 0|63) ;; *) return 1 ;; esac  # read(2): x86_64, arm64
+  case $fd in 0x[0-9a-f]*) ;; *) return 1 ;; esac
+  fd=$((fd))
+  [[ /proc/$1/fd/$fd -ef $__sbx_s/ctl || /proc/$1/fd/$fd -ef $__sbx_s/req ]] || return 1
+  ! read -r -t 0 -u "$__sbx_rp"
+}
+
 __sbx_failed() {  # $1 nonce, $2 why
   printf '%s started 0 0 0\nsbx: %s\n%s exited 1\n' "$1" "$2" "$1"
   __sbx_unlock
 }
 
 __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
-  local line b= rc=1 note= i k busy gone flag=- text
+  local line b= rc=1 note= i k busy gone flag=- text stuck wedged
   # The session's own nonce: the command can see it, never the executor's.
   k=${EPOCHREALTIME/./}$RANDOM$RANDOM$BASHPID
   __sbx_lock
@@ -464,6 +477,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
       case $line in "$k started "*) b=${line#"$k started "}; break 2 ;; esac
     done
     if IFS= read -r line 2>/dev/null < "$__sbx_dir/.sbx-live" && kill -0 "$line" 2>/dev/null; then
+      # (wedged by the call before: its backup, which has the state from before it, serves)
+      if [ -z "$wedged" ] && __sbx_wedged "$line"; then wedged=1; kill -KILL "$line"; continue; fi
       gone=0 busy=$((busy + 1))
       [ $busy -eq 6 ] && kill -KILL "$line"
       continue
@@ -484,15 +499,29 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   printf '%s started %s\n' "$1" "$b"
   [ -n "$note" ] && printf '[a new shell: %s; %s]\n' "$note" "$__sbx_restarted"
   b=${b%% *}
-  while IFS= read -r -u "$__sbx_rp" line; do
-    case $line in
-      "$k exited "*) rc=${line#"$k exited "}; break ;;
-      "$b ended "*) rc=${line#"$b ended "}; break ;;
-    esac
+  stuck=0
+  while :; do
+    if IFS= read -r -t 1 -u "$__sbx_rp" line; then
+      case $line in
+        "$k exited "*) rc=${line#"$k exited "}; break ;;
+        "$b ended "*) rc=${line#"$b ended "}; break ;;
+      esac
+      continue
+    fi
+    # A second without an answer: B waiting for a line of its own program that it will
+    # never write (``set -n``, a builtin it uses disabled, one of its variables changed)
+    # is wedged, seen twice in a row: it is killed and its backup takes over.
+    if __sbx_wedged "$b"; then
+      stuck=$((stuck + 1))
+      [ $stuck -ge 2 ] && { wedged=1; kill -KILL "$b" 2>/dev/null; }
+    else
+      stuck=0
+    fi
   done
   __sbx_jb=
   __sbx_sink_end 500
   if [ -s "$__sbx_so" ]; then cat -- "$__sbx_so"; rm -f -- "$__sbx_so"; fi
+  [ -n "$wedged" ] && printf '\n[%s]\n' "$__sbx_wedge_note"
   printf '%s exited %d\n' "$1" "$rc"
   __sbx_unlock
   # Empty output files (silent calls) are cleared now and then: one exec per 200 calls.

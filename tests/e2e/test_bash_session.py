@@ -195,3 +195,51 @@ async def _run_cases(proc, url: str, key: str, between: str) -> list[str]:
     found = [w for w in await asyncio.gather(*(check(c) for c in CASES)) if w]
     print(f"checks {time.monotonic() - started:.1f}s")
     return found
+
+
+WEDGES = (
+    "set -n; echo notrun",
+    "set -o noexec",
+    "shopt -o -s noexec",
+    "enable -n builtin",
+    "enable -n eval printf",
+    "unset __sbx_b",
+    "__sbx_next=",
+    "readonly __sbx_rc __sbx_al",
+    "shopt -s extdebug; trap false DEBUG",
+    "trap '' USR1 TERM INT HUP QUIT ALRM; echo traps",
+    "set -T; trap ': debug' DEBUG; set -E; trap ': err' ERR; false",
+    "PROMPT_COMMAND=exit; shopt -u expand_aliases; echo plain",
+)
+"""Texts that turn the session's own bash against its machinery (noexec, its builtins
+disabled, its variables changed, its fds closed, traps of its signals)."""
+
+
+def test_no_text_wedges_the_session(stack):
+    """Each call ends (with a clear note where its shell had to be replaced), long before
+    its timeout, and the next call works with the state from before that call."""
+    _, state, url = stack
+    key = (state / "api-key").read_text().strip()
+
+    async def one(i: int, text: str) -> str | None:
+        agent = Agent(url, key, f"wedge-{i}")
+        await agent.call("shell", command="x=kept")
+        _, answer = await agent.call("shell", command=text, timeout=120)
+        ok, after = await agent.call("shell", command='echo "$x alive"', timeout=120)
+        await agent.call("clear_session")
+        if "timed out" in answer or "kept alive" not in after or not ok:
+            return f"{text!r}: {answer!r} then {after!r}"
+        return None
+
+    async def run_all() -> list[str]:
+        limit = asyncio.Semaphore(6)
+
+        async def bounded(i: int, text: str) -> str | None:
+            async with limit:
+                return await one(i, text)
+
+        found = await asyncio.gather(*(bounded(i, t) for i, t in enumerate(WEDGES)))
+        return [w for w in found if w]
+
+    wrong = asyncio.run(run_all())
+    assert not wrong, "\n".join(wrong)
