@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from sbx_client import Sandbox
-from tests.e2e.test_sbx_up import running_stack
+from tests.e2e.stacks import running_stack
 
 
 def make_tree(root: Path, files: int) -> None:

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import free_port  # noqa: E402
 from shared.runtime import backends  # noqa: E402
 from shared.runtime.local import mounts  # noqa: E402
-from tests.e2e.test_mcp import Agent  # noqa: E402
+from tests.e2e.agent import Agent  # noqa: E402
 
 
 def status(state: Path) -> dict:

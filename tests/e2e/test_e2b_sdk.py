@@ -16,12 +16,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.test_sbx_up import running_stack, sbx
+from tests.e2e.stacks import running_stack, sbx
 
 e2b = pytest.importorskip("e2b")
 
 pytestmark = [
-    pytest.mark.skipif(os.geteuid() != 0, reason="the local runtime needs root"),
+    pytest.mark.needs_root("the local runtime"),
     pytest.mark.slow,
     pytest.mark.timeout(300),
 ]
