@@ -31,7 +31,6 @@ log = structlog.get_logger(__name__)
 
 AUDIT_COMMAND_MAX = 4096
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-QUICK = 30.0  # seconds allowed for the executor's own short scripts
 HELPER_SLACK = 64 * 1024
 """Room beyond the data a helper script returns (its status lines): past it, the helper
 (whose tools are the sandbox's own, which it may have replaced) is killed."""
@@ -182,7 +181,7 @@ class Executor:
         if sandbox is None or sandbox.session_id != request.session_id:
             raise errors.NotFound(f"session {request.session_id!r} has no sandbox {request.sandbox_id!r}")
         result, out, _ = await self.runtime.run(
-            request.sandbox_id, scripts.argv(scripts.JOB_LIST), timeout=QUICK, max_bytes=HELPER_SLACK
+            request.sandbox_id, scripts.argv(scripts.JOB_LIST), timeout=scripts.QUICK, max_bytes=HELPER_SLACK
         )
         if result.exit_code != 0:
             raise errors.InfrastructureError(
@@ -201,7 +200,7 @@ class Executor:
                 return request.timeout or 30.0
             case execution.Run():
                 return request.timeout or execution.DEFAULT_TIMEOUT
-        return QUICK
+        return scripts.QUICK
 
     async def _touch(self, session_id: str, *, busy_for: float = 0.0) -> None:
         """Every tool call is activity, polls and waits included (the idle rule's clock)."""
@@ -271,7 +270,7 @@ class Executor:
             case execution.ShellStop():
                 job = checks.job_id(request.job_id)
                 result, _, _ = await self.runtime.run(
-                    request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=QUICK
+                    request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=scripts.QUICK
                 )
                 if result.exit_code == 3:
                     raise errors.NotFound(f"no job {job} in this session")
@@ -359,7 +358,7 @@ class Executor:
             request.sandbox_id,
             scripts.argv(scripts.JOB_START, job),
             stdin=request.command.encode(),
-            timeout=QUICK,
+            timeout=scripts.QUICK,
         )
         if result.exit_code != 0:
             raise errors.InfrastructureError(f"could not start the job: {output.text(out)[:500]}")
@@ -369,7 +368,7 @@ class Executor:
         _, out, _ = await self.runtime.run(
             sandbox_id,
             scripts.argv(scripts.JOB_POLL, job, str(self.limit)),
-            timeout=QUICK,
+            timeout=scripts.QUICK,
             max_bytes=self.limit + HELPER_SLACK,  # the helper runs the sandbox's own tail
         )
         report = scripts.parse_poll(out)
@@ -402,7 +401,7 @@ class Executor:
         _, out, _ = await self.runtime.run(
             sandbox_id,
             scripts.argv(scripts.READ, path, str(edits.MAX_FILE_BYTES + 1)),
-            timeout=QUICK,
+            timeout=scripts.QUICK,
             max_bytes=edits.MAX_FILE_BYTES + HELPER_SLACK,
         )
         kind, _, body = out.partition(b"\n")
@@ -410,7 +409,7 @@ class Executor:
 
     async def _write(self, sandbox_id: str, path: str, data: bytes) -> None:
         result, out, err = await self.runtime.run(
-            sandbox_id, scripts.argv(scripts.WRITE, path), stdin=data, timeout=QUICK
+            sandbox_id, scripts.argv(scripts.WRITE, path), stdin=data, timeout=scripts.QUICK
         )
         if result.exit_code != 0:
             raise errors.InvalidInput(f"cannot write {path}: {output.text(out + err).strip()[:300]}")

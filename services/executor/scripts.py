@@ -22,6 +22,8 @@ from shared.contract import execution
 
 STATE = bashsession.STATE
 JOBS = "/.sbx/jobs"
+QUICK = 30.0
+"""Seconds the executor allows its own short scripts in a sandbox (job lists, kills, edits)."""
 
 #: Re-executes the given program under bash if present (else sh). $1 is the program.
 _LAUNCH = 'P="$1"; shift; if command -v bash >/dev/null; then exec bash -c "$P" sbx "$@"; fi; exec sh -c "$P" sbx "$@"'

@@ -45,7 +45,6 @@ PINNED_FOR = 1800.0
 applies): with several executors, the session's calls may all go to another one."""
 KILL_GRACE = 10.0
 """How long to wait for a killed command's answer before retiring the helper."""
-QUICK = 30.0
 _LINE_MAX = 200
 BUFFER_MAX = 1024 * 1024
 """Most of a helper's output held here before it waits for a call to take it."""
@@ -142,7 +141,7 @@ class ShellServer:
     async def hello(self) -> bool:
         """True once the helper says it runs; False if this sandbox cannot run one."""
         try:
-            line = await self._line(time.monotonic() + QUICK)
+            line = await self._line(time.monotonic() + scripts.QUICK)
         except TimeoutError:
             line = None
         if line is None or line + b"\n" != bashsession.HELLO:
@@ -191,7 +190,7 @@ class ShellServer:
             call: list[str] | None = None
             try:
                 try:
-                    line = await self._line(time.monotonic() + QUICK)
+                    line = await self._line(time.monotonic() + scripts.QUICK)
                 except TimeoutError:
                     self.retire("no start report in time")
                     raise ServerGone(started=True) from None  # it may still run: never run it twice
@@ -233,7 +232,9 @@ class ShellServer:
     async def _kill(self, call: list[str]) -> None:
         """Kills what the running call started (``call``: what its start report said)."""
         try:
-            await self.runtime.run(self.sandbox_id, scripts.argv(bashsession.KILL, *call), timeout=QUICK)
+            await self.runtime.run(
+                self.sandbox_id, scripts.argv(bashsession.KILL, *call), timeout=scripts.QUICK
+            )
         except errors.SandboxError as exc:
             log.warning("executor.shell_kill_failed", sandbox_id=self.sandbox_id, error=exc.message)
 
@@ -371,7 +372,7 @@ class ShellServers:
         # One call now: it starts the session's bash (with its backup) and creates the
         # lock and state files, which the session's first call then finds ready. The bash
         # answers it without running anything, so it is not taken for a user's call.
-        await server.run(bashsession.PREPARE, output.Capture(1024), QUICK)
+        await server.run(bashsession.PREPARE, output.Capture(1024), scripts.QUICK)
         server.pinned = True
         server.used = time.monotonic()
         return True

@@ -37,7 +37,7 @@ from shared.runtime import api
 
 log = structlog.get_logger(__name__)
 
-QUICK = 120.0
+TRANSFER_TIMEOUT = 120.0
 """Longest an upload, a download or a listing may take in the sandbox."""
 MESSAGE_MAX = 4096
 UNASKED_MAX = 16 * 1024 * 1024
@@ -140,7 +140,7 @@ class StreamedOps:
                 process = await self.runtime.exec(
                     request.sandbox_id,
                     ["/bin/sh", "-c", EXTRACT, "sbx", request.root, *put_listing_argv(request)],
-                    timeout=QUICK,
+                    timeout=TRANSFER_TIMEOUT,
                     keep_stdin_open=True,
                 )
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
@@ -184,7 +184,10 @@ class StreamedOps:
             return
         names = b"".join(path.encode(errors="surrogateescape") + b"\0" for path in request.delete)
         result, out, err = await self.runtime.run(
-            request.sandbox_id, ["/bin/sh", "-c", DELETE, "sbx", request.root], stdin=names, timeout=QUICK
+            request.sandbox_id,
+            ["/bin/sh", "-c", DELETE, "sbx", request.root],
+            stdin=names,
+            timeout=TRANSFER_TIMEOUT,
         )
         if result.exit_code != 0:
             raise errors.InvalidInput(
@@ -193,7 +196,10 @@ class StreamedOps:
 
     async def _script(self, request: execution.Streamed, script: str, root: str) -> api.Exec:
         return await self.runtime.exec(
-            request.sandbox_id, ["/bin/sh", "-c", script, "sbx", root], timeout=QUICK, keep_stdin_open=True
+            request.sandbox_id,
+            ["/bin/sh", "-c", script, "sbx", root],
+            timeout=TRANSFER_TIMEOUT,
+            keep_stdin_open=True,
         )
 
     async def _guard(self, request, process, work, stop, inputs, stopped) -> None:
@@ -273,7 +279,9 @@ class StreamedOps:
 
     async def _listing(self, request: execution.Streamed, root: str, prune: list[str], sender) -> str:
         """Stream ``root``'s listing; return a complaint if it is incomplete, else ''."""
-        process = await self.runtime.exec(request.sandbox_id, listing_argv(prune), cwd=root, timeout=QUICK)
+        process = await self.runtime.exec(
+            request.sandbox_id, listing_argv(prune), cwd=root, timeout=TRANSFER_TIMEOUT
+        )
         try:
             complaint = await self._pump(process, sender, {"stdout": hostapi.LISTING})
         except errors.LimitExceeded as exc:

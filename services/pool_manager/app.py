@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 
-from services.pool_manager import demand, handlers, logic, refill, snapshots
+from services.pool_manager import demand, handlers, refill, snapshots
 from shared.contract import states
 from shared.domain import pools as pool_specs
 from shared.domain import poolsizing, projections
+from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import projector, rpc, service, settings
 from shared.runtime import api, backends
 
@@ -68,7 +69,7 @@ def make_setup(
             if changed is not None:
                 pool.noticed(changed.sandbox_id)
 
-        await sandboxes.follow(keep=lambda s: s.status in (*logic.LIVE, "stopped"), on_change=on_change)
+        await sandboxes.follow(keep=lambda s: s.status in sandbox_rules.LIVE, on_change=on_change)
 
         def on_snapshot(old: states.SnapshotState | None, new: states.SnapshotState | None) -> None:
             if (old.warm if old else 0) != (new.warm if new else 0):

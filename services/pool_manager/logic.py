@@ -16,6 +16,7 @@ from datetime import datetime
 
 from shared.contract import states
 from shared.domain import pools as pool_specs
+from shared.domain import sandbox as sandbox_rules
 
 PoolSpec = pool_specs.PoolSpec
 
@@ -51,10 +52,6 @@ class Claims:
         return Claims(now if now - self.last >= quiet else self.first, now)
 
 
-LIVE = ("requested", "running", "paused")
-"""What counts against ``max_running``: a paused sandbox holds its memory, so it counts."""
-
-
 @dataclass(frozen=True)
 class Plan:
     create: dict[str, int]
@@ -77,9 +74,9 @@ def idle(sandbox: states.SandboxState) -> bool:
 def leaves_room(old: states.SandboxState | None, new: states.SandboxState | None) -> bool:
     """Whether a sandbox's change may leave a pool short: an idle one claimed or gone, or
     a live one gone (room under ``max_running``). Pure; ``None`` is absent."""
-    if old is None or old.status not in LIVE:
+    if old is None or old.status not in sandbox_rules.HOLDING:
         return False
-    if new is None or new.status not in LIVE:
+    if new is None or new.status not in sandbox_rules.HOLDING:
         return True
     return idle(old) and not idle(new)
 
@@ -132,7 +129,7 @@ def plan(
     remove: list[str] = []
     kept: dict[str, int] = {}
     for sandbox in sandboxes:
-        if sandbox.status not in LIVE:
+        if sandbox.status not in sandbox_rules.HOLDING:
             continue
         running += 1
         if not idle(sandbox):
@@ -165,5 +162,5 @@ def plan(
 
 def over_limit(sandboxes: Iterable[states.SandboxState], max_running: int) -> tuple[bool, int]:
     """Whether one more sandbox would exceed ``max_running`` (and how many run now)."""
-    running = sum(1 for s in sandboxes if s.status in LIVE)
+    running = sum(1 for s in sandboxes if s.status in sandbox_rules.HOLDING)
     return running >= max_running, running

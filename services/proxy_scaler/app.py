@@ -16,6 +16,7 @@ import structlog
 from services.proxy_scaler import egresslog, fleetmetrics, handlers, logic
 from shared.contract import states
 from shared.domain import projections
+from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import leases, metrics, projector, service, settings
 from shared.runtime import backends
 
@@ -77,7 +78,7 @@ def make_setup(
 
         # Every round lists both; it plans with requested, running and paused sandboxes
         # only (records of deleted ones stay in KV for good).
-        await sandboxes.follow(keep=lambda s: s.status in logic.ACTIVE, on_change=on_sandbox_change)
+        await sandboxes.follow(keep=lambda s: s.status in sandbox_rules.HOLDING, on_change=on_sandbox_change)
         await proxies.follow(keep=lambda p: p.status != "stopped")
 
         def rounded(report: handlers.Report) -> None:

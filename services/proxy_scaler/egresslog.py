@@ -25,9 +25,10 @@ from typing import Any
 import msgspec
 import structlog
 
-from services.proxy_scaler import fleetmetrics, logic
+from services.proxy_scaler import fleetmetrics
 from shared.contract import events, states, subjects
 from shared.domain import egress
+from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import projector, service
 
 log = structlog.get_logger(__name__)
@@ -97,7 +98,7 @@ class Collector:
 
     async def _learn(self) -> None:
         """Read the address of every routed sandbox whose record changed since."""
-        routed = [s for s in (await self.sandboxes.all()).values() if s.status in logic.ROUTED]
+        routed = [s for s in (await self.sandboxes.all()).values() if s.status in sandbox_rules.ROUTED]
         self._read = {s.sandbox_id: n for s in routed if (n := self._read.get(s.sandbox_id)) is not None}
         for sandbox in routed:
             if self._read.get(sandbox.sandbox_id) == sandbox.last_seq:

@@ -90,7 +90,7 @@ class Scaler:
                 report.notes.append(f"stopped unrecorded {proxy_id}")
         alive = {pid for pid, r in records.items() if self.fleet.alive(r)}
         sandboxes = list((await self.sandboxes.all()).values())
-        if self.last_active is None or any(s.status in logic.ACTIVE for s in sandboxes):
+        if self.last_active is None or any(s.status in sandbox_rules.HOLDING for s in sandboxes):
             self.last_active = now
         plan = logic.plan(
             sandboxes,
@@ -218,7 +218,7 @@ class Scaler:
         stale = {}
         verified = {}
         for sandbox in sandboxes:
-            record = records.get(sandbox.proxy_id) if sandbox.status in logic.ROUTED else None
+            record = records.get(sandbox.proxy_id) if sandbox.status in sandbox_rules.ROUTED else None
             if record is None or sandbox.sandbox_id in exclude:
                 continue
             seen = (sandbox.last_seq, record.port)
@@ -239,7 +239,7 @@ class ReplicaScaler(Scaler):
     async def round(self, now: datetime) -> Report:
         report = Report()
         sandboxes = list((await self.sandboxes.all()).values())
-        if self.last_active is None or any(s.status in logic.ACTIVE for s in sandboxes):
+        if self.last_active is None or any(s.status in sandbox_rules.HOLDING for s in sandboxes):
             self.last_active = now
         proxies = list((await self.proxies.all()).values())
         serving = await self.fleet.ready()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.contract import states
+from shared.domain import sandbox as sandbox_rules
 
 
 @dataclass(frozen=True)
@@ -37,13 +38,6 @@ def wanted(active_sandboxes: int, per_proxy: int) -> int:
     return math.ceil(active_sandboxes / per_proxy) if active_sandboxes else 0
 
 
-ROUTED = ("running", "paused")
-"""Sandboxes that hold a proxy: a paused one keeps its own (its memory, connections and
-route are kept too), so its next call finds its way out at once."""
-ACTIVE = ("requested", *ROUTED)
-"""Sandboxes the fleet is sized for (a requested one: its proxy starts while it does)."""
-
-
 def plan(
     sandboxes: Iterable[states.SandboxState],
     proxies: Iterable[states.ProxyState],
@@ -61,8 +55,8 @@ def plan(
     full proxies take more sandboxes rather than leaving them without a way out."""
     sandboxes, proxies = list(sandboxes), list(proxies)
     # Requested sandboxes count: the first proxy starts while the first sandbox does.
-    active = [s for s in sandboxes if s.status in ACTIVE]
-    running = sorted((s for s in sandboxes if s.status in ROUTED), key=lambda s: s.sandbox_id)
+    active = [s for s in sandboxes if s.status in sandbox_rules.HOLDING]
+    running = sorted((s for s in sandboxes if s.status in sandbox_rules.ROUTED), key=lambda s: s.sandbox_id)
     died = tuple(
         p.proxy_id for p in proxies if p.status in ("running", "draining") and p.proxy_id not in alive
     )
@@ -141,7 +135,7 @@ def replica_plan(
     per_proxy: int,
     keep_one: bool = False,
 ) -> ReplicaPlan:
-    active = sum(1 for s in sandboxes if s.status in ACTIVE)
+    active = sum(1 for s in sandboxes if s.status in sandbox_rules.HOLDING)
     want = wanted(active, per_proxy) or (1 if keep_one else 0)
     recorded = {p.proxy_id for p in proxies if p.status in ("running", "draining")}
     reason = "drained" if len(recorded) > want else "died"

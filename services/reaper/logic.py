@@ -12,10 +12,8 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from shared.contract import states
+from shared.domain import sandbox as sandbox_rules
 from shared.infrastructure import settings
-
-LIVE = ("requested", "running", "paused", "stopped")
-DEAD = ("deleted", "failed", "refused", "lost")
 
 
 @dataclass(frozen=True)
@@ -190,11 +188,15 @@ def reconcile(
     findings: list[Finding] = []
     for sandbox_id, seen in sorted(runtime.items()):
         record = records.get(sandbox_id)
-        if (record is None or record.status in DEAD) and now - seen.created_at >= settle:
+        if (record is None or record.status in sandbox_rules.DEAD) and now - seen.created_at >= settle:
             why = "no record" if record is None else f"record is {record.status}"
             findings.append(Finding(sandbox_id, "delete_orphan", why))
     for sandbox_id, record in sorted(records.items()):
-        if record.status in LIVE and sandbox_id not in runtime and now - record.updated_at >= settle:
+        if (
+            record.status in sandbox_rules.LIVE
+            and sandbox_id not in runtime
+            and now - record.updated_at >= settle
+        ):
             findings.append(
                 Finding(sandbox_id, "mark_lost", f"record is {record.status}, runtime has nothing")
             )
@@ -206,7 +208,7 @@ def reconcile(
             findings.append(Finding(sandbox_id, "fail_stuck", "provisioning never finished"))
         elif (
             sessions is not None
-            and record.status in LIVE
+            and record.status in sandbox_rules.LIVE
             and record.session_id
             and now - record.updated_at >= settle
         ):

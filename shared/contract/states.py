@@ -8,11 +8,14 @@ folded in, which is how a projection knows whether it is caught up.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
-SessionStatus = Literal["active", "stopped", "deleted"]
+from sbx_api.wire import SessionStatus, SnapshotStatus
+
+SESSION_STATUSES: tuple[SessionStatus, ...] = get_args(SessionStatus)
+SNAPSHOT_STATUSES: tuple[SnapshotStatus, ...] = get_args(SnapshotStatus)
 
 
 class SessionState(msgspec.Struct, frozen=True, kw_only=True):
@@ -46,6 +49,7 @@ class SessionState(msgspec.Struct, frozen=True, kw_only=True):
 SandboxStatus = Literal["requested", "running", "paused", "stopped", "deleted", "failed", "refused", "lost"]
 """``paused``: every process frozen (memory kept, no CPU); it counts as running for
 ``max_running`` and keeps its proxy, and the session's next call resumes it."""
+SANDBOX_STATUSES: tuple[SandboxStatus, ...] = get_args(SandboxStatus)
 
 
 class SandboxState(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,9 +99,6 @@ class ProxyState(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
     stop_reason: str | None = None
     last_seq: int
-
-
-SnapshotStatus = Literal["ready", "deleted"]
 
 
 class SnapshotState(msgspec.Struct, frozen=True, kw_only=True):

@@ -105,7 +105,7 @@ def _any_or(value: Hashable) -> tuple[Hashable, ...]:
 
 # ---- sessions ---------------------------------------------------------------------------------
 
-SESSION_STATUSES = ("active", "stopped", "deleted")
+SESSION_STATUSES = states.SESSION_STATUSES
 """What ``status`` may select; no status selects every session not deleted ("live")."""
 LIVE = "live"
 
@@ -135,7 +135,7 @@ def session_index() -> Index[states.SessionState]:
 
 # ---- snapshots --------------------------------------------------------------------------------
 
-SNAPSHOT_STATUSES = ("ready", "deleted")
+SNAPSHOT_STATUSES = states.SNAPSHOT_STATUSES
 
 
 def snapshot_selector(status: str | None, org_id: str | None, session_id: str | None) -> Selector:

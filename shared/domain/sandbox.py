@@ -15,9 +15,16 @@ import msgspec
 from sbx_api import errors
 from shared.contract import events, states
 
-LIVE = ("requested", "running", "paused", "stopped")
+# The sandbox status groups, each named once (every service asks these, none spells them).
+ROUTED: tuple[states.SandboxStatus, ...] = ("running", "paused")
+"""Sandboxes that hold a proxy: a paused one keeps its own (its memory, connections and
+route are kept too), so its next call finds its way out at once."""
+HOLDING: tuple[states.SandboxStatus, ...] = ("requested", *ROUTED)
+"""What counts against ``max_running`` and what the proxy fleet is sized for: a paused
+sandbox holds its memory, and a requested one is starting (with its proxy)."""
+LIVE: tuple[states.SandboxStatus, ...] = (*HOLDING, "stopped")
 """Statuses of a sandbox that exists in the runtime (or is about to)."""
-DEAD = ("deleted", "failed", "refused", "lost")
+DEAD: tuple[states.SandboxStatus, ...] = ("deleted", "failed", "refused", "lost")
 """Statuses of a sandbox that is gone for good."""
 
 

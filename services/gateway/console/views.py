@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, get_args
+from typing import Any
 
 import msgspec
 
@@ -24,8 +24,8 @@ from shared.contract import events, ids, states
 from shared.domain import describe
 from shared.infrastructure import health
 
-STATUSES = ("active", "stopped", "deleted")
-SANDBOX_STATUSES: tuple[str, ...] = get_args(states.SandboxStatus)
+STATUSES: tuple[str, ...] = states.SESSION_STATUSES
+SANDBOX_STATUSES: tuple[str, ...] = states.SANDBOX_STATUSES
 FILTER_MAX = 128
 SUMMARY_MAX = 300
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
@@ -194,7 +194,7 @@ def sandbox_rows(
 
 # ---- snapshots ----------------------------------------------------------------------
 
-SNAPSHOT_STATUSES: tuple[str, ...] = get_args(states.SnapshotStatus)
+SNAPSHOT_STATUSES: tuple[str, ...] = states.SNAPSHOT_STATUSES
 
 
 @dataclass(frozen=True)
