@@ -71,7 +71,8 @@ def _upcast(raw: Any) -> events.AnyEvent:
         version += 1
         raw["v"] = version
     try:
-        return msgspec.convert(raw, events.AnyEvent)
+        event: events.AnyEvent = msgspec.convert(raw, events.AnyEvent)
+        return event
     except msgspec.ValidationError as exc:
         raise errors.CorruptEvent(f"event {tag!r} v{version} does not match its schema: {exc}") from exc
 

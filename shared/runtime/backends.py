@@ -12,6 +12,9 @@ from shared.runtime import api
 
 if TYPE_CHECKING:
     from shared.infrastructure.settings import RuntimeSettings
+    from shared.runtime.kubernetes.proxies import KubernetesProxies
+    from shared.runtime.local.proxies import LocalProxies
+    from shared.runtime.local.runtime import LocalRuntime
 
 NAMES = ("local", "kubernetes")
 
@@ -69,7 +72,7 @@ def open_runtime(
     raise errors.ConfigError(f"unknown runtime {name!r}; available here: {', '.join(NAMES)}")
 
 
-def image_runtime(name: str, state_dir: Path, settings: RuntimeSettings):
+def image_runtime(name: str, state_dir: Path, settings: RuntimeSettings) -> LocalRuntime:
     """The runtime whose images this machine holds (local), for ``sbx image``."""
     if name == "local":
         from shared.runtime.local import runtime
@@ -104,7 +107,9 @@ async def prepare_egress(name: str) -> None:
         await network.Network().ensure_host()
 
 
-def open_proxy_fleet(name: str, state_dir: Path, runtime: api.Runtime, *, binary: str, config: str):
+def open_proxy_fleet(
+    name: str, state_dir: Path, runtime: api.Runtime, *, binary: str, config: str
+) -> LocalProxies | KubernetesProxies:
     """The backend's credential-proxy fleet (local: ``sbx-proxy`` processes, see proxies.py)."""
     if name == "local":
         from shared.runtime.local import proxies

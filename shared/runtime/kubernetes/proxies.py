@@ -81,4 +81,4 @@ class KubernetesProxies:
 def _serving(pod: Any) -> bool:
     if pod.metadata.deletion_timestamp is not None or pod.status is None or not pod.status.pod_ip:
         return False
-    return pod.status.phase == "Running"
+    return bool(pod.status.phase == "Running")

@@ -81,7 +81,9 @@ class _ExecClient(WsApiClient):
     says which one the server speaks."""
 
     # The two parents' signatures differ from each other; this one takes what both pass.
-    async def request(self, method, url, query_params=None, headers=None, **kwargs):  # type: ignore[override]
+    async def request(  # type: ignore[override]
+        self, method: str, url: str, query_params: Any = None, headers: Any = None, **kwargs: Any
+    ) -> Any:
         expanded: list[tuple[str, str]] = []
         for key, value in query_params or []:
             expanded.extend((key, v) for v in (value if isinstance(value, list) else [value]))
@@ -129,7 +131,7 @@ class KubernetesRuntime(api.Runtime):
                             config_file=self.settings.kubeconfig, client_configuration=cfg
                         )
                     else:
-                        config.load_incluster_config(client_configuration=cfg)
+                        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
                 exec_cfg = copy.copy(cfg)
                 exec_cfg.connection_pool_maxsize = 0  # unlimited: every open exec holds one
                 self._clients = (client.ApiClient(cfg), _ExecClient(exec_cfg))

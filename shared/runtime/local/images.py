@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sbx_api import errors
 from shared.contract import ids, references
@@ -214,7 +215,7 @@ class ImageStore:
         """Simple names keep their own directory; a reference-shaped name gets a token."""
         return name if _NAME.fullmatch(name) else "ref-" + ids.token(str(references.parse(name)))
 
-    def _record_of(self, name: str) -> dict | None:
+    def _record_of(self, name: str) -> dict[str, Any] | None:
         try:
             directory = self._dir_name(name)
         except errors.InvalidInput:
@@ -224,7 +225,7 @@ class ImageStore:
             Path(record["rootfs"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        return record
+        return record if isinstance(record, dict) else None
 
     def add_rootfs(self, name: str, rootfs: Path) -> None:
         """Register an existing root filesystem directory (used in place, never modified)."""
@@ -255,7 +256,7 @@ class ImageStore:
     def _record(self, name: str, rootfs: Path, *, source: str, config: oci.ImageConfig | None = None) -> None:
         directory = self.root / self._dir_name(name)
         directory.mkdir(parents=True, exist_ok=True)
-        record: dict = {"name": name, "rootfs": str(rootfs), "source": source}
+        record: dict[str, Any] = {"name": name, "rootfs": str(rootfs), "source": source}
         if config is not None:
             record["config"] = {"Env": config.env, "WorkingDir": config.working_dir, "User": config.user}
         (directory / "image.json").write_text(json.dumps(record))

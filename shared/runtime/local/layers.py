@@ -219,7 +219,8 @@ class LayerStore:
 
     def _tag(self, ref: references.Reference) -> str | None:
         try:
-            return json.loads((self.root / "tags" / f"{ids.token(str(ref))}.json").read_text())["digest"]
+            digest = json.loads((self.root / "tags" / f"{ids.token(str(ref))}.json").read_text())["digest"]
+            return digest if isinstance(digest, str) else None
         except (OSError, ValueError, KeyError):
             return None
 

@@ -491,7 +491,8 @@ class BoundedTarInfo(tarfile.TarInfo):
     def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
         if self.type in _LONG_HEADERS and self.size > MAX_HEADER:
             raise tarfile.HeaderError(f"a tar header of {self.size} bytes (at most {MAX_HEADER})")
-        return super()._proc_member(tarfile_)  # type: ignore[misc]
+        member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return member
 
 
 _LONG_HEADERS = (

@@ -34,6 +34,7 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -52,6 +53,7 @@ from shared.runtime.local import (
     layers,
     network,
     nsmount,
+    oci,
     seccomp,
     snapstore,
     userns,
@@ -259,12 +261,12 @@ class LocalRuntime(api.Runtime):
         store = layers.LayerStore(
             state_dir / "images",
             registries or RegistryConfig(),
-            max_bytes=image_max_bytes or layers.oci.DEFAULT_MAX_BYTES,
+            max_bytes=image_max_bytes or oci.DEFAULT_MAX_BYTES,
             timeout=pull_timeout or 600.0,
             reserve=self.disk.reserve_bytes,
             reserve_inodes=self.disk.reserve_inodes,
             max_layers=image_max_layers or layers.MAX_LAYERS,
-            max_entries=image_max_entries or layers.oci.DEFAULT_MAX_MEMBERS,
+            max_entries=image_max_entries or oci.DEFAULT_MAX_MEMBERS,
         )
         self.images = images.ImageStore(state_dir / "images", store)
         # Pulls wait on registries: threads of their own, so that slow ones never take the
@@ -814,14 +816,14 @@ class LocalRuntime(api.Runtime):
         record = self._net_record(sandbox_id)
         return None if record is None else str(record["address"])
 
-    def _net_record(self, sandbox_id: str) -> dict | None:
+    def _net_record(self, sandbox_id: str) -> dict[str, Any] | None:
         d = self._dir(sandbox_id)
         running = self._running(d)
         try:
             record = json.loads((d / "net.json").read_text())
         except (OSError, ValueError):
             return None
-        if running is None or record.get("pid") != running.pid:
+        if not isinstance(record, dict) or running is None or record.get("pid") != running.pid:
             return None  # from an earlier run: the link is gone
         return record
 
