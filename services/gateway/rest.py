@@ -27,6 +27,7 @@ CURSOR_HELP = (
     "Items created meanwhile appear on later pages; none that existed throughout is skipped "
     "or repeated. A cursor altered, or sent with other filters, is a 400."
 )
+CURSOR_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": cursors.MAX_LENGTH}
 _encoder = msgspec.json.Encoder()
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -182,7 +183,7 @@ OPERATIONS: tuple[Operation, ...] = (
                 "At most this many (default 100).",
                 {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
             ),
-            Param("cursor", "query", CURSOR_HELP),
+            Param("cursor", "query", CURSOR_HELP, CURSOR_SCHEMA),
         ),
     ),
     Operation(

@@ -22,6 +22,11 @@ from shared.infrastructure import rpc
 
 T = TypeVar("T")
 PREFETCH_MAX = 1024
+ENSURE_BUDGET = 60.0
+"""How long a call waits for its session's sandbox when the scheduler has to start one (a
+cold start on a busy machine takes seconds, not the bus's request timeout; a scheduler
+that died is noticed within seconds by its missing beats). ``create_sandbox`` waits
+longer, for image pulls."""
 """Sessions whose sandbox is being got ahead of their first call, at most, per gateway."""
 
 
@@ -113,7 +118,8 @@ class Resolver:
                 command_id=ids.new_id(),
                 correlation_id=who.correlation_id,
                 actor=who.actor,
-            )
+            ),
+            timeout=ENSURE_BUDGET,
         )
         if state is None or state.sandbox_id is None:
             raise errors.Unavailable("the scheduler did not assign a sandbox to this session; retry shortly")

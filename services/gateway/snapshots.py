@@ -165,7 +165,7 @@ OPERATIONS: tuple[rest.Operation, ...] = (
                 "At most this many (default 100).",
                 {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
             ),
-            rest.Param("cursor", "query", rest.CURSOR_HELP),
+            rest.Param("cursor", "query", rest.CURSOR_HELP, rest.CURSOR_SCHEMA),
         ),
         tag="snapshots",
     ),

@@ -6,6 +6,7 @@ schema-valid request refused, no invalid one accepted, no deleted session still 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -53,7 +54,9 @@ def test_schemathesis_finds_nothing(tmp_path):
             text=True,
             timeout=540,
         )  # fmt: skip
-    report = done.stdout + done.stderr
+    # An upload's body is printed as escaped bytes: long runs of them would push the
+    # failures themselves out of the report.
+    report = re.sub(r"((\\x[0-9a-f]{2}){16})(\\x[0-9a-f]{2})+", r"\1…", done.stdout + done.stderr)
     assert done.returncode == 0, report[-12000:]
     assert "API Operations" in report and "Tested: " in report, report[-4000:]
 
