@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
+import jinja2
 import msgspec
 import nats.js.errors
 import pytest
@@ -82,27 +84,40 @@ def test_csrf_tokens_belong_to_one_binding():
 # ---- templates ---------------------------------------------------------------------
 
 
+def error_page(message: object) -> str:
+    return templating.render("error.html", title="Error", nav=None, code=400, message=message)
+
+
 def test_characters_that_reorder_text_are_shown_as_escapes():
     """A command ``ls \u202egnp.exe`` would read as ``ls exe.png`` in a table cell."""
-    row = templating.render("line.html", text="ls \u202egnp.exe \u2066x\u2069 \u200f")
-    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", row)
-    assert "ls \\u202egnp.exe \\u2066x\\u2069 \\u200f" in row
+    page = error_page("ls \u202egnp.exe \u2066x\u2069 \u200f")
+    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", page)
+    assert "ls \\u202egnp.exe \\u2066x\\u2069 \\u200f" in page
 
 
-def test_every_value_is_escaped_unless_it_was_rendered():
-    row = templating.render(
-        "link.html", href='/console/sessions/x" onmouseover="alert(1)', text="<script>alert(1)</script>"
-    )
-    assert "<script>" not in row and "&lt;script&gt;" in row
-    assert "x&quot; onmouseover=&quot;alert(1)" in row
-    assert templating.render("line.html", text=row).count("<a ") == 1  # rendered HTML goes in as it is
-    assert templating.render("line.html", text=None) == "<li></li>\n"
-    with pytest.raises(KeyError):
-        templating.render("line.html")  # a placeholder without a value is an error
-    with pytest.raises(TypeError):
-        templating.join(["<b>raw</b>"])  # type: ignore[list-item]
-    with pytest.raises(ValueError):
-        templating.render("../views.py")
+def test_every_value_is_escaped_and_the_engine_is_strict():
+    page = error_page('x" onmouseover="alert(1)<script>alert(2)</script>{{ 7*7 }}{% if 1 %}')
+    assert "<script>alert" not in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert 'x&#34; onmouseover=&#34;alert(1)' in page
+    assert "{{ 7*7 }}{% if 1 %}" in page and "49" not in page  # values are never templates
+    assert "(HTTP 400)" in page and "None" not in error_page(None)  # None shows as nothing
+    assert templating.ENV.autoescape is True
+    with pytest.raises(jinja2.UndefinedError):
+        templating.render("error.html", title="Error", nav=None, code=400)  # a value missing is an error
+    for outside in ("../views.py", "/etc/passwd", "../templating.py"):
+        with pytest.raises(jinja2.TemplateNotFound):
+            templating.render(outside)
+
+
+def test_no_template_or_route_marks_a_value_safe():
+    """Autoescape holds only if nothing opts out: no ``|safe``, no ``autoescape false``, no
+    ``Markup`` made from a value."""
+    for path in templating.TEMPLATES.iterdir():
+        text = path.read_text()
+        assert not re.search(r"\|\s*safe\b|autoescape\s+false|\bMarkup\b", text), path.name
+    for module in (routes, views, asgi, tokens):
+        source = Path(module.__file__).read_text()
+        assert "Markup" not in source and "markupsafe" not in source, module.__name__
 
 
 def test_templates_have_no_inline_script_or_style():
@@ -232,8 +247,11 @@ def test_a_bound_key_sees_the_events_of_its_organisation_only():
     record = views.audit_record(7, ran)
     assert (record.seq, record.type, record.session) == (7, "exec.completed", "a1")
     assert "command=echo <b>hi</b>" in record.summary  # text: the template escapes it
-    rendered = templating.render("audit_row.html", **routes._fields(record))
+    rendered = templating.render(
+        "audit.html", title="Audit", nav=None, shown=1, scope="all", stream="/s", records=[record]
+    )
     assert "<b>" not in rendered and "&lt;b&gt;hi" in rendered
+    assert '<a href="/console/sessions/a1">a1</a>' in rendered
 
 
 def test_timeline_rows_as_the_script_renders_them():
