@@ -4,6 +4,8 @@ list's filters, gauges, replay), and the routes' security with fakes in place of
 
 from __future__ import annotations
 
+import asyncio
+import html.parser
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -22,7 +24,8 @@ from sbx_api.wire import Timeline, TimelineEntry
 from services.gateway import auth, openapi
 from services.gateway.console import asgi, routes, templating, tokens, views
 from shared.contract import commands, events, states, subjects
-from shared.infrastructure import health
+from shared.domain import projections
+from shared.infrastructure import eventstore, health
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 T = NOW.timestamp()
@@ -98,7 +101,7 @@ def test_characters_that_reorder_text_are_shown_as_escapes():
 def test_every_value_is_escaped_and_the_engine_is_strict():
     page = error_page('x" onmouseover="alert(1)<script>alert(2)</script>{{ 7*7 }}{% if 1 %}')
     assert "<script>alert" not in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
-    assert 'x&#34; onmouseover=&#34;alert(1)' in page
+    assert "x&#34; onmouseover=&#34;alert(1)" in page
     assert "{{ 7*7 }}{% if 1 %}" in page and "49" not in page  # values are never templates
     assert "(HTTP 400)" in page and "None" not in error_page(None)  # None shows as nothing
     assert templating.ENV.autoescape is True
@@ -530,3 +533,151 @@ def test_the_audit_page_places_a_snapshots_event_in_the_life_that_took_it():
     deleted = events.SnapshotDeleted(meta=meta(None), snapshot_id="snap-acme", session_id="x")
     stored = eventstore.Stored(seq=500, subject="t.events.snapshot.snap-acme", prev_seq=5, event=deleted)
     assert asyncio.run(console.sees(stored, globex, {})) is False
+
+
+# ---- hostile text on every page ------------------------------------------------------
+
+HOSTILE = "\"'><script>window.x=1</script><img src=x onerror=alert(1)>{{ 7*7 }}{% if 1 %}</td>&amp;"
+"""What a tenant may write into a name, an image, a command or a report: a tag, quotes that
+would end an attribute, template syntax and an entity."""
+
+
+class Parsed(html.parser.HTMLParser):
+    """A page's elements, attributes and text as a browser would read them."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text = ""
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def assert_inert(page: str, where: str, times: int) -> Parsed:
+    """No element or attribute came from the hostile text, and it shows as itself, as many
+    times as the page has fields holding it."""
+    parsed = Parsed(page)
+    scripts = [attrs for tag, attrs in parsed.tags if tag == "script"]
+    assert scripts == [{"src": "/console/static/console.js", "defer": None}], where
+    assert not [tag for tag, _ in parsed.tags if tag in ("img", "style", "iframe", "object")], where
+    assert not [name for _, attrs in parsed.tags for name in attrs if name.startswith("on")], where
+    assert parsed.text.count(HOSTILE) == times, (where, parsed.text)
+    assert "49" not in parsed.text, where  # {{ 7*7 }} stayed text
+    return parsed
+
+
+class Store:
+    """A projection's store, as the routes read it."""
+
+    def __init__(self, found: dict) -> None:
+        self.found = found
+
+    async def all(self):
+        return dict(self.found)
+
+    async def get(self, key):
+        return self.found.get(key)
+
+
+class Events:
+    """The event store, as the audit page and its stream read it: these events, then the end."""
+
+    def __init__(self, *found: events.Event) -> None:
+        self.stored = [
+            eventstore.Stored(seq=n, subject="s", prev_seq=0, event=e) for n, e in enumerate(found, 1)
+        ]
+
+    async def last_seq(self) -> int:
+        return len(self.stored)
+
+    async def read(self, subject, start_seq: int = 1, follow: bool = False):
+        for stored in self.stored[start_seq - 1 :]:
+            yield stored
+
+
+class HostileHistory:
+    async def timeline(self, request):
+        entry = TimelineEntry(seq=1, time=NOW, kind="command", type="exec.completed", summary=HOSTILE,
+                              org_id=HOSTILE, user_id=HOSTILE)  # fmt: skip
+        page = Timeline(session_id="h1", entries=[entry], next_after=1, more=True)
+        return Response(msgspec.json.encode(page), media_type="application/json")
+
+
+class HostileConsole(routes.Console):
+    reports: list[health.HealthReport] = []
+
+    async def health(self):
+        return self.reports
+
+
+def test_hostile_text_in_every_field_stays_text_on_every_page():
+    """Names, images, commands, event fields, reports and replay results holding a tag,
+    quotes and template syntax: on every page, no element or attribute comes of them and
+    they read as written (the live streams send JSON, which the script sets as text)."""
+    h = HOSTILE
+    meta = events.Meta(
+        event_id="e" * 32, time=NOW, service=h, instance=h, org_id=h, user_id=h, session_id="h1"
+    )
+    ran = events.CommandExecuted(meta=meta, session_id=h, sandbox_id=h, tool="shell", command=h, exit_code=0)
+    c = HostileConsole(
+        keys=auth.KeyCheck(OPERATOR_KEY, (("acme", ACME_KEY),)),
+        signer=signer(),
+        ctx=SimpleNamespace(store=Events(ran)),  # type: ignore[arg-type]
+        sessions=FakeSessions(
+            session("h1", h, user_id=h, image=h, sandbox_id=h, forked_from=h, metadata={h: h})
+        ),  # type: ignore[arg-type]
+        client=FakeClient(),  # type: ignore[arg-type]
+        history=HostileHistory(),  # type: ignore[arg-type]
+        clock=lambda: T,
+    )
+    box = sandbox(
+        h, session_id="h1", image=h, image_digest=h, backend=h, pool=h, snapshot=h, proxy_id=h, error=h
+    )
+    taken = snapshot(h, "h1", h, user_id=h, image=h, parent=h, delete_reason=h)
+    proxy = states.ProxyState(
+        proxy_id=h, status="running", endpoint=h, started_at=NOW, updated_at=NOW, last_seq=1
+    )
+    gone = states.InstanceState(service=h, instance=h + "2", status="running", pid=1, host=h, version=h,
+                                started_at=NOW, last_seq=1)  # fmt: skip
+    c._stores = {
+        projections.SANDBOXES.kind: Store({h: box}),
+        projections.SNAPSHOTS.kind: Store({h: taken}),
+        projections.PROXIES.kind: Store({h: proxy}),
+        projections.INSTANCES.kind: Store({h: gone}),
+    }
+    c.reports = [
+        msgspec.structs.replace(report("pool-manager", h, 1, **{"idle:" + h: "1", h: h}), host=h, version=h)
+    ]
+    with TestClient(c.app(), base_url="https://testserver") as http:
+        assert login(http, OPERATOR_KEY, user=h).status_code == 303  # the name shows on every page
+        for path, times in (  # (each page: the fields holding it, and the name in the navigation)
+            ("/console/sessions", 5),  # organisation, user, image, sandbox
+            ("/console/sandboxes", 8),  # id, image, backend, pool, organisation, user, proxy
+            ("/console/snapshots", 7),  # id, status's reason, organisation, user, image, parent
+            ("/console/sessions/h1", 18),  # details, sandbox, snapshot, the timeline's entry
+            ("/console/audit", 8),  # the command's event: session, summary, who, by
+            ("/console/system", 14),  # instances, reports' details, pool and proxy gauges
+        ):
+            page = http.get(path)
+            assert page.status_code == 200, (path, page.text)
+            assert_inert(page.text, path, times)
+        # In attributes too: a filter's value reads back as written.
+        listed = http.get("/console/sessions", params={"image": h, "user": h})
+        fields = {attrs.get("id"): attrs for _, attrs in assert_inert(listed.text, "filtered", 5).tags}
+        assert fields["f-image"]["value"] == h and fields["f-user"]["value"] == h
+        # The replay result (from the route, as a failed verification shows it).
+        who = c.signer.check(http.cookies.get(routes.COOKIE), T)
+        differences = [SimpleNamespace(describe=lambda: h)]
+        view = views.replay_view(3, 0.1, {h: 1}, differences)
+        shown = asyncio.run(c.system(None, who, view))  # type: ignore[arg-type]
+        assert_inert(bytes(shown.body).decode(), "replay", 16)  # the system page's 14, headline, line
+        # The live audit stream: JSON the script sets as text, the hostile text intact in it.
+        streamed = http.get("/console/audit/stream", params={"after": "0"})
+        (record,) = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert h in msgspec.json.decode(record.removeprefix("data: "))["summary"]
