@@ -157,6 +157,23 @@ def test_the_filters_and_an_organisation_bound_key():
     assert views.Filters(status="active", org="a&b").query() == "status=active&org=a%26b"
 
 
+def test_the_filters_form_and_a_sessions_actions():
+    chosen = views.filters({"status": "stopped"}, "acme")
+    form = views.filter_form("sessions", chosen, views.STATUSES, "active and stopped", "acme")
+    assert (form.action, form.org_readonly, form.chosen.org) == ("/console/sessions", True, "acme")
+    labels = [(o.value, o.label) for o in form.options]
+    assert labels[:2] == [("", "active and stopped"), ("active", "active")]
+    assert [o.value for o in form.options if o.selected] == ["stopped"]
+    assert not views.filter_form("sandboxes", views.Filters(), (), "all", None).org_readonly
+    actions = views.session_actions(session("a b/c"), "tok")
+    assert actions == views.Actions(
+        csrf="tok", stop="/console/sessions/a%20b%2Fc/stop", delete="/console/sessions/a%20b%2Fc/delete",
+        can_stop=True,
+    )  # fmt: skip
+    assert views.session_actions(session("x", status="stopped"), "tok").can_stop is False
+    assert views.session_actions(session("x", status="deleted"), "tok") is None
+
+
 def test_session_rows_filter_and_hide_other_organisations():
     everyone = [
         session("a1", "acme", user_id="ann", image="python", sandbox_id="sb1", created_at=NOW),
