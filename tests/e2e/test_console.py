@@ -13,6 +13,7 @@ the page. Screenshots of the key pages are saved under the test's tmp dir (paths
 from __future__ import annotations
 
 import shutil
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -404,3 +405,48 @@ async def test_an_organisation_bound_key_sees_only_its_organisation(tab, stack, 
     assert set(tab.problems) <= {REFUSED.format("403 (Forbidden)"), REFUSED.format("404 (Not Found)")}, (
         tab.problems
     )
+
+
+SCRIPTED = "<script>window.__xss=2</script>\"'{{ 7*7 }}"
+"""A name holding a script element, both quotes and template syntax."""
+
+
+async def test_script_quotes_and_template_syntax_stay_text_on_every_page_and_live(tab, stack, rest):
+    _, key = stack
+    created = rest.post("/v1/sessions", json={"session_id": "con-tpl", "org_id": "acme", "user_id": SCRIPTED})
+    assert created.status_code == 201, created.text
+    command = ": \"<script>window.__xss=3</script>'{{ 7*7 }}'\""
+    assert rest.post("/v1/sessions/con-tpl/run", json={"command": command + " first"}).status_code == 200
+    await tab.login(key, name=SCRIPTED)  # the name shows on every page too
+
+    async def inert(path: str) -> str:
+        """The page's text, after checking that nothing of the hostile text became an element."""
+        assert await tab.page.evaluate("document.scripts.length") == 1, path  # console.js alone
+        assert await tab.page.locator("#pwned, main img, main [onerror]").count() == 0, path
+        assert await tab.page.evaluate("window.__xss") is None, path
+        text = await tab.page.locator("body").inner_text()
+        assert SCRIPTED in text, path  # (its {{ 7*7 }} as written)
+        return text
+
+    for path in ("/console/sessions", "/console/sandboxes", "/console/sessions/con-tpl", "/console/audit"):
+        assert (await tab.goto(path)).status == 200, path
+        await inert(path)
+    assert (await tab.goto("/console/sessions/con-tpl")).status == 200
+    assert command + " first" in await inert("the session's timeline")
+    # In an attribute: the filter's field holds it as written, and it filters.
+    assert (await tab.goto("/console/sessions?" + urllib.parse.urlencode({"user": SCRIPTED}))).status == 200
+    assert await tab.page.locator("#f-user").input_value() == SCRIPTED
+    await playwright.expect(tab.page.locator("#sessions tbody tr")).to_have_count(1)
+    await inert("filtered")
+
+    # Live: a row added while the page is open is text too, on the timeline and the audit stream.
+    for path, table in (("/console/sessions/con-tpl", "#timeline tbody"), ("/console/audit", "#audit tbody")):
+        await tab.goto(path)
+        await playwright.expect(tab.page.locator("[data-live-for]")).to_contain_text("Live")
+        marker = "live-" + uuid.uuid4().hex[:8]
+        ran = rest.post("/v1/sessions/con-tpl/run", json={"command": f"{command} {marker}"})
+        assert ran.status_code == 200
+        await playwright.expect(tab.page.locator(table)).to_contain_text(f"{command} {marker}")
+        assert await tab.page.locator(f"{table} tr.fresh script").count() == 0
+        await inert(path + " (live)")
+    assert tab.problems == [], tab.problems

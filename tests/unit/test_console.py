@@ -4,11 +4,15 @@ list's filters, gauges, replay), and the routes' security with fakes in place of
 
 from __future__ import annotations
 
+import asyncio
+import html.parser
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from types import SimpleNamespace
 
+import jinja2
 import msgspec
 import nats.js.errors
 import pytest
@@ -20,7 +24,8 @@ from sbx_api.wire import Timeline, TimelineEntry
 from services.gateway import auth, openapi
 from services.gateway.console import asgi, routes, templating, tokens, views
 from shared.contract import commands, events, states, subjects
-from shared.infrastructure import health
+from shared.domain import projections
+from shared.infrastructure import eventstore, health
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 T = NOW.timestamp()
@@ -82,27 +87,40 @@ def test_csrf_tokens_belong_to_one_binding():
 # ---- templates ---------------------------------------------------------------------
 
 
+def error_page(message: object) -> str:
+    return templating.render("error.html", title="Error", nav=None, code=400, message=message)
+
+
 def test_characters_that_reorder_text_are_shown_as_escapes():
     """A command ``ls \u202egnp.exe`` would read as ``ls exe.png`` in a table cell."""
-    row = templating.render("line.html", text="ls \u202egnp.exe \u2066x\u2069 \u200f")
-    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", row)
-    assert "ls \\u202egnp.exe \\u2066x\\u2069 \\u200f" in row
+    page = error_page("ls \u202egnp.exe \u2066x\u2069 \u200f")
+    assert not re.search("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]", page)
+    assert "ls \\u202egnp.exe \\u2066x\\u2069 \\u200f" in page
 
 
-def test_every_value_is_escaped_unless_it_was_rendered():
-    row = templating.render(
-        "link.html", href='/console/sessions/x" onmouseover="alert(1)', text="<script>alert(1)</script>"
-    )
-    assert "<script>" not in row and "&lt;script&gt;" in row
-    assert "x&quot; onmouseover=&quot;alert(1)" in row
-    assert templating.render("line.html", text=row).count("<a ") == 1  # rendered HTML goes in as it is
-    assert templating.render("line.html", text=None) == "<li></li>\n"
-    with pytest.raises(KeyError):
-        templating.render("line.html")  # a placeholder without a value is an error
-    with pytest.raises(TypeError):
-        templating.join(["<b>raw</b>"])  # type: ignore[list-item]
-    with pytest.raises(ValueError):
-        templating.render("../views.py")
+def test_every_value_is_escaped_and_the_engine_is_strict():
+    page = error_page('x" onmouseover="alert(1)<script>alert(2)</script>{{ 7*7 }}{% if 1 %}')
+    assert "<script>alert" not in page and "&lt;script&gt;alert(2)&lt;/script&gt;" in page
+    assert "x&#34; onmouseover=&#34;alert(1)" in page
+    assert "{{ 7*7 }}{% if 1 %}" in page and "49" not in page  # values are never templates
+    assert "(HTTP 400)" in page and "None" not in error_page(None)  # None shows as nothing
+    assert templating.ENV.autoescape is True
+    with pytest.raises(jinja2.UndefinedError):
+        templating.render("error.html", title="Error", nav=None, code=400)  # a value missing is an error
+    for outside in ("../views.py", "/etc/passwd", "../templating.py"):
+        with pytest.raises(jinja2.TemplateNotFound):
+            templating.render(outside)
+
+
+def test_no_template_or_route_marks_a_value_safe():
+    """Autoescape holds only if nothing opts out: no ``|safe``, no ``autoescape false``, no
+    ``Markup`` made from a value."""
+    for path in templating.TEMPLATES.iterdir():
+        text = path.read_text()
+        assert not re.search(r"\|\s*safe\b|autoescape\s+false|\bMarkup\b", text), path.name
+    for module in (routes, views, asgi, tokens):
+        source = Path(module.__file__).read_text()
+        assert "Markup" not in source and "markupsafe" not in source, module.__name__
 
 
 def test_templates_have_no_inline_script_or_style():
@@ -137,6 +155,23 @@ def test_the_filters_and_an_organisation_bound_key():
         with pytest.raises(errors.InvalidInput):
             views.filters(bad, None)
     assert views.Filters(status="active", org="a&b").query() == "status=active&org=a%26b"
+
+
+def test_the_filters_form_and_a_sessions_actions():
+    chosen = views.filters({"status": "stopped"}, "acme")
+    form = views.filter_form("sessions", chosen, views.STATUSES, "active and stopped", "acme")
+    assert (form.action, form.org_readonly, form.chosen.org) == ("/console/sessions", True, "acme")
+    labels = [(o.value, o.label) for o in form.options]
+    assert labels[:2] == [("", "active and stopped"), ("active", "active")]
+    assert [o.value for o in form.options if o.selected] == ["stopped"]
+    assert not views.filter_form("sandboxes", views.Filters(), (), "all", None).org_readonly
+    actions = views.session_actions(session("a b/c"), "tok")
+    assert actions == views.Actions(
+        csrf="tok", stop="/console/sessions/a%20b%2Fc/stop", delete="/console/sessions/a%20b%2Fc/delete",
+        can_stop=True,
+    )  # fmt: skip
+    assert views.session_actions(session("x", status="stopped"), "tok").can_stop is False
+    assert views.session_actions(session("x", status="deleted"), "tok") is None
 
 
 def test_session_rows_filter_and_hide_other_organisations():
@@ -232,8 +267,11 @@ def test_a_bound_key_sees_the_events_of_its_organisation_only():
     record = views.audit_record(7, ran)
     assert (record.seq, record.type, record.session) == (7, "exec.completed", "a1")
     assert "command=echo <b>hi</b>" in record.summary  # text: the template escapes it
-    rendered = templating.render("audit_row.html", **routes._fields(record))
+    rendered = templating.render(
+        "audit.html", title="Audit", nav=None, shown=1, scope="all", stream="/s", records=[record]
+    )
     assert "<b>" not in rendered and "&lt;b&gt;hi" in rendered
+    assert '<a href="/console/sessions/a1">a1</a>' in rendered
 
 
 def test_timeline_rows_as_the_script_renders_them():
@@ -512,3 +550,151 @@ def test_the_audit_page_places_a_snapshots_event_in_the_life_that_took_it():
     deleted = events.SnapshotDeleted(meta=meta(None), snapshot_id="snap-acme", session_id="x")
     stored = eventstore.Stored(seq=500, subject="t.events.snapshot.snap-acme", prev_seq=5, event=deleted)
     assert asyncio.run(console.sees(stored, globex, {})) is False
+
+
+# ---- hostile text on every page ------------------------------------------------------
+
+HOSTILE = "\"'><script>window.x=1</script><img src=x onerror=alert(1)>{{ 7*7 }}{% if 1 %}</td>&amp;"
+"""What a tenant may write into a name, an image, a command or a report: a tag, quotes that
+would end an attribute, template syntax and an entity."""
+
+
+class Parsed(html.parser.HTMLParser):
+    """A page's elements, attributes and text as a browser would read them."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.text = ""
+        self.feed(page)
+        self.close()
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text += data
+
+
+def assert_inert(page: str, where: str, times: int) -> Parsed:
+    """No element or attribute came from the hostile text, and it shows as itself, as many
+    times as the page has fields holding it."""
+    parsed = Parsed(page)
+    scripts = [attrs for tag, attrs in parsed.tags if tag == "script"]
+    assert scripts == [{"src": "/console/static/console.js", "defer": None}], where
+    assert not [tag for tag, _ in parsed.tags if tag in ("img", "style", "iframe", "object")], where
+    assert not [name for _, attrs in parsed.tags for name in attrs if name.startswith("on")], where
+    assert parsed.text.count(HOSTILE) == times, (where, parsed.text)
+    assert "49" not in parsed.text, where  # {{ 7*7 }} stayed text
+    return parsed
+
+
+class Store:
+    """A projection's store, as the routes read it."""
+
+    def __init__(self, found: dict) -> None:
+        self.found = found
+
+    async def all(self):
+        return dict(self.found)
+
+    async def get(self, key):
+        return self.found.get(key)
+
+
+class Events:
+    """The event store, as the audit page and its stream read it: these events, then the end."""
+
+    def __init__(self, *found: events.Event) -> None:
+        self.stored = [
+            eventstore.Stored(seq=n, subject="s", prev_seq=0, event=e) for n, e in enumerate(found, 1)
+        ]
+
+    async def last_seq(self) -> int:
+        return len(self.stored)
+
+    async def read(self, subject, start_seq: int = 1, follow: bool = False):
+        for stored in self.stored[start_seq - 1 :]:
+            yield stored
+
+
+class HostileHistory:
+    async def timeline(self, request):
+        entry = TimelineEntry(seq=1, time=NOW, kind="command", type="exec.completed", summary=HOSTILE,
+                              org_id=HOSTILE, user_id=HOSTILE)  # fmt: skip
+        page = Timeline(session_id="h1", entries=[entry], next_after=1, more=True)
+        return Response(msgspec.json.encode(page), media_type="application/json")
+
+
+class HostileConsole(routes.Console):
+    reports: list[health.HealthReport] = []
+
+    async def health(self):
+        return self.reports
+
+
+def test_hostile_text_in_every_field_stays_text_on_every_page():
+    """Names, images, commands, event fields, reports and replay results holding a tag,
+    quotes and template syntax: on every page, no element or attribute comes of them and
+    they read as written (the live streams send JSON, which the script sets as text)."""
+    h = HOSTILE
+    meta = events.Meta(
+        event_id="e" * 32, time=NOW, service=h, instance=h, org_id=h, user_id=h, session_id="h1"
+    )
+    ran = events.CommandExecuted(meta=meta, session_id=h, sandbox_id=h, tool="shell", command=h, exit_code=0)
+    c = HostileConsole(
+        keys=auth.KeyCheck(OPERATOR_KEY, (("acme", ACME_KEY),)),
+        signer=signer(),
+        ctx=SimpleNamespace(store=Events(ran)),  # type: ignore[arg-type]
+        sessions=FakeSessions(
+            session("h1", h, user_id=h, image=h, sandbox_id=h, forked_from=h, metadata={h: h})
+        ),  # type: ignore[arg-type]
+        client=FakeClient(),  # type: ignore[arg-type]
+        history=HostileHistory(),  # type: ignore[arg-type]
+        clock=lambda: T,
+    )
+    box = sandbox(
+        h, session_id="h1", image=h, image_digest=h, backend=h, pool=h, snapshot=h, proxy_id=h, error=h
+    )
+    taken = snapshot(h, "h1", h, user_id=h, image=h, parent=h, delete_reason=h)
+    proxy = states.ProxyState(
+        proxy_id=h, status="running", endpoint=h, started_at=NOW, updated_at=NOW, last_seq=1
+    )
+    gone = states.InstanceState(service=h, instance=h + "2", status="running", pid=1, host=h, version=h,
+                                started_at=NOW, last_seq=1)  # fmt: skip
+    c._stores = {
+        projections.SANDBOXES.kind: Store({h: box}),
+        projections.SNAPSHOTS.kind: Store({h: taken}),
+        projections.PROXIES.kind: Store({h: proxy}),
+        projections.INSTANCES.kind: Store({h: gone}),
+    }
+    c.reports = [
+        msgspec.structs.replace(report("pool-manager", h, 1, **{"idle:" + h: "1", h: h}), host=h, version=h)
+    ]
+    with TestClient(c.app(), base_url="https://testserver") as http:
+        assert login(http, OPERATOR_KEY, user=h).status_code == 303  # the name shows on every page
+        for path, times in (  # (each page: the fields holding it, and the name in the navigation)
+            ("/console/sessions", 5),  # organisation, user, image, sandbox
+            ("/console/sandboxes", 8),  # id, image, backend, pool, organisation, user, proxy
+            ("/console/snapshots", 7),  # id, status's reason, organisation, user, image, parent
+            ("/console/sessions/h1", 18),  # details, sandbox, snapshot, the timeline's entry
+            ("/console/audit", 8),  # the command's event: session, summary, who, by
+            ("/console/system", 14),  # instances, reports' details, pool and proxy gauges
+        ):
+            page = http.get(path)
+            assert page.status_code == 200, (path, page.text)
+            assert_inert(page.text, path, times)
+        # In attributes too: a filter's value reads back as written.
+        listed = http.get("/console/sessions", params={"image": h, "user": h})
+        fields = {attrs.get("id"): attrs for _, attrs in assert_inert(listed.text, "filtered", 5).tags}
+        assert fields["f-image"]["value"] == h and fields["f-user"]["value"] == h
+        # The replay result (from the route, as a failed verification shows it).
+        who = c.signer.check(http.cookies.get(routes.COOKIE), T)
+        differences = [SimpleNamespace(describe=lambda: h)]
+        view = views.replay_view(3, 0.1, {h: 1}, differences)
+        shown = asyncio.run(c.system(None, who, view))  # type: ignore[arg-type]
+        assert_inert(bytes(shown.body).decode(), "replay", 16)  # the system page's 14, headline, line
+        # The live audit stream: JSON the script sets as text, the hostile text intact in it.
+        streamed = http.get("/console/audit/stream", params={"after": "0"})
+        (record,) = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert h in msgspec.json.decode(record.removeprefix("data: "))["summary"]

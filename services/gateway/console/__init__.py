@@ -3,7 +3,7 @@ filters, a session's timeline and the audit stream live, service instances and h
 pool and proxy-fleet gauges, ``replay --verify``; stop and delete recorded with the
 operator's identity.
 
-Pages are rendered on the server (:mod:`.templating`, every value escaped) from pure view
+Pages are rendered on the server (:mod:`.templating`: Jinja2, autoescape on) from pure view
 functions (:mod:`.views`); :mod:`.routes` does the I/O and the security (:mod:`.tokens`:
 the session cookie and CSRF tokens). One script (``static/console.js``) makes the
 timeline and the audit stream live; there is no build step.

@@ -179,14 +179,9 @@ class Console:
 
     def _login(self, request: Request, status: int, message: str) -> Response:
         binding = tokens.new_binding()
-        body = templating.render(
-            "login.html",
-            csrf=self.signer.csrf("login:" + binding),
-            message=templating.render("message.html", kind="error", text=message)
-            if message
-            else templating.EMPTY,
+        response = self.html(
+            None, "login.html", "Log in", status, csrf=self.signer.csrf("login:" + binding), error=message
         )
-        response = self.html(request, None, "Log in", body, status)
         response.set_cookie(
             LOGIN_COOKIE,
             binding,
@@ -242,47 +237,38 @@ class Console:
         chosen = views.filters(request.query_params, who.org)
         sandboxes = await self.all(projections.SANDBOXES)
         rows = views.session_rows((await self.sessions.all()).values(), sandboxes, chosen, who.org)
-        body = templating.render(
+        return self.html(
+            who,
             "sessions.html",
-            done=self.done(request),
-            filters=_filters("sessions", chosen, views.STATUSES, "active and stopped", who),
-            count=len(rows),
-            rows=templating.join(templating.render("session_row.html", **vars(r)) for r in rows)
-            or templating.render("empty_row.html", columns=8, text="No sessions match."),
+            "Sessions",
+            done=_done(request),
+            form=views.filter_form("sessions", chosen, views.STATUSES, "active and stopped", who.org),
+            rows=rows,
         )
-        return self.html(request, who, "Sessions", body)
 
     async def sandbox_list(self, request: Request, who: tokens.Identity) -> Response:
         chosen = views.filters(request.query_params, who.org, views.SANDBOX_STATUSES)
         sessions = await self.sessions.all()
         by_id = {s.session_id: s for s in sessions.values()}
         rows = views.sandbox_rows((await self.all(projections.SANDBOXES)).values(), by_id, chosen, who.org)
-        body = templating.render(
+        return self.html(
+            who,
             "sandboxes.html",
-            filters=_filters("sandboxes", chosen, views.SANDBOX_STATUSES, "all but deleted", who),
-            count=len(rows),
-            rows=templating.join(
-                templating.render("sandbox_row.html", **vars(r), session_link=_session_link(r.session_id))
-                for r in rows
-            )
-            or templating.render("empty_row.html", columns=10, text="No sandboxes match."),
+            "Sandboxes",
+            form=views.filter_form("sandboxes", chosen, views.SANDBOX_STATUSES, "all but deleted", who.org),
+            rows=rows,
         )
-        return self.html(request, who, "Sandboxes", body)
 
     async def snapshot_list(self, request: Request, who: tokens.Identity) -> Response:
         chosen = views.filters(request.query_params, who.org, views.SNAPSHOT_STATUSES)
         rows = views.snapshot_rows((await self.all(projections.SNAPSHOTS)).values(), chosen, who.org)
-        body = templating.render(
+        return self.html(
+            who,
             "snapshots.html",
-            filters=_filters("snapshots", chosen, views.SNAPSHOT_STATUSES, "ready", who),
-            count=len(rows),
-            rows=templating.join(
-                templating.render("snapshot_row.html", **vars(r), session_link=_session_link(r.session_id))
-                for r in rows
-            )
-            or templating.render("empty_row.html", columns=13, text="No snapshots match."),
+            "Snapshots",
+            form=views.filter_form("snapshots", chosen, views.SNAPSHOT_STATUSES, "ready", who.org),
+            rows=rows,
         )
-        return self.html(request, who, "Snapshots", body)
 
     async def visible_state(self, session_id: str, who: tokens.Identity) -> states.SessionState:
         ids.validate_session_id(session_id)
@@ -297,54 +283,22 @@ class Console:
         page = await self.timeline_page(state.session_id, who, after)
         box = await self.one(projections.SANDBOXES, state.sandbox_id) if state.sandbox_id else None
         sid = state.session_id
-        actions = templating.EMPTY
-        if state.status != "deleted":
-            actions = templating.render(
-                "session_actions.html",
-                csrf=self.signer.csrf(who.nonce),
-                stop_action=views.href("sessions", sid, "stop"),
-                delete_action=views.href("sessions", sid, "delete"),
-                stop_disabled=templating.Markup(" disabled")
-                if state.status != "active"
-                else templating.EMPTY,
-            )
         taken = views.snapshot_rows(
             (await self.all(projections.SNAPSHOTS)).values(), views.Filters(), who.org, session_id=sid
         )
-        snapshots = (
-            templating.render(
-                "session_snapshots.html",
-                rows=templating.join(
-                    templating.render("session_snapshot_row.html", **vars(r)) for r in taken
-                ),
-            )
-            if taken
-            else templating.render("message.html", kind="note", text="No snapshots of this session.")
-        )
-        more = templating.EMPTY
-        if page.more:
-            more = templating.render(
-                "more.html", href=views.href("sessions", sid) + f"?after={page.next_after}"
-            )
-        body = templating.render(
+        return self.html(
+            who,
             "session.html",
-            done=self.done(request),
-            session_id=sid,
-            details=_dl(views.session_details(state)),
-            sandbox=_dl(views.sandbox_details(box))
-            if box
-            else templating.render(
-                "message.html", kind="note", text="No sandbox yet (it is made at the first command)."
-            ),
-            actions=actions,
-            snapshots=snapshots,
+            f"Session {sid}",
+            done=_done(request),
+            details=views.session_details(state),
+            sandbox=views.sandbox_details(box) if box else None,
+            actions=views.session_actions(state, self.signer.csrf(who.nonce)),
+            snapshots=taken,
             stream=views.href("sessions", sid, "timeline", "stream") + f"?after={page.next_after}",
-            rows=templating.join(
-                templating.render("timeline_row.html", **views.timeline_row(e)) for e in page.entries
-            ),
-            more=more,
+            entries=[views.timeline_row(e) for e in page.entries],
+            more=views.href("sessions", sid) + f"?after={page.next_after}" if page.more else None,
         )
-        return self.html(request, who, f"Session {sid}", body)
 
     async def timeline_page(self, session_id: str, who: tokens.Identity, after: int) -> Timeline:
         """A page of the timeline, read through the API's own route (same rules, same entries)."""
@@ -414,14 +368,15 @@ class Console:
                         break
                     if await self.sees(stored, who, lives):
                         records.append(views.audit_record(stored.seq, stored.event))
-        body = templating.render(
+        return self.html(
+            who,
             "audit.html",
+            "Audit stream",
             scope="every organisation" if who.operator else f"organisation {who.org}",
             shown=AUDIT_SHOWN,
             stream=PREFIX + f"/audit/stream?after={last}",
-            rows=templating.join(templating.render("audit_row.html", **_fields(r)) for r in records),
+            records=records,
         )
-        return self.html(request, who, "Audit stream", body)
 
     async def audit_stream(self, request: Request, who: tokens.Identity) -> Response:
         after = max(_after(request.query_params.get("after")), _after(request.headers.get("last-event-id")))
@@ -489,7 +444,7 @@ class Console:
     # ---- the system -----------------------------------------------------------------
 
     async def system(
-        self, request: Request, who: tokens.Identity, result: templating.Markup | None = None
+        self, request: Request, who: tokens.Identity, result: views.ReplayView | None = None
     ) -> Response:
         reports = await self.health()
         now = datetime.now(UTC)
@@ -499,18 +454,15 @@ class Console:
             (await self.all(projections.PROXIES)).values(),
             reports,
         )
-        body = templating.render(
+        return self.html(
+            who,
             "system.html",
-            instances=templating.join(templating.render("instance_row.html", **vars(r)) for r in rows)
-            or templating.render("empty_row.html", columns=8, text="No instance reports its health."),
-            pool=_gauges(gauges.pool),
-            proxies=_gauges(gauges.proxies)
-            if gauges.proxies
-            else templating.render("empty_row.html", columns=3, text="No proxy fleet."),
+            "System",
+            instances=rows,
+            gauges=gauges,
             csrf=self.signer.csrf(who.nonce),
-            result=result or templating.EMPTY,
+            replay=result,
         )
-        return self.html(request, who, "System", body)
 
     async def replay(self, request: Request, who: tokens.Identity) -> Response:
         async with self._replaying:  # one at a time: it reads the whole stream
@@ -522,13 +474,7 @@ class Console:
             events=report.events,
             differences=len(report.differences),
         )
-        result = templating.render(
-            "replay.html",
-            kind="ok" if view.ok else "error",
-            headline=view.headline,
-            lines=templating.join(templating.render("line.html", text=line) for line in view.lines),
-        )
-        return await self.system(request, who, result)
+        return await self.system(request, who, view)
 
     async def health(self) -> list[health.HealthReport]:
         try:
@@ -558,40 +504,31 @@ class Console:
     # ---- rendering ------------------------------------------------------------------
 
     def html(
-        self,
-        request: Request,
-        who: tokens.Identity | None,
-        title: str,
-        body: templating.Markup,
-        status: int = 200,
+        self, who: tokens.Identity | None, template: str, title: str, status: int = 200, **values: object
     ) -> Response:
-        nav = templating.EMPTY
+        """A page: ``template`` (which extends ``base.html``) with its values, the
+        navigation of the login ``who`` (none before logging in), never cached."""
+        nav = None
         if who is not None:
-            nav = templating.render(
-                "nav.html",
-                system=templating.render("nav_system.html") if who.operator else templating.EMPTY,
-                scope="operator" if who.operator else f"organisation {who.org}",
+            nav = views.Nav(
                 user=who.user,
+                scope="operator" if who.operator else f"organisation {who.org}",
+                operator=who.operator,
                 csrf=self.signer.csrf(who.nonce),
             )
-        page = templating.render("base.html", title=title, nav=nav, body=body)
+        page = templating.render(template, title=title, nav=nav, **values)
         return Response(
             page, status, media_type="text/html; charset=utf-8", headers={"cache-control": "no-store"}
         )
 
     def error(self, request: Request, who: tokens.Identity | None, status: int, message: str) -> Response:
-        body = templating.render("error.html", status=status, message=message)
-        return self.html(request, who, "Error", body, status)
+        return self.html(who, "error.html", "Error", status, code=status, message=message)
 
     def failed(self, request: Request, who: tokens.Identity, exc: errors.SandboxError) -> Response:
         status = exc.status if exc.status >= 400 else 500
         if status >= 500:
             log.warning("console.failed", path=request.url.path, code=exc.code, error=exc.message)
         return self.error(request, who, status, exc.message)
-
-    def done(self, request: Request) -> templating.Markup:
-        text = DONE.get(request.query_params.get("done", ""))
-        return templating.render("message.html", kind="ok", text=text) if text else templating.EMPTY
 
     async def static_file(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -605,50 +542,9 @@ class Console:
 # ---- helpers ----------------------------------------------------------------------
 
 
-def _sel(selected: bool) -> templating.Markup:
-    return templating.Markup(" selected") if selected else templating.EMPTY
-
-
-def _dl(pairs: list[tuple[str, str]]) -> templating.Markup:
-    return templating.render(
-        "dl.html", items=templating.join(templating.render("dl_item.html", term=k, value=v) for k, v in pairs)
-    )
-
-
-def _gauges(gauges: list[views.Gauge]) -> templating.Markup:
-    return templating.join(
-        templating.render("gauge_row.html", name=g.name, value=g.value, note=g.note) for g in gauges
-    )
-
-
-def _session_link(session_id: str) -> templating.Markup:
-    if not session_id:
-        return templating.EMPTY
-    return templating.render("link.html", href=views.href("sessions", session_id), text=session_id)
-
-
-def _filters(
-    what: str, chosen: views.Filters, statuses: tuple[str, ...], any_status: str, who: tokens.Identity
-) -> templating.Markup:
-    return templating.render(
-        "filters.html",
-        action=PREFIX + "/" + what,
-        what=what,
-        status_options=templating.join(
-            templating.render(
-                "option.html", value=v, label=v or any_status, selected=_sel(v == chosen.status)
-            )
-            for v in ("", *statuses)
-        ),
-        org=chosen.org,
-        org_readonly=templating.Markup(" readonly") if who.org else templating.EMPTY,
-        user=chosen.user,
-        image=chosen.image,
-    )
-
-
-def _fields(record: views.AuditRecord) -> dict[str, Any]:
-    return {**msgspec.structs.asdict(record), "session_link": _session_link(record.session)}
+def _done(request: Request) -> str:
+    """What a redirect after an action says ("" for nothing)."""
+    return DONE.get(request.query_params.get("done", ""), "")
 
 
 def _after(text: str | None) -> int:

@@ -31,6 +31,17 @@ SUMMARY_MAX = 300
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@")
 
 
+@dataclass(frozen=True)
+class Nav:
+    """The navigation of a logged-in page: who it is and their logout form."""
+
+    user: str
+    scope: str
+    operator: bool
+    """The operator's key: the System page is theirs."""
+    csrf: str
+
+
 def redact(text: str) -> str:
     """Free text with the user and password of any URL in it replaced (``scheme://…@host``):
     what services report and events hold is shown, credentials that slipped in are not."""
@@ -80,6 +91,38 @@ def filters(query: Mapping[str, str], bound: str | None, statuses: Sequence[str]
             raise errors.Forbidden("this key acts for one organisation: it lists only that organisation's")
         texts["org"] = bound
     return Filters(status=status, **texts)
+
+
+@dataclass(frozen=True)
+class Option:
+    value: str
+    label: str
+    selected: bool
+
+
+@dataclass(frozen=True)
+class FilterForm:
+    """A list's filters form: where it goes, its status choices and its fields' values."""
+
+    action: str
+    what: str
+    options: list[Option]
+    chosen: Filters
+    org_readonly: bool
+    """A key bound to an organisation cannot change the organisation filter."""
+
+
+def filter_form(
+    what: str, chosen: Filters, statuses: Sequence[str], any_status: str, bound: str | None
+) -> FilterForm:
+    """The filters form of the list ``what`` (``any_status``: what no status chosen lists)."""
+    return FilterForm(
+        action=href(what),
+        what=what,
+        options=[Option(v, v or any_status, v == chosen.status) for v in ("", *statuses)],
+        chosen=chosen,
+        org_readonly=bound is not None,
+    )
 
 
 @dataclass(frozen=True)
@@ -262,6 +305,29 @@ def session_details(state: states.SessionState) -> list[tuple[str, str]]:
         ("Forked from", state.forked_from or "(not a fork)"),
         ("Last event", str(state.last_seq)),
     ]
+
+
+@dataclass(frozen=True)
+class Actions:
+    """The stop and delete forms of a session's page."""
+
+    csrf: str
+    stop: str
+    delete: str
+    can_stop: bool
+
+
+def session_actions(state: states.SessionState, csrf: str) -> Actions | None:
+    """What a session's page lets one do: stop it while active, delete it until deleted."""
+    if state.status == "deleted":
+        return None
+    sid = state.session_id
+    return Actions(
+        csrf=csrf,
+        stop=href("sessions", sid, "stop"),
+        delete=href("sessions", sid, "delete"),
+        can_stop=state.status == "active",
+    )
 
 
 def sandbox_details(box: states.SandboxState) -> list[tuple[str, str]]:
