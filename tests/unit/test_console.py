@@ -26,6 +26,7 @@ from services.gateway.console import asgi, routes, templating, tokens, views
 from shared.contract import commands, events, states, subjects
 from shared.domain import projections
 from shared.infrastructure import eventstore, health
+from tests import factories
 
 NOW = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 T = NOW.timestamp()
@@ -135,13 +136,11 @@ def test_templates_have_no_inline_script_or_style():
 
 
 def session(sid: str, org: str | None = None, **more) -> states.SessionState:
-    fields = {"status": "active", "created_at": NOW, "updated_at": NOW, "last_seq": 1} | more
-    return states.SessionState(session_id=sid, org_id=org, **fields)
+    return factories.session_state(sid, org_id=org, **({"created_at": NOW, "updated_at": NOW} | more))
 
 
 def sandbox(sid: str, **more) -> states.SandboxState:
-    fields = {"status": "running", "created_at": NOW, "updated_at": NOW, "last_seq": 1} | more
-    return states.SandboxState(sandbox_id=sid, **fields)
+    return factories.sandbox_state(sid, **({"created_at": NOW, "updated_at": NOW} | more))
 
 
 def test_the_filters_and_an_organisation_bound_key():

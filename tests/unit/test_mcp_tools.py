@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import math
 import re
-from datetime import UTC, datetime
 from typing import Any
 
 import fastmcp
@@ -28,6 +27,7 @@ from services.gateway import auth, sessions
 from services.gateway import mcp as mcp_tools
 from services.gateway.mcp import calls, sandbox
 from shared.contract import checks, commands, execution, ids, states
+from tests import factories
 
 SESSION = "sess-1"
 SANDBOX = "sbx-0123"
@@ -39,14 +39,9 @@ HEADERS = {"x-session-id": SESSION, "x-org-id": "acme", "x-user-id": "alice", "x
 
 
 def _state(sandbox_id: str | None = SANDBOX, image: str | None = None) -> states.SessionState:
-    now = datetime(2026, 1, 1, tzinfo=UTC)
-    return states.SessionState(
-        session_id=SESSION,
-        status="active",
+    return factories.session_state(
+        SESSION,
         image=image,
-        created_at=now,
-        updated_at=now,
-        last_seq=1,
         sandbox_id=sandbox_id,
     )
 

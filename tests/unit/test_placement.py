@@ -12,6 +12,7 @@ from sbx_api import errors
 from services.gateway import mcp as mcp_tools
 from services.gateway import placement
 from shared.contract import execution, states
+from tests import factories
 from tests.unit.test_mcp_tools import HEADERS, SESSION, FakeCommands, _state
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -29,9 +30,7 @@ class Store:
 
 
 def sandbox(sandbox_id: str, status: str = "running") -> states.SandboxState:
-    return states.SandboxState(
-        sandbox_id=sandbox_id, status=status, session_id=SESSION, created_at=NOW, updated_at=NOW, last_seq=1
-    )
+    return factories.sandbox_state(sandbox_id, status, session_id=SESSION, created_at=NOW, updated_at=NOW)
 
 
 async def test_a_running_placement_is_remembered_briefly_and_can_be_forgotten(monkeypatch):

@@ -13,14 +13,13 @@ from services.proxy_scaler import logic
 from shared.contract import events, states
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
+from tests import factories
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def sandbox(n: int, status: str = "running", proxy: str | None = None) -> states.SandboxState:
-    return states.SandboxState(
-        sandbox_id=f"sb-{n:03d}", status=status, proxy_id=proxy, created_at=T0, updated_at=T0, last_seq=1
-    )
+    return factories.sandbox_state(f"sb-{n:03d}", status, proxy_id=proxy, created_at=T0, updated_at=T0)
 
 
 def proxy(pid: str, status: str = "running", since: datetime = T0) -> states.ProxyState:

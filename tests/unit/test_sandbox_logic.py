@@ -15,6 +15,7 @@ from shared.contract import commands, events, ids, states
 from shared.domain import projections
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules
+from tests import factories
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 SID = "task-42"
@@ -24,29 +25,12 @@ ACTOR = commands.Actor(via="mcp", org_id="acme", user_id="alice")
 
 
 def meta(n: int = 0, command_id: str | None = "cmd-0") -> events.Meta:
-    return events.Meta(
-        event_id=f"{n:032x}",
-        time=T0 + timedelta(seconds=n),
-        service="scheduler",
-        instance="scheduler-1",
-        command_id=command_id,
-        session_id=SID,
-    )
+    return factories.meta(n, command_id=command_id, session_id=SID)
 
 
 def session(status: str, **kw: Any) -> states.SessionState:
-    fields: dict[str, Any] = dict(
-        session_id=SID,
-        status=status,
-        image="python:3.12",
-        created_at=T0,
-        updated_at=T0,
-        last_seq=3,
-        version=3,
-        last_command_id="cmd-earlier",
-    )
-    fields.update(kw)
-    return states.SessionState(**fields)
+    fields: dict[str, Any] = dict(image="python:3.12", last_seq=3, version=3, last_command_id="cmd-earlier")
+    return factories.session_state(SID, status, **(fields | kw))
 
 
 def ensure(cid: str = "cmd-e", image: str | None = "python:3.12", actor: commands.Actor = ACTOR) -> Any:
@@ -313,18 +297,9 @@ SANDBOX_CHANGES: dict[str, dict[str, Any]] = {
 
 def sandbox(status: str, **kw: Any) -> states.SandboxState:
     fields: dict[str, Any] = dict(
-        sandbox_id=SB,
-        status=status,
-        session_id=SID,
-        image="python:3.12",
-        use_kata=True,
-        backend="kata",
-        created_at=T0,
-        updated_at=T0,
-        last_seq=4,
+        session_id=SID, image="python:3.12", use_kata=True, backend="kata", last_seq=4
     )
-    fields.update(kw)
-    return states.SandboxState(**fields)
+    return factories.sandbox_state(SB, status, **(fields | kw))
 
 
 def test_sandbox_transition_table_covers_every_status() -> None:

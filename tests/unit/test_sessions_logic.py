@@ -14,6 +14,7 @@ from sbx_api import errors
 from shared.contract import commands, events, states
 from shared.domain import instance as instance_rules
 from shared.domain import projections, session
+from tests import factories
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 SID = "task-42"
@@ -21,14 +22,7 @@ ACTOR = commands.Actor(via="rest", org_id="acme", user_id="alice")
 
 
 def meta(n: int = 0, command_id: str | None = "cmd-0") -> events.Meta:
-    return events.Meta(
-        event_id=f"{n:032x}",
-        time=T0 + timedelta(seconds=n),
-        service="scheduler",
-        instance="scheduler-1",
-        command_id=command_id,
-        session_id=SID,
-    )
+    return factories.meta(n, command_id=command_id, session_id=SID)
 
 
 def create(cid: str = "cmd-c", image: str | None = "python:3.12", sid: str = SID) -> commands.CreateSession:
@@ -44,17 +38,8 @@ def delete(cid: str = "cmd-d", sid: str = SID) -> commands.DeleteSession:
 
 
 def state(status: str, **kw: Any) -> states.SessionState:
-    fields: dict[str, Any] = dict(
-        session_id=SID,
-        status=status,
-        created_at=T0,
-        updated_at=T0,
-        last_seq=3,
-        version=3,
-        last_command_id="cmd-earlier",
-    )
-    fields.update(kw)
-    return states.SessionState(**fields)
+    fields: dict[str, Any] = dict(last_seq=3, version=3, last_command_id="cmd-earlier")
+    return factories.session_state(SID, status, **(fields | kw))
 
 
 # ---- decide -------------------------------------------------------------------------------
