@@ -2,7 +2,7 @@
 virtual environment (only its wire contract, api/, and msgspec come with it), then used
 against a real `sbx up`:
 sessions, streamed runs, files as tar, the host client's Sandbox and the README's example
-(tests/e2e/light_client_checks.py, run by that environment's Python: nothing of the
+(clients/python/tests/checks.py, beside the client, run by that environment's Python: nothing of the
 server is importable there). The `[cli]` extra gives `sbx-host`, run as an agent would."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests.e2e.stacks import running_stack
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 CLIENT = support.ROOT / "clients" / "python"
 API = support.ROOT / "api"
-CHECKS = Path(__file__).with_name("light_client_checks.py")
+CHECKS = CLIENT / "tests" / "checks.py"
 
 
 def uv() -> str:

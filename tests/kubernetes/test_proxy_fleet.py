@@ -129,7 +129,7 @@ async def test_the_deployment_follows_the_sandboxes(fleet):
     assert out.decode().startswith("http://10.96.0.20:3128\n") and CA in out.decode()
 
     # A proxy pod that goes away is recorded as died; the Deployment replaces it.
-    core = await fleet["rt"].core_api()
+    core = await fleet["rt"].cluster.core()
     await core.delete_namespaced_pod(pods[0], "sbx-system")
 
     async def replaced():

@@ -71,7 +71,7 @@ async def test_the_lifecycle_role_allows_exactly_what_the_pool_manager_does(clus
     await rt.delete_snapshot("rbac-snap")
     await rt.stop(spec.sandbox_id)
     await rt.delete(spec.sandbox_id)
-    assert await rt.proxy_url() == "http://10.96.0.20:3128"
+    assert await rt.cluster.proxy_url() == "http://10.96.0.20:3128"
     calls = [c for c in cluster.calls if c[1] != "services"]
     check(calls, "sbx-lifecycle")
     service_calls = [c for c in cluster.calls if c[1] == "services"]

@@ -197,7 +197,7 @@ async def test_a_claim_deleted_in_the_background_under_its_pod_is_swept_not_leak
     shows up in ``list`` as an orphan, and deleting it frees both."""
     rt = make_kube()
     sid = await started(rt)
-    core = await rt.core_api()
+    core = await rt.cluster.core()
     await core.delete_namespaced_persistent_volume_claim(names.claim_name(sid), SETTINGS.namespace)
     assert await rt.get(sid) is None, "a claim being deleted is no sandbox"
     assert sid in {i.sandbox_id for i in await rt.list()}, "its pod is listed for the sweep"
@@ -324,7 +324,7 @@ async def test_a_cache_deleted_by_an_operator_is_made_again_on_the_next_start(cl
     sid = await started(rt, cache=key)
     await rt.run(sid, ["sh", "-c", "echo old > /.sbx/cache/marker"])
     await rt.stop(sid)
-    core = await rt.core_api()
+    core = await rt.cluster.core()
     await core.delete_namespaced_persistent_volume_claim(names.cache_claim_name(key), SETTINGS.namespace)
     await support.eventually(lambda: not cache_claims(cluster), timeout=10)
     await rt.start(sid)
@@ -345,7 +345,7 @@ async def test_turning_caches_off_leaves_stopped_sandboxes_able_to_start(cluster
     await off.start(sid)
     assert (await off.get(sid)).status == "running"
     await off.stop(sid)
-    core = await off.core_api()
+    core = await off.cluster.core()
     await core.delete_namespaced_persistent_volume_claim(names.cache_claim_name(key), SETTINGS.namespace)
     await support.eventually(lambda: not cache_claims(cluster), timeout=10)
     with pytest.raises(errors.NotFound, match="SBX_K8S_CACHE_STORAGE_CLASS"):

@@ -32,8 +32,8 @@ class KubernetesProxies:
         """The CA is the operator's Secret (deploy/README.md); nothing to create here."""
 
     async def replicas(self) -> int:
-        apps = await self.runtime.apps_api()
-        scale = await self.runtime.call(
+        apps = await self.runtime.cluster.apps()
+        scale = await self.runtime.cluster.call(
             f"reading the scale of Deployment {self.ns}/{self.name}",
             apps.read_namespaced_deployment_scale(self.name, self.ns),
         )
@@ -42,16 +42,16 @@ class KubernetesProxies:
     async def scale(self, replicas: int) -> None:
         if replicas < 0:
             raise errors.InvalidInput("a fleet cannot have fewer than 0 proxies")
-        apps = await self.runtime.apps_api()
-        await self.runtime.call(
+        apps = await self.runtime.cluster.apps()
+        await self.runtime.cluster.call(
             f"scaling Deployment {self.ns}/{self.name}",
             apps.patch_namespaced_deployment_scale(self.name, self.ns, {"spec": {"replicas": replicas}}),
         )
 
     async def _pod_selector(self) -> str:
         if self._selector is None:
-            apps = await self.runtime.apps_api()
-            deployment = await self.runtime.call(
+            apps = await self.runtime.cluster.apps()
+            deployment = await self.runtime.cluster.call(
                 f"reading Deployment {self.ns}/{self.name}",
                 apps.read_namespaced_deployment(self.name, self.ns),
             )
@@ -63,8 +63,8 @@ class KubernetesProxies:
 
     async def ready(self) -> dict[str, str]:
         """Proxy pod name → ``ip:port``, for every running pod that is not terminating."""
-        core = await self.runtime.core_api()
-        pods = await self.runtime.call(
+        core = await self.runtime.cluster.core()
+        pods = await self.runtime.cluster.call(
             "listing proxy pods", core.list_namespaced_pod(self.ns, label_selector=await self._pod_selector())
         )
         port = self.settings.proxy_port

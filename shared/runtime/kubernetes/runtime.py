@@ -12,27 +12,22 @@ from __future__ import annotations
 import asyncio
 import builtins
 import contextlib
-import copy
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
 
 import aiohttp
 import msgspec
 import structlog
-from kubernetes_asyncio import client, config, watch
+from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
-from kubernetes_asyncio.stream import WsApiClient
-from kubernetes_asyncio.stream.ws_client import get_websocket_url
 
 from sbx_api import errors
 from shared.contract import ids
 from shared.infrastructure.settings import KubernetesSettings
 from shared.runtime import api
-from shared.runtime.kubernetes import channel, manifests, names
-from shared.runtime.kubernetes import snapshots as k8s_snapshots
+from shared.runtime.kubernetes import channel, cluster, manifests, names, snapstore
 
 TRUST_SETUP = f"""
 [ -s {manifests.BUNDLE} ] && exit 0
@@ -54,44 +49,11 @@ PULL_GRACE = 15.0
 back-off) before the start fails with the registry's reason."""
 
 
-def api_error(exc: ApiException, what: str) -> errors.SandboxError:
-    """The project's error for a Kubernetes API error."""
-    status = exc.status or 0
-    detail = f"{what}: {exc.status} {exc.reason}"
-    if status == 404:
-        return errors.NotFound(detail)
-    if status == 409:
-        return errors.Conflict(detail)
-    if status in (400, 422):
-        return errors.InvalidInput(detail)
-    if status in (401, 403):
-        return errors.ConfigError(f"{detail} (check the service account's RBAC rules: docs/kubernetes.md)")
-    return errors.Unavailable(detail)
-
-
 def _body(manifest: dict[str, Any]) -> Any:
     """A manifest as a request body: the client serializes plain dicts as they are
     (``sanitize_for_serialization``), so manifests stay dicts; its generated signatures
     name the model classes."""
     return manifest
-
-
-class _ExecClient(WsApiClient):
-    """WsApiClient that offers v5 and v4 and lets aiohttp negotiate, so ``ws.protocol``
-    says which one the server speaks."""
-
-    # The two parents' signatures differ from each other; this one takes what both pass.
-    async def request(  # type: ignore[override]
-        self, method: str, url: str, query_params: Any = None, headers: Any = None, **kwargs: Any
-    ) -> Any:
-        expanded: list[tuple[str, str]] = []
-        for key, value in query_params or []:
-            expanded.extend((key, v) for v in (value if isinstance(value, list) else [value]))
-        headers = {k: v for k, v in (headers or {}).items() if k.lower() != "sec-websocket-protocol"}
-        target = get_websocket_url(url + ("?" + urlencode(expanded) if expanded else ""))
-        return await self.rest_client.pool_manager.ws_connect(
-            target, headers=headers, protocols=channel.PROTOCOLS, max_msg_size=0, heartbeat=30
-        )
 
 
 class KubernetesRuntime(api.Runtime):
@@ -107,10 +69,9 @@ class KubernetesRuntime(api.Runtime):
         self.settings = settings
         self.egress = egress
         self.ns = settings.namespace
-        self._configuration = configuration
-        self._clients: tuple[client.ApiClient, WsApiClient] | None = None
-        self._opening = asyncio.Lock()
-        self._proxy_url: str | None = None
+        self.cluster = cluster.Cluster(settings, configuration)
+        self.call = self.cluster.call
+        self.volume_snapshots = snapstore.VolumeSnapshots(settings, self.cluster)
         if not settings.runtime_class:
             structlog.get_logger(__name__).warning(
                 "kubernetes.no_runtime_class",
@@ -118,65 +79,8 @@ class KubernetesRuntime(api.Runtime):
                 fix="install gVisor and set SBX_K8S_RUNTIME_CLASS=gvisor",
             )
 
-    # ---- clients -------------------------------------------------------------------------
-
-    async def _open(self) -> tuple[client.CoreV1Api, client.NetworkingV1Api, client.CoreV1Api]:
-        async with self._opening:
-            if self._clients is None:
-                cfg = self._configuration
-                if cfg is None:
-                    cfg = client.Configuration()
-                    if self.settings.kubeconfig:
-                        await config.load_kube_config(
-                            config_file=self.settings.kubeconfig, client_configuration=cfg
-                        )
-                    else:
-                        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-                exec_cfg = copy.copy(cfg)
-                exec_cfg.connection_pool_maxsize = 0  # unlimited: every open exec holds one
-                self._clients = (client.ApiClient(cfg), _ExecClient(exec_cfg))
-        plain, ws = self._clients
-        return client.CoreV1Api(plain), client.NetworkingV1Api(plain), client.CoreV1Api(ws)
-
-    async def core_api(self) -> client.CoreV1Api:
-        return (await self._open())[0]
-
-    async def apps_api(self) -> client.AppsV1Api:
-        await self._open()
-        assert self._clients is not None
-        return client.AppsV1Api(self._clients[0])
-
     async def close(self) -> None:
-        if self._clients is not None:
-            for c in self._clients:
-                await c.close()
-            self._clients = None
-
-    async def call(self, what: str, coro: Any, *, missing_ok: bool = False) -> Any:
-        """Await an API call; its errors become the project's (``what`` names the call)."""
-        try:
-            return await coro
-        except ApiException as exc:
-            if missing_ok and exc.status == 404:
-                return None
-            raise api_error(exc, what) from None
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise errors.Unavailable(f"{what}: the Kubernetes API is unreachable: {exc}") from exc
-
-    async def proxy_url(self) -> str:
-        """The proxies' Service by cluster IP: sandboxes have no DNS."""
-        if self._proxy_url is None:
-            core, _, _ = await self._open()
-            service = await self.call(
-                f"reading the proxy Service {self.settings.proxy_service}",
-                core.read_namespaced_service(self.settings.proxy_name, self.settings.proxy_namespace),
-            )
-            ip = service.spec.cluster_ip
-            if not ip or ip == "None":
-                raise errors.ConfigError(f"the proxy Service {self.settings.proxy_service} has no cluster IP")
-            host = f"[{ip}]" if ":" in ip else ip
-            self._proxy_url = f"http://{host}:{self.settings.proxy_port}"
-        return self._proxy_url
+        await self.cluster.close()
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -185,7 +89,7 @@ class KubernetesRuntime(api.Runtime):
         return obj is None or obj.metadata.deletion_timestamp is not None
 
     async def _claim(self, sandbox_id: str) -> Any:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         claim = await self.call(
             "reading a workspace claim",
             core.read_namespaced_persistent_volume_claim(names.claim_name(sandbox_id), self.ns),
@@ -194,7 +98,7 @@ class KubernetesRuntime(api.Runtime):
         return None if self._gone(claim) else claim
 
     async def _pod(self, sandbox_id: str) -> Any:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         return await self.call(
             "reading a sandbox pod",
             core.read_namespaced_pod(names.object_name(sandbox_id), self.ns),
@@ -242,7 +146,7 @@ class KubernetesRuntime(api.Runtime):
         return claim
 
     async def list(self, labels: Mapping[str, str] | None = None) -> list[api.SandboxInfo]:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         selector = names.selector(labels)
         claims = await self.call(
             "listing workspace claims",
@@ -281,7 +185,7 @@ class KubernetesRuntime(api.Runtime):
     ) -> AsyncGenerator[tuple[str, Any], None]:
         """Events of one pod from ``since`` on, until ``deadline``; restarts from a fresh
         read when the server says the version is too old (410)."""
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         name = names.object_name(sandbox_id)
         while (left := deadline - time.monotonic()) > 0:
             if since is None:
@@ -305,7 +209,7 @@ class KubernetesRuntime(api.Runtime):
                     yield event["type"], event["object"]
             except ApiException as exc:
                 if exc.status != 410:
-                    raise api_error(exc, "watching a sandbox pod") from None
+                    raise cluster.api_error(exc, "watching a sandbox pod") from None
                 since = None  # expired: start over from a fresh list
             except (TimeoutError, aiohttp.ClientError) as exc:
                 raise errors.Unavailable(f"watching a sandbox pod: {exc}") from exc
@@ -379,7 +283,7 @@ class KubernetesRuntime(api.Runtime):
     async def create(self, spec: api.SandboxSpec) -> api.SandboxInfo:
         ids.validate_session_id(spec.sandbox_id, what="sandbox id")
         if spec.snapshot is not None:
-            await self._usable_snapshot(spec)
+            await self.volume_snapshots.check_usable(spec)
         if spec.isolation == "strong" and not self.settings.strong_runtime_class:
             raise errors.NotBuiltYet(
                 "strong isolation (Kata) is not configured on this cluster: set SBX_K8S_STRONG_RUNTIME_CLASS"
@@ -389,7 +293,7 @@ class KubernetesRuntime(api.Runtime):
         self._image(spec)
         if spec.cache:
             await self._ensure_cache(spec.cache, creating=True)
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         for _ in range(2):
             existing = await self.call(
                 "reading a workspace claim",
@@ -432,7 +336,7 @@ class KubernetesRuntime(api.Runtime):
             name = names.cache_claim_name(key)
         except ValueError as exc:
             raise errors.InvalidInput(str(exc)) from None
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         existing = await self.call(
             "reading a package cache claim",
             core.read_namespaced_persistent_volume_claim(name, self.ns),
@@ -479,7 +383,7 @@ class KubernetesRuntime(api.Runtime):
         return image
 
     async def start(self, sandbox_id: str) -> api.SandboxInfo:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         claim = await self._require(sandbox_id)
         info = self._info(claim, None)
         pod = await self._pod(sandbox_id)
@@ -508,15 +412,14 @@ class KubernetesRuntime(api.Runtime):
             await self._delete_pod(sandbox_id)
             await self._until_gone(sandbox_id, pod)
             pod = None
-        assert self._clients is not None
-        raw = self._clients[0].sanitize_for_serialization(claim)  # model -> dict
+        raw = await self.cluster.as_dict(claim)
         policy = manifests.network_policy(info.spec, raw, self.settings, egress=self.egress)
         await self._ensure_policy(sandbox_id, policy, claim.metadata.uid)
         since = pod.metadata.resource_version if pod is not None else None
         if pod is None:
             if info.spec.cache:  # an operator may have deleted the cache since: an empty one, not a stuck pod
                 await self._ensure_cache(info.spec.cache, creating=False)
-            proxy = await self.proxy_url() if self.egress == "proxy" else None
+            proxy = await self.cluster.proxy_url() if self.egress == "proxy" else None
             body = _body(
                 manifests.pod(info.spec, raw, self.settings, image=self._image(info.spec), proxy_url=proxy)
             )
@@ -531,144 +434,31 @@ class KubernetesRuntime(api.Runtime):
             await self._mark_paused(sandbox_id, False)  # start that dies leaves it paused)
         return msgspec.structs.replace(info, status="running")
 
-    # ---- snapshots: CSI VolumeSnapshots of the workspace claim -----------------------------
+    # ---- snapshots: CSI VolumeSnapshots of the workspace claim (snapstore.py) ----------------
 
     @property
     def snapshots(self) -> bool:  # type: ignore[override]  # a class attribute in the API
-        return bool(self.settings.snapshot_class)
-
-    def _no_snapshots(self) -> errors.SandboxError:
-        return errors.NotBuiltYet(
-            "snapshots are not available on this cluster: they need a CSI VolumeSnapshotClass, "
-            "named in SBX_K8S_SNAPSHOT_CLASS (none is configured)"
-        )
-
-    async def _custom(self) -> client.CustomObjectsApi:
-        await self._open()
-        assert self._clients is not None
-        return client.CustomObjectsApi(self._clients[0])
-
-    async def _volume_snapshot(self, snapshot_id: str) -> dict[str, Any] | None:
-        custom = await self._custom()
-        found = await self.call(
-            "reading a VolumeSnapshot",
-            custom.get_namespaced_custom_object(
-                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
-                names.snapshot_name(snapshot_id),
-            ),
-            missing_ok=True,
-        )  # fmt: skip
-        if found is None or (found.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        return dict(found)
+        return self.volume_snapshots.enabled
 
     async def snapshot(self, sandbox_id: str, snapshot_id: str) -> api.SnapshotInfo:
         """A VolumeSnapshot of the sandbox's workspace claim (``/workspace`` and the shell's
         saved state; crash-consistent: the CSI driver copies the volume as it is), ready
         when this returns. Idempotent by ``snapshot_id``."""
-        if not self.snapshots:
-            raise self._no_snapshots()
-        ids.validate_session_id(snapshot_id, what="snapshot id")
-        existing = await self._volume_snapshot(snapshot_id)
-        if existing is not None and k8s_snapshots.of(existing).get("sandbox_id") != sandbox_id:
-            raise errors.Conflict(f"snapshot id {snapshot_id!r} is taken by another sandbox")
-        if existing is None:
-            info = self._info(await self._require(sandbox_id), None)
-            custom = await self._custom()
-            body = k8s_snapshots.manifest(snapshot_id, info.spec, self.settings)
-            try:
-                await self.call(
-                    "creating a VolumeSnapshot",
-                    custom.create_namespaced_custom_object(
-                        k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL, body
-                    ),
-                )
-            except errors.NotFound:
-                raise errors.ConfigError(
-                    "this cluster does not serve snapshot.storage.k8s.io/v1 VolumeSnapshots: install "
-                    "the CSI snapshot CRDs and controller, or unset SBX_K8S_SNAPSHOT_CLASS"
-                ) from None
-            except errors.Conflict:
-                pass  # another request made it: wait for it with them
-        return k8s_snapshots.info(await self._until_snapshot_ready(snapshot_id))
 
-    async def _until_snapshot_ready(self, snapshot_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + self.settings.start_timeout
-        delay = 0.05
-        while True:
-            found = await self._volume_snapshot(snapshot_id)
-            if found is None:
-                raise errors.NotFound(f"snapshot {snapshot_id!r} was deleted while it was being made")
-            if k8s_snapshots.ready(found):
-                return found
-            if (why := k8s_snapshots.failure(found)) is not None:
-                raise errors.InfrastructureError(f"the CSI driver could not snapshot the workspace: {why}")
-            if time.monotonic() > deadline:
-                raise errors.Unavailable(
-                    f"snapshot {snapshot_id!r} is not ready after {self.settings.start_timeout:.0f} s; "
-                    "retry with the same id"
-                )
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        async def spec() -> api.SandboxSpec:
+            return self._info(await self._require(sandbox_id), None).spec
+
+        return await self.volume_snapshots.take(sandbox_id, snapshot_id, spec)
 
     async def get_snapshot(self, snapshot_id: str) -> api.SnapshotInfo | None:
-        if not self.snapshots:
-            return None
-        found = await self._volume_snapshot(snapshot_id)
-        return k8s_snapshots.info(found) if found is not None and k8s_snapshots.ready(found) else None
+        return await self.volume_snapshots.get(snapshot_id)
 
     async def list_snapshots(self) -> builtins.list[api.SnapshotInfo]:
-        if not self.snapshots:
-            return []
-        custom = await self._custom()
-        found = await self.call(
-            "listing VolumeSnapshots",
-            custom.list_namespaced_custom_object(
-                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
-                label_selector=names.SNAPSHOT_SELECTOR,
-            ),
-        )  # fmt: skip
-        items = [i for i in found.get("items", []) if k8s_snapshots.ready(i)]
-        return sorted((k8s_snapshots.info(i) for i in items), key=lambda s: (s.created_at, s.snapshot_id))
+        return await self.volume_snapshots.list()
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         """Delete the VolumeSnapshot. Claims provisioned from it are volumes of their own."""
-        if not self.snapshots:
-            return False
-        custom = await self._custom()
-        gone = await self.call(
-            "deleting a VolumeSnapshot",
-            custom.delete_namespaced_custom_object(
-                k8s_snapshots.GROUP, k8s_snapshots.VERSION, self.ns, k8s_snapshots.PLURAL,
-                names.snapshot_name(snapshot_id),
-            ),
-            missing_ok=True,
-        )  # fmt: skip
-        return gone is not None
-
-    async def _usable_snapshot(self, spec: api.SandboxSpec) -> None:
-        """A sandbox may start from ``spec.snapshot``: it exists, is ready, and was taken of
-        a sandbox like this one."""
-        if not self.snapshots:
-            raise self._no_snapshots()
-        assert spec.snapshot is not None
-        found = await self._volume_snapshot(spec.snapshot)
-        if found is None or not k8s_snapshots.ready(found):
-            raise errors.NotFound(f"snapshot {spec.snapshot!r} does not exist (or is not ready)")
-        taken = k8s_snapshots.of(found)
-        differs = [
-            f"{name} {taken.get(name)!r}"
-            for name, ours in (
-                ("image", spec.image),
-                ("run_as_root", spec.run_as_root),
-                ("writable_root", spec.writable_root),
-            )
-            if taken.get(name) != ours
-        ]
-        if differs:
-            raise errors.InvalidInput(
-                f"a sandbox from snapshot {spec.snapshot!r} has its snapshot's {', '.join(differs)}"
-            )
+        return await self.volume_snapshots.delete(snapshot_id)
 
     # ---- pause: scale to zero, the claim kept ---------------------------------------------
 
@@ -676,7 +466,7 @@ class KubernetesRuntime(api.Runtime):
     pause_keeps_processes = False  # a pod cannot be frozen through the API: files only
 
     async def _mark_paused(self, sandbox_id: str, paused: bool) -> None:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         await self.call(
             "marking a workspace claim paused" if paused else "marking a workspace claim resumed",
             core.patch_namespaced_persistent_volume_claim(
@@ -727,7 +517,7 @@ class KubernetesRuntime(api.Runtime):
     async def _ensure_policy(self, sandbox_id: str, policy: dict[str, Any], claim_uid: str) -> None:
         """Create the sandbox's NetworkPolicy; one left from an earlier claim of the same id
         (garbage collection lags) is replaced, never adopted."""
-        _, net, _ = await self._open()
+        net = await self.cluster.networking()
         name = names.object_name(sandbox_id)
         for _ in range(3):
             try:
@@ -755,7 +545,7 @@ class KubernetesRuntime(api.Runtime):
         raise errors.Conflict(f"sandbox {sandbox_id!r}: its NetworkPolicy keeps changing")
 
     async def _delete_pod(self, sandbox_id: str) -> None:
-        core, _, _ = await self._open()
+        core = await self.cluster.core()
         await self.call(
             "deleting a sandbox pod",
             core.delete_namespaced_pod(names.object_name(sandbox_id), self.ns, grace_period_seconds=1),
@@ -774,7 +564,7 @@ class KubernetesRuntime(api.Runtime):
         return self._info(claim, None)  # no pod: "stopped", or "created" if it never ran
 
     async def delete(self, sandbox_id: str) -> None:
-        core, net, _ = await self._open()
+        core, net = await self.cluster.core(), await self.cluster.networking()
         pod = await self._pod(sandbox_id)
         if pod is not None:
             await self._delete_pod(sandbox_id)
@@ -835,7 +625,7 @@ class KubernetesRuntime(api.Runtime):
     async def _connect(
         self, sandbox_id: str, command: Sequence[str], *, stdin: bool
     ) -> aiohttp.ClientWebSocketResponse:
-        _, _, ws_core = await self._open()
+        ws_core = await self.cluster.exec_core()
         try:
             # With _preload_content=False the call returns the websocket, not the str the
             # generated signature says.
