@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from sbx_api import errors, hostapi
-from services.executor import caches, edits, output, scripts, shells, streamed
+from services.executor import caches, edits, output, records, scripts, shells, streamed
 from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
@@ -29,7 +29,6 @@ from shared.runtime import api
 
 log = structlog.get_logger(__name__)
 
-AUDIT_COMMAND_MAX = 4096
 _SANDBOX_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 HELPER_SLACK = 64 * 1024
 """Room beyond the data a helper script returns (its status lines): past it, the helper
@@ -84,7 +83,7 @@ class Executor:
                 await self.tenant_caches.ensure(request, sandbox, session)
             # Busy for as long as the call may run (so the reaper never counts it idle),
             # recorded while the call starts; the end-of-call touch comes after it.
-            if self._audit_problem is not None and _acts(request):
+            if self._audit_problem is not None and records.acts(request):
                 problem = await self._audit(request, execution.Reply(ok=True), 0.0, outcome="started")
                 if problem is not None:
                     unrecordable = True
@@ -112,7 +111,7 @@ class Executor:
                 self._audit(request, reply, time.monotonic() - started),
             )
             if problem is not None:
-                reply = _unaudited(reply, problem)
+                reply = records.unaudited(reply, problem)
         if not reply.ok and reply.error is not None:
             tool = events.tag_of(type(request)) if request is not None else "undecodable"
             metrics.exec_errors.labels(tool, reply.error.code).inc()
@@ -217,9 +216,9 @@ class Executor:
         """The owner check (see ``_lookups``) and the charge of the call's audit record to
         its session's allowance, at once; the refusal, if the allowance is used up. A
         failed owner check wins: it is answered (and recorded) as before."""
-        if self.audit_rate is None or not self.audit_rate.on or not _acts(request):
+        if self.audit_rate is None or not self.audit_rate.on or not records.acts(request):
             return await self._lookups(request), None
-        what, path, _ = _recorded(request)
+        what, path, _ = records.described(request)
         charge = self.audit_rate.charge(request.session_id, audit.cost(what + (path or "")))
         looked, charged = await asyncio.gather(self._lookups(request), charge, return_exceptions=True)
         if isinstance(looked, BaseException):
@@ -484,20 +483,10 @@ class Executor:
     ) -> str | None:
         """Record what the call did (or, with ``outcome="started"``, that it is about to
         run); why it could not be recorded, if it could not."""
-        if not _acts(request):
+        if not records.acts(request):
             return None  # reads, not actions: the job's start and stop are audited
-        what, path, size = _recorded(request)
-        outcome = outcome or (
-            "cancelled"
-            if reply.error is not None and reply.error.code == errors.Cancelled.code
-            else "error"
-            if not reply.ok
-            else "timeout"
-            if reply.timed_out
-            else "started"
-            if isinstance(request, execution.ShellAsync)
-            else "ok"
-        )
+        what, path, size = records.described(request)
+        outcome = outcome or records.outcome(request, reply)
         event = events.CommandExecuted(
             meta=self.ctx.meta(
                 command_id=ids.new_id(),
@@ -528,51 +517,6 @@ class Executor:
             return exc.message
         self._audit_problem = None
         return None
-
-
-def _recorded(request: execution.Request) -> tuple[str, str | None, int | None]:
-    """What a call's audit record says it did: its command text (at most
-    :data:`AUDIT_COMMAND_MAX` characters), the path it edited and the size written."""
-    path: str | None = None
-    size: int | None = None
-    match request:
-        case execution.Shell() | execution.ShellAsync() | execution.Run():
-            what = request.command
-        case execution.Edit():
-            what = f"{request.command} {request.path}"
-            path = request.path
-            text = {"create": request.file_text, "str_replace": request.new_str}.get(
-                request.command, request.insert_text
-            )
-            size = len(text.encode()) if text is not None else None
-        case execution.ShellStop():
-            what = f"stop {request.job_id}"
-        case execution.PutFiles():
-            what = f"put into {request.root}" + (f", {len(request.delete)} deleted" if request.delete else "")
-        case execution.GetFiles():
-            what = f"get from {request.root}"
-        case _:
-            what = ""
-    return what[:AUDIT_COMMAND_MAX], path, size
-
-
-def _acts(request: execution.Request) -> bool:
-    """Whether the request does something in the sandbox (audited), not only reads a job."""
-    return not isinstance(request, execution.ShellPoll | execution.ShellWait)
-
-
-def _unaudited(reply: execution.Reply, problem: str) -> execution.Reply:
-    """Audit fails closed: a call whose record could not be written is reported as an
-    error (saying what ran, so the caller does not run it again blindly)."""
-    did = f"it ran (exit code {reply.exit_code})" if reply.ok and reply.exit_code is not None else "it ran"
-    return execution.Reply(
-        ok=False,
-        error=commands.ErrorInfo(
-            "infrastructure",
-            f"{did}, but its audit record could not be written ({problem[:200]}); "
-            "its result is withheld until the event store accepts records again",
-        ),
-    )
 
 
 def _error_reply(exc: Exception, crashed: str) -> execution.Reply:
