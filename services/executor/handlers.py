@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from sbx_api import errors, hostapi
-from services.executor import caches, edits, output, records, scripts, shells, streamed
+from services.executor import caches, edits, files, output, records, scripts, shells, streamed
 from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
@@ -276,7 +276,9 @@ class Executor:
                 return await self.poll(request.sandbox_id, job)
             case execution.Edit():
                 return await self.edit(request)
-            case _:  # Run, PutFiles, GetFiles: streamed, answered by ``streamed``
+            case execution.Files():
+                return await files.run(self.runtime, request)
+            case _:  # Run, PutFiles, GetFiles, ReadFile, WriteFile: streamed, answered by ``streamed``
                 raise errors.InvalidInput(f"{events.tag_of(type(request))} is a streamed operation")
 
     # ---- shell ---------------------------------------------------------------------

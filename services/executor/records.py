@@ -43,6 +43,14 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
             what = f"put into {request.root}" + (f", {len(request.delete)} deleted" if request.delete else "")
         case execution.GetFiles():
             what = f"get from {request.root}"
+        case execution.ReadFile() | execution.WriteFile():
+            what = f"{'read' if isinstance(request, execution.ReadFile) else 'write'} {request.path}"
+            path = request.path
+        case execution.Files():
+            what = f"{request.action} {request.path}" + (
+                f" to {request.destination}" if request.destination is not None else ""
+            )
+            path = request.path
         case _:
             what = ""
     return what[:AUDIT_COMMAND_MAX], path, size

@@ -61,6 +61,11 @@ EXTRACT = (
 #: A tar of the NUL-separated relative paths read from stdin, directories without children.
 ARCHIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null --no-recursion -T -'
 ARCHIVE_RECURSIVE = 'cd -- "$1" || exit 3; exec tar -c -f - --null -T -'
+#: The bytes of the file $1 (any absolute path in the sandbox). Exit 44: no such file;
+#: 46: a directory (the codes of :mod:`services.executor.files`).
+READ_FILE = '[ -e "$1" ] || exit 44; [ -d "$1" ] && exit 46; exec cat -- "$1"'
+#: Writes stdin to the file $1, its parent directories made. Exit 46: $1 is a directory.
+WRITE_FILE = '[ -d "$1" ] && exit 46; mkdir -p -- "$(dirname -- "$1")" || exit 3; exec cat > "$1"'
 
 Finished = Callable[[execution.Streamed, hostapi.End, float, str | None], Awaitable[None]]
 
@@ -113,6 +118,8 @@ def validate(request: execution.Streamed) -> None:
                         raise errors.InvalidInput(f"a path to list cannot start with {path[0]!r}")
         case execution.GetFiles():
             hostapi.validate_root(request.root)
+        case execution.ReadFile() | execution.WriteFile():
+            checks.path(request.path)
 
 
 class StreamedOps:
@@ -150,6 +157,17 @@ class StreamedOps:
                 process = await self._script(request, script, request.root)
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
                 work = functools.partial(self._get, request, process, inputs)
+            case execution.ReadFile():
+                process = await self.runtime.exec(
+                    request.sandbox_id,
+                    ["/bin/sh", "-c", READ_FILE, "sbx", request.path],
+                    timeout=TRANSFER_TIMEOUT,
+                )
+                work = functools.partial(self._read_file, request, process)
+            case execution.WriteFile():
+                process = await self._script(request, WRITE_FILE, request.path)
+                inputs = await self.nc.subscribe(self.nc.new_inbox())
+                work = functools.partial(self._write_file, request, process, inputs)
             case _:
                 raise errors.InvalidInput(f"{type(request).__name__} is not a streamed operation")
         stopped = asyncio.Event()
@@ -412,6 +430,44 @@ class StreamedOps:
             duration=result.duration,
             sandbox_id=request.sandbox_id,
             message=message,
+        )
+        await sender.end(msgspec.json.encode(end))
+        return end
+
+    async def _read_file(self, request: execution.ReadFile, process: api.Exec, sender) -> hostapi.End:
+        beats = asyncio.create_task(self._beat(sender, process))
+        try:
+            complaint = await self._pump(process, sender, {"stdout": hostapi.STDOUT})
+        finally:
+            beats.cancel()
+        return await self._ended(request, process, sender, complaint)
+
+    async def _write_file(
+        self, request: execution.WriteFile, process: api.Exec, inputs, sender
+    ) -> hostapi.End:
+        beats = asyncio.create_task(self._beat(sender, process))
+        pump = asyncio.create_task(self._pump(process, sender, {}))  # cat writes nothing asked for
+        feed = asyncio.create_task(self._feed(inputs, process))
+        try:
+            await asyncio.wait({pump, feed}, return_when=asyncio.FIRST_COMPLETED)
+            if pump.done():
+                pump.result()
+            await feed
+            complaint = await pump
+        finally:
+            for task in (beats, pump, feed):
+                task.cancel()
+        return await self._ended(request, process, sender, complaint)
+
+    @staticmethod
+    async def _ended(request: execution.Streamed, process: api.Exec, sender, complaint: bytes) -> hostapi.End:
+        result = await process.wait()
+        end = hostapi.End(
+            exit_code=None if result.timed_out else result.exit_code,
+            timed_out=result.timed_out,
+            duration=result.duration,
+            sandbox_id=request.sandbox_id,
+            message=output.text(complaint).strip()[:MESSAGE_MAX] if result.exit_code != 0 else "",
         )
         await sender.end(msgspec.json.encode(end))
         return end

@@ -17,6 +17,8 @@ from shared.contract import commands
 
 JobStatus = Literal["running", "exited", "stopped", "lost"]
 EditCommand = Literal["view", "create", "str_replace", "insert"]
+FileAction = Literal["stat", "list", "mkdir", "move", "remove"]
+EntryKind = Literal["file", "dir", "symlink", "other", "missing"]
 
 #: Defaults an operator can change through the executor's settings.
 DEFAULT_TIMEOUT = 120.0
@@ -109,8 +111,86 @@ class GetFiles(Streamed, frozen=True, kw_only=True, tag="get_files"):
     paths named (the host client names every file it wants)."""
 
 
-AnyRequest = Shell | ShellAsync | ShellPoll | ShellWait | ShellStop | Edit | Run | PutFiles | GetFiles
-REQUEST_TYPES = (Shell, ShellAsync, ShellPoll, ShellWait, ShellStop, Edit, Run, PutFiles, GetFiles)
+class Files(Request, frozen=True, kw_only=True, tag="files"):
+    """A filesystem operation on an absolute path in the sandbox (resolved there, by the
+    sandbox's own kernel, never on the host): ``stat`` it, ``list`` what is under it (to
+    ``depth`` levels, at most :data:`LIST_MAX` entries), ``mkdir`` it (with its parents;
+    ``created`` is false if it was a directory already), ``move`` it to ``destination``
+    (parents made; a file there is replaced), ``remove`` it (recursively). The reply's
+    ``entries`` describe the path (stat, move: where it went) or its contents (list); a
+    path that does not exist is not an error: the reply says ``exists`` false."""
+
+    action: FileAction
+    path: str
+    destination: str | None = None
+    depth: int = 1
+
+
+class ReadFile(Streamed, frozen=True, kw_only=True, tag="read_file"):
+    """Stream the bytes of the file at ``path`` (an absolute path in the sandbox) on the
+    stdout channel; the end's exit code says why there are none (see ``files``)."""
+
+    path: str
+
+
+class WriteFile(Streamed, frozen=True, kw_only=True, tag="write_file"):
+    """Write the bytes sent to the reply's ``input`` to the file at ``path`` (created with
+    its parent directories, or replaced); the end's exit code 0 when it was written."""
+
+    path: str
+
+
+AnyRequest = (
+    Shell
+    | ShellAsync
+    | ShellPoll
+    | ShellWait
+    | ShellStop
+    | Edit
+    | Run
+    | PutFiles
+    | GetFiles
+    | Files
+    | ReadFile
+    | WriteFile
+)
+REQUEST_TYPES = (
+    Shell,
+    ShellAsync,
+    ShellPoll,
+    ShellWait,
+    ShellStop,
+    Edit,
+    Run,
+    PutFiles,
+    GetFiles,
+    Files,
+    ReadFile,
+    WriteFile,
+)
+
+LIST_MAX = 10_000
+"""Most entries a ``files`` listing answers."""
+DEPTH_MAX = 64
+"""Deepest a ``files`` listing goes."""
+
+
+class Entry(msgspec.Struct, frozen=True, kw_only=True):
+    """One path as the sandbox describes it (from ``find -printf``, parsed and bounded by
+    the executor; the texts are the sandbox's, untrusted)."""
+
+    path: str
+    kind: EntryKind
+    """What the path is; for a symlink, ``target_kind`` is what it points to."""
+    target_kind: EntryKind | None = None
+    mode: int = 0
+    """Permission bits (``st_mode & 0o7777``)."""
+    size: int = 0
+    mtime: float = 0.0
+    owner: str = ""
+    group: str = ""
+    target: str | None = None
+    """A symlink's target, as written in the link."""
 
 
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,6 +207,12 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     duration: float | None = None
     input: str | None = None
     """Streamed operations that read input: the subject to stream it to."""
+    entries: list[Entry] | None = None
+    """``files``: the path (stat, move) or what is under it (list)."""
+    created: bool | None = None
+    """``files`` mkdir: whether the directory was made (false: it was one already)."""
+    exists: bool | None = None
+    """``files``: false when the path (a move's source) does not exist; nothing was done."""
 
 
 class Prepare(msgspec.Struct, frozen=True, kw_only=True):

@@ -115,10 +115,8 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
         assert refused.status_code == 401 and refused.json()["code"] == "unauthenticated", refused.text
     other_port = {**route, "E2b-Sandbox-Port": "8080", "X-Access-Token": token}
     assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
-    with pytest.raises(Exception, match="not served by this stack yet"):  # files: not built yet
-        again.files.list("/")
-    with pytest.raises(Exception, match="not served by this stack yet"):
-        again.commands.kill(0)
+    with pytest.raises(Exception, match="PTY sessions are not served by this stack"):
+        again.pty.create(e2b.PtySize(rows=24, cols=80))
     with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
         again.get_metrics()
     answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
@@ -141,6 +139,112 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     created = history[0]
     assert created["metadata"] == {"suite": "e2b", "run": "1"} and created["env"] == {"GREETING": "hi"}
     assert created["meta"]["org_id"] == "acme" and created["end_at"]
+
+
+def test_files_through_the_sync_sdk(sdk_env):
+    state, url, _ = sdk_env
+    from e2b import FileType, Sandbox
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+
+    sandbox = Sandbox.create()
+    files = sandbox.files
+    assert files.write("/tmp/e2b/a.txt", "héllo\n").path == "/tmp/e2b/a.txt"  # parents made
+    assert files.read("/tmp/e2b/a.txt") == "héllo\n"
+    blob = bytes(range(256)) * 4096  # 1 MiB, every byte value
+    files.write("/tmp/e2b/blob.bin", blob)
+    assert bytes(files.read("/tmp/e2b/blob.bin", format="bytes")) == blob
+    assert b"".join(files.read("/tmp/e2b/blob.bin", format="stream")) == blob
+    written = files.write_files(
+        [WriteEntry(path="many/one.txt", data="1"), WriteEntry(path="/tmp/e2b/two.txt", data=b"2")]
+    )
+    assert [w.path for w in written] == [
+        "/workspace/many/one.txt",
+        "/tmp/e2b/two.txt",
+    ]  # relative: /workspace
+    assert sandbox.commands.run("cat /workspace/many/one.txt /tmp/e2b/two.txt").stdout == "12"
+
+    assert files.exists("/tmp/e2b/a.txt") and not files.exists("/tmp/e2b/none")
+    info = files.get_info("/tmp/e2b/a.txt")
+    assert (info.name, info.type, info.size, info.path) == ("a.txt", FileType.FILE, 7, "/tmp/e2b/a.txt")
+    assert info.permissions == "-rw-r--r--" and info.owner
+    assert files.get_info("/tmp/e2b").type == FileType.DIR
+    with pytest.raises(e2b.FileNotFoundException):
+        files.get_info("/tmp/e2b/none")
+    with pytest.raises(e2b.FileNotFoundException):
+        files.read("/tmp/e2b/none")
+
+    assert files.make_dir("/tmp/e2b/sub/deeper") is True
+    assert files.make_dir("/tmp/e2b/sub/deeper") is False  # there already
+    sandbox.commands.run("ln -s /tmp/e2b/a.txt /tmp/e2b/link")
+    top = {e.name: e for e in files.list("/tmp/e2b")}
+    assert set(top) == {"a.txt", "blob.bin", "two.txt", "sub", "link"}
+    assert top["sub"].type == FileType.DIR and top["link"].symlink_target == "/tmp/e2b/a.txt"
+    deep = {e.path for e in files.list("/tmp/e2b", depth=3)}
+    assert {"/tmp/e2b/sub", "/tmp/e2b/sub/deeper"} <= deep
+
+    moved = files.rename("/tmp/e2b/a.txt", "/tmp/e2b/sub/b.txt")
+    assert (moved.path, moved.type) == ("/tmp/e2b/sub/b.txt", FileType.FILE)
+    assert not files.exists("/tmp/e2b/a.txt") and files.read("/tmp/e2b/sub/b.txt") == "héllo\n"
+    with pytest.raises(e2b.FileNotFoundException):
+        files.rename("/tmp/e2b/a.txt", "/tmp/e2b/c.txt")
+    files.remove("/tmp/e2b/sub")
+    assert not files.exists("/tmp/e2b/sub/b.txt")
+    with pytest.raises(e2b.FileNotFoundException):
+        files.remove("/tmp/e2b/sub")
+    with pytest.raises(e2b.InvalidArgumentException):
+        files.list("/tmp/e2b/two.txt")  # not a directory
+
+    audited = [e for e in timeline(state, sandbox.sandbox_id) if e["type"] == "exec.completed"]
+    tools = {e["tool"] for e in audited}
+    assert {"files", "read_file", "write_file"} <= tools
+    assert {"move /tmp/e2b/a.txt to /tmp/e2b/sub/b.txt", "write /tmp/e2b/a.txt"} <= {
+        e["command"] for e in audited
+    }
+    assert sandbox.kill() is True
+
+
+async def test_files_through_the_async_sdk_and_plain_http(sdk_env):
+    _, url, _ = sdk_env
+    import gzip
+
+    from e2b import AsyncSandbox
+
+    sandbox = await AsyncSandbox.create()
+    await sandbox.files.write("notes/a.txt", "async\n")
+    assert await sandbox.files.read("/workspace/notes/a.txt") == "async\n"
+    assert [e.name for e in await sandbox.files.list("notes")] == ["a.txt"]
+    assert await sandbox.files.make_dir("notes/sub") is True
+    await sandbox.files.rename("notes/a.txt", "notes/sub/a.txt")
+    assert (await sandbox.files.get_info("notes/sub/a.txt")).size == 6
+    await sandbox.files.remove("notes")
+    assert not await sandbox.files.exists("notes")
+
+    route = {
+        "E2b-Sandbox-Id": sandbox.sandbox_id,
+        "E2b-Sandbox-Port": "49983",
+        "X-Access-Token": sandbox._envd_access_token,
+    }
+    async with httpx.AsyncClient(base_url=f"{url}/e2b/envd", headers=route, timeout=60) as envd:
+        octets = {"Content-Type": "application/octet-stream"}
+        answer = await envd.post("/files", params={"path": "/tmp/raw.bin"}, content=b"\0raw", headers=octets)
+        assert answer.status_code == 200 and answer.json() == [
+            {"name": "raw.bin", "type": "file", "path": "/tmp/raw.bin"}
+        ]
+        zipped = {**octets, "Content-Encoding": "gzip"}
+        body = gzip.compress(b"z" * 3_000_000)
+        answer = await envd.post("/files", params={"path": "/tmp/z"}, content=body, headers=zipped)
+        assert answer.status_code == 200, answer.text
+        assert (await envd.get("/files", params={"path": "/tmp/raw.bin"})).content == b"\0raw"
+        assert (await envd.get("/files", params={"path": "/tmp/z"})).content == b"z" * 3_000_000
+        missing = await envd.get("/files", params={"path": "/tmp/none"})
+        assert missing.status_code == 404 and missing.json()["code"] == 404
+        directory = await envd.get("/files", params={"path": "/tmp"})
+        assert directory.status_code == 400
+        bad = await envd.post("/files", params={"path": "/tmp/x"}, content=b"not gzip", headers=zipped)
+        assert bad.status_code == 400 and "gzip" in bad.json()["message"]
+        stranger = {**route, "X-Access-Token": "0" * 64}
+        assert (await envd.get("/files", params={"path": "/tmp/z"}, headers=stranger)).status_code == 401
+    assert await sandbox.kill() is True
 
 
 def test_keys_and_organisations(sdk_env):

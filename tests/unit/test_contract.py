@@ -392,6 +392,15 @@ EXEC_FACTORIES: dict[type, Any] = {
     execution.GetFiles: lambda: execution.GetFiles(
         **REQUEST_BASE, inbox="_INBOX.c", stop="sbx.exec.stop.x.w", root="/workspace/repo"
     ),
+    execution.Files: lambda: execution.Files(
+        **REQUEST_BASE, action="move", path="/tmp/a", destination="/workspace/b", depth=2
+    ),
+    execution.ReadFile: lambda: execution.ReadFile(
+        **REQUEST_BASE, inbox="_INBOX.d", stop="sbx.exec.stop.x.v", path="/etc/hostname"
+    ),
+    execution.WriteFile: lambda: execution.WriteFile(
+        **REQUEST_BASE, inbox="_INBOX.e", stop="sbx.exec.stop.x.u", path="/tmp/out.bin"
+    ),
 }
 
 POOL_BASE: dict[str, Any] = dict(sandbox_id=SBX, command_id="cmd-4", correlation_id="req-4", actor=ACTOR)
@@ -671,6 +680,9 @@ def test_request_ops_are_stable() -> None:
         execution.Run: "run",
         execution.PutFiles: "put_files",
         execution.GetFiles: "get_files",
+        execution.Files: "files",
+        execution.ReadFile: "read_file",
+        execution.WriteFile: "write_file",
     }
     assert {cls: _op(cls) for cls in provisioning.POOL_REQUEST_TYPES} == {
         provisioning.Provision: "provision",
