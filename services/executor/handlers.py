@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from sbx_api import errors, hostapi
-from services.executor import caches, edits, files, output, records, scripts, shells, streamed
+from services.executor import caches, edits, files, jobs, output, records, scripts, shells, streamed
 from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
@@ -261,7 +261,13 @@ class Executor:
             case execution.Shell():
                 return await self.shell(request)
             case execution.ShellAsync():
-                return await self.shell_async(request)
+                return await jobs.start(self.runtime, request)
+            case execution.ShellInput():
+                return await jobs.give_input(self.runtime, request)
+            case execution.ShellSignal():
+                return await jobs.signal(self.runtime, request)
+            case execution.ShellJobs():
+                return await jobs.running(self.runtime, request)
             case execution.ShellPoll():
                 return await self.poll(request.sandbox_id, checks.job_id(request.job_id))
             case execution.ShellWait():
@@ -278,7 +284,7 @@ class Executor:
                 return await self.edit(request)
             case execution.Files():
                 return await files.run(self.runtime, request)
-            case _:  # Run, PutFiles, GetFiles, ReadFile, WriteFile: streamed, answered by ``streamed``
+            case _:  # Run, PutFiles, GetFiles, ReadFile, WriteFile, ShellFollow: ``streamed``
                 raise errors.InvalidInput(f"{events.tag_of(type(request))} is a streamed operation")
 
     # ---- shell ---------------------------------------------------------------------
@@ -351,19 +357,6 @@ class Executor:
             ) from gone
         finally:
             await own.close()
-
-    async def shell_async(self, request: execution.ShellAsync) -> execution.Reply:
-        checks.command(request.command)
-        job = ids.new_id()
-        result, out, _ = await self.runtime.run(
-            request.sandbox_id,
-            scripts.argv(scripts.JOB_START, job),
-            stdin=request.command.encode(),
-            timeout=scripts.QUICK,
-        )
-        if result.exit_code != 0:
-            raise errors.InfrastructureError(f"could not start the job: {output.text(out)[:500]}")
-        return execution.Reply(ok=True, job_id=job, status="running")
 
     async def poll(self, sandbox_id: str, job: str) -> execution.Reply:
         _, out, _ = await self.runtime.run(

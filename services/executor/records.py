@@ -39,6 +39,11 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
             size = len(text.encode()) if text is not None else None
         case execution.ShellStop():
             what = f"stop {request.job_id}"
+        case execution.ShellInput():
+            given = "close input of" if request.close else f"{len(request.data)} bytes of input to"
+            what = f"{given} {request.job_id}"
+        case execution.ShellSignal():
+            what = f"signal {request.signal} {request.job_id}"
         case execution.PutFiles():
             what = f"put into {request.root}" + (f", {len(request.delete)} deleted" if request.delete else "")
         case execution.GetFiles():
@@ -58,7 +63,9 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
 
 def acts(request: execution.Request) -> bool:
     """Whether the request does something in the sandbox (audited), not only reads a job."""
-    return not isinstance(request, execution.ShellPoll | execution.ShellWait)
+    return not isinstance(
+        request, execution.ShellPoll | execution.ShellWait | execution.ShellJobs | execution.ShellFollow
+    )
 
 
 def unaudited(reply: execution.Reply, problem: str) -> execution.Reply:

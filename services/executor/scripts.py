@@ -57,20 +57,41 @@ __sbx_cmd=$(cat; printf x); __sbx_cmd=${{__sbx_cmd%x}}
 exec </dev/null 2>&1
 {_RUN}"""
 
+#: Starts job $1. $2: its directory ('' for the session shell's saved one, with its exports);
+#: $3: flags (``s``: stdin from a pipe that ``JOB_INPUT`` writes to, held open by a holder
+#: process until closed; ``e``: stderr apart, in ``err``); $4: the caller's label; then
+#: NAME=VALUE pairs exported for the job. The command is read from stdin. Exit 98: no such
+#: directory.
 JOB_START = f"""
-J={JOBS}/$1
+J={JOBS}/$1; C=$2; F=$3
 mkdir -p "$J" || exit 97
 cat > "$J/cmd"
+printf '%s' "$4" > "$J/label"
+shift 4
 B=$(command -v bash || command -v sh)
-cd "$(cat {STATE}/cwd 2>/dev/null || echo "${{SBX_WORKDIR:-/workspace}}")" 2>/dev/null || cd /workspace
+if [ -n "$C" ]; then cd "$C" 2>/dev/null || {{ rm -rf "$J"; exit 98; }}
+else cd "$(cat {STATE}/cwd 2>/dev/null || echo "${{SBX_WORKDIR:-/workspace}}")" 2>/dev/null || cd /workspace; fi
+case $F in *s*) mkfifo "$J/in" || exit 97;; esac
+case $F in *e*) : > "$J/err" || exit 97;; esac
 S=$(command -v setsid || true)
 $S "$B" -c '
-  J=$1; echo $$ > "$J/pgid"
-  [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1
-  "$0" -c "$(cat "$J/cmd")" > "$J/out" 2>&1 < /dev/null
-  echo $? > "$J/rc.tmp" && mv -f "$J/rc.tmp" "$J/rc"
-' "$B" "$J" > /dev/null 2>&1 < /dev/null &
+  __sbx_j=$1; __sbx_c=$2; shift 2
+  [ -n "$__sbx_c" ] || {{ [ -f {STATE}/env ] && . {STATE}/env >/dev/null 2>&1; }}
+  for __sbx_kv; do export "$__sbx_kv"; done; unset __sbx_kv
+  __sbx_in=/dev/null
+  if [ -p "$__sbx_j/in" ]; then
+    ( exec 3<>"$__sbx_j/in"; exec sleep 2147483647 ) </dev/null >/dev/null 2>&1 &
+    echo $! > "$__sbx_j/holder"
+    __sbx_in=$__sbx_j/in
+  fi
+  echo $$ > "$__sbx_j/pgid"
+  if [ -f "$__sbx_j/err" ]; then "$0" -c "$(cat "$__sbx_j/cmd")" > "$__sbx_j/out" 2> "$__sbx_j/err" < "$__sbx_in"
+  else "$0" -c "$(cat "$__sbx_j/cmd")" > "$__sbx_j/out" 2>&1 < "$__sbx_in"; fi
+  echo $? > "$__sbx_j/rc.tmp" && mv -f "$__sbx_j/rc.tmp" "$__sbx_j/rc"
+  __sbx_h=$(cat "$__sbx_j/holder" 2>/dev/null); [ -z "$__sbx_h" ] || kill "$__sbx_h" 2>/dev/null
+' "$B" "$J" "$C" "$@" > /dev/null 2>&1 < /dev/null &
 i=0; while [ ! -s "$J/pgid" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
+cat "$J/pgid"
 """
 
 #: First line: status; second: total output size; then the output's last $2 bytes.
@@ -96,6 +117,55 @@ kill -TERM -- "-$P" 2>/dev/null
 i=0; while kill -0 -- "-$P" 2>/dev/null && [ $i -lt 30 ]; do sleep 0.1; i=$((i+1)); done
 kill -KILL -- "-$P" 2>/dev/null
 exit 0
+"""
+
+#: Writes stdin to job $1's input pipe, or ($2 = close) closes it (its holder ends). Exit
+#: 44: no such job; 45: the job reads no input; 47: its input is closed or it has ended.
+JOB_INPUT = f"""
+J={JOBS}/$1
+[ -d "$J" ] || exit 44
+[ -p "$J/in" ] || exit 45
+H=$(cat "$J/holder" 2>/dev/null)
+[ -n "$H" ] && kill -0 "$H" 2>/dev/null || exit 47
+if [ "$2" = close ]; then kill "$H"; exit 0; fi
+exec cat > "$J/in"
+"""
+
+#: Sends signal $2 to job $1's process group (TERM and KILL mark it stopped). Exit 44: no
+#: such job; 46: it has ended.
+JOB_SIGNAL = f"""
+J={JOBS}/$1
+[ -d "$J" ] || exit 44
+[ -f "$J/rc" ] && exit 46
+P=$(cat "$J/pgid" 2>/dev/null); [ -n "$P" ] && kill -0 -- "-$P" 2>/dev/null || exit 46
+case $2 in TERM|KILL) touch "$J/stopped";; esac
+kill -s "$2" -- "-$P" 2>/dev/null || exit 46
+exit 0
+"""
+
+#: The running jobs: id, pid and label (at most LABEL_MAX bytes), each ended by NUL.
+JOB_DETAILS = f"""
+[ -d {JOBS} ] || exit 0
+for J in {JOBS}/*/; do
+  J=${{J%/}}
+  [ -f "$J/rc" ] || [ -f "$J/stopped" ] && continue
+  P=$(cat "$J/pgid" 2>/dev/null)
+  [ -n "$P" ] && kill -0 "$P" 2>/dev/null || continue
+  printf '%s\\0%s\\0' "${{J##*/}}" "$P"; head -c {execution.LABEL_MAX} "$J/label" 2>/dev/null; printf '\\0'
+done
+exit 0
+"""
+
+#: Streams job $1's output (stderr apart if it was started so) until the job ends: from
+#: the start ($2 = start) or only what comes. Exit 44: no such job.
+JOB_FOLLOW = f"""
+J={JOBS}/$1
+[ -d "$J" ] || exit 44
+P=$(cat "$J/pgid" 2>/dev/null); [ -n "$P" ] || exit 44
+if [ "$2" = start ]; then O=+1; else O=0; fi
+tail -q -c "$O" -F -s 0.1 --pid="$P" "$J/out" 2>/dev/null &
+[ -f "$J/err" ] && {{ tail -q -c "$O" -F -s 0.1 --pid="$P" "$J/err" 2>/dev/null; }} >&2 &
+wait
 """
 
 #: The ids of the jobs still running, one a line (what an idle pause must not freeze).
@@ -157,6 +227,18 @@ def parse_poll(raw: bytes) -> JobReport:
     code = int(words[1]) if status == "exited" and len(words) > 1 and _INT.fullmatch(words[1]) else None
     size = int(size_line.strip()) if re.fullmatch(rb"[0-9]{1,18}", size_line.strip()) else len(tail)
     return JobReport(status, code, size, tail)
+
+
+def parse_jobs(raw: bytes) -> list[execution.JobInfo]:
+    """:data:`JOB_DETAILS`'s answer: what is not a job id and a pid is skipped."""
+    fields = raw.split(b"\0")
+    jobs: list[execution.JobInfo] = []
+    for i in range(0, len(fields) - 2, 3):
+        job, pid, label = fields[i : i + 3]
+        if re.fullmatch(rb"[0-9a-f]{32}", job) and re.fullmatch(rb"[0-9]{1,9}", pid):
+            text = label[: execution.LABEL_MAX].decode(errors="replace")
+            jobs.append(execution.JobInfo(job_id=job.decode(), pid=int(pid), label=text))
+    return jobs
 
 
 def parse_directory(raw: bytes) -> list[tuple[str, str]]:

@@ -30,7 +30,7 @@ import structlog
 from nats.aio.client import Client
 
 from sbx_api import errors, hostapi
-from services.executor import output
+from services.executor import output, scripts
 from shared.contract import checks, execution
 from shared.infrastructure import streams
 from shared.runtime import api
@@ -120,6 +120,8 @@ def validate(request: execution.Streamed) -> None:
             hostapi.validate_root(request.root)
         case execution.ReadFile() | execution.WriteFile():
             checks.path(request.path)
+        case execution.ShellFollow():
+            checks.job_id(request.job_id)
 
 
 class StreamedOps:
@@ -164,6 +166,14 @@ class StreamedOps:
                     timeout=TRANSFER_TIMEOUT,
                 )
                 work = functools.partial(self._read_file, request, process)
+            case execution.ShellFollow():
+                process = await self.runtime.exec(
+                    request.sandbox_id,
+                    scripts.argv(
+                        scripts.JOB_FOLLOW, request.job_id, "start" if request.from_start else "now"
+                    ),
+                )  # no timeout: it ends with the job, or when the caller goes away or stops it
+                work = functools.partial(self._follow, request, process)
             case execution.WriteFile():
                 process = await self._script(request, WRITE_FILE, request.path)
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
@@ -458,6 +468,30 @@ class StreamedOps:
             for task in (beats, pump, feed):
                 task.cancel()
         return await self._ended(request, process, sender, complaint)
+
+    async def _follow(self, request: execution.ShellFollow, process: api.Exec, sender) -> hostapi.End:
+        beats = asyncio.create_task(self._beat(sender, process))
+        try:
+            await self._pump(process, sender, _STREAM)
+        finally:
+            beats.cancel()
+        result = await process.wait()
+        status, code = "nojob", None
+        if result.exit_code != 44:
+            # The job has ended (or the follow was stopped): how, from its files.
+            _, out, _ = await self.runtime.run(
+                request.sandbox_id,
+                scripts.argv(scripts.JOB_POLL, request.job_id, "0"),
+                timeout=scripts.QUICK,
+                max_bytes=MESSAGE_MAX,
+            )
+            report = scripts.parse_poll(out)
+            status, code = report.status, report.exit_code
+        end = hostapi.End(
+            exit_code=code, duration=result.duration, sandbox_id=request.sandbox_id, message=status
+        )
+        await sender.end(msgspec.json.encode(end))
+        return end
 
     @staticmethod
     async def _ended(request: execution.Streamed, process: api.Exec, sender, complaint: bytes) -> hostapi.End:

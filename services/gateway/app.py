@@ -211,6 +211,7 @@ def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.
                 claim_on_connect=gateway.claim_on_connect,
                 egress=gateway.sandbox_egress,
                 checkpoint_tools=gateway.mcp_checkpoints,
+                job_input=gateway.mcp_job_input,
             )
         )
         host = hostapi.HostAPI(ctx.nc, ctx.topology, resolver, executor)

@@ -19,6 +19,7 @@ JobStatus = Literal["running", "exited", "stopped", "lost"]
 EditCommand = Literal["view", "create", "str_replace", "insert"]
 FileAction = Literal["stat", "list", "mkdir", "move", "remove"]
 EntryKind = Literal["file", "dir", "symlink", "other", "missing"]
+JobSignal = Literal["TERM", "KILL", "INT", "HUP"]
 
 #: Defaults an operator can change through the executor's settings.
 DEFAULT_TIMEOUT = 120.0
@@ -41,7 +42,24 @@ class Shell(Request, frozen=True, kw_only=True, tag="shell"):
 
 
 class ShellAsync(Request, frozen=True, kw_only=True, tag="shell_async"):
+    """Start a job (the reply names it and its process group's id, ``pid``). By default it
+    starts from the session shell's saved directory and exports, reads nothing and writes
+    stdout and stderr together; the options below change that (the E2B processes use them)."""
+
     command: str
+    cwd: str | None = None
+    """Start there, with the sandbox's environment and ``env``, not the session shell's
+    saved directory and exports."""
+    env: dict[str, str] = {}
+    """Exported for the job (over the session's exports)."""
+    stdin: bool = False
+    """Keep the job's standard input open: ``shell_input`` writes to it and closes it.
+    Without it the job reads nothing (``/dev/null``)."""
+    split: bool = False
+    """Keep stderr apart from stdout (``shell_follow`` streams them apart)."""
+    label: str = ""
+    """The caller's note, kept with the job and listed by ``shell_jobs`` (at most
+    :data:`LABEL_MAX` bytes)."""
 
 
 class ShellPoll(Request, frozen=True, kw_only=True, tag="shell_poll"):
@@ -55,6 +73,26 @@ class ShellWait(Request, frozen=True, kw_only=True, tag="shell_wait"):
 
 class ShellStop(Request, frozen=True, kw_only=True, tag="shell_stop"):
     job_id: str
+
+
+class ShellInput(Request, frozen=True, kw_only=True, tag="shell_input"):
+    """Write ``data`` to the standard input of a job started with ``stdin``, or, with
+    ``close``, close it (the job reads the end of its input)."""
+
+    job_id: str
+    data: bytes = b""
+    close: bool = False
+
+
+class ShellSignal(Request, frozen=True, kw_only=True, tag="shell_signal"):
+    """Send ``signal`` to a running job's process group (TERM and KILL mark it stopped)."""
+
+    job_id: str
+    signal: JobSignal
+
+
+class ShellJobs(Request, frozen=True, kw_only=True, tag="shell_jobs"):
+    """The session's running jobs, with their pids and labels (a read: not audited)."""
 
 
 class Edit(Request, frozen=True, kw_only=True, tag="edit"):
@@ -111,6 +149,17 @@ class GetFiles(Streamed, frozen=True, kw_only=True, tag="get_files"):
     paths named (the host client names every file it wants)."""
 
 
+class ShellFollow(Streamed, frozen=True, kw_only=True, tag="shell_follow"):
+    """Stream a job's output as it is written (stdout, and stderr apart if the job was
+    started with ``split``) until the job ends; from its start, or (``from_start`` false)
+    only what comes from now on. Ending the stream leaves the job running. The end's
+    ``exit_code`` is the job's, its ``message`` the job's status (``exited``, ``stopped``,
+    ``lost``; ``nojob``: there is no such job). A read: not audited."""
+
+    job_id: str
+    from_start: bool = True
+
+
 class Files(Request, frozen=True, kw_only=True, tag="files"):
     """A filesystem operation on an absolute path in the sandbox (resolved there, by the
     sandbox's own kernel, never on the host): ``stat`` it, ``list`` what is under it (to
@@ -146,6 +195,10 @@ AnyRequest = (
     | ShellPoll
     | ShellWait
     | ShellStop
+    | ShellInput
+    | ShellSignal
+    | ShellJobs
+    | ShellFollow
     | Edit
     | Run
     | PutFiles
@@ -160,6 +213,10 @@ REQUEST_TYPES = (
     ShellPoll,
     ShellWait,
     ShellStop,
+    ShellInput,
+    ShellSignal,
+    ShellJobs,
+    ShellFollow,
     Edit,
     Run,
     PutFiles,
@@ -169,10 +226,19 @@ REQUEST_TYPES = (
     WriteFile,
 )
 
+LABEL_MAX = 16 * 1024
+INPUT_MAX = 1024 * 1024
+"""Most bytes one ``shell_input`` writes."""
 LIST_MAX = 10_000
 """Most entries a ``files`` listing answers."""
 DEPTH_MAX = 64
 """Deepest a ``files`` listing goes."""
+
+
+class JobInfo(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: str
+    pid: int
+    label: str = ""
 
 
 class Entry(msgspec.Struct, frozen=True, kw_only=True):
@@ -212,6 +278,10 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     created: bool | None = None
     """``files`` mkdir: whether the directory was made (false: it was one already)."""
     exists: bool | None = None
+    pid: int | None = None
+    """``shell_async``: the job's process group id in the sandbox."""
+    jobs: list[JobInfo] | None = None
+    """``shell_jobs``: the running jobs."""
     """``files``: false when the path (a move's source) does not exist; nothing was done."""
 
 

@@ -588,6 +588,10 @@ class GatewaySettings:
     """Two more MCP tools, ``checkpoint`` and ``restore_checkpoint``, for an agent to
     snapshot its own session and go back to one of its own snapshots
     (``SBX_MCP_CHECKPOINTS``, ``on``/``off``; off: the eight tools only)."""
+    mcp_job_input: bool = False
+    """One more MCP tool, ``shell_input``, and ``shell_async``'s ``stdin`` argument: an agent
+    gives a background job input (``SBX_MCP_JOB_INPUT``, ``on``/``off``; off: the eight
+    tools as they are)."""
     claim_on_connect: bool = True
     """An MCP ``initialize`` with an ``X-Session-Id`` starts getting that session's sandbox
     at once, so the agent's first tool call finds it ready (``SBX_CLAIM_ON_CONNECT``,
@@ -631,6 +635,7 @@ class GatewaySettings:
             org_keys=_org_keys(env.get("SBX_ORG_KEYS", ""), key),
             claim_on_connect=_choice(env, "SBX_CLAIM_ON_CONNECT", "on", ("on", "off")) == "on",
             mcp_checkpoints=_choice(env, "SBX_MCP_CHECKPOINTS", "off", ("on", "off")) == "on",
+            mcp_job_input=_choice(env, "SBX_MCP_JOB_INPUT", "off", ("on", "off")) == "on",
             sandbox_egress=_egress(env),
             cors_origins=_origins(env.get("SBX_CORS_ORIGINS", "")),
             allowed_hosts=_hosts(env.get("SBX_ALLOWED_HOSTS", "")),

@@ -247,6 +247,74 @@ async def test_files_through_the_async_sdk_and_plain_http(sdk_env):
     assert await sandbox.kill() is True
 
 
+def test_background_processes_through_the_sync_sdk(sdk_env):
+    state, _, _ = sdk_env
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(envs={"WHO": "session"})
+    commands = sandbox.commands
+    # A background command outlives its stream: dropped, listed, re-attached, killed.
+    sleeper = commands.run("echo started; sleep 600", background=True, cwd="/tmp", envs={"MARK": "s1"})
+    assert sleeper.pid > 0
+    listed = {p.pid: p for p in commands.list()}
+    assert listed[sleeper.pid].args == ["-l", "-c", "echo started; sleep 600"]
+    assert (listed[sleeper.pid].cwd, listed[sleeper.pid].envs) == ("/tmp", {"MARK": "s1"})
+    sleeper.disconnect()
+    again = commands.connect(sleeper.pid)
+    assert again.pid == sleeper.pid
+    assert commands.kill(sleeper.pid) is True
+    with pytest.raises(e2b.CommandExitException) as killed:
+        again.wait()
+    assert killed.value.exit_code == -1
+    assert sleeper.pid not in {p.pid for p in commands.list()}
+    assert commands.kill(sleeper.pid) is False  # gone: envd's not_found
+
+    # stdin: sent, then closed; the command sees its end.
+    cat = commands.run("cat; echo done-$WHO >&2", background=True, stdin=True)
+    commands.send_stdin(cat.pid, "line one\n")
+    cat.send_stdin(b"line two\n")
+    commands.close_stdin(cat.pid)
+    result = cat.wait()
+    assert (result.stdout, result.stderr, result.exit_code) == ("line one\nline two\n", "done-session\n", 0)
+    with pytest.raises(e2b.SandboxException):
+        commands.send_stdin(cat.pid, "late")  # it has ended
+    quiet = commands.run("sleep 600", background=True)  # without stdin=True: it reads nothing
+    with pytest.raises(e2b.SandboxException):
+        commands.send_stdin(quiet.pid, "x")
+    quiet.kill()
+
+    # Output streamed while it runs; wait gives the exit code.
+    seen: list[str] = []
+    counter = commands.run("for i in 1 2 3; do echo $i; sleep 0.2; done; exit 4", background=True)
+    with pytest.raises(e2b.CommandExitException) as failed:
+        counter.wait(on_stdout=seen.append)
+    assert failed.value.exit_code == 4 and "".join(seen) == "1\n2\n3\n"
+    assert commands.run("echo fg").stdout == "fg\n"  # foreground: the same path
+
+    audited = [e for e in timeline(state, sandbox.sandbox_id) if e["type"] == "exec.completed"]
+    tools = {e["tool"] for e in audited}
+    assert {"shell_async", "shell_signal", "shell_input"} <= tools
+    assert any(e["command"].startswith("signal KILL ") for e in audited)
+    assert sandbox.kill() is True
+
+
+async def test_background_processes_through_the_async_sdk(sdk_env):
+    from e2b import AsyncSandbox
+
+    sandbox = await AsyncSandbox.create()
+    handle = await sandbox.commands.run("read x; echo got-$x", background=True, stdin=True)
+    assert handle.pid in [p.pid for p in await sandbox.commands.list()]
+    await sandbox.commands.send_stdin(handle.pid, "it\n")
+    result = await handle.wait()
+    assert result.stdout == "got-it\n"
+    slow = await sandbox.commands.run("sleep 600", background=True)
+    again = await sandbox.commands.connect(slow.pid)
+    assert await again.kill() is True
+    with pytest.raises(e2b.CommandExitException):
+        await again.wait()
+    assert await sandbox.kill() is True
+
+
 def test_keys_and_organisations(sdk_env):
     from e2b import Sandbox
 

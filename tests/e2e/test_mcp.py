@@ -3,6 +3,7 @@ sandboxes behind it."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import httpx2
@@ -11,6 +12,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.e2e.agent import TOOLS, Agent
+from tests.e2e.stacks import running_stack
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 
@@ -258,3 +260,33 @@ async def test_every_create_sandbox_option_holds_inside_the_sandbox_it_returns(s
     assert "workspace-ok" in lines and lines[3] == "1", text
     ok, text = await agent.call("create_sandbox", use_kata=True)
     assert not ok and "not available" in text, text
+
+
+def test_an_agent_gives_a_background_job_input(tmp_path):
+    """With SBX_MCP_JOB_INPUT=on an agent has shell_input and shell_async(stdin=true); the
+    eight tools are otherwise as they are."""
+    state = tmp_path / "state"
+    with running_stack(state, SBX_MCP_JOB_INPUT="on") as (_, url):
+        key = (state / "api-key").read_text().strip()
+        agent = Agent(url, key, "typist")
+
+        async def go() -> None:
+            assert await agent.tools() == TOOLS | {"shell_input"}
+            ok, text = await agent.call("shell_async", command="read a; echo got-$a; cat", stdin=True)
+            assert ok and "shell_input" in text, text
+            job = text.split()[2]
+            ok, text = await agent.call("shell_input", job_id=job, input="first\n")
+            assert ok and "got-first" in text and "status: running" in text, text
+            ok, text = await agent.call("shell_input", job_id=job, input="rest\n", close=True)
+            assert ok, text
+            ok, text = await agent.call("shell_wait", job_id=job, timeout=30)
+            assert ok and "exit code: 0" in text and text.endswith("got-first\nrest\n"), text
+            ok, text = await agent.call("shell_input", job_id=job, input="late")
+            assert not ok and "takes no more input" in text, text
+            ok, text = await agent.call("shell_async", command="sleep 60")
+            plain = text.split()[2]
+            ok, text = await agent.call("shell_input", job_id=plain, input="x")
+            assert not ok and "without input" in text, text
+            await agent.call("shell_stop", job_id=plain)
+
+        asyncio.run(go())

@@ -133,6 +133,74 @@ async def test_async_jobs_run_report_and_stop_their_whole_tree(stack):
     assert not bad.ok and bad.error.code == "invalid_input"
 
 
+async def test_jobs_take_input_signals_and_are_listed_with_their_pids(stack):
+    """The job operations the E2B processes are built on, as any caller of the executor
+    sees them: a job with its own directory, env and stdin; input, end of input, signals."""
+    await stack.sh("j", "export FROM_SESSION=1")
+    reader = await stack.run(
+        "j",
+        execution.ShellAsync,
+        command='cat; echo "$PWD $MINE ${FROM_SESSION:-none}" >&2',
+        cwd="/tmp",
+        env={"MINE": "m"},
+        stdin=True,
+        split=True,
+        label='{"any": "note"}',
+    )
+    assert reader.ok and reader.pid and reader.pid > 1, reader.error
+    running = await stack.run("j", execution.ShellJobs)
+    assert [(j.job_id, j.pid, j.label) for j in running.jobs] == [
+        (reader.job_id, reader.pid, '{"any": "note"}')
+    ]
+    for data in (b"one\n", b"\0two\n"):
+        assert (await stack.run("j", execution.ShellInput, job_id=reader.job_id, data=data)).ok
+    assert (await stack.run("j", execution.ShellInput, job_id=reader.job_id, close=True)).ok
+    done = await stack.run("j", execution.ShellWait, job_id=reader.job_id, timeout=30)
+    assert (done.status, done.exit_code) == ("exited", 0)
+    assert (
+        await stack.sh("j", f"cat /.sbx/jobs/{reader.job_id}/out")
+    ).output == "one\n\\x00two\n\n[1 byte(s) that are not UTF-8 text shown as \\xNN]"
+    assert (await stack.sh("j", f"cat /.sbx/jobs/{reader.job_id}/err")).output == "/tmp m none\n"
+    late = await stack.run("j", execution.ShellInput, job_id=reader.job_id, data=b"x")
+    assert not late.ok and late.error.code == "conflict"
+
+    plain = await stack.run("j", execution.ShellAsync, command="echo $FROM_SESSION; sleep 300")
+    assert (await stack.run("j", execution.ShellPoll, job_id=plain.job_id)).status == "running"
+    refused = await stack.run("j", execution.ShellInput, job_id=plain.job_id, data=b"x")
+    assert not refused.ok and refused.error.code == "invalid_input"  # started without stdin
+    assert (await stack.run("j", execution.ShellSignal, job_id=plain.job_id, signal="KILL")).ok
+    killed = await stack.run("j", execution.ShellWait, job_id=plain.job_id, timeout=30)
+    assert (killed.status, killed.output) == ("stopped", "1\n")  # the session's exports: kept
+    again = await stack.run("j", execution.ShellSignal, job_id=plain.job_id, signal="TERM")
+    assert not again.ok and again.error.code == "not_found"
+    assert (await stack.run("j", execution.ShellJobs)).jobs == []
+    nowhere = await stack.run("j", execution.ShellAsync, command="true", cwd="/no/such/dir")
+    assert not nowhere.ok and nowhere.error.code == "invalid_input"
+
+
+async def test_file_operations_on_any_path(stack):
+    async def files(**kw):
+        reply = await stack.run("f", execution.Files, **kw)
+        assert reply.ok, reply.error
+        return reply
+
+    assert (await files(action="mkdir", path="/tmp/f/a/b")).created is True
+    assert (await files(action="mkdir", path="/tmp/f/a/b")).created is False
+    await stack.sh("f", "printf 12345 > /tmp/f/a/x; ln -s x /tmp/f/a/l; touch '/tmp/f/a/new\nline'")
+    listed = {e.path: e for e in (await files(action="list", path="/tmp/f", depth=3)).entries}
+    assert set(listed) == {"/tmp/f/a", "/tmp/f/a/b", "/tmp/f/a/x", "/tmp/f/a/l", "/tmp/f/a/new\nline"}
+    assert (listed["/tmp/f/a/x"].kind, listed["/tmp/f/a/x"].size) == ("file", 5)
+    assert (listed["/tmp/f/a/l"].kind, listed["/tmp/f/a/l"].target) == ("symlink", "x")
+    assert [e.path for e in (await files(action="list", path="/tmp/f")).entries] == ["/tmp/f/a"]
+    moved = await files(action="move", path="/tmp/f/a/x", destination="/tmp/g/y")
+    assert [(e.path, e.kind) for e in moved.entries] == [("/tmp/g/y", "file")]
+    assert (await files(action="stat", path="/tmp/f/a/x")).exists is False
+    assert (await files(action="remove", path="/tmp/f")).ok
+    assert (await files(action="stat", path="/tmp/f")).exists is False
+    not_dir = await stack.run("f", execution.Files, action="list", path="/tmp/g/y")
+    assert not not_dir.ok and not_dir.error.code == "invalid_input"
+
+
 async def test_the_edit_tool(stack):
     async def edit(**kw):
         return await stack.run("e", execution.Edit, **kw)

@@ -392,6 +392,14 @@ EXEC_FACTORIES: dict[type, Any] = {
     execution.GetFiles: lambda: execution.GetFiles(
         **REQUEST_BASE, inbox="_INBOX.c", stop="sbx.exec.stop.x.w", root="/workspace/repo"
     ),
+    execution.ShellInput: lambda: execution.ShellInput(
+        **REQUEST_BASE, job_id="a" * 32, data=b"\0x\n", close=False
+    ),
+    execution.ShellSignal: lambda: execution.ShellSignal(**REQUEST_BASE, job_id="b" * 32, signal="KILL"),
+    execution.ShellJobs: lambda: execution.ShellJobs(**REQUEST_BASE),
+    execution.ShellFollow: lambda: execution.ShellFollow(
+        **REQUEST_BASE, inbox="_INBOX.f", stop="sbx.exec.stop.x.t", job_id="c" * 32, from_start=False
+    ),
     execution.Files: lambda: execution.Files(
         **REQUEST_BASE, action="move", path="/tmp/a", destination="/workspace/b", depth=2
     ),
@@ -680,6 +688,10 @@ def test_request_ops_are_stable() -> None:
         execution.Run: "run",
         execution.PutFiles: "put_files",
         execution.GetFiles: "get_files",
+        execution.ShellInput: "shell_input",
+        execution.ShellSignal: "shell_signal",
+        execution.ShellJobs: "shell_jobs",
+        execution.ShellFollow: "shell_follow",
         execution.Files: "files",
         execution.ReadFile: "read_file",
         execution.WriteFile: "write_file",

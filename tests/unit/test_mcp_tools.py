@@ -104,6 +104,7 @@ class Harness:
         headers: dict[str, str] | None = None,
         commands: FakeCommands | None = None,
         executor: FakeExecutor | None = None,
+        job_input: bool = False,
     ) -> None:
         self.headers = dict(HEADERS if headers is None else headers)
         self.commands = commands or FakeCommands()
@@ -112,6 +113,7 @@ class Harness:
             self.commands,  # type: ignore[arg-type]
             self.executor,  # type: ignore[arg-type]
             headers=lambda: self.headers,
+            job_input=job_input,
         )
 
     async def call(self, name: str, arguments: dict[str, Any] | None = None) -> fastmcp.client.CallToolResult:
@@ -172,6 +174,34 @@ async def test_exactly_the_eight_tools_are_listed() -> None:
     assert "first use" in by_name["shell"].description
     edit_args = by_name["str_replace_based_edit_tool"].input_schema["properties"]
     assert edit_args["command"]["enum"] == ["view", "create", "str_replace", "insert"]
+
+
+async def test_job_input_is_one_optional_tool_and_argument() -> None:
+    """Off (the default): the eight tools as they are, shell_async without stdin. On: a
+    shell_input tool, shell_async(stdin=true), and the executor's shell_input requests."""
+    async with fastmcp.Client(Harness().mcp) as client:
+        plain = {t.name: t for t in await client.list_tools()}
+    assert set(plain["shell_async"].input_schema["properties"]) == {"command"}
+    on = Harness(job_input=True)
+    async with fastmcp.Client(on.mcp) as client:
+        tools = {t.name: t for t in await client.list_tools()}
+    assert set(tools) == {*mcp_tools.TOOL_NAMES, "shell_input"}
+    assert set(tools["shell_async"].input_schema["properties"]) == {"command", "stdin"}
+    assert not tools["shell_input"].annotations.readOnlyHint
+    for name in mcp_tools.TOOL_NAMES:
+        if name != "shell_async":
+            assert tools[name].input_schema == plain[name].input_schema, name
+    on.executor.reply = execution.Reply(ok=True, job_id=JOB, status="running")
+    assert "shell_input" in await on.ok("shell_async", {"command": "cat", "stdin": True})
+    assert on.only_request()[0].stdin is True  # type: ignore[union-attr]
+    on.executor.sent.clear()
+    await on.ok("shell_input", {"job_id": JOB, "input": "yes\n", "close": True})
+    sent = [request for request, _ in on.executor.sent]
+    assert [type(r) for r in sent] == [execution.ShellInput, execution.ShellInput, execution.ShellPoll]
+    assert (sent[0].data, sent[0].close, sent[1].close) == (b"yes\n", False, True)  # type: ignore[union-attr]
+    on.executor.sent.clear()
+    assert "job" in await on.error("shell_input", {"job_id": "../x"})
+    assert not on.executor.sent  # refused before anything was sent
 
 
 @pytest.mark.parametrize("egress", ["proxy", "none"])

@@ -25,8 +25,9 @@ log = structlog.get_logger(__name__)
 ENVD_PORT = "49983"
 HEALTH = "/health"
 NOT_BUILT = (
-    "this envd method is not served by this stack: see docs/e2b.md for what is "
-    "(process Start, filesystem Stat/ListDir/MakeDir/Move/Remove, /files, /health)"
+    "this envd method is not served by this stack: see docs/e2b.md for what is (process "
+    "Start/Connect/List/SendInput/CloseStdin/SendSignal, filesystem Stat/ListDir/MakeDir/Move/"
+    "Remove, /files, /health)"
 )
 Unary = Callable[[states.SessionState, bytes], Awaitable[Any]]
 Streaming = Callable[[states.SessionState, bytes], Awaitable[AsyncGenerator[bytes, None]]]
@@ -69,7 +70,19 @@ class Envd:
             fs + "Move": self.filesystem.move,
             fs + "Remove": self.filesystem.remove,
         }
-        self.streaming: dict[str, Streaming] = {"/process.Process/Start": self.processes.start}
+        pr = "/process.Process/"
+        self.unary.update(
+            {
+                pr + "List": self.processes.list_processes,
+                pr + "SendInput": self.processes.send_input,
+                pr + "CloseStdin": self.processes.close_stdin,
+                pr + "SendSignal": self.processes.send_signal,
+            }
+        )
+        self.streaming: dict[str, Streaming] = {
+            pr + "Start": self.processes.start,
+            pr + "Connect": self.processes.connect,
+        }
 
     async def session(self, scope: Scope) -> states.SessionState:
         headers = {k.decode("latin-1"): v for k, v in scope["headers"]}

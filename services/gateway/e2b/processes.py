@@ -1,22 +1,27 @@
-"""envd's ``process.Process``: Start runs the SDK's ``/bin/bash -l -c CMD`` through the
-executor's ``Run`` (the host API's streamed run) and streams its output and exit code."""
+"""envd's ``process.Process`` on the executor's jobs: Start starts the SDK's
+``/bin/bash -l -c CMD`` as a job (``shell_async`` with its own directory, environment,
+stdin and stderr apart; its pid is the job's process group) and follows its output
+(``shell_follow``); the job outlives the stream, so a background command keeps running
+and ``Connect`` re-attaches to it by pid. List, SendInput, CloseStdin and SendSignal find
+the job by its pid among the running ones (``shell_jobs``) and act on it."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 import msgspec
 
-from sbx_api import hostapi
+from sbx_api import errors, hostapi
 from services.gateway import hostapi as host_api
 from services.gateway.e2b import calls, connect
 from shared.contract import execution, states
 
 DEFAULT_CWD = hostapi.WORKSPACE
+SIGNALS: dict[str, execution.JobSignal] = {"SIGNAL_SIGTERM": "TERM", "SIGNAL_SIGKILL": "KILL"}
 
 
-class ProcessConfig(msgspec.Struct, frozen=True):
+class ProcessConfig(msgspec.Struct, frozen=True, omit_defaults=True):
     cmd: str = ""
     args: list[str] = []
     envs: dict[str, str] = {}
@@ -28,6 +33,39 @@ class StartRequest(msgspec.Struct, frozen=True):
     stdin: bool = False
     tag: str | None = None
     pty: dict[str, object] | None = None
+
+
+class Selector(msgspec.Struct, frozen=True):
+    pid: int | None = None
+    tag: str | None = None
+
+
+class Selected(msgspec.Struct, frozen=True):
+    """Connect, CloseStdin and the fields they share with SendInput and SendSignal."""
+
+    process: Selector = Selector()
+
+
+class Input(msgspec.Struct, frozen=True):
+    stdin: bytes | None = None
+    pty: bytes | None = None
+
+
+class SendInputRequest(msgspec.Struct, frozen=True):
+    process: Selector = Selector()
+    input: Input = Input()
+
+
+class SendSignalRequest(msgspec.Struct, frozen=True):
+    process: Selector = Selector()
+    signal: str = "SIGNAL_UNSPECIFIED"
+
+
+class Label(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What a job started here keeps as its label: the process as the SDK lists it."""
+
+    config: ProcessConfig
+    tag: str | None = None
 
 
 class Failure(msgspec.Struct, frozen=True):
@@ -49,23 +87,50 @@ def command_of(request: StartRequest) -> str:
     return config.args[2]
 
 
+def label_of(request: StartRequest) -> str:
+    """The job's label (at most ``execution.LABEL_MAX`` bytes: the envs go first if not)."""
+    label = msgspec.json.encode(Label(config=request.process, tag=request.tag))
+    if len(label) > execution.LABEL_MAX:
+        config = msgspec.structs.replace(request.process, envs={})
+        label = msgspec.json.encode(Label(config=config, tag=request.tag))[: execution.LABEL_MAX]
+    return label.decode(errors="ignore")
+
+
+def listed(job: execution.JobInfo) -> dict[str, object]:
+    """A running job as envd's ``ProcessInfo`` (its label, if it is one of ours)."""
+    try:
+        label = msgspec.json.decode(job.label, type=Label)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        label = Label(config=ProcessConfig(cmd="/bin/sh", args=["-c", "(a job of the stack's own API)"]))
+    info: dict[str, object] = {"config": msgspec.to_builtins(label.config), "pid": job.pid}
+    if label.tag is not None:
+        info["tag"] = label.tag
+    return info
+
+
 def event(kind: str, body: dict[str, object]) -> bytes:
     return connect.message({"event": {kind: body}})
 
 
+def ended(end: hostapi.End) -> bytes:
+    """A job's end (``shell_follow``'s end frame) as envd's ``end`` event."""
+    if end.message == "exited" and end.exit_code is not None:
+        return event(
+            "end", {"exitCode": end.exit_code, "exited": True, "status": f"exit status {end.exit_code}"}
+        )
+    status = {"stopped": "signal: killed", "lost": "lost", "nojob": "no such process"}.get(
+        end.message, "killed"
+    )
+    return event("end", {"exitCode": -1, "exited": False, "status": status, "error": status})
+
+
 def translate(channel: bytes, data: bytes) -> bytes:
-    """One executor frame as a ``StartResponse`` envelope (or end of stream)."""
+    """One executor frame as a ``StartResponse``/``ConnectResponse`` envelope."""
     if channel in (hostapi.STDOUT, hostapi.STDERR):
         name = "stdout" if channel == hostapi.STDOUT else "stderr"
         return event("data", {name: base64.b64encode(data).decode()})
     if channel == hostapi.END:
-        end = msgspec.json.decode(data, type=hostapi.End)
-        if end.exit_code is None:
-            status = "timed out" if end.timed_out else "killed"
-            return event("end", {"exitCode": -1, "exited": False, "status": status, "error": status})
-        return event(
-            "end", {"exitCode": end.exit_code, "exited": True, "status": f"exit status {end.exit_code}"}
-        )
+        return ended(msgspec.json.decode(data, type=hostapi.End))
     if channel == hostapi.ERROR:
         failed = msgspec.json.decode(data, type=Failure)
         code = "unavailable" if failed.retriable else "internal"
@@ -83,20 +148,95 @@ class Processes:
         request = connect.decode(raw, StartRequest)
         command = command_of(request)
         env = {**session.env, **request.process.envs}
+        started = await calls.call(
+            self.host,
+            session,
+            lambda **fields: execution.ShellAsync(
+                command=command,
+                cwd=request.process.cwd or DEFAULT_CWD,
+                env=env,
+                stdin=request.stdin,
+                split=True,
+                label=label_of(request),
+                **fields,
+            ),
+        )
+        assert started.job_id is not None and started.pid is not None
+        return await self.follow(session, started.job_id, started.pid, from_start=True)
+
+    async def connect(self, session: states.SessionState, raw: bytes) -> AsyncGenerator[bytes, None]:
+        job = await self.find(session, connect.decode(raw, Selected).process)
+        return await self.follow(session, job.job_id, job.pid, from_start=False)
+
+    async def follow(
+        self, session: states.SessionState, job_id: str, pid: int, *, from_start: bool
+    ) -> AsyncGenerator[bytes, None]:
         frames, _ = await calls.stream(
             self.host,
             session,
-            lambda **fields: execution.Run(
-                command=command, cwd=request.process.cwd or DEFAULT_CWD, env=env, **fields
-            ),
+            lambda **fields: execution.ShellFollow(job_id=job_id, from_start=from_start, **fields),
         )
 
         async def events() -> AsyncGenerator[bytes, None]:
             try:
-                yield event("start", {"pid": 0})
+                yield event("start", {"pid": pid})
                 async for channel, data in frames:
                     yield translate(channel, data)
             finally:
                 await frames.aclose()
 
         return events()
+
+    async def list_processes(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
+        return {"processes": [listed(job) for job in await self.running(session)]}
+
+    async def send_input(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
+        request = connect.decode(raw, SendInputRequest)
+        if request.input.stdin is None:
+            raise connect.ConnectError("unimplemented", "only stdin input is served (no PTY)")
+        data = request.input.stdin
+        job = await self.find(session, request.process)
+        await self._input(session, job, lambda **f: execution.ShellInput(job_id=job.job_id, data=data, **f))
+        return {}
+
+    async def close_stdin(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
+        job = await self.find(session, connect.decode(raw, Selected).process)
+        await self._input(session, job, lambda **f: execution.ShellInput(job_id=job.job_id, close=True, **f))
+        return {}
+
+    async def send_signal(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
+        request = connect.decode(raw, SendSignalRequest)
+        signal = SIGNALS.get(request.signal)
+        if signal is None:
+            raise connect.ConnectError("invalid_argument", "signal is SIGNAL_SIGTERM or SIGNAL_SIGKILL")
+        job = await self.find(session, request.process)
+        try:
+            await calls.call(
+                self.host, session, lambda **f: execution.ShellSignal(job_id=job.job_id, signal=signal, **f)
+            )
+        except errors.NotFound:
+            raise connect.ConnectError("not_found", f"process {job.pid} has ended") from None
+        return {}
+
+    async def _input(
+        self, session: states.SessionState, job: execution.JobInfo, build: Callable[..., execution.AnyRequest]
+    ) -> None:
+        try:
+            await calls.call(self.host, session, build)
+        except errors.Conflict as exc:
+            raise connect.ConnectError("failed_precondition", exc.message) from None
+        except errors.InvalidInput as exc:
+            raise connect.ConnectError("failed_precondition", exc.message) from None
+
+    async def running(self, session: states.SessionState) -> list[execution.JobInfo]:
+        reply = await calls.call(self.host, session, lambda **f: execution.ShellJobs(**f))
+        return reply.jobs or []
+
+    async def find(self, session: states.SessionState, selector: Selector) -> execution.JobInfo:
+        """The running job a selector names (by pid, or by the tag it was started with)."""
+        for job in await self.running(session):
+            if selector.pid is not None and job.pid == selector.pid:
+                return job
+            if selector.tag is not None and selector.pid is None and listed(job).get("tag") == selector.tag:
+                return job
+        raise connect.ConnectError("not_found", f"no running process {selector.pid or selector.tag!r}")

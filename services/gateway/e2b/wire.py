@@ -8,10 +8,12 @@ from typing import Literal
 
 import msgspec
 
-ENVD_VERSION = "0.1.0"
-"""The envd version reported: the lowest the SDK accepts, which switches on nothing
-optional (stdin, default user, metadata, octet-stream uploads). The in-sandbox API is
-not served yet (docs/e2b.md): raise it with each envd feature built."""
+ENVD_VERSION = "0.5.7"
+"""The envd version reported, which switches on in the SDK exactly what is served
+(docs/e2b.md): a command's ``stdin`` (0.3.0), the default user (0.4.0: no username sent;
+commands and files run as the sandbox's user), ``close_stdin`` (0.5.2) and octet-stream
+uploads (0.5.7). Not 0.6.2: file metadata (extended attributes) is not served, nor the
+watch features of 0.6.3 and later."""
 
 CLIENT_ID = "sbx"
 """``clientID``: deprecated in E2B, still required by the SDK's models."""

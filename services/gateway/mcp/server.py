@@ -22,7 +22,7 @@ from mcp.shared.exceptions import MCPError
 
 from sbx_api import errors
 from services.gateway import sessions
-from services.gateway.mcp import calls, checkpoints, edit, sandbox, shell, texts
+from services.gateway.mcp import calls, checkpoints, edit, jobinput, sandbox, shell, texts
 from services.gateway.sessions import Identity
 from shared.infrastructure import metrics, rpc, service, tracing
 
@@ -40,7 +40,7 @@ TOOL_NAMES: tuple[str, ...] = (
 )
 
 MCP_PATH = "/mcp"
-_LABELS = frozenset((*TOOL_NAMES, *checkpoints.TOOL_NAMES))
+_LABELS = frozenset((*TOOL_NAMES, *checkpoints.TOOL_NAMES, *jobinput.TOOL_NAMES))
 """Tool names a metric or span may carry (any other is ``unknown``)."""
 
 
@@ -187,6 +187,7 @@ def build_mcp(
     claim_on_connect: bool = False,
     egress: str = "none",
     checkpoint_tools: bool = False,
+    job_input: bool = False,
 ) -> fastmcp.FastMCP:
     """The MCP server with the eight tools. ``headers`` is where identity is read from
     (the HTTP request by default; tests pass their own). ``running_sandbox`` is an
@@ -195,7 +196,8 @@ def build_mcp(
     executor refuses, ``forget`` is told, and the call falls back to the scheduler).
     ``claim_on_connect``: connecting starts getting the session's sandbox (see ``Connect``).
     ``egress``: what the sandboxes can reach, said in the texts. ``checkpoint_tools``: the
-    two optional tools of ``checkpoints`` too."""
+    two optional tools of ``checkpoints`` too. ``job_input``: the optional ``shell_input`` tool
+    (and ``shell_async``'s ``stdin``)."""
     mcp = fastmcp.FastMCP(
         "agent-sandbox",
         instructions=texts.instructions(egress),
@@ -214,11 +216,13 @@ def build_mcp(
         mcp.add_middleware(ToolSpans(tools.identity))
     mcp.add_middleware(ArgumentErrors())
     mcp.add_middleware(Cancellations(tools))
-    shell.register(mcp, tools)
+    shell.register(mcp, tools, job_input=job_input)
     edit.register(mcp, tools)
     sandbox.register(mcp, tools)
     if checkpoint_tools:
         checkpoints.register(mcp, tools)
+    if job_input:
+        jobinput.register(mcp, tools)
     return mcp
 
 

@@ -15,11 +15,15 @@ from services.gateway.mcp.texts import MAX_TIMEOUT, SHELL_TIMEOUT, WAIT_TIMEOUT
 from shared.contract import checks, execution
 
 _JOB_ID_ARG = Field(description="The job id shell_async returned (32 lower-case hex characters).")
+_COMMAND_ARG = Field(description="The bash command to start, e.g. 'make -j4 all'.")
+_STDIN_ARG = Field(description=texts.STDIN_ARG)
 
 
-def register(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
+def register(mcp: fastmcp.FastMCP, tools: calls.Calls, *, job_input: bool = False) -> None:
+    """The five shell tools; with ``job_input``, ``shell_async`` takes ``stdin`` too (see
+    :mod:`.jobinput`)."""
     _shell(mcp, tools)
-    _shell_async(mcp, tools)
+    _shell_async(mcp, tools, job_input)
     _shell_poll(mcp, tools)
     _shell_wait(mcp, tools)
     _shell_stop(mcp, tools)
@@ -69,8 +73,25 @@ def _shell(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
             return texts.format_shell(reply, budget)
 
 
-def _shell_async(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
-    @mcp.tool(
+def _shell_async(mcp: fastmcp.FastMCP, tools: calls.Calls, job_input: bool) -> None:
+    async def start(command: str, stdin: bool) -> str:
+        with calls.tool_errors():
+            who = tools.identity()
+            checks.command(command)
+            reply = await tools.run(
+                who, lambda **f: execution.ShellAsync(command=command, stdin=stdin, **f), REQUEST_BUDGET
+            )
+            if reply.job_id is None:
+                raise errors.SandboxError("the executor started the command but returned no job id")
+            job = reply.job_id
+            given = f'Give it input with shell_input(job_id="{job}", input="..."). ' if stdin else ""
+            return (
+                f"started job {job}\n{given}"
+                f'Check it with shell_poll(job_id="{job}"), block until it ends with '
+                f'shell_wait(job_id="{job}", timeout=60), or terminate it with shell_stop(job_id="{job}").'
+            )
+
+    tool = mcp.tool(
         name="shell_async",
         output_schema=None,
         annotations={"title": "Start a background command", "openWorldHint": tools.egress == "proxy"},
@@ -78,29 +99,27 @@ def _shell_async(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:
             "Start a long-running bash command in the background and return at once with its job id "
             "(32 hex characters). Follow it with shell_poll (status and output so far), shell_wait "
             "(block until it finishes or a timeout) and shell_stop (terminate it). "
-            "Example: `cd /workspace/app && npm test`. "
+            + (texts.STDIN_NOTE if job_input else "")
+            + "Example: `cd /workspace/app && npm test`. "
             + texts.SANDBOX_NOTE
             + " "
             + texts.NETWORK[tools.egress]
         ),
     )
-    async def shell_async(
-        command: Annotated[str, Field(description="The bash command to start, e.g. 'make -j4 all'.")],
+    if not job_input:
+
+        @tool
+        async def shell_async(command: Annotated[str, _COMMAND_ARG]) -> str:
+            return await start(command, False)
+
+        return
+
+    @tool
+    async def shell_async_with_input(
+        command: Annotated[str, _COMMAND_ARG],
+        stdin: Annotated[bool, _STDIN_ARG] = False,
     ) -> str:
-        with calls.tool_errors():
-            who = tools.identity()
-            checks.command(command)
-            reply = await tools.run(
-                who, lambda **f: execution.ShellAsync(command=command, **f), REQUEST_BUDGET
-            )
-            if reply.job_id is None:
-                raise errors.SandboxError("the executor started the command but returned no job id")
-            job = reply.job_id
-            return (
-                f"started job {job}\n"
-                f'Check it with shell_poll(job_id="{job}"), block until it ends with '
-                f'shell_wait(job_id="{job}", timeout=60), or terminate it with shell_stop(job_id="{job}").'
-            )
+        return await start(command, stdin)
 
 
 def _shell_poll(mcp: fastmcp.FastMCP, tools: calls.Calls) -> None:

@@ -11,6 +11,14 @@ from shared.contract import execution, states
 SHELL_TIMEOUT = execution.DEFAULT_TIMEOUT
 WAIT_TIMEOUT = 30.0
 MAX_TIMEOUT = execution.MAX_TIMEOUT
+STDIN_NOTE = (
+    "By default the job reads nothing (its stdin is empty); with stdin=true its standard input "
+    "stays open for shell_input. "
+)
+STDIN_ARG = (
+    "Keep the job's standard input open so shell_input can write to it (default false: the "
+    "job reads nothing)."
+)
 
 NETWORK = {
     "proxy": (
