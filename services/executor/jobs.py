@@ -16,7 +16,7 @@ from shared.runtime import api
 HELPER_SLACK = 64 * 1024
 LIST_BYTES = 8 * 1024 * 1024
 """Most bytes the job listing's script may answer (labels included)."""
-NO_JOB, NO_INPUT, ENDED, INPUT_CLOSED, NO_DIRECTORY = 44, 45, 46, 47, 98
+NO_JOB, NO_INPUT, ENDED, INPUT_CLOSED, TAKEN, NO_DIRECTORY = 44, 45, 46, 47, 96, 98
 
 
 def start_args(request: execution.ShellAsync, job: str) -> list[str]:
@@ -33,7 +33,7 @@ def start_args(request: execution.ShellAsync, job: str) -> list[str]:
 
 
 async def start(runtime: api.Runtime, request: execution.ShellAsync) -> execution.Reply:
-    job = ids.new_id()
+    job = checks.job_id(request.job_id) if request.job_id is not None else ids.new_id()
     result, out, err = await runtime.run(
         request.sandbox_id,
         scripts.argv(scripts.JOB_START, *start_args(request, job)),
@@ -41,6 +41,8 @@ async def start(runtime: api.Runtime, request: execution.ShellAsync) -> executio
         timeout=scripts.QUICK,
         max_bytes=HELPER_SLACK,
     )
+    if result.exit_code == TAKEN:
+        raise errors.Conflict(f"there is a job {job} already")
     if result.exit_code == NO_DIRECTORY:
         raise errors.InvalidInput(f"cwd {request.cwd} is not a directory in the sandbox")
     pid = output.text(out).strip()

@@ -60,11 +60,11 @@ exec </dev/null 2>&1
 #: Starts job $1. $2: its directory ('' for the session shell's saved one, with its exports);
 #: $3: flags (``s``: stdin from a pipe that ``JOB_INPUT`` writes to, held open by a holder
 #: process until closed; ``e``: stderr apart, in ``err``); $4: the caller's label; then
-#: NAME=VALUE pairs exported for the job. The command is read from stdin. Exit 98: no such
-#: directory.
+#: NAME=VALUE pairs exported for the job. The command is read from stdin. Exit 96: the id
+#: is taken; 98: no such directory.
 JOB_START = f"""
 J={JOBS}/$1; C=$2; F=$3
-mkdir -p "$J" || exit 97
+mkdir -p {JOBS} && mkdir "$J" || exit 96
 cat > "$J/cmd"
 printf '%s' "$4" > "$J/label"
 shift 4
@@ -72,7 +72,9 @@ B=$(command -v bash || command -v sh)
 if [ -n "$C" ]; then cd "$C" 2>/dev/null || {{ rm -rf "$J"; exit 98; }}
 else cd "$(cat {STATE}/cwd 2>/dev/null || echo "${{SBX_WORKDIR:-/workspace}}")" 2>/dev/null || cd /workspace; fi
 case $F in *s*) mkfifo "$J/in" || exit 97;; esac
+: > "$J/out" || exit 97
 case $F in *e*) : > "$J/err" || exit 97;; esac
+mkfifo "$J/started" || exit 97
 S=$(command -v setsid || true)
 $S "$B" -c '
   __sbx_j=$1; __sbx_c=$2; shift 2
@@ -84,14 +86,14 @@ $S "$B" -c '
     echo $! > "$__sbx_j/holder"
     __sbx_in=$__sbx_j/in
   fi
-  echo $$ > "$__sbx_j/pgid"
+  echo $$ > "$__sbx_j/pgid"; echo $$ > "$__sbx_j/started"
   if [ -f "$__sbx_j/err" ]; then "$0" -c "$(cat "$__sbx_j/cmd")" > "$__sbx_j/out" 2> "$__sbx_j/err" < "$__sbx_in"
   else "$0" -c "$(cat "$__sbx_j/cmd")" > "$__sbx_j/out" 2>&1 < "$__sbx_in"; fi
   echo $? > "$__sbx_j/rc.tmp" && mv -f "$__sbx_j/rc.tmp" "$__sbx_j/rc"
   __sbx_h=$(cat "$__sbx_j/holder" 2>/dev/null); [ -z "$__sbx_h" ] || kill "$__sbx_h" 2>/dev/null
 ' "$B" "$J" "$C" "$@" > /dev/null 2>&1 < /dev/null &
-i=0; while [ ! -s "$J/pgid" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
-cat "$J/pgid"
+read -r P < "$J/started"; rm -f "$J/started"
+echo "$P"
 """
 
 #: First line: status; second: total output size; then the output's last $2 bytes.
@@ -157,16 +159,25 @@ exit 0
 """
 
 #: Streams job $1's output (stderr apart if it was started so) until the job ends: from
-#: the start ($2 = start) or only what comes. Exit 44: no such job.
+#: the start ($2 = start) or only what comes; a job being started is waited for (5 s; its
+#: output files exist before its pid does).
+#: Exits with the job's exit code when it exited with one below 255; else (no such job,
+#: stopped, lost, 255) with 255: then ask.
 JOB_FOLLOW = f"""
 J={JOBS}/$1
-[ -d "$J" ] || exit 44
-P=$(cat "$J/pgid" 2>/dev/null); [ -n "$P" ] || exit 44
+i=0; while [ ! -s "$J/pgid" ] && [ $i -lt 500 ]; do sleep 0.01; i=$((i+1)); done
+P=$(cat "$J/pgid" 2>/dev/null); [ -n "$P" ] || exit 255
 if [ "$2" = start ]; then O=+1; else O=0; fi
-tail -q -c "$O" -F -s 0.1 --pid="$P" "$J/out" 2>/dev/null &
-[ -f "$J/err" ] && {{ tail -q -c "$O" -F -s 0.1 --pid="$P" "$J/err" 2>/dev/null; }} >&2 &
+tail -q -c "$O" -f -s 0.02 --pid="$P" "$J/out" 2>/dev/null &
+[ -f "$J/err" ] && {{ tail -q -c "$O" -f -s 0.02 --pid="$P" "$J/err" 2>/dev/null; }} >&2 &
 wait
+[ -f "$J/rc" ] && [ ! -f "$J/stopped" ] || exit 255
+R=$(cat "$J/rc"); case $R in ''|*[!0-9]*) exit 255;; esac
+[ "$R" -lt 255 ] || exit 255
+exit "$R"
 """
+FOLLOW_ASK = 255
+"""``JOB_FOLLOW``'s exit code when the job's status must be asked for (``JOB_POLL``)."""
 
 #: The ids of the jobs still running, one a line (what an idle pause must not freeze).
 JOB_LIST = f"""

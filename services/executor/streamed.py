@@ -476,9 +476,11 @@ class StreamedOps:
         finally:
             beats.cancel()
         result = await process.wait()
-        status, code = "nojob", None
-        if result.exit_code != 44:
-            # The job has ended (or the follow was stopped): how, from its files.
+        status, code = "exited", result.exit_code
+        code_known: int | None = code
+        if result.timed_out or code is None or not 0 <= code < scripts.FOLLOW_ASK:
+            # Not a plain exit (stopped, lost, no such job), or the follow itself was stopped:
+            # how the job stands, from its files.
             _, out, _ = await self.runtime.run(
                 request.sandbox_id,
                 scripts.argv(scripts.JOB_POLL, request.job_id, "0"),
@@ -486,9 +488,9 @@ class StreamedOps:
                 max_bytes=MESSAGE_MAX,
             )
             report = scripts.parse_poll(out)
-            status, code = report.status, report.exit_code
+            status, code_known = report.status, report.exit_code
         end = hostapi.End(
-            exit_code=code, duration=result.duration, sandbox_id=request.sandbox_id, message=status
+            exit_code=code_known, duration=result.duration, sandbox_id=request.sandbox_id, message=status
         )
         await sender.end(msgspec.json.encode(end))
         return end

@@ -47,6 +47,9 @@ class ShellAsync(Request, frozen=True, kw_only=True, tag="shell_async"):
     stdout and stderr together; the options below change that (the E2B processes use them)."""
 
     command: str
+    job_id: str | None = None
+    """The job's id, chosen by the caller (32 lower-case hex; refused if it is taken), so it
+    can follow the job (``shell_follow``) while it starts; default: a new one."""
     cwd: str | None = None
     """Start there, with the sandbox's environment and ``env``, not the session shell's
     saved directory and exports."""

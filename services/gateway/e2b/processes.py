@@ -7,7 +7,9 @@ the job by its pid among the running ones (``shell_jobs``) and act on it."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 from collections.abc import AsyncGenerator, Callable
 
 import msgspec
@@ -15,7 +17,7 @@ import msgspec
 from sbx_api import errors, hostapi
 from services.gateway import hostapi as host_api
 from services.gateway.e2b import calls, connect
-from shared.contract import execution, states
+from shared.contract import execution, ids, states
 
 DEFAULT_CWD = hostapi.WORKSPACE
 SIGNALS: dict[str, execution.JobSignal] = {"SIGNAL_SIGTERM": "TERM", "SIGNAL_SIGKILL": "KILL"}
@@ -145,24 +147,46 @@ class Processes:
         self.host = host
 
     async def start(self, session: states.SessionState, raw: bytes) -> AsyncGenerator[bytes, None]:
+        """The job is started and followed at once (its id chosen here): the follow waits in
+        the sandbox for the job to be there, and its frames wait until the start answers."""
         request = connect.decode(raw, StartRequest)
         command = command_of(request)
         env = {**session.env, **request.process.envs}
-        started = await calls.call(
-            self.host,
-            session,
-            lambda **fields: execution.ShellAsync(
-                command=command,
-                cwd=request.process.cwd or DEFAULT_CWD,
-                env=env,
-                stdin=request.stdin,
-                split=True,
-                label=label_of(request),
-                **fields,
-            ),
+        job_id = ids.new_id()
+        starting = asyncio.ensure_future(
+            calls.call(
+                self.host,
+                session,
+                lambda **fields: execution.ShellAsync(
+                    command=command,
+                    job_id=job_id,
+                    cwd=request.process.cwd or DEFAULT_CWD,
+                    env=env,
+                    stdin=request.stdin,
+                    split=True,
+                    label=label_of(request),
+                    **fields,
+                ),
+            )
         )
-        assert started.job_id is not None and started.pid is not None
-        return await self.follow(session, started.job_id, started.pid, from_start=True)
+        try:
+            frames, _ = await calls.stream(
+                self.host,
+                session,
+                lambda **fields: execution.ShellFollow(job_id=job_id, from_start=True, **fields),
+            )
+        except BaseException:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            raise
+        try:
+            started = await starting
+        except BaseException:
+            await frames.aclose()
+            raise
+        assert started.pid is not None
+        return self.events(frames, started.pid)
 
     async def connect(self, session: states.SessionState, raw: bytes) -> AsyncGenerator[bytes, None]:
         job = await self.find(session, connect.decode(raw, Selected).process)
@@ -176,16 +200,18 @@ class Processes:
             session,
             lambda **fields: execution.ShellFollow(job_id=job_id, from_start=from_start, **fields),
         )
+        return self.events(frames, pid)
 
-        async def events() -> AsyncGenerator[bytes, None]:
-            try:
-                yield event("start", {"pid": pid})
-                async for channel, data in frames:
-                    yield translate(channel, data)
-            finally:
-                await frames.aclose()
-
-        return events()
+    @staticmethod
+    async def events(
+        frames: AsyncGenerator[tuple[bytes, bytes], None], pid: int
+    ) -> AsyncGenerator[bytes, None]:
+        try:
+            yield event("start", {"pid": pid})
+            async for channel, data in frames:
+                yield translate(channel, data)
+        finally:
+            await frames.aclose()
 
     async def list_processes(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
         return {"processes": [listed(job) for job in await self.running(session)]}
