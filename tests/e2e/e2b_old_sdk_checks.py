@@ -29,6 +29,21 @@ print("pause and connect")
 result = again.commands.run("echo old; echo e >&2")
 assert (result.stdout, result.stderr, result.exit_code) == ("old\n", "e\n", 0), result
 print("run")
+handle = again.commands.run("cat; echo bg", background=True, stdin=True)
+assert handle.pid in [p.pid for p in again.commands.list()]
+again.commands.send_stdin(handle.pid, "in\n")
+again.commands.close_stdin(handle.pid)
+assert handle.wait().stdout == "in\nbg\n"
+sleeper = again.commands.run("sleep 600", background=True)
+assert again.commands.connect(sleeper.pid).pid == sleeper.pid and again.commands.kill(sleeper.pid) is True
+print("background")
+again.files.write("/tmp/old/a.txt", "old sdk")
+again.files.rename("/tmp/old/a.txt", "/tmp/old/b.txt")
+assert again.files.read("/tmp/old/b.txt") == "old sdk"
+assert [e.name for e in again.files.list("/tmp/old")] == ["b.txt"] and not again.files.exists(
+    "/tmp/old/a.txt"
+)
+print("files")
 assert again.kill() is True and Sandbox.kill(sandbox.sandbox_id) is False
 print("kill")
 

@@ -363,6 +363,8 @@ def test_the_sdk_before_2_51(sdk_env):
         "and",
         "connect",
         "run",
+        "background",
+        "files",
         "kill",
         "async",
     ]

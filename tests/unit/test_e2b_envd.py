@@ -1,17 +1,18 @@
 """envd's pure parts: paths resolved as text, the executor's entries as envd's EntryInfo,
-the listing records the executor parses (real ``find`` output, from real files), and
-Connect's envelopes."""
+the listing records the executor parses (real ``find`` output, from real files), Connect's
+envelopes, and processes: start requests, job labels, end events."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
 import pytest
 
-from sbx_api import errors
-from services.executor import files
-from services.gateway.e2b import connect, entries
+from sbx_api import errors, hostapi
+from services.executor import files, jobs, scripts
+from services.gateway.e2b import connect, entries, processes
 from shared.contract import execution
 
 
@@ -102,3 +103,67 @@ def test_connect_envelopes() -> None:
             connect.unenvelope(bad)
     assert connect.from_error(errors.NotFound("x")).code == "not_found"
     assert connect.from_error(errors.LimitExceeded("x")).code == "resource_exhausted"
+
+
+def test_a_start_request_is_bash_or_refused() -> None:
+    start = lambda **kw: processes.StartRequest(**kw)  # noqa: E731
+    bash = processes.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "echo hi"])
+    assert processes.command_of(start(process=bash)) == "echo hi"
+    for bad in (
+        start(process=processes.ProcessConfig(cmd="/bin/sh", args=["-c", "x"])),
+        start(process=bash, pty={"size": {"rows": 1, "cols": 1}}),
+    ):
+        with pytest.raises(connect.ConnectError) as refused:
+            processes.command_of(bad)
+        assert refused.value.code == "unimplemented"
+
+
+def test_a_jobs_label_lists_it_as_started_and_stays_bounded() -> None:
+    config = processes.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "x"], envs={"A": "1"}, cwd="/tmp")
+    label = processes.label_of(processes.StartRequest(process=config, tag="t"))
+    info = processes.listed(execution.JobInfo(job_id="a" * 32, pid=7, label=label))
+    assert info == {
+        "config": {"cmd": "/bin/bash", "args": ["-l", "-c", "x"], "envs": {"A": "1"}, "cwd": "/tmp"},
+        "pid": 7,
+        "tag": "t",
+    }
+    huge = processes.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", "x"], envs={"B": "v" * 20_000})
+    bounded = processes.label_of(processes.StartRequest(process=huge))
+    assert len(bounded.encode()) <= execution.LABEL_MAX and "envs" not in bounded  # the envs go first
+    ours = processes.listed(execution.JobInfo(job_id="b" * 32, pid=8, label="not json"))
+    assert ours["pid"] == 8 and "tag" not in ours
+
+
+def test_a_jobs_end_as_envds_end_event() -> None:
+    def end(**kw) -> dict:
+        raw = processes.ended(hostapi.End(**kw))
+        return json.loads(connect.unenvelope(raw))["event"]["end"]
+
+    assert end(exit_code=3, message="exited") == {"exitCode": 3, "exited": True, "status": "exit status 3"}
+    assert end(message="stopped")["status"] == "signal: killed" and end(message="stopped")["exitCode"] == -1
+    assert end(message="lost")["exited"] is False
+
+
+def test_the_job_listing_keeps_only_well_formed_jobs() -> None:
+    good, other = "a" * 32, "b" * 32
+    fields = [good, "123", "{}", "../x", "456", "label", other, "nope", "l"]
+    raw = "".join(f + "\x00" for f in fields).encode() + b"\xff\x00"
+    assert scripts.parse_jobs(raw) == [execution.JobInfo(job_id=good, pid=123, label="{}")]
+    assert scripts.parse_jobs(b"") == [] and scripts.parse_jobs(b"\0\0") == []
+
+
+def test_job_start_arguments_are_checked_before_anything_runs() -> None:
+    base = dict(session_id="s", sandbox_id="b", command="true")
+    args = jobs.start_args(
+        execution.ShellAsync(**base, cwd="/tmp/./x", env={"A": "1 2"}, stdin=True), "c" * 32
+    )
+    assert args == ["c" * 32, "/tmp/x", "s", "", "A=1 2"]
+    for bad in (
+        execution.ShellAsync(**base, cwd="relative"),
+        execution.ShellAsync(**base, env={"A=B": "1"}),
+        execution.ShellAsync(**base, env={"A": "\0"}),
+        execution.ShellAsync(**base, label="x" * (execution.LABEL_MAX + 1)),
+        execution.ShellAsync(session_id="s", sandbox_id="b", command="   "),
+    ):
+        with pytest.raises(errors.InvalidInput):
+            jobs.start_args(bad, "d" * 32)
