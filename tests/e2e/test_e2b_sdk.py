@@ -268,14 +268,23 @@ def test_background_processes_through_the_sync_sdk(sdk_env):
     assert killed.value.exit_code == -1
     assert sleeper.pid not in {p.pid for p in commands.list()}
     assert commands.kill(sleeper.pid) is False  # gone: envd's not_found
+    for not_a_job in (1, os.getpid()):  # the sandbox's init, a host pid: never a job of this session
+        assert commands.kill(not_a_job) is False
+        with pytest.raises(e2b.SandboxException):
+            commands.send_stdin(not_a_job, "x")
 
     # stdin: sent, then closed; the command sees its end.
     cat = commands.run("cat; echo done-$WHO >&2", background=True, stdin=True)
     commands.send_stdin(cat.pid, "line one\n")
     cat.send_stdin(b"line two\n")
+    commands.stream_input(cat.pid, ["stream", "ed\n"])
     commands.close_stdin(cat.pid)
     result = cat.wait()
-    assert (result.stdout, result.stderr, result.exit_code) == ("line one\nline two\n", "done-session\n", 0)
+    assert (result.stdout, result.stderr, result.exit_code) == (
+        "line one\nline two\nstreamed\n",
+        "done-session\n",
+        0,
+    )
     with pytest.raises(e2b.SandboxException):
         commands.send_stdin(cat.pid, "late")  # it has ended
     quiet = commands.run("sleep 600", background=True)  # without stdin=True: it reads nothing

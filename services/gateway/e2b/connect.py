@@ -5,7 +5,9 @@ last envelope, flagged end of stream, carries the error if there is one)."""
 
 from __future__ import annotations
 
+import asyncio
 import struct
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -14,7 +16,10 @@ from starlette.types import Receive, Send
 from sbx_api import errors
 
 BODY_MAX = 1024 * 1024
-"""Largest request body of an envd call (a stdin chunk is the largest there is)."""
+"""Largest request body of an envd call, and message of a client stream (a stdin chunk is
+the largest there is)."""
+SILENCE = 60.0
+"""A client stream that sends nothing for this long is given up on."""
 _ENVELOPE = struct.Struct(">BI")
 END_STREAM = 0x02
 STREAM_JSON = "application/connect+json"
@@ -73,6 +78,34 @@ def decode(raw: bytes, kind: type[M]) -> M:
         return msgspec.json.decode(raw, type=kind)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ConnectError("invalid_argument", f"invalid {kind.__name__}: {exc}") from None
+
+
+async def envelopes(receive: Receive, limit: int = BODY_MAX) -> AsyncIterator[bytes]:
+    """A client stream's messages as they arrive, each at most ``limit`` bytes."""
+    buffer = bytearray()
+    more = True
+    while True:
+        while len(buffer) >= _ENVELOPE.size:
+            flags, size = _ENVELOPE.unpack_from(buffer)
+            if flags != 0 or size > limit:
+                raise ConnectError(
+                    "invalid_argument", f"expected uncompressed messages of at most {limit} bytes"
+                )
+            if len(buffer) < _ENVELOPE.size + size:
+                break
+            yield bytes(buffer[_ENVELOPE.size : _ENVELOPE.size + size])
+            del buffer[: _ENVELOPE.size + size]
+        if not more:
+            if buffer:
+                raise ConnectError("invalid_argument", "the stream ended in the middle of a message")
+            return
+        try:
+            async with asyncio.timeout(SILENCE):
+                part = await receive()
+        except TimeoutError:
+            raise ConnectError("deadline_exceeded", f"the stream sent nothing for {SILENCE:g} s") from None
+        buffer += part.get("body", b"")
+        more = bool(part.get("more_body"))
 
 
 def unenvelope(raw: bytes) -> bytes:

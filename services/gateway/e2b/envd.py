@@ -24,9 +24,10 @@ log = structlog.get_logger(__name__)
 
 ENVD_PORT = "49983"
 HEALTH = "/health"
+STREAM_INPUT = "/process.Process/StreamInput"
 NOT_BUILT = (
     "this envd method is not served by this stack: see docs/e2b.md for what is (process "
-    "Start/Connect/List/SendInput/CloseStdin/SendSignal, filesystem Stat/ListDir/MakeDir/Move/"
+    "Start/Connect/List/SendInput/StreamInput/CloseStdin/SendSignal, filesystem Stat/ListDir/MakeDir/Move/"
     "Remove, /files, /health)"
 )
 Unary = Callable[[states.SessionState, bytes], Awaitable[Any]]
@@ -114,6 +115,8 @@ class Envd:
                 await self.filesystem.serve(session, scope, receive, send)
             elif method == "POST" and path in self.unary:
                 await connect.unary(send, await self.unary[path](session, await connect.body(receive)))
+            elif method == "POST" and path == STREAM_INPUT:
+                await self.stream(send, await self.processes.stream_input(session, receive))
             elif method == "POST" and path in self.streaming:
                 raw = connect.unenvelope(await connect.body(receive))
                 await self.stream(send, await self.streaming[path](session, raw))

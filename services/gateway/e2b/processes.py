@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 from collections.abc import AsyncGenerator, Callable
 
 import msgspec
+from starlette.types import Receive
 
 from sbx_api import errors, hostapi
 from services.gateway import hostapi as host_api
@@ -56,6 +58,20 @@ class Input(msgspec.Struct, frozen=True):
 class SendInputRequest(msgspec.Struct, frozen=True):
     process: Selector = Selector()
     input: Input = Input()
+
+
+class StreamStart(msgspec.Struct, frozen=True):
+    process: Selector = Selector()
+
+
+class StreamData(msgspec.Struct, frozen=True):
+    input: Input = Input()
+
+
+class StreamInputRequest(msgspec.Struct, frozen=True):
+    start: StreamStart | None = None
+    data: StreamData | None = None
+    keepalive: dict[str, object] | None = None
 
 
 class SendSignalRequest(msgspec.Struct, frozen=True):
@@ -224,6 +240,32 @@ class Processes:
         job = await self.find(session, request.process)
         await self._input(session, job, lambda **f: execution.ShellInput(job_id=job.job_id, data=data, **f))
         return {}
+
+    async def stream_input(
+        self, session: states.SessionState, receive: Receive
+    ) -> AsyncGenerator[bytes, None]:
+        """``StreamInput``: a start naming the process, then its input as it comes (each
+        chunk one ``shell_input``); answered once the client's stream ends."""
+        job: execution.JobInfo | None = None
+        async for raw in connect.envelopes(receive):
+            message = connect.decode(raw, StreamInputRequest)
+            if message.start is not None and job is None:
+                job = await self.find(session, message.start.process)
+            elif message.data is not None:
+                if job is None:
+                    raise connect.ConnectError(
+                        "invalid_argument", "a StreamInput starts with its start event"
+                    )
+                data = message.data.input.stdin
+                if data is None:
+                    raise connect.ConnectError("unimplemented", "only stdin input is served (no PTY)")
+                build = functools.partial(execution.ShellInput, job_id=job.job_id, data=data)
+                await self._input(session, job, build)
+
+        async def answer() -> AsyncGenerator[bytes, None]:
+            yield connect.message({})
+
+        return answer()
 
     async def close_stdin(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
         job = await self.find(session, connect.decode(raw, Selected).process)
