@@ -290,7 +290,14 @@ def test_background_processes_through_the_sync_sdk(sdk_env):
     quiet = commands.run("sleep 600", background=True)  # without stdin=True: it reads nothing
     with pytest.raises(e2b.SandboxException):
         commands.send_stdin(quiet.pid, "x")
-    quiet.kill()
+
+    # Paused and resumed: the process and the files are still there.
+    sandbox.files.write("/tmp/kept", "kept")
+    assert sandbox.pause() is True
+    resumed = Sandbox.connect(sandbox.sandbox_id)
+    assert quiet.pid in [p.pid for p in resumed.commands.list()]
+    assert resumed.files.read("/tmp/kept") == "kept"
+    assert resumed.commands.kill(quiet.pid) is True
 
     # Output streamed while it runs; wait gives the exit code.
     seen: list[str] = []
