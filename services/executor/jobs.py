@@ -65,11 +65,11 @@ async def give_input(runtime: api.Runtime, request: execution.ShellInput) -> exe
     match result.exit_code:
         case 0:
             return execution.Reply(ok=True, job_id=job)
-        case 44:
+        case 44:  # NO_JOB
             raise errors.NotFound(f"no job {job} in this session")
-        case 45:
+        case 45:  # NO_INPUT
             raise errors.InvalidInput(f"job {job} was started without input (stdin)")
-        case 47:
+        case 47:  # INPUT_CLOSED
             raise errors.Conflict(f"job {job} takes no more input: it was closed, or the job has ended")
     if result.timed_out:
         raise errors.Timeout(f"job {job} did not read its input within {scripts.QUICK:g} s")

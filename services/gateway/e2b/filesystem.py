@@ -14,6 +14,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import msgspec
+import structlog
 from python_multipart import multipart
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -23,6 +24,8 @@ from services.gateway import hostapi as host_api
 from services.gateway.e2b import calls, connect, entries
 from shared.contract import execution, states
 from shared.infrastructure import streams
+
+log = structlog.get_logger(__name__)
 
 FILES = "/files"
 MAX_PARTS = 1000
@@ -130,8 +133,9 @@ class Filesystem:
                 raise _http_error(405, "GET or POST /files")
             written = await self.write(session, query.get("path"), Request(scope, receive))
         except (errors.SandboxError, FilesError) as exc:
-            if started:
-                raise  # the answer is cut short
+            if started:  # the answer is cut short: the client sees an incomplete body
+                log.warning("e2b.files.read_cut_short", error=exc.message[:200])
+                return
             status = exc.status if exc.status >= 400 else 500
             await connect.respond(
                 send,
