@@ -302,9 +302,16 @@ def _open_image(directory: Path) -> tuple[str, int]:
     the one opened; else it is bound to a free one (which unbinds itself when the last
     mount of it goes)."""
     image = directory / IMAGE
-    image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    # Locked through a descriptor of its own: a loop device bound with ``image_fd`` keeps
+    # that open file (and a lock on it) for as long as it is bound.
+    lock_fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        fcntl.flock(image_fd, fcntl.LOCK_EX)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    try:
         identity = os.fstat(image_fd)
         for _ in range(16):
             number, held = _recorded(directory), -1
@@ -326,7 +333,8 @@ def _open_image(directory: Path) -> tuple[str, int]:
             os.close(fd)  # bound to another image between the check and the mount: again
         raise errors.InfrastructureError(f"cannot mount {image}: its loop device kept changing")
     finally:
-        os.close(image_fd)  # (and the lock)
+        os.close(image_fd)
+        os.close(lock_fd)  # (and the lock)
 
 
 def _recorded(directory: Path) -> int | None:
