@@ -105,17 +105,19 @@ async def first_shell(url: str, key: str, session: str) -> float:
 
 
 async def again(url: str, key: str, session: str) -> tuple[float, str]:
-    """A second call in a live session: its time, and what its egress answered (the
-    proxy's HTTP status for a request to a host it does not reach: it was reached)."""
+    """A second call in a live session (reconnecting), timed from connecting, then what
+    its egress answered (the proxy's HTTP status for a host it cannot reach: it was reached)."""
     t0 = time.perf_counter()
     async with agents.Agent(url, key, session) as agent:
+        await agent.shell("true")
+        took = time.perf_counter() - t0
         result = await agent._session.call_tool(
             "shell",
             {"command": "curl -s -o /dev/null -m 20 -w '%{http_code}' http://example.invalid/; true"},
         )
     text = " ".join(getattr(c, "text", "") for c in result.content)
-    code = re.search(r"\b([1-5]\d\d)\b", text)
-    return time.perf_counter() - t0, code.group(1) if code else "none"
+    code = re.search(r"\b([0-5]\d\d)\b", text)
+    return took, code.group(1) if code else f"no answer: {text[:80]!r}"
 
 
 async def waves(jobs: list, size: int) -> list:
@@ -172,9 +174,9 @@ async def console_pages(base: str, key: str) -> dict[str, float]:
 
 
 async def idle_report(label: str, proc: subprocess.Popen[str], state: Path, base: str, key: str,
-                      seconds: float, interval: float) -> list[str]:  # fmt: skip
+                      seconds: float, interval: float, settle: float) -> list[str]:  # fmt: skip
     """What the stack costs with every sandbox idle, as lines to print."""
-    await asyncio.sleep(3)  # (the pool's refill after the last wave settles)
+    await asyncio.sleep(settle)  # the pool's refill and the executor's helpers closing (idle 60 s)
     reaper0 = await reaper_metrics(state)
     pids = tree(proc.pid)
     before, t0 = common.process_tree_cpu(proc.pid), time.perf_counter()
@@ -273,7 +275,7 @@ class Fleet:
                     done = upto
                 lines = await idle_report(
                     f"{mark} live sessions", self.proc, self.state, self.base, self.key,
-                    args.idle_seconds, args.reaper_interval,
+                    args.idle_seconds, args.reaper_interval, args.settle,
                 )  # fmt: skip
                 for line in lines:
                     self.say(line)
@@ -353,6 +355,12 @@ if __name__ == "__main__":
     parser.add_argument("--small", type=int, default=100, help="the smaller fleet measured on the way")
     parser.add_argument("--wave", type=int, default=25, help="sessions connecting at once")
     parser.add_argument("--idle-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=75.0,
+        help="seconds left idle before measuring (helpers close after 60)",
+    )
     parser.add_argument("--reaper-interval", type=float, default=5.0)
     args = parser.parse_args()
     args.small = min(args.small, args.count)
