@@ -22,7 +22,7 @@ Prints, all from the same run:
 Figures only; nothing is asserted. Needs root. Sandboxes of sessions outlive `sbx down`
 (stopped, files kept): the benchmark deletes them afterwards.
 
-    .venv/bin/python bench/stack_fleet.py [--count 1000] [--small 100] [--wave 25]
+    .venv/bin/python bench/stack_fleet.py [--count 1000] [--small 100] [--wave 25] [--root OTHER_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -299,6 +299,9 @@ class Fleet:
             f"{time.perf_counter() - t:.0f} s, p50 {p['p50']:.0f} ms p99 {p['p99']:.0f} ms; egress "
             f"answered by the proxy (HTTP status: sandboxes) {codes}"
         )
+        failed = [repr(g)[:300] for g in got if not isinstance(g, tuple)]
+        if failed:
+            self.say(f"  {len(failed)} failed, the first: {failed[0]}")
 
     def down(self, veths_before: int) -> None:
         t = time.perf_counter()
@@ -332,18 +335,22 @@ async def main(args: argparse.Namespace) -> None:
             "SBX_REAPER_INTERVAL": str(args.reaper_interval),
         }
         t = time.perf_counter()
-        proc, base = agents.start_stack(state, pool=10, **extra)
+        proc, base = agents.start_stack(state, pool=10, root=args.root, **extra)
         fleet = Fleet(proc, state, base, args)
         fleet.say(
             f"stack fleet: {args.count} sessions, {os.cpu_count()} cores (a shared machine: other work runs)"
         )
-        fleet.say(f"sbx up: {time.perf_counter() - t:.1f} s")
+        fleet.say(
+            f"sbx up: {time.perf_counter() - t:.1f} s" + (f" (the code of {args.root})" if args.root else "")
+        )
         try:
             await fleet.fill()
-            print(
-                "reaching every session again (a second shell each, a request through its proxy)", flush=True
-            )
-            await fleet.reach_all()
+            if not args.no_reach:
+                print(
+                    "reaching every session again (a second shell each, a request through its proxy)",
+                    flush=True,
+                )
+                await fleet.reach_all()
         finally:
             fleet.down(veths_before)
     print("\n" + "\n".join(fleet.out))
@@ -362,6 +369,8 @@ if __name__ == "__main__":
         help="seconds left idle before measuring (helpers close after 60)",
     )
     parser.add_argument("--reaper-interval", type=float, default=5.0)
+    parser.add_argument("--root", type=Path, help="run the stack of another checkout (a before)")
+    parser.add_argument("--no-reach", action="store_true", help="skip reaching every session again")
     args = parser.parse_args()
     args.small = min(args.small, args.count)
     asyncio.run(main(args))
