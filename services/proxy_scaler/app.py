@@ -86,11 +86,15 @@ def make_setup(
 
         await proxies.follow(keep=lambda p: p.status != "stopped", on_change=on_proxy_change)
 
+        rounds = {True: 0, False: 0}
+
         def rounded(report: handlers.Report) -> None:
             exported.active = True  # the lease holder: it alone re-exports the fleet's metrics
             if report.started:
                 wake.set()  # the sandboxes that waited for it are assigned next round
             ctx.details["fleet"] = f"{report.serving} proxies"
+            rounds[report.planned] += 1
+            ctx.details["rounds"] = f"{rounds[True]} planned, {rounds[False]} skipped (nothing changed)"
             if report.notes:
                 ctx.details["last_note"] = report.notes[-1][:200]
 

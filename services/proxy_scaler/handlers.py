@@ -41,6 +41,8 @@ class Report:
     rerouted: int = 0
     serving: int = 0
     """Proxies serving at the end of the round."""
+    planned: bool = True
+    """False: nothing had changed, the round skipped planning over every sandbox."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -101,8 +103,9 @@ class Scaler:
         if self._holding:  # (as the last plan saw them: nothing was heard to change since)
             self.last_active = now
         can_start = time.monotonic() - self._start_failed_at > START_RETRY
-        if await self._unchanged(self._inputs(changes, records, alive, now, can_start), proxies):
-            report.serving = len(alive)
+        ports = {r.port for r in records.values()}
+        if await self._unchanged(self._inputs(changes, records, alive, now, can_start), proxies, ports):
+            report.serving, report.planned = len(alive), False
             return report
         sandboxes = list((await self.sandboxes.all()).values())
         self._holding = any(s.status in sandbox_rules.HOLDING for s in sandboxes)
@@ -166,21 +169,22 @@ class Scaler:
     def _keep_one(self, now: datetime) -> bool:
         return self.last_active is not None and (now - self.last_active).total_seconds() < self.keep_warm
 
-    async def _unchanged(self, inputs: tuple, proxies: list[states.ProxyState]) -> bool:
+    async def _unchanged(self, inputs: tuple, proxies: list[states.ProxyState], ports: set[int]) -> bool:
         """Whether this round may skip planning: it starts from what the last one, which
         had nothing to do, started from; no proxy drains (a deadline to keep); the routing
-        map, when listed again (every ROUTES_EVERY), is still what this scaler knew; and
-        the last plan is less than PLAN_EVERY old."""
+        map's entries to this fleet's ``ports``, when listed again (every ROUTES_EVERY),
+        are what this scaler knew (other stacks on the host route their own sandboxes in
+        the same map); and the last plan is less than PLAN_EVERY old."""
         if inputs != self._settled or any(p.status == "draining" for p in proxies):
             return False
         if time.monotonic() - self._planned_at >= PLAN_EVERY:
             return False
-        known = self._route_cache
+        known = {link: port for link, port in self._route_cache.items() if port in ports}
         try:
-            await self._routes()
+            listed = await self._routes()
         except errors.SandboxError:
             return False
-        return self._route_cache == known
+        return {link: port for link, port in listed.items() if port in ports} == known
 
     async def _start(self, count: int, records: dict[str, Any], report: Report) -> None:
         """Start ``count`` proxies (recorded as they come up); a failure stops this round's
