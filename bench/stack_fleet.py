@@ -323,6 +323,27 @@ class Fleet:
         )
 
 
+async def idle_pool(args: argparse.Namespace) -> None:
+    """``--idle-pool N``: no sessions, a warm pool of N idle sandboxes; the stack's idle
+    cost with them, for this checkout and (``--root``) another, one after the other."""
+    out: list[str] = []
+    for root in (args.root, None) if args.root else (None,):
+        with tempfile.TemporaryDirectory(prefix="sbx-stack-fleet-") as tmp:
+            state = Path(os.path.realpath(tmp)) / "state"
+            extra = {"SBX_MAX_RUNNING": str(args.idle_pool + 20), "SBX_POOL_MAX_IDLE": str(args.idle_pool)}
+            proc, base = agents.start_stack(state, pool=args.idle_pool, root=root, **extra)
+            try:
+                await agents.wait_for_pool(state, args.idle_pool)
+                key = (state / "api-key").read_text().strip()
+                label = f"{args.idle_pool} idle pool sandboxes, the code of {root or 'this checkout'}"
+                out += await idle_report(
+                    label, proc, state, base, key, args.idle_seconds, args.reaper_interval, args.settle
+                )
+            finally:
+                agents.stop_stack(proc, state)
+    print("\n".join(out))
+
+
 async def main(args: argparse.Namespace) -> None:
     veths_before = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout.count("veth")
     with tempfile.TemporaryDirectory(prefix="sbx-stack-fleet-") as tmp:
@@ -371,6 +392,9 @@ if __name__ == "__main__":
     parser.add_argument("--reaper-interval", type=float, default=5.0)
     parser.add_argument("--root", type=Path, help="run the stack of another checkout (a before)")
     parser.add_argument("--no-reach", action="store_true", help="skip reaching every session again")
+    parser.add_argument(
+        "--idle-pool", type=int, default=0, help="only an idle pool of this many (see idle_pool)"
+    )
     args = parser.parse_args()
     args.small = min(args.small, args.count)
-    asyncio.run(main(args))
+    asyncio.run(idle_pool(args) if args.idle_pool else main(args))
