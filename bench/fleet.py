@@ -35,7 +35,7 @@ from shared.runtime import api
 from shared.runtime.local import disk, mounts, userns
 from shared.runtime.local import runtime as local
 
-MARKS = (10, 200, 500, 1000, 2000, 5000, 10000)
+MARKS = (10, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000)
 WINDOW = 20
 
 
@@ -74,7 +74,7 @@ class Phases:
 
 
 def instrument(rt: local.LocalRuntime, phases: Phases) -> None:
-    disk.Disk.mount = staticmethod(phases.wrap("disk", disk.Disk.mount))  # type: ignore[method-assign]
+    disk.Disk.open = staticmethod(phases.wrap("disk", disk.Disk.open))  # type: ignore[method-assign]
     object.__setattr__(rt.cgroups, "create", phases.wrap("cgroup", rt.cgroups.create))
     rt.caches.prepare = phases.wrap("cache", rt.caches.prepare)  # type: ignore[method-assign]
     userns.create = phases.wrap("userns", userns.create)

@@ -71,6 +71,7 @@ def make_setup(
         wake = asyncio.Event()
 
         def on_sandbox_change(old: states.SandboxState | None, new: states.SandboxState | None) -> None:
+            scaler.changes += 1
             if logic.is_new_request(old, new):
                 scaler.room -= 1
             if logic.wants_round(old, new, room=scaler.room, routed=fleet.pinned):
@@ -79,13 +80,21 @@ def make_setup(
         # Every round lists both; it plans with requested, running and paused sandboxes
         # only (records of deleted ones stay in KV for good).
         await sandboxes.follow(keep=lambda s: s.status in sandbox_rules.HOLDING, on_change=on_sandbox_change)
-        await proxies.follow(keep=lambda p: p.status != "stopped")
+
+        def on_proxy_change(old: states.ProxyState | None, new: states.ProxyState | None) -> None:
+            scaler.changes += 1
+
+        await proxies.follow(keep=lambda p: p.status != "stopped", on_change=on_proxy_change)
+
+        rounds = {True: 0, False: 0}
 
         def rounded(report: handlers.Report) -> None:
             exported.active = True  # the lease holder: it alone re-exports the fleet's metrics
             if report.started:
                 wake.set()  # the sandboxes that waited for it are assigned next round
             ctx.details["fleet"] = f"{report.serving} proxies"
+            rounds[report.planned] += 1
+            ctx.details["rounds"] = f"{rounds[True]} planned, {rounds[False]} skipped (nothing changed)"
             if report.notes:
                 ctx.details["last_note"] = report.notes[-1][:200]
 

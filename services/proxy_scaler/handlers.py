@@ -27,6 +27,9 @@ log = structlog.get_logger(__name__)
 ROUTES_EVERY = 2.0
 START_RETRY = 10.0
 """After a proxy failed to start, full proxies take new sandboxes for this long."""
+PLAN_EVERY = 30.0
+"""A round plans over every sandbox at least this often even when nothing was heard to
+change (a safety net: rounds in between that hear of no change skip the planning)."""
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Report:
     rerouted: int = 0
     serving: int = 0
     """Proxies serving at the end of the round."""
+    planned: bool = True
+    """False: nothing had changed, the round skipped planning over every sandbox."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -72,6 +77,15 @@ class Scaler:
         self.last_active: datetime | None = None
         """When a sandbox was last wanted (the scaler's start counts): one proxy stays up
         for ``keep_warm`` after it, then the fleet goes to zero."""
+        self.changes = 0
+        """Changes heard to the sandboxes and proxies (``app`` counts them as the followed
+        copies hear them)."""
+        self._settled: tuple | None = None
+        """What a round that had nothing to do started from (changes heard, the proxies'
+        records and liveness, keep-one and can-start): a round starting from the same
+        skips the planning over every sandbox, so an idle fleet costs no work per sandbox."""
+        self._holding = False
+        self._planned_at = 0.0
 
     async def _proxy_event(self, proxy_id: str, event: events.Event) -> bool:
         outcome = await aggregates.transact(
@@ -81,16 +95,21 @@ class Scaler:
 
     async def round(self, now: datetime) -> Report:
         report = Report()
+        changes = self.changes
         records = {r.proxy_id: r for r in self.fleet.records()}
         proxies = [p for p in (await self.proxies.all()).values() if p.status != "stopped"]
-        known = {p.proxy_id for p in proxies}
-        for proxy_id, record in records.items():  # processes without a running record: not ours to keep
-            if proxy_id not in known:
-                await self.fleet.stop(record)
-                report.notes.append(f"stopped unrecorded {proxy_id}")
+        await self._stop_unrecorded(records, {p.proxy_id for p in proxies}, report)
         alive = {pid for pid, r in records.items() if self.fleet.alive(r)}
+        if self._holding:  # (as the last plan saw them: nothing was heard to change since)
+            self.last_active = now
+        can_start = time.monotonic() - self._start_failed_at > START_RETRY
+        ports = {r.port for r in records.values()}
+        if await self._unchanged(self._inputs(changes, records, alive, now, can_start), proxies, ports):
+            report.serving, report.planned = len(alive), False
+            return report
         sandboxes = list((await self.sandboxes.all()).values())
-        if self.last_active is None or any(s.status in sandbox_rules.HOLDING for s in sandboxes):
+        self._holding = any(s.status in sandbox_rules.HOLDING for s in sandboxes)
+        if self.last_active is None or self._holding:
             self.last_active = now
         plan = logic.plan(
             sandboxes,
@@ -99,9 +118,10 @@ class Scaler:
             per_proxy=self.per_proxy,
             drain_grace=self.drain_grace,
             now=now,
-            keep_one=(now - self.last_active).total_seconds() < self.keep_warm,
-            can_start=time.monotonic() - self._start_failed_at > START_RETRY,
+            keep_one=self._keep_one(now),
+            can_start=can_start,
         )
+        self._planned_at = time.monotonic()
         meta = self.ctx.meta
         for proxy_id in plan.died:
             await self._proxy_event(
@@ -131,7 +151,40 @@ class Scaler:
         report.rerouted = len(routed - set(plan.assign))
         report.serving = sum(1 for r in records.values() if self.fleet.alive(r))
         self.room = plan.room
+        busy = plan.died or plan.start or plan.drain or plan.stop or plan.assign or routed or report.notes
+        self._settled = None if busy else self._inputs(changes, records, alive, now, can_start)
         return report
+
+    def _inputs(self, changes: int, records: dict, alive: set[str], now: datetime, can_start: bool) -> tuple:
+        """What a plan depends on besides the sandboxes and proxies (counted in ``changes``)."""
+        return (changes, frozenset(records), frozenset(alive), self._keep_one(now), can_start)
+
+    async def _stop_unrecorded(self, records: dict[str, Any], known: set[str], report: Report) -> None:
+        """Stop processes without a running record: not ours to keep."""
+        for proxy_id, record in records.items():
+            if proxy_id not in known:
+                await self.fleet.stop(record)
+                report.notes.append(f"stopped unrecorded {proxy_id}")
+
+    def _keep_one(self, now: datetime) -> bool:
+        return self.last_active is not None and (now - self.last_active).total_seconds() < self.keep_warm
+
+    async def _unchanged(self, inputs: tuple, proxies: list[states.ProxyState], ports: set[int]) -> bool:
+        """Whether this round may skip planning: it starts from what the last one, which
+        had nothing to do, started from; no proxy drains (a deadline to keep); the routing
+        map's entries to this fleet's ``ports``, when listed again (every ROUTES_EVERY),
+        are what this scaler knew (other stacks on the host route their own sandboxes in
+        the same map); and the last plan is less than PLAN_EVERY old."""
+        if inputs != self._settled or any(p.status == "draining" for p in proxies):
+            return False
+        if time.monotonic() - self._planned_at >= PLAN_EVERY:
+            return False
+        known = {link: port for link, port in self._route_cache.items() if port in ports}
+        try:
+            listed = await self._routes()
+        except errors.SandboxError:
+            return False
+        return {link: port for link, port in listed.items() if port in ports} == known
 
     async def _start(self, count: int, records: dict[str, Any], report: Report) -> None:
         """Start ``count`` proxies (recorded as they come up); a failure stops this round's

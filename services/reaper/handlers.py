@@ -72,7 +72,10 @@ class Reaper:
         return entry.last(now) if entry is not None else None
 
     async def pass_once(self, now: datetime | None = None) -> Report:
-        now = now or datetime.now(UTC)
+        with metrics.reaper_pass_seconds.time():
+            return await self._pass(now or datetime.now(UTC))
+
+    async def _pass(self, now: datetime) -> Report:
         report = Report()
         sessions = list((await self.sessions.all()).values())
         records = {s.sandbox_id: s for s in (await self.sandboxes.all()).values()}

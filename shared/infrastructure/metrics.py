@@ -116,6 +116,12 @@ events_bytes = Gauge(
     "Bytes the event stream holds, as the reaper last saw (its limit: SBX_EVENTS_MAX_BYTES).",
     registry=REGISTRY,
 )
+reaper_pass_seconds = Histogram(
+    "sbx_reaper_pass_seconds",
+    "How long each reaper pass took (lifetime rules, the self-healing sweep, the audit trim).",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
 reconcile_findings = Counter(
     "sbx_reconcile_findings_total",
     "What the self-healing sweep fixed, by action.",

@@ -85,7 +85,10 @@ async def test_a_stopped_sandbox_holds_no_mount_or_cgroup_and_starts_as_it_was(r
     limits = api.Limits(disk_bytes=64 * 1024**2, disk_inodes=4096)  # a filesystem of its own
     await runtime.create(api.SandboxSpec(sandbox_id="acme-stop", limits=limits))
     sandbox = (await runtime.start("acme-stop")).sandbox_id
-    assert os.path.ismount(runtime._dir(sandbox) / "rw")
+    # Its filesystem is mounted in its own namespace, never in the host's mount table.
+    assert not os.path.ismount(runtime._dir(sandbox) / "rw")
+    assert not caches.mounted_under(Path(os.path.realpath(runtime._dir(sandbox))))
+    assert await sh(runtime, sandbox, "df -k /workspace | tail -1 | awk '{print ($2 < 70000)}'") == (0, "1\n")
     assert await runtime.attach_cache(sandbox, ACME) is True
     assert await sh(runtime, sandbox, f"echo kept > /workspace/f && echo w > {caches.CACHE_DIR}/w") == (0, "")
     sandbox_dir = runtime._dir(sandbox)

@@ -3,12 +3,22 @@
 A sandbox writes to disk in ``/workspace``, its copy-on-write root and ``/.sbx``. With
 limits on (the services' default), those live on an ext4 filesystem made for that
 sandbox alone: a sparse image file ``<sandbox dir>/disk.img`` of ``disk_bytes``, with
-``disk_inodes`` inodes and no reserved blocks, loop-mounted on ``<sandbox dir>/rw``. A
-sandbox that fills it gets ENOSPC; no other sandbox, no service and not the event store
-notice, since the image only grows as far as its size. (This machine's kernel has no
-quota support, so project quotas on one shared filesystem are not an option; an image
-costs a few ms at create, a sparse copy of a template formatted once per size, and
-~230 KiB of disk when empty.)
+``disk_inodes`` inodes and no reserved blocks. A sandbox that fills it gets ENOSPC; no
+other sandbox, no service and not the event store notice, since the image only grows as
+far as its size. (This machine's kernel has no quota support, so project quotas on one
+shared filesystem are not an option; an image costs a few ms at create, a sparse copy of
+a template formatted once per size, and ~230 KiB of disk when empty.)
+
+The filesystem is never mounted in the host's mount table: every mount there makes each
+later sandbox start slower (bubblewrap reads the whole table once per bind), so a host
+mount per live sandbox made starts grow with the number alive. A running sandbox's
+filesystem is mounted (on ``<sandbox dir>/rw``) only in a mount namespace its launcher
+makes for it (the runtime's ``LAUNCH``), and bubblewrap binds from there; it goes with the
+sandbox's last process. The host reaches the files (to make directories before a start,
+to copy them for a snapshot) through a detached mount (``Disk.open``: ``fsmount``, held
+by a descriptor, in no namespace). Both go through one loop device per image, recorded
+in ``<sandbox dir>/loop`` and checked against the image before use, so a running
+sandbox and the host always share one mounted filesystem, never two over one image.
 
 Images are sparse, so many sandboxes together could still take more than the state
 filesystem has: the runtime also refuses to start a sandbox when less than
@@ -17,6 +27,7 @@ filesystem has: the runtime also refuses to start a sandbox when less than
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -27,7 +38,7 @@ import struct
 import subprocess
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +46,28 @@ from sbx_api import errors
 
 IMAGE = "disk.img"
 MOUNT = "rw"
+LOOP = "loop"
+"""In the sandbox's directory: the number of the loop device its image was last bound to."""
 MNT_DETACH = 2
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """A sandbox's writable directories opened by this process (``Disk.open``)."""
+
+    path: Path
+    """Where this process reaches them (``/proc/self/fd/N`` for a filesystem of its own)."""
+    device: str | None
+    """The loop device of its filesystem (to mount it in the sandbox's own namespace), or None."""
+    fd: int
+    """The detached mount's descriptor (-1: none)."""
+
+    def close(self) -> None:
+        """Let go of the files (the filesystem stays while the running sandbox has it)."""
+        if self.fd >= 0:
+            os.close(self.fd)
 
 
 @dataclass(frozen=True)
@@ -61,35 +91,43 @@ class Disk:
         return None
 
     @staticmethod
-    def make(directory: Path, *, size: int, inodes: int) -> Path:
-        """A new filesystem for the sandbox whose directory is ``directory``: the mount
-        point, on which it is mounted when this returns. It is a sparse copy of a
-        template made once per size and inode count (``templates``), not a new mkfs:
-        a few hundred KiB of metadata copied instead of a program run per sandbox."""
+    def make(directory: Path, *, size: int, inodes: int) -> None:
+        """A new filesystem for the sandbox whose directory is ``directory`` (mounted
+        nowhere). It is a sparse copy of a template made once per size and inode count
+        (``templates``), not a new mkfs: a few hundred KiB of metadata copied instead of
+        a program run per sandbox."""
         image, mount = directory / IMAGE, directory / MOUNT
         _sparse_copy(_template(directory.parent / TEMPLATES, size, inodes), image)
         mount.mkdir(mode=0o700, exist_ok=True)
-        Disk.mount(directory)
-        return mount
 
     @staticmethod
-    def mount(directory: Path) -> None:
-        """Mount the sandbox's filesystem if it is not (after a host restart): a loop
-        device that detaches itself on unmount, set up with ioctls (no program run)."""
+    def open(directory: Path) -> Opened:
+        """The sandbox's writable directories, reachable by this process (and only it) at
+        ``Opened.path`` until ``close``: on its own filesystem, a detached mount (the
+        running sandbox's, when it runs); else the directory itself."""
+        if not (directory / IMAGE).exists():
+            return Opened(directory, None, -1)
         mount = directory / MOUNT
-        if os.path.ismount(mount) or not (directory / IMAGE).exists():
-            return
-        _loop_mount(directory / IMAGE, mount)
+        if os.path.ismount(mount):  # mounted on the host by an earlier version
+            fd = _open_tree(mount)
+            return Opened(Path(f"/proc/self/fd/{fd}"), None, fd)
+        device, fd = _open_image(directory)
+        return Opened(Path(f"/proc/self/fd/{fd}"), device, fd)
 
     @staticmethod
-    def mounted(directory: Path) -> bool:
-        """Whether the sandbox's writable directories can be read now: it has no filesystem
-        of its own, or that filesystem is mounted."""
-        return not (directory / IMAGE).exists() or os.path.ismount(directory / MOUNT)
+    @contextlib.contextmanager
+    def opened(directory: Path) -> Iterator[Path]:
+        """``open`` for the block: where the writable directories are reachable."""
+        handle = Disk.open(directory)
+        try:
+            yield handle.path
+        finally:
+            handle.close()
 
     @staticmethod
     def unmount(directory: Path) -> None:
-        """Detach the sandbox's filesystem (its processes are gone: nothing holds it)."""
+        """Detach the sandbox's filesystem from the host's mount table if an earlier
+        version mounted it there (its processes are gone: nothing holds it)."""
         mount = directory / MOUNT
         if os.path.ismount(mount) and _libc.umount2(os.fsencode(mount), MNT_DETACH) != 0:
             code = ctypes.get_errno()
@@ -97,7 +135,8 @@ class Disk:
 
     @staticmethod
     def root(directory: Path) -> Path:
-        """Where the sandbox's writable directories are: on its own filesystem if it has one."""
+        """Where the sandbox's writable directories are for its bubblewrap: on its own
+        filesystem if it has one (mounted there in the launcher's namespace only)."""
         return directory / MOUNT if (directory / IMAGE).exists() else directory
 
     def space_problem(self, state_dir: Path, *, size: int = 0, entries: int = 0) -> str | None:
@@ -199,9 +238,7 @@ class Headroom:
 TEMPLATES = ".disk-templates"
 """Under the sandboxes' directory: one empty formatted image per size and inode count."""
 LOOP_CTL_GET_FREE, LOOP_CONFIGURE, LO_FLAGS_AUTOCLEAR = 0x4C82, 0x4C0A, 4
-MS_NOSUID, MS_NODEV = 0x2, 0x4
 _LOOP_CONFIG = struct.Struct("II" + "QQQQQIIII64s64s32sQQ" + "8Q")  # loop_config with loop_info64
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p)
 
 
 def _template(root: Path, size: int, inodes: int) -> Path:
@@ -249,34 +286,133 @@ def _sparse_copy(source: Path, target: Path) -> None:
         os.close(fd_out)
 
 
-def _loop_mount(image: Path, target: Path) -> None:
-    image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC)
+SYS_OPEN_TREE, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 428, 430, 431, 432  # (one table on every architecture)
+OPEN_TREE_CLONE, FSOPEN_CLOEXEC, FSMOUNT_CLOEXEC = 1, 1, 1
+FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 1, 6
+MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x2, 0x4
+LOOP_GET_STATUS64 = 0x4C05
+_LOOP_INFO64_SIZE = 232
+_libc.syscall.restype = ctypes.c_long
+
+
+def _open_image(directory: Path) -> tuple[str, int]:
+    """A detached mount of the sandbox's filesystem: its loop device and the mount's
+    descriptor. Under the image's lock, the loop device it is bound to (recorded in
+    ``LOOP``, checked) is used if there is one, so the running sandbox's filesystem is
+    the one opened; else it is bound to a free one (which unbinds itself when the last
+    mount of it goes)."""
+    image = directory / IMAGE
+    # Locked through a descriptor of its own: a loop device bound with ``image_fd`` keeps
+    # that open file (and a lock on it) for as long as it is bound.
+    lock_fd = os.open(image, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     try:
-        with open("/dev/loop-control", "rb") as control:
-            for _ in range(16):  # another process may take the free device first
-                number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
-                device = f"/dev/loop{number}"
-                dev_fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
-                try:
-                    config = bytearray(_LOOP_CONFIG.size)
-                    struct.pack_into("II", config, 0, image_fd, 0)
-                    struct.pack_into("I", config, 8 + 5 * 8 + 3 * 4, LO_FLAGS_AUTOCLEAR)  # lo_flags
-                    try:
-                        fcntl.ioctl(dev_fd, LOOP_CONFIGURE, bytes(config))
-                    except OSError as exc:
-                        if exc.errno == errno.EBUSY:
-                            continue
-                        raise
-                    flags = MS_NOSUID | MS_NODEV
-                    if _libc.mount(device.encode(), os.fsencode(target), b"ext4", flags, None) != 0:
-                        code = ctypes.get_errno()
-                        raise errors.InfrastructureError(f"mount {image} on {target}: {os.strerror(code)}")
-                    return
-                finally:
-                    os.close(dev_fd)  # autoclear: the device goes with the unmount
-        raise errors.InfrastructureError("no free loop device for the sandbox's filesystem")
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        image_fd = os.open(image, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    try:
+        identity = os.fstat(image_fd)
+        for _ in range(16):
+            number, held = _recorded(directory), -1
+            if number is None or not _bound_to(number, identity):
+                number, held = _bind_loop(image_fd, image)
+                (directory / LOOP).write_text(f"{number}\n")
+            device = f"/dev/loop{number}"
+            try:
+                fd = _mount_detached(device)
+            except OSError as exc:
+                if not _bound_to(number, identity):  # unbound meanwhile: bind it again
+                    continue
+                raise errors.InfrastructureError(f"mount {image}: {exc.strerror}") from None
+            finally:
+                if held >= 0:
+                    os.close(held)  # (the mount holds it now, or it unbinds)
+            if _bound_to(number, identity):  # (held by the mount now: it cannot change)
+                return device, fd
+            os.close(fd)  # bound to another image between the check and the mount: again
+        raise errors.InfrastructureError(f"cannot mount {image}: its loop device kept changing")
     finally:
         os.close(image_fd)
+        os.close(lock_fd)  # (and the lock)
+
+
+def _recorded(directory: Path) -> int | None:
+    try:
+        text = (directory / LOOP).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() and len(text) < 8 else None
+
+
+def _bound_to(number: int, identity: os.stat_result) -> bool:
+    """Whether ``/dev/loop<number>`` is bound to the file ``identity`` is of."""
+    try:
+        fd = os.open(f"/dev/loop{number}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        info = bytearray(_LOOP_INFO64_SIZE)
+        fcntl.ioctl(fd, LOOP_GET_STATUS64, info)
+    except OSError:  # ENXIO: bound to nothing
+        return False
+    finally:
+        os.close(fd)
+    device, inode = struct.unpack_from("QQ", info)  # lo_device, lo_inode
+    return (os.major(device), os.minor(device), inode) == (
+        os.major(identity.st_dev), os.minor(identity.st_dev), identity.st_ino,
+    )  # fmt: skip
+
+
+def _bind_loop(image_fd: int, image: Path) -> tuple[int, int]:
+    """Bind the image to a free loop device (set up with ioctls, no program run), one
+    that unbinds itself once nothing has it open or mounted: its number, and a
+    descriptor of it that keeps it bound until closed."""
+    with open("/dev/loop-control", "rb") as control:
+        for _ in range(16):  # another process may take the free device first
+            number = fcntl.ioctl(control, LOOP_CTL_GET_FREE)
+            dev_fd = os.open(f"/dev/loop{number}", os.O_RDWR | os.O_CLOEXEC)
+            config = bytearray(_LOOP_CONFIG.size)
+            struct.pack_into("II", config, 0, image_fd, 0)
+            struct.pack_into("I", config, 8 + 5 * 8 + 3 * 4, LO_FLAGS_AUTOCLEAR)  # lo_flags
+            try:
+                fcntl.ioctl(dev_fd, LOOP_CONFIGURE, bytes(config))
+            except OSError as exc:
+                os.close(dev_fd)
+                if exc.errno == errno.EBUSY:
+                    continue
+                raise errors.InfrastructureError(f"loop device for {image}: {exc.strerror}") from None
+            return number, dev_fd
+    raise errors.InfrastructureError("no free loop device for the sandbox's filesystem")
+
+
+def _syscall(number: int, *args: object) -> int:
+    result = _libc.syscall(number, *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return int(result)
+
+
+def _mount_detached(device: str) -> int:
+    """Mount the ext4 filesystem on ``device`` in no namespace (``nosuid,nodev``): a
+    descriptor of its root (the mount goes when it is closed). A filesystem mounted
+    already is shared, not mounted twice."""
+    context = _syscall(SYS_FSOPEN, b"ext4", FSOPEN_CLOEXEC)
+    try:
+        _syscall(SYS_FSCONFIG, context, FSCONFIG_SET_STRING, b"source", os.fsencode(device), 0)
+        _syscall(SYS_FSCONFIG, context, FSCONFIG_CMD_CREATE, None, None, 0)
+        return _syscall(SYS_FSMOUNT, context, FSMOUNT_CLOEXEC, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)
+    finally:
+        os.close(context)  # (it holds the filesystem too)
+
+
+def _open_tree(mount: Path) -> int:
+    """A detached copy of the host mount ``mount`` (same filesystem, same flags)."""
+    try:
+        return _syscall(SYS_OPEN_TREE, -100, os.fsencode(mount), OPEN_TREE_CLONE | os.O_CLOEXEC)  # AT_FDCWD
+    except OSError as exc:
+        raise errors.InfrastructureError(f"cannot open {mount}: {exc.strerror}") from None
 
 
 def _run(*argv: str) -> None:

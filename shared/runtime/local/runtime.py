@@ -63,17 +63,20 @@ from shared.runtime.local.registries import RegistryConfig
 START_TIMEOUT = 10.0
 SNAPSHOTS_AT_ONCE = 2
 """Snapshots one runtime copies at once (each walks a tree by descriptor, two per level)."""
-LAUNCH = """limit=$1; shift
+LAUNCH = """limit=$1 mount=$2 device=$3 target=$4; shift 4
 while [ "$1" != -- ]; do echo 0 > "$1" || exit 1; shift; done
 shift
+if [ -n "$device" ]; then "$mount" -t ext4 -o nosuid,nodev "$device" "$target" || exit 1; fi
 ulimit -n "$limit" || exit 1
 unset PWD OLDPWD
 exec "$@"
 """
 """The sandbox's launcher (``sh -c``): join the cgroup (each ``cgroup.procs`` given
-before ``--``), set the file limit (soft and hard), then run the rest (``setsid --fork
-bwrap ...``), which every process of the sandbox inherits. With an empty environment:
-the shell's own ``PWD`` (a host path) is unset, bwrap's environment is readable inside."""
+before ``--``), mount the sandbox's own filesystem if it has one (run in a mount
+namespace of its own, ``unshare --mount``: the host's mount table never has it), set the
+file limit (soft and hard), then run the rest (``setsid --fork bwrap ...``), which every
+process of the sandbox inherits. With an empty environment: the shell's own ``PWD`` (a
+host path) is unset, bwrap's environment is readable inside."""
 PULL_THREADS = 4
 """Image pulls one runtime runs at once (each downloads up to four layers at a time)."""
 READ_CHUNK = 64 * 1024
@@ -285,6 +288,8 @@ class LocalRuntime(api.Runtime):
             self._file_max = 1 << 20
         self.setsid = shutil.which("setsid") or "/usr/bin/setsid"
         self.sh = shutil.which("sh") or "/bin/sh"
+        self.unshare = shutil.which("unshare") or "/usr/bin/unshare"
+        self.mount = shutil.which("mount") or "/usr/bin/mount"
         self._cgroups = cgroup_driver
         self._cgroups_error: errors.ConfigError | None = None
         if cgroup_driver is None:
@@ -479,18 +484,21 @@ class LocalRuntime(api.Runtime):
         await asyncio.to_thread(self._discard, tmp)
         tmp.mkdir(mode=0o700)
         try:
-            rw = tmp
             if spec.limits.disk_bytes:  # a filesystem of its own: filling it concerns nothing else
                 limits = spec.limits
-                rw = await asyncio.to_thread(
+                await asyncio.to_thread(
                     disk.Disk.make, tmp, size=limits.disk_bytes, inodes=limits.disk_inodes
                 )
-            for sub in ("workspace", "control", "upper/upper", "upper/work"):
-                (rw / sub).mkdir(parents=True)
+            opened = await asyncio.to_thread(disk.Disk.open, tmp)
+            try:
+                for sub in ("workspace", "control", "upper/upper", "upper/work"):
+                    (opened.path / sub).mkdir(parents=True)
+                if snapshot is not None:
+                    await asyncio.to_thread(self._write_base, tmp, opened.path, snapshot)
+            finally:
+                opened.close()
             os.mkfifo(tmp / "hold", 0o600)
             _write_pin(tmp, image)
-            if snapshot is not None:
-                await asyncio.to_thread(self._write_base, tmp, rw, snapshot)
             created_at = datetime.now(UTC)
             record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
             (tmp / "spec.json").write_text(json.dumps(record))
@@ -618,8 +626,12 @@ class LocalRuntime(api.Runtime):
             out.append((source, top))
         return tuple(out)
 
-    def _plan(self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image) -> bwrap.Plan:
-        rw = disk.Disk.root(d)
+    def _plan(
+        self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image, rw: Path | None = None
+    ) -> bwrap.Plan:
+        """What bwrap is to do; its writable places on ``rw`` (default: where its bwrap
+        finds them, ``Disk.root``)."""
+        rw = disk.Disk.root(d) if rw is None else rw
         writable = self._writable_dirs(image, rw, spec.writable_root)
         inside = {dest for _, dest in writable}
         lowers = self._lowers(d, len(image.layers), writable)
@@ -677,33 +689,28 @@ class LocalRuntime(api.Runtime):
         }
         return {place: dirs for place, dirs in found.items() if dirs}
 
-    # Long on purpose: the steps of a start in the order they must happen, each undone by
-    # delete; split up, the order would be harder to check.
-    async def start(self, sandbox_id: str) -> api.SandboxInfo:  # noqa: C901
+    async def start(self, sandbox_id: str) -> api.SandboxInfo:
         info = await self._require(sandbox_id)
         if info.status == "running":
             return info
         if info.status == "paused":
             return await self.resume(sandbox_id)
         d = self._dir(sandbox_id)
-        spec = info.spec
         if problem := self.disk.space_problem(self.state_dir):
             raise errors.LimitExceeded(f"sandbox {sandbox_id!r} not started: {problem}")
-        await asyncio.to_thread(disk.Disk.mount, d)  # after a host restart
-        name = self._cgroup(sandbox_id)
-        self.cgroups.create(name, spec.limits)
-        pin = _pin(d)
-        image = self.images.resolve(spec.image, pin.digest)
-        plan = self._plan(spec, d, pin, image)
-        rw = disk.Disk.root(d)
-        own_cache = rw / "cache" if rw != d else None
-        if own_cache is not None:
-            own_cache.mkdir(exist_ok=True, mode=0o700)
-        # An organisation's pool sandbox shows its cache from the start; a stopped one
-        # shows again the cache it showed. bwrap binds it: no host mount per sandbox.
-        key = spec.cache or self.caches.attached(d.name)
-        shown = await asyncio.to_thread(self.caches.prepare, d.name, own_cache, key)
-        plan = dataclasses.replace(plan, cache=shown)
+        # Its filesystem, open here until it runs (its launcher mounts the same one).
+        opened = await asyncio.to_thread(disk.Disk.open, d)
+        try:
+            return await self._launch(info, d, opened)
+        finally:
+            opened.close()
+
+    def _prepare(self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image, at: Path) -> None:
+        """The directories a start binds, made on the sandbox's writable directories,
+        which this process reaches at ``at`` (``Disk.open``)."""
+        plan = self._plan(spec, d, pin, image, rw=at)
+        if at != d:
+            (at / "cache").mkdir(exist_ok=True, mode=0o700)
         for index in range(len(plan.layers)):
             for sub in ("upper", "work"):
                 (plan.upper / sub / str(index)).mkdir(parents=True, exist_ok=True)
@@ -718,6 +725,23 @@ class LocalRuntime(api.Runtime):
             if dest == "/var":
                 (source / "tmp").mkdir(exist_ok=True)
                 (source / "tmp").chmod(0o1777)
+
+    async def _launch(self, info: api.SandboxInfo, d: Path, opened: disk.Opened) -> api.SandboxInfo:
+        """The steps of a start in the order they must happen, each undone by delete."""
+        sandbox_id, spec = info.sandbox_id, info.spec
+        name = self._cgroup(sandbox_id)
+        self.cgroups.create(name, spec.limits)
+        pin = _pin(d)
+        image = self.images.resolve(spec.image, pin.digest)
+        plan = self._plan(spec, d, pin, image)
+        self._prepare(spec, d, pin, image, opened.path)
+        rw = disk.Disk.root(d)
+        own_cache = rw / "cache" if rw != d else None
+        # An organisation's pool sandbox shows its cache from the start; a stopped one
+        # shows again the cache it showed. bwrap binds it: no host mount per sandbox.
+        key = spec.cache or self.caches.attached(d.name)
+        shown = await asyncio.to_thread(self.caches.prepare, d.name, own_cache, key)
+        plan = dataclasses.replace(plan, cache=shown)
         info_path = d / "info.json"
         info_path.unlink(missing_ok=True)
         (d / "state.json").unlink(missing_ok=True)
@@ -735,8 +759,11 @@ class LocalRuntime(api.Runtime):
         try:
             # No Python between fork and exec (the service is not copied): a shell joins
             # the cgroup and sets the file limit, then setsid detaches bwrap.
+            # Its own filesystem is mounted in a mount namespace of the launcher's own.
+            own = (self.unshare, "--mount", "--propagation", "private") if opened.device else ()
             launcher = subprocess.Popen(
-                [self.sh, "-c", LAUNCH, "launch", str(self._nofile(spec)), *self.cgroups.procs_files(name),
+                [*own, self.sh, "-c", LAUNCH, "launch", str(self._nofile(spec)),
+                 self.mount, opened.device or "", str(rw), *self.cgroups.procs_files(name),
                  "--", self.setsid, "--fork", *argv],
                 env={},  # bwrap is the sandbox's pid 1: its environment is readable inside
                 stdin=subprocess.DEVNULL,
@@ -907,8 +934,8 @@ class LocalRuntime(api.Runtime):
 
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         """Every process killed, and nothing of the host held while stopped: its cgroup
-        removed, its cache slot and its filesystem unmounted (its files stay; a start
-        mounts them again)."""
+        removed (its filesystem, mounted only in its own namespace, goes with its last
+        process; its files stay and a start mounts them again)."""
         info = await self._require(sandbox_id)
         d = self._dir(sandbox_id)
         await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
@@ -958,11 +985,7 @@ class LocalRuntime(api.Runtime):
 
     def _snapshot(self, info: api.SandboxInfo, base: _Base, snapshot_id: str) -> api.SnapshotInfo:
         d, store = self._dir(info.sandbox_id), self.snapshot_store
-        mounted_here = info.status in ("stopped", "created") and not disk.Disk.mounted(d)
-        if mounted_here:
-            disk.Disk.mount(d)
-        try:
-            rw = disk.Disk.root(d)
+        with disk.Disk.opened(d) as rw:  # (the running sandbox's own filesystem, if it runs)
             sources = self._snapshot_sources(rw)
             needs = [fdtree.measure(source) for source, _ in sources]
             size, entries = sum(n.bytes for n in needs), sum(n.entries for n in needs)
@@ -977,9 +1000,6 @@ class LocalRuntime(api.Runtime):
                 except BaseException:
                     shutil.rmtree(copy, ignore_errors=True)
                     raise
-        finally:
-            if mounted_here:
-                disk.Disk.unmount(d)
 
         def record(added: snapstore.Added) -> api.SnapshotInfo:
             layers = (*base.layers, added.digest)
