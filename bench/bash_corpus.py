@@ -4,7 +4,7 @@ this repository.
 
 Each case's code runs twice in the same image, in a directory of its own: through `shell`
 (the official MCP client, a session of its own, against `sbx up`), and as a script run by
-a fresh bash 5.2 (``bash FILE </dev/null 2>&1``, in one reference session). Output (stdout
+a fresh bash 5.2 (``bash FILE </dev/null 2>&1``, in reference sessions of its own). Output (stdout
 and stderr as one stream) and exit status must be the same. A case is skipped when bash
 does not reach the script's end (``exit`` at the top level, ``set -e``, a fatal error, a
 syntax error...): the session's shell goes on after such a call by design, so it cannot
@@ -191,29 +191,41 @@ def reason(case: Spec, ours: tuple[str, str], theirs: tuple[str, str]) -> str:
 
 async def run(url: str, key: str, specs: list[Spec], bin_dir: Path, parallel: int) -> list[tuple]:
     setup = helpers_command(bin_dir)
-    reference = Agent(url, key, "corpus-reference")
-    ok, text = await reference.call("shell", command=setup)
-    if not ok:
-        raise RuntimeError(text)
-    limit = asyncio.Semaphore(parallel)
+    # One reference session per worker (a session runs one call at a time): taking one
+    # is also what bounds the cases run at once.
+    references: asyncio.Queue[Agent] = asyncio.Queue()
+    for n in range(parallel):
+        reference = Agent(url, key, f"corpus-reference-{n}")
+        ok, text = await reference.call("shell", command=setup)
+        if not ok:
+            raise RuntimeError(text)
+        references.put_nowait(reference)
+    done = [0]
 
     async def one(i: int, case: Spec) -> tuple:
-        async with limit:
-            ours = Agent(url, key, f"corpus-{i}")
-            try:
-                here = f"mkdir -p {WHERE}/{i}/tmp && cd {WHERE}/{i} && export TMP={WHERE}/{i}/tmp"
-                ok, text = await ours.call("shell", command=f"{setup}; {here}")
-                if not ok:
-                    return case, "error", text
-                _, text = await ours.call("shell", command=case.code, timeout=TIMEOUT)
-                out, _, status = bash_cases.split(text)
-                _, ref_text = await reference.call(
-                    "shell", command=reference_command(i, case.code), timeout=120
-                )
-            except Exception as exc:  # a call that failed outright is reported, not fatal
-                return case, "error", f"{type(exc).__name__}: {exc}"
-            finally:
-                await ours.call("clear_session")
+        reference = await references.get()
+        try:
+            return await compare(i, case, reference)
+        finally:
+            references.put_nowait(reference)
+            done[0] += 1
+            if done[0] % 50 == 0:
+                print(f"  {done[0]}/{len(specs)} cases run", flush=True)
+
+    async def compare(i: int, case: Spec, reference: Agent) -> tuple:
+        ours = Agent(url, key, f"corpus-{i}")
+        try:
+            here = f"mkdir -p {WHERE}/{i}/tmp && cd {WHERE}/{i} && export TMP={WHERE}/{i}/tmp"
+            ok, text = await ours.call("shell", command=f"{setup}; {here}")
+            if not ok:
+                return case, "error", text
+            _, text = await ours.call("shell", command=case.code, timeout=TIMEOUT)
+            out, _, status = bash_cases.split(text)
+            _, ref_text = await reference.call("shell", command=reference_command(i, case.code), timeout=120)
+        except Exception as exc:  # a call that failed outright is reported, not fatal
+            return case, "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            await ours.call("clear_session")
         theirs = reference_result(ref_text, i)
         if theirs is None:
             return case, "skipped", ""
