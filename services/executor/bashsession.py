@@ -79,7 +79,10 @@ _INIT = r"""
 BASH_ARGV0=bash
 if [[ -n ${__sbx_sf-} ]]; then \command rm -f -- "$__sbx_sf" 2>/dev/null || :; fi
 __sbx_line='\builtin eval "$__sbx_a"; \builtin . "$__sbx_dir/@SCRIPT@" {__sbx_rq}<&- {__sbx_rp}>&- '
-__sbx_line+='{__sbx_w}>&- {__sbx_cw}>&- >&"$__sbx_of" 2>&1 </dev/null {__sbx_of}>&-; \builtin eval "$__sbx_b"'
+__sbx_line+='{__sbx_w}>&- {__sbx_cw}>&- >&"$__sbx_of" 2>&1 </dev/null {__sbx_of}>&-'
+# (The answer on a line of its own: an error that makes bash discard the rest of the
+# line it is running, as an arithmetic error in an array subscript does, leaves it.)
+__sbx_line+=$'\n\\builtin eval "$__sbx_b"'
 __sbx_w= __sbx_c= __sbx_c0= __sbx_used= __sbx_pw= __sbx_of= __sbx_sf= __sbx_al=${__sbx_al-1}
 __sbx_fix='[[ /proc/self/fd/$__sbx_rq -ef @S@/req ]] || \command exec {__sbx_rq}<>@S@/req
 [[ /proc/self/fd/$__sbx_rp -ef @S@/reply ]] || \command exec {__sbx_rp}<>@S@/reply
