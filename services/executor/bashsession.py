@@ -443,8 +443,9 @@ __sbx_renew() {  # a token, unless there is one or its holder lives (a holder na
   exec 9>&-
 }
 
-__sbx_wedge_note='a new shell: this one could no longer run commands (set -n, enable -n, '
-__sbx_wedge_note+='or its __sbx_ variables changed); it has the state from before the call that did it'
+__sbx_wedge_note='a new shell: this one could no longer run commands (set -n, enable -n, a function '
+__sbx_wedge_note+='named builtin or command, or its __sbx_ variables changed); it has the state from before '
+__sbx_wedge_note+='the call that did it'
 
 __sbx_wedged() {  # $1 B: blocked reading its program's FIFO or the requests, no answer pending
   local sc fd _

@@ -215,6 +215,8 @@ WEDGES = (
     "exec {__sbx_rp}>/dev/null {__sbx_rq}</dev/null",
     "exec {__sbx_w}>&-; exit 3",
     "exec 10>/tmp/ten; echo ten >&10; exec 10>&-",
+    "builtin() { :; }; command() { :; }",
+    "a['2']=3; echo same-line",
 )
 """Texts that turn the session's own bash against its machinery (noexec, its builtins
 disabled, its variables changed, its fds closed, traps of its signals)."""
