@@ -18,7 +18,9 @@ Processes, all inside the sandbox:
 - **B**, the server: a fresh bash (never a subshell) whose script is a FIFO
   (``STATE/ctl``) of one line per call, written by B itself: read the request, source
   the call's script with the call's output pipe, answer. No loop of ours surrounds the
-  agent's code, and the user's shell options stay as the user left them.
+  agent's code, and the user's shell options stay as the user left them. After each call
+  B checks its own files (a command may have closed or moved them: ``exec {__sbx_rp}>&-``,
+  ``exec 10>f; exec 10>&-``) and opens again those that are not what they were.
 - **C**, the backup: before each call B forks a copy of itself, which blocks on a FIFO
   that only B holds open for writing. If B ends during a call (``exit``, ``set -e``, a
   timeout's kill, ``exec``), C sees end of file and takes B's place with the state from
@@ -26,6 +28,8 @@ Processes, all inside the sandbox:
   options, traps, positional parameters, directory stack) and starts a fresh B that
   sources it, whose waiter it becomes. Background jobs of the old B are no longer jobs
   of the new one, and ``$$`` is the new B's. Otherwise B kills C when the next copy is made.
+  An end of file while B still has its program open is a command closing B's end of the
+  FIFO, not B's end: C leaves, and B opens a new end for the next copy.
 - **W**, B's waiter (R for the first B, then the C that took over): reports how B ended,
   with its exact status.
 
@@ -48,7 +52,7 @@ OUTPUT_DIR = api.OUTPUT_DIR
 SCRIPT = "command"
 """The file (in the output directory) a call's text is sourced from: error messages name it."""
 HELLO = b"sbx-shell-server 3\n"
-VERSION = "3"
+VERSION = "4"
 """Of the session's programs: a session started by other ones is replaced (not talked to)."""
 PREPARE = ": sbx-prepare"
 """The warm-up call of a pool sandbox's shell: answered, not run, not a user's call."""
@@ -74,9 +78,15 @@ _INIT = r"""
   __sbx_next __sbx_backup __sbx_hold __sbx_state __sbx_sf
 BASH_ARGV0=bash
 if [[ -n ${__sbx_sf-} ]]; then \command rm -f -- "$__sbx_sf" 2>/dev/null || :; fi
-__sbx_line='\builtin eval "$__sbx_a"; \builtin . "$__sbx_dir/@SCRIPT@" >&"$__sbx_of" 2>&1 </dev/null '
-__sbx_line+='{__sbx_of}>&- {__sbx_rq}<&- {__sbx_rp}>&- {__sbx_w}>&- {__sbx_cw}>&-; \builtin eval "$__sbx_b"'
+__sbx_line='\builtin eval "$__sbx_a"; \builtin . "$__sbx_dir/@SCRIPT@" {__sbx_rq}<&- {__sbx_rp}>&- '
+__sbx_line+='{__sbx_w}>&- {__sbx_cw}>&- >&"$__sbx_of" 2>&1 </dev/null {__sbx_of}>&-'
+# (The answer on a line of its own: an error that makes bash discard the rest of the
+# line it is running, as an arithmetic error in an array subscript does, leaves it.)
+__sbx_line+=$'\n\\builtin eval "$__sbx_b"'
 __sbx_w= __sbx_c= __sbx_c0= __sbx_used= __sbx_pw= __sbx_of= __sbx_sf= __sbx_al=${__sbx_al-1}
+__sbx_fix='[[ /proc/self/fd/$__sbx_rq -ef @S@/req ]] || \command exec {__sbx_rq}<>@S@/req
+[[ /proc/self/fd/$__sbx_rp -ef @S@/reply ]] || \command exec {__sbx_rp}<>@S@/reply
+[[ /proc/self/fd/$__sbx_cw -ef @S@/ctl ]] || \command exec {__sbx_cw}<>@S@/ctl'
 \builtin shopt -u expand_aliases
 \builtin eval "$__sbx_next"
 """
@@ -87,7 +97,7 @@ _NEXT = r"""
 __sbx_n=$(\builtin set -m
   ( \builtin eval "$__sbx_backup" ) </dev/null >/dev/null 2>&1 &
   \builtin printf '%s' "$!")
-if [[ -z $__sbx_w ]]; then \command exec {__sbx_w}>"@S@/alive"; fi
+if [[ -z $__sbx_w || ! /proc/self/fd/$__sbx_w -ef @S@/alive ]]; then \command exec {__sbx_w}>"@S@/alive"; fi
 if [[ -n $__sbx_c0 ]]; then \builtin kill -KILL "$__sbx_c0" 2>/dev/null || :; fi
 if [[ -n $__sbx_c ]]; then \builtin kill -USR1 "$__sbx_c" 2>/dev/null || :; fi
 __sbx_c0=$__sbx_c __sbx_c=$__sbx_n __sbx_pw=${PWD-}
@@ -97,7 +107,9 @@ __sbx_c0=$__sbx_c __sbx_c=$__sbx_n __sbx_pw=${PWD-}
 #: B, before a call: the request (``<nonce> <output FIFO> <p: the pool's warm-up | ->``),
 #: the start report, the output pipe.
 _A = r"""
-until IFS=' ' TMOUT= \builtin read -r -u "$__sbx_rq" __sbx_k __sbx_ff __sbx_p; do :; done
+until IFS=' ' TMOUT= \builtin read -r -u "$__sbx_rq" __sbx_k __sbx_ff __sbx_p; do
+  [[ $? -gt 128 ]] || \builtin exit 1  # (its request fd is gone: the backup serves)
+done
 __sbx_rc=
 IFS=' ' \builtin read -r __sbx_t _ </proc/uptime || __sbx_t=0.00
 IFS=' ' \builtin read -r _ _ _ _ __sbx_l </proc/loadavg || __sbx_l=0
@@ -118,6 +130,8 @@ if [[ $__sbx_al = 1 ]]; then \builtin shopt -s expand_aliases; fi
 #: a new working directory is saved at once (a new session starts in it).
 _B = r"""
 __sbx_rc=${__sbx_rc:-$?} __sbx_al=0
+[[ /proc/self/fd/$__sbx_rp -ef @S@/reply && /proc/self/fd/$__sbx_rq -ef @S@/req &&
+  /proc/self/fd/$__sbx_cw -ef @S@/ctl ]] || \builtin eval "$__sbx_fix"
 \builtin shopt -q expand_aliases && __sbx_al=1
 \builtin shopt -u expand_aliases
 \command exec {__sbx_of}>&-
@@ -142,6 +156,7 @@ if [[ -n $__sbx_w ]]; then \command exec {__sbx_w}>&-; fi
 \command exec {__sbx_m}<@S@/alive
 until IFS= TMOUT= \builtin read -r -u "$__sbx_m" __sbx_x; [[ $? -eq 1 ]]; do :; done
 \command exec {__sbx_m}<&-
+for __sbx_x in /proc/$$/fd/*; do [[ $__sbx_x -ef @S@/ctl ]] && \builtin exit 0; done
 \builtin trap - USR1
 \builtin eval "$__sbx_state"
 __sbx_boot='\builtin . "$__sbx_sf"; \builtin eval "$__sbx_init"'
@@ -428,8 +443,9 @@ __sbx_renew() {  # a token, unless there is one or its holder lives (a holder na
   exec 9>&-
 }
 
-__sbx_wedge_note='a new shell: this one could no longer run commands (set -n, enable -n, '
-__sbx_wedge_note+='or its __sbx_ variables changed); it has the state from before the call that did it'
+__sbx_wedge_note='a new shell: this one could no longer run commands (set -n, enable -n, a function '
+__sbx_wedge_note+='named builtin or command, or its __sbx_ variables changed); it has the state from before '
+__sbx_wedge_note+='the call that did it'
 
 __sbx_wedged() {  # $1 B: blocked reading its program's FIFO or the requests, no answer pending
   local sc fd _
@@ -447,7 +463,7 @@ __sbx_failed() {  # $1 nonce, $2 why
 }
 
 __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
-  local line b= rc=1 note= i k busy gone flag=- text stuck wedged
+  local line rest b= rc=1 note= i k busy gone flag=- text stuck wedged
   # The session's own nonce: the command can see it, never the executor's.
   k=${EPOCHREALTIME/./}$RANDOM$RANDOM$BASHPID
   __sbx_lock
@@ -473,7 +489,10 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   # ends (its backup serves this one); none alive for 10 s means a new shell.
   busy=0 gone=0
   for ((i = 1; i <= 24; i++)); do
-    while IFS= read -r -t 5 -u "$__sbx_rp" line; do
+    # (Only a line's first byte is waited for with a timeout: ``read -t`` polls before
+    # each byte, and a line is written at once.)
+    while read -r -N 1 -t 5 -u "$__sbx_rp" line && IFS= read -r -u "$__sbx_rp" rest; do
+      line+=$rest
       case $line in "$k started "*) b=${line#"$k started "}; break 2 ;; esac
     done
     if IFS= read -r line 2>/dev/null < "$__sbx_dir/.sbx-live" && kill -0 "$line" 2>/dev/null; then
@@ -501,7 +520,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   b=${b%% *}
   stuck=0
   while :; do
-    if IFS= read -r -t 1 -u "$__sbx_rp" line; then
+    if read -r -N 1 -t 1 -u "$__sbx_rp" line && IFS= read -r -u "$__sbx_rp" rest; then
+      line+=$rest
       case $line in
         "$k exited "*) rc=${line#"$k exited "}; break ;;
         "$b ended "*) rc=${line#"$b ended "}; break ;;

@@ -210,6 +210,13 @@ WEDGES = (
     "trap '' USR1 TERM INT HUP QUIT ALRM; echo traps",
     "set -T; trap ': debug' DEBUG; set -E; trap ': err' ERR; false",
     "PROMPT_COMMAND=exit; shopt -u expand_aliases; echo plain",
+    "exec {__sbx_rp}>&-; echo closed",
+    "exec {__sbx_rq}<&- {__sbx_w}>&- {__sbx_cw}>&-; echo closed",
+    "exec {__sbx_rp}>/dev/null {__sbx_rq}</dev/null",
+    "exec {__sbx_w}>&-; exit 3",
+    "exec 10>/tmp/ten; echo ten >&10; exec 10>&-",
+    "builtin() { :; }; command() { :; }",
+    "a['2']=3; echo same-line",
 )
 """Texts that turn the session's own bash against its machinery (noexec, its builtins
 disabled, its variables changed, its fds closed, traps of its signals)."""
