@@ -115,6 +115,13 @@ def start_stack(
     env.update(extra)
     if root is not None:
         env["PYTHONPATH"] = f"{root}:{root}/api:{root}/clients/python"
+        # A bare checkout has no proxy environment (scripts/setup makes one): without one
+        # its proxies never start, so its sandboxes are never routed and its figures lack
+        # that work. This tree's is used then (the proxy's code rarely differs; say so).
+        if not (root / "proxy" / ".venv" / "bin" / "sbx-proxy").exists():
+            ours = Path(__file__).resolve().parent.parent / "proxy" / ".venv" / "bin" / "sbx-proxy"
+            env.setdefault("SBX_PROXY_BIN", str(ours))
+            print(f"note: {root} has no proxy environment; its stack runs this tree's proxy", file=sys.stderr)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],
