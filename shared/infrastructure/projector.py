@@ -101,8 +101,15 @@ class ProjectionStore(Generic[projections.S]):
         return await self.kv.update(key, payload, last=revision)
 
     async def apply(self, stored: eventstore.Stored) -> projections.S:
-        """Make the projection reflect ``stored`` (and everything before it)."""
+        """Make the projection reflect ``stored`` (and everything before it).
+
+        Where the kind is followed and the copy has heard of an entry at or past the event
+        (the usual case for the catch-up consumer: the writer projected it right after
+        appending), nothing is read: entries only move forward."""
         key = self.projection.key_of_subject(stored.subject)
+        heard = self._mirror.heard(key) if self._mirror is not None else None
+        if heard is not None and heard.last_seq >= stored.seq:
+            return heard
         while True:
             state, revision = await self.get_entry(key)
             last = state.last_seq if state is not None else 0

@@ -335,3 +335,34 @@ async def test_a_followed_projection_says_what_it_last_heard_without_reading(bus
         assert sessions.heard("nobody") is None
     finally:
         await sessions.unfollow()
+
+
+async def test_a_followed_projection_applies_what_it_heard_of_without_reading(bus):
+    """The catch-up consumer's ``apply`` of an event the writer already projected: a
+    followed store that heard of the entry at or past it reads nothing (the real ``get``
+    is counted) and answers the entry."""
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    heard = asyncio.Event()
+    await sessions.follow(on_change=lambda old, new: heard.set())
+    try:
+        [stored] = await store.append(
+            topology.aggregate_subject(subjects.SESSION, "cu"), [created("cu")], expected_last_seq=0
+        )
+        await sessions.apply(stored)
+        await asyncio.wait_for(heard.wait(), 10)
+        reads = 0
+        real_get = sessions.kv.get
+
+        async def counted(key):
+            nonlocal reads
+            reads += 1
+            return await real_get(key)
+
+        sessions.kv.get = counted
+        again = await sessions.apply(stored)
+        assert reads == 0 and again.last_seq == stored.seq
+    finally:
+        await sessions.unfollow()
