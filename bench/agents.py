@@ -15,21 +15,28 @@ Prints, all in the same run:
 * warm new session -> first shell at several offered claim rates (``--rates``, each for
   ``--seconds``, from a full pool): p50/p99, the rate the load generator achieved, and
   the CPU each process of the stack spent per new session (the claim and the pool refill
-  it causes; sandboxes' own processes not counted), next to the load generator's own.
+  it causes; sandboxes' own processes not counted), next to the load generator's own, and
+  a no-op tool call timed just before each burst (first shell / no-op: p50 and p99);
+* with ``--base DIR`` (a checkout of another version, e.g. ``git worktree add --detach
+  /tmp/base <commit>``) the sweep on a stack of each, alternately (``--rounds``), then
+  every figure side by side with the ratio after/before.
 
 Figures only; nothing is asserted.
 
     .venv/bin/python bench/agents.py [--cold 20] [--warm 200] [--agents 20] [--rates 10,25,50,100]
+    .venv/bin/python bench/agents.py --sweep-only --rates 10,25,40 --base /tmp/base [--rounds 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -108,6 +115,13 @@ def start_stack(
     env.update(extra)
     if root is not None:
         env["PYTHONPATH"] = f"{root}:{root}/api:{root}/clients/python"
+        # A bare checkout has no proxy environment (scripts/setup makes one): without one
+        # its proxies never start, so its sandboxes are never routed and its figures lack
+        # that work. This tree's is used then (the proxy's code rarely differs; say so).
+        if not (root / "proxy" / ".venv" / "bin" / "sbx-proxy").exists():
+            ours = Path(__file__).resolve().parent.parent / "proxy" / ".venv" / "bin" / "sbx-proxy"
+            env.setdefault("SBX_PROXY_BIN", str(ours))
+            print(f"note: {root} has no proxy environment; its stack runs this tree's proxy", file=sys.stderr)
     proc = subprocess.Popen(
         [sys.executable, "-m", "sbx.cli", "up", "--state-dir", str(state), "--port", "0",
          "--nats-port", str(common.free_port())],
@@ -187,6 +201,10 @@ IDLE_WINDOW = 3.0
 """Seconds the idle stack is measured before each burst."""
 
 
+NOOP_PROBES = 40
+"""No-op tool calls timed just before each burst (the yardstick of its first shells)."""
+
+
 async def rate_sweep(
     proc: subprocess.Popen[str],
     base: str,
@@ -195,71 +213,210 @@ async def rate_sweep(
     pool: int,
     rates: list[float],
     seconds: float,
-) -> list[str]:
-    """Warm first shells at each offered rate, each burst from a full pool. The CPU of the
-    stack's processes is read before the burst and after the pool has refilled, less what
-    the idle stack uses in as long (measured just before)."""
-    lines = []
-    for rate in rates:
-        n = max(10, round(rate * seconds))
-        await wait_for_pool(state, pool)
-        await asyncio.sleep(1.0)
-        quiet = common.process_tree_cpu(proc.pid)
-        await asyncio.sleep(IDLE_WINDOW)
-        before, me, t0 = common.process_tree_cpu(proc.pid), time.process_time(), time.monotonic()
-        idle = {name: cpu / IDLE_WINDOW for name, cpu in common.cpu_delta(quiet, before).items()}
-        if not lines:
-            lines.append(
-                f"stack idle, {pool} pool sandboxes: {sum(idle.values()) * 1000:.0f} ms CPU per second ("
-                + ", ".join(
-                    f"{k} {v * 1000:.0f}" for k, v in sorted(idle.items(), key=lambda i: -i[1]) if v >= 0.0005
+) -> tuple[list[str], dict[float, dict[str, float]]]:
+    """Warm first shells at each offered rate, each burst from a full pool, next to a
+    no-op tool call timed just before it. The CPU of the stack's processes is read before
+    the burst and after the pool has refilled, less what the idle stack uses in as long
+    (measured just before). Also returns, by rate, the figures (ms) for a side-by-side table."""
+    lines: list[str] = []
+    figures: dict[float, dict[str, float]] = {}
+    async with PoolWatch(state) as watch, Agent(f"{base}/mcp", key, "noop-probe") as probe:
+        for rate in rates:
+            n = max(10, round(rate * seconds))
+            await watch.wait(pool)
+            noop: list[float] = []
+            for _ in range(NOOP_PROBES):
+                await timed(noop, probe.noop_tool())
+            await asyncio.sleep(1.0)
+            quiet = common.process_tree_cpu(proc.pid)
+            await asyncio.sleep(IDLE_WINDOW)
+            before, me, t0 = common.process_tree_cpu(proc.pid), time.process_time(), time.monotonic()
+            idle = {name: cpu / IDLE_WINDOW for name, cpu in common.cpu_delta(quiet, before).items()}
+            if not lines:
+                lines.append(
+                    f"stack idle, {pool} pool sandboxes: {sum(idle.values()) * 1000:.0f} ms CPU per second ("
+                    + ", ".join(
+                        f"{k} {v * 1000:.0f}"
+                        for k, v in sorted(idle.items(), key=lambda i: -i[1])
+                        if v >= 0.0005
+                    )
+                    + ")"
                 )
-                + ")"
+            starts: list[float] = []
+            samples, elapsed = await new_sessions(f"{base}/mcp", key, f"r{rate:g}", n, rate, starts=starts)
+            client = time.process_time() - me
+            await watch.wait(pool)
+            window = time.monotonic() - t0
+            used = common.cpu_delta(before, common.process_tree_cpu(proc.pid))
+            used = {name: cpu - idle.get(name, 0.0) * window for name, cpu in used.items()}
+            achieved = (n - 1) / (max(starts) - min(starts)) if n > 1 else float("nan")
+            first, base_p = common.percentiles(samples), common.percentiles(noop)
+            lines.append(common.row(f"offered {rate:g}/s (started {achieved:.0f}/s)", samples, elapsed))
+            lines.append(
+                f"    no-op tool call just before: p50 {base_p['p50']:.2f} ms  p99 {base_p['p99']:.2f} ms;"
+                f" first shell / no-op: p50 {first['p50'] / base_p['p50']:.1f}x (target <= 4x)"
+                f"  p99 {first['p99'] / base_p['p99']:.1f}x (target <= 15x)"
             )
-        starts: list[float] = []
-        samples, elapsed = await new_sessions(f"{base}/mcp", key, f"r{rate:g}", n, rate, starts=starts)
-        client = time.process_time() - me
-        await wait_for_pool(state, pool)
-        window = time.monotonic() - t0
-        used = common.cpu_delta(before, common.process_tree_cpu(proc.pid))
-        used = {name: cpu - idle.get(name, 0.0) * window for name, cpu in used.items()}
-        achieved = (n - 1) / (max(starts) - min(starts)) if n > 1 else float("nan")
-        lines.append(common.row(f"offered {rate:g}/s (started {achieved:.0f}/s)", samples, elapsed))
-        per = sorted(((cpu / n * 1000, name) for name, cpu in used.items()), reverse=True)
-        lines.append(
-            f"    CPU per new session beyond idle: stack {sum(c for c, _ in per):.0f} ms ("
-            + ", ".join(f"{name} {ms:.0f}" for ms, name in per if ms >= 0.5)
-            + f"), load generator {client / n * 1000:.0f} ms"
+            per = sorted(((cpu / n * 1000, name) for name, cpu in used.items()), reverse=True)
+            lines.append(
+                f"    CPU per new session beyond idle: stack {sum(c for c, _ in per):.0f} ms ("
+                + ", ".join(f"{name} {ms:.0f}" for ms, name in per if ms >= 0.5)
+                + f"), load generator {client / n * 1000:.0f} ms"
+            )
+            figures[rate] = {
+                "started/s": achieved,
+                "first p50": first["p50"],
+                "first p99": first["p99"],
+                "no-op p50": base_p["p50"],
+                "no-op p99": base_p["p99"],
+                "stack": sum(c for c, _ in per),
+                **{name: ms for ms, name in per},
+            }
+            await delete_sessions(base, key, [f"r{rate:g}-{i}" for i in range(n)])
+    return lines, figures
+
+
+def side_by_side(runs: dict[str, dict[float, dict[str, float]]]) -> list[str]:
+    """One table: each figure of each rate, one column per version (and after/before)."""
+    names = list(runs)
+    lines = []
+    for rate in next(iter(runs.values())):
+        rows = [
+            f"offered {rate:g}/s"
+            + "".join(f"{n:>20}" for n in names)
+            + ("   after/before" if len(names) == 2 else "")
+        ]
+        keys: list[str] = []
+        for figures in runs.values():
+            keys += [k for k in figures.get(rate, {}) if k not in keys]
+        fixed = ["started/s", "first p50", "first p99", "no-op p50", "no-op p99", "stack"]
+        rest = sorted(
+            (k for k in keys if k not in fixed),
+            key=lambda k: -max(r.get(rate, {}).get(k, 0) for r in runs.values()),
         )
-        await delete_sessions(base, key, [f"r{rate:g}-{i}" for i in range(n)])
+        for k in fixed + rest:
+            values = [runs[n].get(rate, {}).get(k, 0.0) for n in names]
+            if k not in fixed and max(values) < 0.5:
+                continue
+            unit = "" if k == "started/s" else (" ms" if k.startswith(("first", "no-op")) else " ms CPU")
+            ratio = f"   {values[1] / values[0]:.2f}x" if len(values) == 2 and values[0] else ""
+            rows.append(f"  {k + unit:22}" + "".join(f"{v:20.1f}" for v in values) + ratio)
+        lines += rows
     return lines
 
 
+class PoolWatch:
+    """Ready pool sandboxes, counted from one watch of the sandboxes bucket kept open for
+    the whole run: the load generator's own reads must not be charged to the stack (a
+    full snapshot of the bucket every 0.2 s cost nats-server more per new session than
+    the claims did)."""
+
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.ready: set[str] = set()
+        self._changed = asyncio.Event()
+
+    async def __aenter__(self) -> PoolWatch:
+        info = json.loads((self.state / "stack.json").read_text())
+        bus_settings = settings.BusSettings(
+            nats_url=info["nats_url"],
+            namespace=info["namespace"],
+            nats_token=(self.state / "nats-token").read_text().strip(),
+        )
+        self._nc = await shared_bus.connect(bus_settings, "bench")
+        bucket = subjects.Topology(info["namespace"]).bucket(subjects.SANDBOX)
+        kv = await self._nc.jetstream().key_value(bucket)
+        self._watcher = await kv.watchall()
+        self._task = asyncio.create_task(self._follow())
+        return self
+
+    async def _follow(self) -> None:
+        async for entry in self._watcher:
+            if entry is None or entry.value is None:
+                continue
+            s = codec.decode_state(entry.value, states.SandboxState)
+            if s.pool and s.session_id is None and s.status == "running":
+                self.ready.add(entry.key)
+            else:
+                self.ready.discard(entry.key)
+            self._changed.set()
+
+    async def wait(self, size: int) -> None:
+        while len(self.ready) < size:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await self._changed.wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await self._task
+        with contextlib.suppress(Exception):
+            await self._watcher.stop()
+        await self._nc.close()
+
+
 async def wait_for_pool(state: Path, size: int) -> None:
-    info = json.loads((state / "stack.json").read_text())
-    bus_settings = settings.BusSettings(
-        nats_url=info["nats_url"],
-        namespace=info["namespace"],
-        nats_token=(state / "nats-token").read_text().strip(),
-    )
-    nc = await shared_bus.connect(bus_settings, "bench")
-    topology = subjects.Topology(info["namespace"])
-    try:
-        while True:
-            raw = await shared_bus.snapshot(nc.jetstream(), topology.bucket(subjects.SANDBOX))
-            sandboxes = [codec.decode_state(v, states.SandboxState) for v in raw.values()]
-            if sum(1 for s in sandboxes if s.pool and s.session_id is None and s.status == "running") >= size:
-                return
-            await asyncio.sleep(0.2)
-    finally:
-        await nc.close()
+    async with PoolWatch(state) as watch:
+        await watch.wait(size)
+
+
+async def sweeps(
+    tmp: Path, pool: int, rates: list[float], seconds: float, other: Path | None, rounds: int
+) -> list[str]:
+    """The rate sweep on a stack of this tree, and with ``other`` (``--base``) on one of
+    that checkout too, alternately, ``rounds`` times each; then the figures side by side
+    (means over the rounds)."""
+    roots: dict[str, Path | None] = {"this tree": None}
+    if other is not None:
+        roots = {"before (--base)": other, "after (this tree)": None}
+    lines: list[str] = []
+    runs: dict[str, list[dict[float, dict[str, float]]]] = {name: [] for name in roots}
+    for r in range(rounds):
+        for name, root in roots.items():
+            state = tmp / f"sweep-{r}-{len(runs[name])}-{'base' if root else 'head'}"
+            proc, base = start_stack(state, pool=pool, root=root)
+            try:
+                sweep, figures = await rate_sweep(
+                    proc, base, (state / "api-key").read_text().strip(), state, pool, rates, seconds
+                )
+            finally:
+                stop_stack(proc, state)
+            lines += [f"-- {name}, round {r + 1}:", *sweep]
+            runs[name].append(figures)
+    means = {
+        name: {
+            rate: {k: statistics.fmean(f[rate].get(k, 0.0) for f in figs) for k in figs[0][rate]}
+            for rate in rates
+        }
+        for name, figs in runs.items()
+    }
+    return [*lines, f"side by side (means of {rounds} round(s)):", *side_by_side(means)]
 
 
 async def main(
-    cold: int, warm: int, agents: int, pool: int, rate: float, rates: list[float], seconds: float
+    cold: int,
+    warm: int,
+    agents: int,
+    pool: int,
+    rate: float,
+    rates: list[float],
+    seconds: float,
+    other: Path | None = None,
+    rounds: int = 1,
+    sweep_only: bool = False,
 ) -> None:
     results: dict[str, tuple[list[float], float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if sweep_only:
+            big = max(10, *(round(r * seconds) for r in rates))
+            sweep = await sweeps(Path(tmp), big, rates, seconds, other, rounds)
+            print(
+                f"\nwarm new session -> first shell by offered claim rate ({seconds:g} s each, pool {big}):"
+            )
+            print("\n".join(sweep))
+            return
         state = Path(tmp) / "cold"
         proc, base = start_stack(state, pool=0)
         try:
@@ -279,15 +436,8 @@ async def main(
             )
         finally:
             stop_stack(proc, state)
-        state = Path(tmp) / "sweep"
         big = max(10, *(round(r * seconds) for r in rates))
-        proc, base = start_stack(state, pool=big)
-        try:
-            sweep = await rate_sweep(
-                proc, base, (state / "api-key").read_text().strip(), state, big, rates, seconds
-            )
-        finally:
-            stop_stack(proc, state)
+        sweep = await sweeps(Path(tmp), big, rates, seconds, other, rounds)
         state = Path(tmp) / "state"
         proc, base = start_stack(state, pool=pool)
         try:
@@ -429,6 +579,22 @@ if __name__ == "__main__":
     parser.add_argument("--rate", type=float, default=10.0, help="new sessions per second")
     parser.add_argument("--rates", default="10,25,50,100", help="offered claim rates of the sweep")
     parser.add_argument("--seconds", type=float, default=2.0, help="how long each rate is offered")
+    parser.add_argument("--base", type=Path, help="a checkout of another version: its sweep side by side")
+    parser.add_argument("--rounds", type=int, default=1, help="sweeps of each version, alternately")
+    parser.add_argument("--sweep-only", action="store_true", help="only the rate sweep")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    asyncio.run(main(args.cold, args.warm, args.agents, args.pool, args.rate, rates, args.seconds))
+    asyncio.run(
+        main(
+            args.cold,
+            args.warm,
+            args.agents,
+            args.pool,
+            args.rate,
+            rates,
+            args.seconds,
+            args.base.resolve() if args.base else None,
+            args.rounds,
+            args.sweep_only,
+        )
+    )

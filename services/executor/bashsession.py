@@ -315,24 +315,31 @@ __sbx_s=@S@
 [ -d "$__sbx_s" ] || mkdir -p "$__sbx_s" || exit 3
 __sbx_dir=/tmp; [ -d @OUT@ ] && [ -w @OUT@ ] && __sbx_dir=@OUT@
 [ -d "$__sbx_dir" ] && [ -w "$__sbx_dir" ] || exit 3
-__sbx_new=
+# The FIFOs missing (all six in a new sandbox) are made by one mkfifo, the token's by one
+# of its own: whoever makes it makes the lock's token, so it must know it made it.
+__sbx_new= __sbx_mk=()
 for __sbx_f in req reply anchor alive ctl token; do
   __sbx_f=$__sbx_s/$__sbx_f
   [ -p "$__sbx_f" ] && continue
-  [ -e "$__sbx_f" ] && rm -f "$__sbx_f"
-  if mkfifo -m 600 "$__sbx_f"; then
-    [ "${__sbx_f##*/}" = token ] && __sbx_new=1
-  else
-    [ -p "$__sbx_f" ] || exit 3
-  fi
+  [[ -e $__sbx_f || -L $__sbx_f ]] && rm -f "$__sbx_f"
+  [ "${__sbx_f##*/}" = token ] || __sbx_mk+=("$__sbx_f")
 done
+[ ${#__sbx_mk[@]} -eq 0 ] || mkfifo -m 600 "${__sbx_mk[@]}"
+for __sbx_f in "${__sbx_mk[@]}"; do [ -p "$__sbx_f" ] || exit 3; done
+if [ ! -p "$__sbx_s/token" ]; then
+  if mkfifo -m 600 "$__sbx_s/token"; then __sbx_new=1; else [ -p "$__sbx_s/token" ] || exit 3; fi
+fi
+unset __sbx_mk
 exec {__sbx_rq}<>"$__sbx_s/req" {__sbx_rp}<>"$__sbx_s/reply" {__sbx_an}<>"$__sbx_s/anchor" \
   {__sbx_tk}<>"$__sbx_s/token" || exit 3
 [ -n "$__sbx_new" ] && printf x >&"$__sbx_tk"  # (the session's first relay makes its lock's token)
 __sbx_flock=; command -v flock >/dev/null 2>&1 && __sbx_flock=1
 __sbx_held=
-__sbx_setsid=$(command -v setsid)
-__sbx_prog=("$1" bash "$__sbx_dir" "$(command -v bash)" "${@:2}")
+# Paths looked up without a subshell (a fork each).
+__sbx_setsid= __sbx_bash=$BASH
+hash setsid 2>/dev/null && __sbx_setsid=${BASH_CMDS[setsid]-}
+hash bash 2>/dev/null && __sbx_bash=${BASH_CMDS[bash]-$BASH}
+__sbx_prog=("$1" bash "$__sbx_dir" "$__sbx_bash" "${@:2}")
 __sbx_jb= __sbx_jl= __sbx_jt=
 __sbx_n=0
 __sbx_ff= __sbx_sd= __sbx_sp= __sbx_so= __sbx_sn=0
@@ -357,7 +364,7 @@ __sbx_start() {  # $1 why (kept in STATE/restarts, with the time, for whoever lo
   local i=0
   [ -f "$__sbx_s/session" ] && printf '%s %s\n' "${EPOCHREALTIME%.*}" "$1" >> "$__sbx_s/restarts"
   __sbx_stop_session
-  rm -f "$__sbx_s/used"
+  [[ -e $__sbx_s/used || -L $__sbx_s/used ]] && rm -f "$__sbx_s/used"
   while read -r -t 0 -u "$__sbx_rq"; do read -r -t 1 -u "$__sbx_rq" _ || break; done
   # (As a job: a background command without job control would ignore SIGINT and SIGQUIT,
   # and so would every process of the session.)
@@ -377,7 +384,7 @@ __sbx_sink() {  # the reader of the next call's output pipe: a cat from a FIFO i
   __sbx_sn=$((__sbx_sn + 1))
   if [ -z "$__sbx_ff" ]; then
     __sbx_ff=$__sbx_s/out-$BASHPID-$__sbx_sn
-    rm -f "$__sbx_ff"
+    [[ -e $__sbx_ff || -L $__sbx_ff ]] && rm -f "$__sbx_ff"
     mkfifo -m 600 "$__sbx_ff" || { __sbx_ff=; return 1; }
   fi
   __sbx_so=$__sbx_dir/.sbx-out-$BASHPID-$__sbx_sn

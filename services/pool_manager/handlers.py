@@ -28,9 +28,9 @@ log = structlog.get_logger(__name__)
 ADMISSION_KEY = "pool-admission"
 PROXY_WAIT = 20.0
 """How long a new sandbox waits for its proxy assignment (proxy egress) before it is used anyway."""
-PROXY_RECHECK = 0.25
-"""A start waiting for its proxy reads the record at least this often (it is told of each
-change by the followed copy; this is the fallback)."""
+PROXY_RECHECK = 1.0
+"""A start waiting for its proxy reads the record itself when it has heard nothing for this
+long (it is told of each change by the followed copy and looks there: no read)."""
 ADMISSION_WAIT = 15.0
 """How long a provision waits for another instance's admission to finish."""
 
@@ -123,10 +123,11 @@ class PoolHandlers:
         self,
         request: provisioning.PoolRequest,
         decide: Callable[..., list[events.Event]],
+        read: tuple[states.SandboxState | None, int | None] | None = None,
         **fields: object,
     ) -> states.SandboxState | None:
         """Record what ``decide`` (a rule of ``shared.domain.sandbox``) makes of the
-        sandbox's current state."""
+        sandbox's current state (``read``: as this instance last wrote it, if it knows)."""
 
         def meta(session_id: str | None) -> events.Meta:
             return self._meta(request, session_id)
@@ -135,6 +136,7 @@ class PoolHandlers:
             self.sandboxes,
             request.sandbox_id,
             lambda state: decide(state, request.sandbox_id, meta, **fields),
+            read=read,
         )
         return outcome.state
 
@@ -183,9 +185,11 @@ class PoolHandlers:
         """The organisation whose cache the new sandbox shows from its start, if any."""
         return request.org_id if self.runtime.tenant_caches else None
 
-    async def _record_requested(self, request: provisioning.Provision) -> None:
+    async def _record_requested(
+        self, request: provisioning.Provision, *, fresh: bool
+    ) -> aggregates.Outcome[states.SandboxState]:
         meta = self._meta(request, request.session_id)
-        await aggregates.transact(
+        return await aggregates.transact(
             self.sandboxes,
             request.sandbox_id,
             lambda state: sandbox_rules.decide_requested(
@@ -202,18 +206,22 @@ class PoolHandlers:
                 cache_org=self._cache_org(request),
                 snapshot=request.snapshot,
             ),
+            read=(None, None) if fresh else None,  # (a taken id only fails its append)
         )
 
-    async def provision(self, request: provisioning.Provision) -> states.SandboxState:
-        current = await self.sandboxes.get(request.sandbox_id)
+    async def provision(self, request: provisioning.Provision, *, fresh: bool = False) -> states.SandboxState:
+        """``fresh``: the id was just made by this instance (a refill), so it has no record:
+        none is read first."""
+        current = None if fresh else await self.sandboxes.get(request.sandbox_id)
         if current is not None and current.status == "running":
             return current
         if current is not None and current.status == "refused":
             raise errors.LimitExceeded(f"sandbox {request.sandbox_id} was refused: {current.error}")
+        requested = None
         if current is None:
             async with self._admitting():  # count-then-record is atomic across instances
                 await self._refuse_if_full(request)
-                await self._record_requested(request)
+                requested = (await self._record_requested(request, fresh=fresh)).read
         if request.pool is not None:
             await faults.pause_point(self.ctx.settings.faults, "pool.slow_pool_start")
         spec = api.SandboxSpec(
@@ -236,7 +244,9 @@ class PoolHandlers:
             await self._record(request, sandbox_rules.decide_failed, error=exc.message)
             await self._quietly_delete(request.sandbox_id)
             raise
-        state = await self._record(request, sandbox_rules.decide_started, image_digest=created.image_digest)
+        state = await self._record(
+            request, sandbox_rules.decide_started, read=requested, image_digest=created.image_digest
+        )
         assert state is not None
         state = await self._await_proxy(state)
         log.info(
@@ -325,14 +335,23 @@ class PoolHandlers:
         changed = asyncio.Event()
         self._awaiting.setdefault(state.sandbox_id, set()).add(changed)
         try:
+            read = False  # what the followed copy heard (it may be behind; see below)
             while (left := deadline - time.monotonic()) > 0:
-                changed.clear()  # before reading: a change after the read is not missed
-                current = await self.sandboxes.get(state.sandbox_id)
+                changed.clear()  # before looking: a change after the look is not missed
+                if read:
+                    current = await self.sandboxes.get(state.sandbox_id)
+                else:
+                    current = self.sandboxes.heard(state.sandbox_id)
+                    if current is None or current.last_seq < state.last_seq:
+                        current = state  # (not heard of since this start was recorded: nothing new)
                 if current is None or current.proxy_id is not None or current.status != "running":
                     return current or state
-                with contextlib.suppress(TimeoutError):
+                try:
                     async with asyncio.timeout(min(left, PROXY_RECHECK)):
                         await changed.wait()
+                    read = False
+                except TimeoutError:
+                    read = True  # nothing heard for a while: the record itself
         finally:
             waiting = self._awaiting.get(state.sandbox_id, set())
             waiting.discard(changed)
@@ -343,7 +362,7 @@ class PoolHandlers:
 
     def noticed(self, sandbox_id: str) -> None:
         """The sandbox's record changed (heard from the followed copy, once it is in the
-        bucket): a start waiting for its proxy looks again."""
+        bucket): a start waiting for its proxy looks at the copy again."""
         for changed in self._awaiting.get(sandbox_id, ()):
             changed.set()
 

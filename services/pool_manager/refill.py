@@ -248,7 +248,7 @@ async def _make(ctx: service.Context, pool: handlers.PoolHandlers, request: prov
 async def _make_traced(
     ctx: service.Context, pool: handlers.PoolHandlers, request: provisioning.Provision
 ) -> None:
-    state = await pool.provision(request)
+    state = await pool.provision(request, fresh=True)
     assert request.pool is not None
     if state.status == "running" and state.session_id is None:
         if not await _prepared_by_executor(ctx, request.sandbox_id):

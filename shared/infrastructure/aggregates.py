@@ -21,18 +21,27 @@ MAX_ATTEMPTS = 16
 
 
 class Outcome(Generic[projections.S]):
-    __slots__ = ("appended", "before", "state")
+    __slots__ = ("appended", "before", "revision", "state")
 
     def __init__(
         self,
         state: projections.S | None,
         appended: list[eventstore.Stored],
         before: projections.S | None = None,
+        revision: int | None = None,
     ) -> None:
         self.state: projections.S | None = state
         self.appended = appended
         self.before: projections.S | None = before
         """The state the appended events were decided on (None when nothing was appended)."""
+        self.revision = revision
+        """The KV revision of ``state`` as this writer wrote it, when known: with ``state``,
+        the ``read`` of a next ``transact`` on the aggregate (no read of the bucket)."""
+
+    @property
+    def read(self) -> tuple[projections.S | None, int | None] | None:
+        """``(state, revision)`` for a next ``transact``, or None when the revision is not known."""
+        return (self.state, self.revision) if self.revision is not None else None
 
 
 async def transact(
@@ -69,10 +78,11 @@ async def transact(
         if crash_point:
             faults.crash_point(crash_points, crash_point)
         before = state
+        written = None
         if not revision_known:
             for item in stored:
                 state = await store.apply(item)
         else:
-            state = await store.apply_appended(before, revision, stored)
-        return Outcome(state, stored, before)
+            state, written = await store.apply_appended(before, revision, stored)
+        return Outcome(state, stored, before, written)
     raise errors.ConcurrencyError(f"{store.projection.kind} {aggregate_id!r} is changing too fast; retry")

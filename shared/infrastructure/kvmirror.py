@@ -117,6 +117,10 @@ class Mirror(Generic[T]):
             except Exception:
                 log.exception("kvmirror.on_change_failed", bucket=self.bucket)
 
+    def heard(self, key: str) -> T | None:
+        """The (kept) value of ``key`` as last heard, without waiting for the bucket."""
+        return self._values.get(key)
+
     async def current(self) -> dict[str, T]:
         """Every (kept) key as of the end of the call (a copy: callers may keep it)."""
         fallback = await self.sync()

@@ -87,22 +87,29 @@ class ProjectionStore(Generic[projections.S]):
         state, _ = await self.get_entry(self.projection.key_of(aggregate_id))
         return state
 
-    async def _write(self, key: str, state: projections.S, revision: int | None) -> None:
+    async def _write(self, key: str, state: projections.S, revision: int | None) -> int:
+        """Write the entry expecting ``revision`` (None: that there is none); its new revision."""
         payload = codec.encode(state)
         if revision is None:
             try:
-                await self.kv.create(key, payload)
+                return await self.kv.create(key, payload)
             except nats.js.errors.KeyNotFoundError as exc:
                 # nats-py's create, told the key exists, reads it back to see whether it was
                 # deleted; a replica not caught up yet (during an election) says it is not
                 # there. Another writer came first all the same: the caller looks again.
                 raise nats.js.errors.KeyWrongLastSequenceError(f"{key} was created meanwhile") from exc
-        else:
-            await self.kv.update(key, payload, last=revision)
+        return await self.kv.update(key, payload, last=revision)
 
     async def apply(self, stored: eventstore.Stored) -> projections.S:
-        """Make the projection reflect ``stored`` (and everything before it)."""
+        """Make the projection reflect ``stored`` (and everything before it).
+
+        Where the kind is followed and the copy has heard of an entry at or past the event
+        (the usual case for the catch-up consumer: the writer projected it right after
+        appending), nothing is read: entries only move forward."""
         key = self.projection.key_of_subject(stored.subject)
+        heard = self._mirror.heard(key) if self._mirror is not None else None
+        if heard is not None and heard.last_seq >= stored.seq:
+            return heard
         while True:
             state, revision = await self.get_entry(key)
             last = state.last_seq if state is not None else 0
@@ -130,10 +137,11 @@ class ProjectionStore(Generic[projections.S]):
 
     async def apply_appended(
         self, before: projections.S | None, revision: int | None, stored: list[eventstore.Stored]
-    ) -> projections.S:
+    ) -> tuple[projections.S, int | None]:
         """Apply events this writer just appended on top of ``before``, the state it read
-        at KV ``revision``: one write, no second read. If the entry moved meanwhile (a
-        catch-up consumer got there first), the ordinary ``apply`` sorts it out."""
+        at KV ``revision``: one write, no second read; the new state and its revision
+        (None when not known). If the entry moved meanwhile (a catch-up consumer got
+        there first), the ordinary ``apply`` sorts it out."""
         last = before.last_seq if before is not None else 0
         if stored and stored[0].prev_seq == last:
             state = before
@@ -141,8 +149,10 @@ class ProjectionStore(Generic[projections.S]):
                 state = self.projection.evolve(state, item.event, item.seq)
             assert state is not None
             try:
-                await self._write(self.projection.key_of_subject(stored[0].subject), state, revision)
-                return state
+                written = await self._write(
+                    self.projection.key_of_subject(stored[0].subject), state, revision
+                )
+                return state, written
             except nats.js.errors.KeyWrongLastSequenceError:
                 pass
             except Exception as exc:
@@ -150,7 +160,7 @@ class ProjectionStore(Generic[projections.S]):
         for item in stored:
             state = await self.apply(item)
         assert state is not None
-        return state
+        return state, None
 
     async def rebuild(self, aggregate_subject: str) -> projections.S | None:
         """Fold one aggregate from the stream and write it (used after a lost CAS race)."""
@@ -177,6 +187,13 @@ class ProjectionStore(Generic[projections.S]):
         except Exception as exc:
             raise eventstore.translate(exc, doing) from exc
         self._mirror = mirror
+
+    def heard(self, aggregate_id: str) -> projections.S | None:
+        """The followed copy's entry of this aggregate as last heard: no read, so possibly
+        behind the bucket (None: not followed, not kept, or not heard of)."""
+        if self._mirror is None:
+            return None
+        return self._mirror.heard(self.projection.key_of(aggregate_id))
 
     async def unfollow(self) -> None:
         if self._mirror is not None:

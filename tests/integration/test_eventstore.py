@@ -287,3 +287,82 @@ async def test_a_followed_projection_can_keep_only_the_entries_its_owner_looks_a
         assert changes[2:] == [("active", None), (None, "active")]
     finally:
         await sessions.unfollow()
+
+
+async def test_a_writer_chains_its_appends_on_the_revision_it_wrote(bus):
+    """``transact`` says which KV revision it wrote; a next ``transact`` given that read
+    appends on it without reading the entry, and a stale one (another writer came in
+    between) only costs a failed append: nothing is lost or appended twice."""
+    from shared.infrastructure import aggregates
+
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    first = await aggregates.transact(sessions, "ch", lambda s: [created("ch")], read=(None, None))
+    assert first.read is not None
+    assert first.revision == (await sessions.kv.get(sessions.projection.key_of("ch"))).revision
+    stop = [events.SessionStopped(meta=meta(), session_id="ch")]
+    second = await aggregates.transact(
+        sessions, "ch", lambda s: stop if s.status == "active" else [], read=first.read
+    )
+    assert second.state.status == "stopped" and len(second.appended) == 1
+    # ``first.read`` is stale now: deciding on it again appends nothing new.
+    again = await aggregates.transact(
+        sessions, "ch", lambda s: stop if s.status == "active" else [], read=first.read
+    )
+    assert again.appended == [] and again.state.status == "stopped"
+    history = await store.load(topology.aggregate_subject(subjects.SESSION, "ch"))
+    assert [type(s.event).__name__ for s in history] == ["SessionCreated", "SessionStopped"]
+    assert (await sessions.get("ch")).last_seq == history[-1].seq
+
+
+async def test_a_followed_projection_says_what_it_last_heard_without_reading(bus):
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    assert sessions.heard("h1") is None  # not followed: nothing heard
+    heard = asyncio.Event()
+    await sessions.follow(on_change=lambda old, new: heard.set())
+    try:
+        [stored] = await store.append(
+            topology.aggregate_subject(subjects.SESSION, "h1"), [created("h1")], expected_last_seq=0
+        )
+        await sessions.apply(stored)
+        await asyncio.wait_for(heard.wait(), 10)
+        assert sessions.heard("h1").last_seq == stored.seq
+        assert sessions.heard("nobody") is None
+    finally:
+        await sessions.unfollow()
+
+
+async def test_a_followed_projection_applies_what_it_heard_of_without_reading(bus):
+    """The catch-up consumer's ``apply`` of an event the writer already projected: a
+    followed store that heard of the entry at or past it reads nothing (the real ``get``
+    is counted) and answers the entry."""
+    nc, topology = bus
+    js = nc.jetstream()
+    store = eventstore.EventStore(js, topology)
+    sessions = await projector.ProjectionStore.open(js, projections.SESSIONS, store)
+    heard = asyncio.Event()
+    await sessions.follow(on_change=lambda old, new: heard.set())
+    try:
+        [stored] = await store.append(
+            topology.aggregate_subject(subjects.SESSION, "cu"), [created("cu")], expected_last_seq=0
+        )
+        await sessions.apply(stored)
+        await asyncio.wait_for(heard.wait(), 10)
+        reads = 0
+        real_get = sessions.kv.get
+
+        async def counted(key):
+            nonlocal reads
+            reads += 1
+            return await real_get(key)
+
+        sessions.kv.get = counted
+        again = await sessions.apply(stored)
+        assert reads == 0 and again.last_seq == stored.seq
+    finally:
+        await sessions.unfollow()
