@@ -52,7 +52,7 @@ OUTPUT_DIR = api.OUTPUT_DIR
 SCRIPT = "command"
 """The file (in the output directory) a call's text is sourced from: error messages name it."""
 HELLO = b"sbx-shell-server 3\n"
-VERSION = "4"
+VERSION = "5"
 """Of the session's programs: a session started by other ones is replaced (not talked to)."""
 PREPARE = ": sbx-prepare"
 """The warm-up call of a pool sandbox's shell: answered, not run, not a user's call."""
@@ -127,7 +127,8 @@ if [[ $__sbx_al = 1 ]]; then \builtin shopt -s expand_aliases; fi
 """
 
 #: B, after a call ($? is the script's status, unless its trailer kept the last command's);
-#: a new working directory is saved at once (a new session starts in it).
+#: a new working directory and the exports are saved before the answer (a new session, an
+#: async job and a snapshot taken after the answer start from them).
 _B = r"""
 __sbx_rc=${__sbx_rc:-$?} __sbx_al=0
 [[ /proc/self/fd/$__sbx_rp -ef @S@/reply && /proc/self/fd/$__sbx_rq -ef @S@/req &&
@@ -136,13 +137,15 @@ __sbx_rc=${__sbx_rc:-$?} __sbx_al=0
 \builtin shopt -u expand_aliases
 \command exec {__sbx_of}>&-
 if [[ ${PWD-} != "$__sbx_pw" ]]; then \builtin printf '%s\n' "$PWD" >| @S@/cwd 2>/dev/null || :; fi
+\builtin export -p >| @S@/env 2>/dev/null || :
 \builtin printf '%s exited %d\n' "$__sbx_k" "$__sbx_rc" >&"$__sbx_rp"
 \builtin eval "$__sbx_next"
 """
 
 #: C: holds B's state from before the running call; takes B's place if B ends in it.
-#: Saves the exports first (async jobs start from them, and so does a new session
-#: if this one is lost); a USR1 from B (a newer copy exists) ends it, never mid-save.
+#: (The exports are saved by B before each answer: async jobs start from them, and so do
+#: a new session and a sandbox from a snapshot taken after the answer.) A USR1 from B (a
+#: newer copy exists) ends it.
 _BACKUP = r"""
 __sbx_so=${SHELLOPTS-} __sbx_tf=$__sbx_dir/.sbx-traps __sbx_tp=
 \builtin trap -p >| "$__sbx_tf" 2>/dev/null
@@ -150,7 +153,6 @@ IFS= \builtin read -r -d '' __sbx_tp <"$__sbx_tf" 2>/dev/null
 \builtin set +euvxfC +o pipefail +o posix
 \builtin trap '__sbx_q=1' USR1
 if [[ -n $__sbx_w ]]; then \command exec {__sbx_w}>&-; fi
-\builtin export -p >| @S@/env 2>/dev/null
 [[ -n ${__sbx_q-} ]] && \builtin exit 0
 \builtin trap '\builtin exit 0' USR1
 \command exec {__sbx_m}<@S@/alive
