@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from shared.contract import ids
 from tests import support
 
 SERVICES = {"gateway", "scheduler", "pool-manager", "executor", "reaper", "proxy-scaler"}
@@ -126,3 +127,29 @@ def remove_sandboxes(state: Path) -> None:
     from shared.runtime import backends
 
     asyncio.run(backends.purge("local", state))
+
+
+def sandbox_root(state: Path, sandbox_id: str) -> Path | None:
+    """A running sandbox's root as its init sees it (``/proc/<init>/root``): read from the
+    host without a command entering the sandbox (a frozen one too), and without the host
+    mounting anything of it (a sandbox's own filesystem is mounted in its namespace only)."""
+    return _root_of(state / "sandboxes" / ids.token(sandbox_id))
+
+
+def sandbox_files(state: Path, path: str) -> list[Path]:
+    """``path`` (absolute, inside a sandbox) in every running sandbox of the stack that has it."""
+    found = []
+    for directory in sorted((state / "sandboxes").glob("*")):
+        root = _root_of(directory)
+        if root is not None and (root / path.lstrip("/")).exists():
+            found.append(root / path.lstrip("/"))
+    return found
+
+
+def _root_of(directory: Path) -> Path | None:
+    try:
+        pid = json.loads((directory / "state.json").read_text())["pid"]
+    except (OSError, ValueError, KeyError):
+        return None
+    root = Path(f"/proc/{int(pid)}/root")
+    return root if root.exists() else None

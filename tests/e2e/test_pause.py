@@ -20,7 +20,7 @@ import pytest
 from shared.contract import ids
 from shared.runtime.local import runtime as local
 from tests.e2e.agent import Agent
-from tests.e2e.stacks import running_stack, sbx, support_wait
+from tests.e2e.stacks import running_stack, sandbox_files, sandbox_root, sbx, support_wait
 from tests.e2e.test_stop import leftovers
 
 pytestmark = [
@@ -66,8 +66,9 @@ def pause_times(state: Path, session: str) -> list[datetime]:
 
 def host_count(state: Path, sandbox_id: str) -> int:
     """The counter as the host sees the sandbox's workspace (no command enters it)."""
-    (found,) = (state / "sandboxes" / ids.token(sandbox_id)).glob("**/workspace/count")
-    return int(found.read_text().strip() or 0)
+    root = sandbox_root(state, sandbox_id)
+    assert root is not None, sandbox_id
+    return int((root / "workspace" / "count").read_text().strip() or 0)
 
 
 def freezer_state(sandbox_id: str) -> str:
@@ -174,7 +175,7 @@ def test_the_reaper_pauses_an_idle_session_and_its_next_call_resumes_it(tmp_path
         jobber = Agent(url, key, "jobber")
         ok, text = asyncio.run(jobber.call("shell_async", command="sleep 4; echo done > /workspace/job"))
         assert ok, text
-        (done,) = support_wait(lambda: list((state / "sandboxes").glob("*/**/workspace/job")), 60)
+        (done,) = support_wait(lambda: sandbox_files(state, "/workspace/job"), 60)
         # ...and once it has ended, the session is paused as any idle one: not before (the
         # reaper asked every 0.5 s meanwhile; a job frozen mid-way would never have ended).
         first = support_wait(lambda: pause_times(state, "jobber"), 60)[0]

@@ -120,7 +120,7 @@ async def test_no_secret_is_visible_inside_a_sandbox(secret_stack):
         assert ok and text.split()[0] == ("0" if root else "1000"), text
         ok, text = await agent.call("shell", command=f"export TAG={tag}\n{SCAN}", timeout=120)
         assert ok and "scanned" in text, text
-        (dump,) = list(state.glob(f"sandboxes/*/rw/workspace/scan-{tag}.txt"))  # its own filesystem
+        (dump,) = stacks.sandbox_files(state, f"/workspace/scan-{tag}.txt")  # its own filesystem
         content = dump.read_text(errors="replace")
         assert "== /proc/1\n" in content  # the scan saw pid 1
         assert len(content) > 10_000, "the scan read almost nothing"
