@@ -52,7 +52,7 @@ OUTPUT_DIR = api.OUTPUT_DIR
 SCRIPT = "command"
 """The file (in the output directory) a call's text is sourced from: error messages name it."""
 HELLO = b"sbx-shell-server 3\n"
-VERSION = "5"
+VERSION = "6"
 """Of the session's programs: a session started by other ones is replaced (not talked to)."""
 PREPARE = ": sbx-prepare"
 """The warm-up call of a pool sandbox's shell: answered, not run, not a user's call."""
@@ -429,7 +429,9 @@ __sbx_holder() {  # the last holder of the token runs
 }
 
 __sbx_lock() {
-  until read -r -N 1 -t 1 -u "$__sbx_tk" _; do
+  local t
+  # (A ``read -t`` that times out may still have taken the byte: it is then in t.)
+  until t=; read -r -N 1 -t 1 -u "$__sbx_tk" t || [ -n "$t" ]; do
     __sbx_holder || __sbx_renew
   done
   printf '%s\n' "$__sbx_me" >| "$__sbx_s/holder"
@@ -499,8 +501,10 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   busy=0 gone=0
   for ((i = 1; i <= 24; i++)); do
     # (Only a line's first byte is waited for with a timeout: ``read -t`` polls before
-    # each byte, and a line is written at once.)
-    while read -r -N 1 -t 5 -u "$__sbx_rp" line && IFS= read -r -u "$__sbx_rp" rest; do
+    # each byte, and a line is written at once. A read that times out may still have
+    # taken that byte: it is then in line, and the answer is not lost.)
+    while { line=; read -r -N 1 -t 5 -u "$__sbx_rp" line || [ -n "$line" ]; } &&
+      IFS= read -r -u "$__sbx_rp" rest; do
       line+=$rest
       case $line in "$k started "*) b=${line#"$k started "}; break 2 ;; esac
     done
@@ -529,7 +533,8 @@ __sbx_call() {  # $1 nonce, $2 command: the answer on stdout
   b=${b%% *}
   stuck=0
   while :; do
-    if read -r -N 1 -t 1 -u "$__sbx_rp" line && IFS= read -r -u "$__sbx_rp" rest; then
+    if { line=; read -r -N 1 -t 1 -u "$__sbx_rp" line || [ -n "$line" ]; } &&
+      IFS= read -r -u "$__sbx_rp" rest; then
       line+=$rest
       case $line in
         "$k exited "*) rc=${line#"$k exited "}; break ;;

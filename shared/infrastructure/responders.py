@@ -3,14 +3,16 @@ responder's queue group, answering at most ``workers`` requests at once.
 
 Every request is beaten (:mod:`shared.infrastructure.beats`) from the moment it arrives,
 waiting ones too, until its reply leaves. So a caller hears from a live instance within a
-beat's time, whether its request is being worked on or waits for a free worker, and a
-request lost with its instance (SIGKILLed between delivery and reply) is noticed after
-:data:`beats.SILENCE`, not after its budget. Past ``workers + backlog`` requests in hand,
+beat's time, whether its request is being worked on or waits for a free worker. A caller
+that heard nothing for :data:`beats.SILENCE` asks the instance (or all of them) whether it
+holds the request: a request lost with its instance (SIGKILLed between delivery and reply)
+is noticed then, not after its budget, and one whose instance is only starved is waited
+for. Past ``workers + backlog`` requests in hand,
 a new one is refused at once with a retriable "busy" error: memory stays bounded, and the
 caller's retry may reach another instance.
 
 Stopping takes no new requests, lets those in hand finish within the drain timeout, then
-cancels the rest (their callers hear the silence).
+cancels the rest (their callers hear that it is not held).
 """
 
 from __future__ import annotations
@@ -70,9 +72,14 @@ class Responder:
         self._beating: set[str] = set()
         self._progress: dict[str, Callable[[], str | None]] = {}
         self._sub: Subscription | None = None
+        self._asked: list[Subscription] = []
         self._beater: asyncio.Task[None] | None = None
+        self.holder = beats.instance_subject()
+        """Where this instance says whether it holds a request (named in its beats)."""
 
     async def start(self) -> None:
+        for subject in (self.holder, beats.held_subject(self.subject)):
+            self._asked.append(await self.nc.subscribe(subject, cb=self._is_held))
         self._sub = await self.nc.subscribe(self.subject, queue=self.queue, cb=self._arrived)
         self._beater = asyncio.create_task(self._beat(), name=f"beats:{self.subject}")
 
@@ -90,10 +97,18 @@ class Responder:
         beating = bool(msg.reply) and beats.HEADER in (msg.headers or {})
         if beating:
             self._beating.add(msg.reply)
-            await beats.beat(self.nc, msg.reply)
+            await beats.beat(self.nc, msg.reply, holder=self.holder)
         task = asyncio.create_task(self._serve(msg, beating))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _is_held(self, msg: Msg) -> None:
+        """A caller that heard nothing for a while asks whether its request (its reply
+        subject) is in hand here, worked on or waiting."""
+        if msg.reply:
+            held = msg.data.decode(errors="replace") in self._beating
+            with contextlib.suppress(Exception):
+                await self.nc.publish(msg.reply, beats.HELD if held else beats.NOT_HELD)
 
     async def _serve(self, msg: Msg, beating: bool) -> None:
         reply = msg.reply
@@ -122,7 +137,7 @@ class Responder:
                 if provider is not None:
                     with contextlib.suppress(Exception):
                         progress = provider()
-                await beats.beat(self.nc, reply, progress)
+                await beats.beat(self.nc, reply, progress, holder=self.holder)
 
     async def stop(self, timeout: float) -> None:
         """Take no more requests; wait up to ``timeout`` for those in hand, cancel the rest."""
@@ -138,3 +153,7 @@ class Responder:
         if self._beater is not None:
             await aio.cancel_and_wait([self._beater])
             self._beater = None
+        for sub in self._asked:  # (last: a caller of a cancelled request hears "not held")
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._asked.clear()

@@ -1,12 +1,18 @@
 """Beating requests over a real nats-server, answered by the services' own Responder: a
 working responder keeps its caller waiting as long as the budget allows, a dead one is
-noticed within seconds (also when it died before working on the request), a request
-waiting for a worker is not taken for dead, too many in hand are refused at once, and a
-caller that did not ask for beats hears only the reply."""
+noticed within seconds (also when it died before working on the request, or was
+SIGKILLed in another process), one starved past the silence (its whole process stopped,
+as on a loaded machine) is waited for, a request waiting for a worker is not taken for
+dead, too many in hand are refused at once, and a caller that did not ask for beats hears
+only the reply."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import nats
@@ -159,3 +165,77 @@ async def test_too_many_requests_in_hand_are_refused_at_once(bus, nats_server):
             t.cancel()
         await asyncio.gather(*held, return_exceptions=True)
         await them.close()
+
+
+# A responder in a process of its own: it prints "ready" once subscribed and answers
+# "done" after ``work`` seconds of asyncio sleep.
+_RESPONDER = """
+import asyncio, sys
+import nats
+from shared.contract import codec, commands
+from shared.infrastructure import responders
+
+async def main(url, subject, work):
+    nc = await nats.connect(url)
+    async def handle(_):
+        await asyncio.sleep(work)
+        return b"done"
+    async def on_ping(msg):
+        await msg.respond(b"")
+    busy = lambda info: codec.encode(commands.CommandReply(ok=False, error=info))
+    await responders.Responder(nc, subject, handle, queue="workers", workers=1, busy=busy).start()
+    await nc.subscribe(subject + ".ping", cb=on_ping)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
+"""
+
+
+def _process(url: str, subject: str, work: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RESPONDER, url, subject, str(work)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+async def test_a_responder_starved_past_the_silence_is_waited_for(bus, nats_server):
+    """Its process stopped (SIGSTOP) for longer than the silence while it holds the
+    request, as a loaded machine starves it: no beat, no answer to "held?", and the caller
+    still waits and gets the reply (it would have given up after the silence before)."""
+    nc, _ = bus
+    proc = _process(nats_server.url, "beats.starved", 1.0)
+    try:
+        await reachable(nc, "beats.starved")
+        call = asyncio.create_task(
+            beats.for_connection(nc).request("beats.starved", b"", timeout=60, who="w")
+        )
+        await asyncio.sleep(0.3)  # it took the request and beat
+        os.kill(proc.pid, signal.SIGSTOP)
+        await asyncio.sleep(beats.SILENCE + beats.ASK_WAIT + 2)
+        assert not call.done()
+        os.kill(proc.pid, signal.SIGCONT)
+        assert await call == b"done"
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def test_a_responder_sigkilled_in_its_own_process_is_noticed_within_seconds(bus, nats_server):
+    nc, _ = bus
+    proc = _process(nats_server.url, "beats.killed", 60)
+    try:
+        await reachable(nc, "beats.killed")
+        call = asyncio.create_task(beats.for_connection(nc).request("beats.killed", b"", timeout=60, who="w"))
+        await asyncio.sleep(1)  # it took the request and beats
+        assert not call.done()
+        died = time.monotonic()
+        proc.kill()
+        with pytest.raises(errors.Unavailable, match="stopped answering"):
+            await call
+        assert time.monotonic() - died < beats.GIVE_UP  # its connection went: not the long wait
+    finally:
+        proc.kill()
+        proc.wait()
