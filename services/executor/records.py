@@ -64,8 +64,20 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
 def acts(request: execution.Request) -> bool:
     """Whether the request does something in the sandbox (audited), not only reads a job."""
     return not isinstance(
-        request, execution.ShellPoll | execution.ShellWait | execution.ShellJobs | execution.ShellFollow
+        request,
+        execution.ShellPoll
+        | execution.ShellWait
+        | execution.ShellJobs
+        | execution.ShellFollow
+        | execution.SandboxUsage,
     )
+
+
+def active(request: execution.Request) -> bool:
+    """Whether the call counts as the session's activity (the idle rule's clock): every
+    tool call does, not a usage reading (a dashboard polling it must not keep a sandbox
+    from its idle pause)."""
+    return not isinstance(request, execution.SandboxUsage)
 
 
 def unaudited(reply: execution.Reply, problem: str) -> execution.Reply:

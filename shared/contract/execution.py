@@ -8,6 +8,7 @@ reach another session's sandbox.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 import msgspec
@@ -178,6 +179,12 @@ class Files(Request, frozen=True, kw_only=True, tag="files"):
     depth: int = 1
 
 
+class SandboxUsage(Request, frozen=True, kw_only=True, tag="usage"):
+    """What the session's sandbox uses now (CPU over a short window, memory, disk, and
+    its limits), read by the runtime from the kernel's accounting, never from inside the
+    sandbox. A read: not audited. A paused sandbox answers without being resumed."""
+
+
 class ReadFile(Streamed, frozen=True, kw_only=True, tag="read_file"):
     """Stream the bytes of the file at ``path`` (an absolute path in the sandbox) on the
     stdout channel; the end's exit code says why there are none (see ``files``)."""
@@ -207,6 +214,7 @@ AnyRequest = (
     | PutFiles
     | GetFiles
     | Files
+    | SandboxUsage
     | ReadFile
     | WriteFile
 )
@@ -225,6 +233,7 @@ REQUEST_TYPES = (
     PutFiles,
     GetFiles,
     Files,
+    SandboxUsage,
     ReadFile,
     WriteFile,
 )
@@ -262,6 +271,26 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     """A symlink's target, as written in the link."""
 
 
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a running sandbox uses, read by its runtime where the kernel counts it (the
+    sandbox's cgroup, its own filesystem), never from inside the sandbox."""
+
+    at: datetime
+    cpus: float
+    """Its CPU limit in cores."""
+    cpu_seconds: float
+    """CPU time its processes used since it started."""
+    cpu_percent: float
+    """CPU time used over the sampling window, in percent of its limit (0-100)."""
+    memory_bytes: int
+    """Memory charged to it now, page cache included."""
+    memory_cache_bytes: int
+    memory_limit: int
+    disk_bytes: int
+    """Bytes used on its own filesystem (0 when it has none: ``disk_limit`` 0)."""
+    disk_limit: int
+
+
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: commands.ErrorInfo | None = None
@@ -281,11 +310,13 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     created: bool | None = None
     """``files`` mkdir: whether the directory was made (false: it was one already)."""
     exists: bool | None = None
+    """``files``: false when the path (a move's source) does not exist; nothing was done."""
     pid: int | None = None
     """``shell_async``: the job's process group id in the sandbox."""
     jobs: list[JobInfo] | None = None
     """``shell_jobs``: the running jobs."""
-    """``files``: false when the path (a move's source) does not exist; nothing was done."""
+    usage: Usage | None = None
+    """``usage``: what the sandbox uses now."""
 
 
 class Prepare(msgspec.Struct, frozen=True, kw_only=True):

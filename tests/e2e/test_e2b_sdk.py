@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -117,11 +118,6 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
     with pytest.raises(Exception, match="PTY sessions are not served by this stack"):
         again.pty.create(e2b.PtySize(rows=24, cols=80))
-    with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
-        again.get_metrics()
-    answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
-    assert answer.status_code == 501 and "not implemented" in answer.json()["message"]
-    assert answer.json()["code"] == 501
 
     for made in (sandbox, other, restored, *forks):
         assert made.kill() is True
@@ -139,6 +135,38 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     created = history[0]
     assert created["metadata"] == {"suite": "e2b", "run": "1"} and created["env"] == {"GREETING": "hi"}
     assert created["meta"]["org_id"] == "acme" and created["end_at"]
+
+
+def test_metrics_through_the_sdk(sdk_env):
+    """One reading taken now by the runtime (the sandbox's cgroup and filesystem): CPU of a
+    busy loop, a file written, a paused sandbox read without resuming it; a range that
+    ended earlier has none (no history is kept)."""
+    state, url, _ = sdk_env
+    from e2b import Sandbox, SandboxState
+
+    sandbox = Sandbox.create(timeout=300)
+    (idle,) = sandbox.get_metrics()
+    assert idle.cpu_count >= 1 and 0 < idle.mem_used <= idle.mem_total and idle.mem_cache <= idle.mem_used
+    assert 0 < idle.disk_used < idle.disk_total
+    assert abs((idle.timestamp - datetime.now(UTC)).total_seconds()) < 60
+    sandbox.commands.run("dd if=/dev/zero of=/workspace/blob bs=1M count=32 conv=fsync 2>/dev/null")
+    sandbox.commands.run("while :; do :; done", background=True)
+    (busy,) = Sandbox.get_metrics(sandbox.sandbox_id)
+    assert busy.cpu_used_pct > 0 and busy.disk_used - idle.disk_used >= 32 * 1024**2
+    assert Sandbox.get_metrics(sandbox.sandbox_id, end=datetime.now(UTC) - timedelta(hours=1)) == []
+
+    assert sandbox.pause() is True
+    (paused,) = sandbox.get_metrics()
+    assert paused.cpu_used_pct == 0 and paused.mem_used > 0
+    assert sandbox.get_info().state == SandboxState.PAUSED  # read, not resumed
+    ask = {"X-API-KEY": ORG_KEYS["acme"]}
+    for bad in ({"start": "soon"}, {"end": "-5"}):
+        answer = httpx.get(f"{url}/e2b/sandboxes/{sandbox.sandbox_id}/metrics", headers=ask, params=bad)
+        assert answer.status_code == 400 and set(answer.json()) == {"code", "message"}
+    assert sandbox.kill() is True
+    with pytest.raises(e2b.NotFoundException):
+        Sandbox.get_metrics(sandbox.sandbox_id)
+    assert not [e for e in timeline(state, sandbox.sandbox_id) if e.get("tool") == "usage"]  # a read
 
 
 def test_files_through_the_sync_sdk(sdk_env):
