@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from sbx_api import errors, hostapi
-from services.executor import caches, edits, files, jobs, output, records, scripts, shells, streamed
+from services.executor import caches, edits, files, jobs, output, records, scripts, shells, streamed, watch
 from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
@@ -280,12 +280,21 @@ class Executor:
                 return await self.stop(request)
             case execution.Edit():
                 return await self.edit(request)
-            case execution.Files():
-                return await files.run(self.runtime, request)
-            case execution.SandboxUsage():
-                return execution.Reply(ok=True, usage=await self.runtime.usage(request.sandbox_id))
+            case execution.Files() | execution.Watch() | execution.SandboxUsage():
+                return await self.inspect(request)
             case _:  # Run, PutFiles, GetFiles, ReadFile, WriteFile, ShellFollow: ``streamed``
                 raise errors.InvalidInput(f"{events.tag_of(type(request))} is a streamed operation")
+
+    async def inspect(
+        self, request: execution.Files | execution.Watch | execution.SandboxUsage
+    ) -> execution.Reply:
+        """The filesystem's operations, its watchers and the sandbox's resource use."""
+        match request:
+            case execution.Files():
+                return await files.run(self.runtime, request)
+            case execution.Watch():
+                return await watch.run(self.runtime, request)
+        return execution.Reply(ok=True, usage=await self.runtime.usage(request.sandbox_id))
 
     async def stop(self, request: execution.ShellStop) -> execution.Reply:
         job = checks.job_id(request.job_id)

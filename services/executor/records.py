@@ -51,6 +51,12 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
         case execution.ReadFile() | execution.WriteFile():
             what = f"{'read' if isinstance(request, execution.ReadFile) else 'write'} {request.path}"
             path = request.path
+        case execution.Watch():
+            what = f"watch {request.action} {request.path or request.watcher_id}"
+            path = request.path or None
+        case execution.WatchDir():
+            what = f"watch {request.path}"
+            path = request.path
         case execution.Files():
             what = f"{request.action} {request.path}" + (
                 f" to {request.destination}" if request.destination is not None else ""
@@ -70,7 +76,7 @@ def acts(request: execution.Request) -> bool:
         | execution.ShellJobs
         | execution.ShellFollow
         | execution.SandboxUsage,
-    )
+    ) and not (isinstance(request, execution.Watch) and request.action == "poll")
 
 
 def active(request: execution.Request) -> bool:

@@ -21,6 +21,8 @@ EditCommand = Literal["view", "create", "str_replace", "insert"]
 FileAction = Literal["stat", "list", "mkdir", "move", "remove"]
 EntryKind = Literal["file", "dir", "symlink", "other", "missing"]
 JobSignal = Literal["TERM", "KILL", "INT", "HUP"]
+WatchAction = Literal["create", "poll", "remove"]
+ChangeKind = Literal["create", "write", "remove", "rename", "chmod"]
 
 #: Defaults an operator can change through the executor's settings.
 DEFAULT_TIMEOUT = 120.0
@@ -179,6 +181,39 @@ class Files(Request, frozen=True, kw_only=True, tag="files"):
     depth: int = 1
 
 
+class Watch(Request, frozen=True, kw_only=True, tag="watch"):
+    """A polling watcher of a directory, kept in the sandbox (``/.sbx/watch/ID``: the last
+    listing it saw), so any executor serves it: ``create`` one on ``path`` (its id in the
+    reply's ``watcher_id``), ``poll`` it for the ``changes`` since the last poll (or its
+    creation), ``remove`` it. A watcher runs nothing between polls: it is two listings
+    compared (see ``services/executor/watch.py``); it goes with the sandbox."""
+
+    action: WatchAction
+    path: str = ""
+    """``create``: the directory (an absolute path in the sandbox)."""
+    recursive: bool = False
+    watcher_id: str = ""
+    """``poll``, ``remove``: the watcher (32 lower-case hex)."""
+
+
+class WatchDir(Streamed, frozen=True, kw_only=True, tag="watch_dir"):
+    """Stream the changes under the directory ``path`` (``recursive``: at every depth) as
+    they are seen (the sandbox lists it twice a second; each batch of changes is one
+    stdout frame, a JSON list of :class:`Change`; the first, empty, once the watch has
+    begun), until the caller stops it, the
+    directory goes (exit code 44) or the sandbox does."""
+
+    path: str
+    recursive: bool = False
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One change seen in a watched directory: ``name`` is relative to it."""
+
+    kind: ChangeKind
+    name: str
+
+
 class SandboxUsage(Request, frozen=True, kw_only=True, tag="usage"):
     """What the session's sandbox uses now (CPU over a short window, memory, disk, and
     its limits), read by the runtime from the kernel's accounting, never from inside the
@@ -215,6 +250,8 @@ AnyRequest = (
     | GetFiles
     | Files
     | SandboxUsage
+    | Watch
+    | WatchDir
     | ReadFile
     | WriteFile
 )
@@ -234,6 +271,8 @@ REQUEST_TYPES = (
     GetFiles,
     Files,
     SandboxUsage,
+    Watch,
+    WatchDir,
     ReadFile,
     WriteFile,
 )
@@ -317,6 +356,10 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     """``shell_jobs``: the running jobs."""
     usage: Usage | None = None
     """``usage``: what the sandbox uses now."""
+    changes: list[Change] | None = None
+    """``watch`` poll: the changes since the last poll."""
+    watcher_id: str | None = None
+    """``watch`` create: the new watcher's id."""
 
 
 class Prepare(msgspec.Struct, frozen=True, kw_only=True):

@@ -169,6 +169,87 @@ def test_metrics_through_the_sdk(sdk_env):
     assert not [e for e in timeline(state, sandbox.sandbox_id) if e.get("tool") == "usage"]  # a read
 
 
+def test_watching_a_directory_through_the_sync_sdk(sdk_env):
+    """The sync SDK's watch_dir is the polling watcher: the changes since the last poll,
+    kept in the sandbox between polls."""
+    from e2b import FilesystemEventType as Kind
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create()
+    files = sandbox.files
+    files.make_dir("watched/sub")
+    files.write("watched/old", "o")
+    files.write("watched/kept", "k")
+    handle = files.watch_dir("watched", recursive=True)
+    files.write("watched/sub/new.txt", "n")
+    files.write("watched/kept", "more")
+    files.rename("watched/old", "watched/renamed")
+    sandbox.commands.run("chmod 600 /workspace/watched/kept")
+
+    def seen(events) -> set[tuple[str, Kind]]:
+        return {(e.name, e.type) for e in events}
+
+    assert seen(handle.get_new_events()) == {
+        ("sub/new.txt", Kind.CREATE),
+        ("kept", Kind.WRITE),
+        ("kept", Kind.CHMOD),
+        ("old", Kind.RENAME),
+        ("renamed", Kind.CREATE),
+    }
+    assert handle.get_new_events() == []  # only what changed since the last poll
+    files.remove("watched/renamed")
+    assert seen(handle.get_new_events()) == {("renamed", Kind.REMOVE)}
+    flat = files.watch_dir("watched")  # not recursive: the directory's own entries
+    files.write("watched/sub/deeper", "d")
+    files.write("watched/top", "t")
+    assert seen(flat.get_new_events()) == {("top", Kind.CREATE)}
+    handle.stop()
+    flat.stop()
+    with pytest.raises(e2b.SandboxException, match="already stopped"):
+        handle.get_new_events()
+    with pytest.raises(e2b.NotFoundException):
+        files.watch_dir("no-such-dir")
+    assert sandbox.kill() is True
+
+
+async def test_watching_a_directory_through_the_async_sdk(sdk_env):
+    """The async SDK's watch_dir is WatchDir: events streamed as the sandbox sees them,
+    until the handle stops (the process in the sandbox ends with the stream)."""
+    import asyncio
+
+    from e2b import AsyncSandbox
+    from e2b import FilesystemEventType as Kind
+
+    sandbox = await AsyncSandbox.create()
+    await sandbox.files.make_dir("/tmp/w")
+    events: list[tuple[str, Kind]] = []
+    got = asyncio.Event()
+
+    def on_event(event) -> None:
+        events.append((event.name, event.type))
+        if ("d/b", Kind.REMOVE) in events:
+            got.set()
+
+    handle = await sandbox.files.watch_dir("/tmp/w", on_event, recursive=True)
+    await sandbox.files.write("/tmp/w/a", "1")
+    await sandbox.commands.run("mkdir /tmp/w/d && echo 2 > /tmp/w/d/b")
+    await sandbox.commands.run("sleep 1; rm /tmp/w/d/b")
+    await asyncio.wait_for(got.wait(), 60)
+    # (a listing taken between a file's creation and its first bytes adds a write: not asserted)
+    assert [e for e in events if e[1] != Kind.WRITE] == [
+        ("a", Kind.CREATE),
+        ("d", Kind.CREATE),
+        ("d/b", Kind.CREATE),
+        ("d/b", Kind.REMOVE),
+    ]
+    await handle.stop()
+    watchers = await sandbox.commands.run("ps -eo args | grep -c '[f]ind /tmp/w' || true")
+    assert watchers.stdout.strip() == "0"
+    with pytest.raises(e2b.NotFoundException):
+        await sandbox.files.watch_dir("/tmp/none", on_event)
+    await sandbox.kill()
+
+
 def test_files_through_the_sync_sdk(sdk_env):
     state, url, _ = sdk_env
     from e2b import FileType, Sandbox
