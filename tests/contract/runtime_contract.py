@@ -229,7 +229,8 @@ class RuntimeContract:
             return
         limits = api.Limits()
         assert (idle.cpus, idle.memory_limit) == (limits.cpus, limits.memory_bytes)
-        assert 0 < idle.memory_bytes <= idle.memory_limit and 0 <= idle.memory_cache_bytes <= idle.memory_bytes
+        assert 0 < idle.memory_bytes <= idle.memory_limit
+        assert 0 <= idle.memory_cache_bytes <= idle.memory_bytes
         await runtime.run(running, ["sh", "-c", "(while :; do :; done) >/dev/null 2>&1 </dev/null &"])
         busy = await runtime.usage(running, window=1.0)
         assert 0 < busy.cpu_percent <= 100 and busy.cpu_seconds > idle.cpu_seconds
