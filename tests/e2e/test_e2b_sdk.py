@@ -118,6 +118,12 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
     with pytest.raises(Exception, match="PTY sessions are not served by this stack"):
         again.pty.create(e2b.PtySize(rows=24, cols=80))
+    sleeper = again.commands.run("sleep 60", background=True)
+    with pytest.raises(e2b.SandboxException, match=f"process {sleeper.pid} has no PTY to resize"):
+        again.pty.resize(sleeper.pid, e2b.PtySize(rows=30, cols=100))  # process.Process/Update
+    with pytest.raises(e2b.SandboxException, match="no running process"):
+        again.pty.resize(999_999, e2b.PtySize(rows=30, cols=100))
+    sleeper.kill()
 
     for made in (sandbox, other, restored, *forks):
         assert made.kill() is True

@@ -81,6 +81,7 @@ class Envd:
                 pr + "SendInput": self.processes.send_input,
                 pr + "CloseStdin": self.processes.close_stdin,
                 pr + "SendSignal": self.processes.send_signal,
+                pr + "Update": self.processes.update,
             }
         )
         self.streaming: dict[str, Streaming] = {
