@@ -7,9 +7,11 @@ what the SDK asked for."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,7 +21,11 @@ import pytest
 
 from tests.e2e.stacks import running_stack, sbx
 
+if sdk_dir := os.environ.get("SBX_E2B_SDK_DIR"):  # scripts/e2b-newest: another SDK, first
+    sys.path.insert(0, sdk_dir)
 e2b = pytest.importorskip("e2b")
+if (wanted := os.environ.get("SBX_E2B_SDK_VERSION")) and importlib.metadata.version("e2b") != wanted:
+    raise RuntimeError(f"e2b {wanted} was asked for, {importlib.metadata.version('e2b')} is imported")
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime"),
