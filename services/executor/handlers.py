@@ -11,7 +11,7 @@ from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
 from sbx_api import errors, hostapi
-from services.executor import caches, edits, files, jobs, output, records, scripts, shells, streamed
+from services.executor import caches, edits, files, jobs, output, records, scripts, shells, streamed, watch
 from shared.contract import checks, codec, commands, events, execution, ids, states, subjects
 from shared.domain import audit
 from shared.infrastructure import (
@@ -91,7 +91,11 @@ class Executor:
                         f"not run: the event store refuses audit records ({problem[:200]}); "
                         "no command runs unrecorded, retry once it accepts them again"
                     )
-            busy = asyncio.ensure_future(self._touch(request.session_id, busy_for=self._budget(request)))
+            busy = asyncio.ensure_future(
+                self._touch(request.session_id, busy_for=self._budget(request))
+                if records.active(request)
+                else asyncio.sleep(0)
+            )
             try:
                 if isinstance(request, execution.Streamed):
                     # Started, not finished: its end is touched and audited when it ends.
@@ -107,7 +111,7 @@ class Executor:
         if request is not None and valid and not unrecordable:
             # The call ends the busy period (activity) and is audited: both at once.
             _, problem = await asyncio.gather(
-                self._touch(request.session_id),
+                self._touch(request.session_id) if records.active(request) else asyncio.sleep(0),
                 self._audit(request, reply, time.monotonic() - started),
             )
             if problem is not None:
@@ -273,19 +277,33 @@ class Executor:
             case execution.ShellWait():
                 return await self.wait(request)
             case execution.ShellStop():
-                job = checks.job_id(request.job_id)
-                result, _, _ = await self.runtime.run(
-                    request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=scripts.QUICK
-                )
-                if result.exit_code == 3:
-                    raise errors.NotFound(f"no job {job} in this session")
-                return await self.poll(request.sandbox_id, job)
+                return await self.stop(request)
             case execution.Edit():
                 return await self.edit(request)
-            case execution.Files():
-                return await files.run(self.runtime, request)
+            case execution.Files() | execution.Watch() | execution.SandboxUsage():
+                return await self.inspect(request)
             case _:  # Run, PutFiles, GetFiles, ReadFile, WriteFile, ShellFollow: ``streamed``
                 raise errors.InvalidInput(f"{events.tag_of(type(request))} is a streamed operation")
+
+    async def inspect(
+        self, request: execution.Files | execution.Watch | execution.SandboxUsage
+    ) -> execution.Reply:
+        """The filesystem's operations, its watchers and the sandbox's resource use."""
+        match request:
+            case execution.Files():
+                return await files.run(self.runtime, request)
+            case execution.Watch():
+                return await watch.run(self.runtime, request)
+        return execution.Reply(ok=True, usage=await self.runtime.usage(request.sandbox_id))
+
+    async def stop(self, request: execution.ShellStop) -> execution.Reply:
+        job = checks.job_id(request.job_id)
+        result, _, _ = await self.runtime.run(
+            request.sandbox_id, scripts.argv(scripts.JOB_STOP, job), timeout=scripts.QUICK
+        )
+        if result.exit_code == 3:
+            raise errors.NotFound(f"no job {job} in this session")
+        return await self.poll(request.sandbox_id, job)
 
     # ---- shell ---------------------------------------------------------------------
 

@@ -51,6 +51,12 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
         case execution.ReadFile() | execution.WriteFile():
             what = f"{'read' if isinstance(request, execution.ReadFile) else 'write'} {request.path}"
             path = request.path
+        case execution.Watch():
+            what = f"watch {request.action} {request.path or request.watcher_id}"
+            path = request.path or None
+        case execution.WatchDir():
+            what = f"watch {request.path}"
+            path = request.path
         case execution.Files():
             what = f"{request.action} {request.path}" + (
                 f" to {request.destination}" if request.destination is not None else ""
@@ -64,8 +70,20 @@ def described(request: execution.Request) -> tuple[str, str | None, int | None]:
 def acts(request: execution.Request) -> bool:
     """Whether the request does something in the sandbox (audited), not only reads a job."""
     return not isinstance(
-        request, execution.ShellPoll | execution.ShellWait | execution.ShellJobs | execution.ShellFollow
-    )
+        request,
+        execution.ShellPoll
+        | execution.ShellWait
+        | execution.ShellJobs
+        | execution.ShellFollow
+        | execution.SandboxUsage,
+    ) and not (isinstance(request, execution.Watch) and request.action == "poll")
+
+
+def active(request: execution.Request) -> bool:
+    """Whether the call counts as the session's activity (the idle rule's clock): every
+    tool call does, not a usage reading (a dashboard polling it must not keep a sandbox
+    from its idle pause)."""
+    return not isinstance(request, execution.SandboxUsage)
 
 
 def unaudited(reply: execution.Reply, problem: str) -> execution.Reply:

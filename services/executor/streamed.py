@@ -30,7 +30,7 @@ import structlog
 from nats.aio.client import Client
 
 from sbx_api import errors, hostapi
-from services.executor import output, scripts
+from services.executor import output, scripts, watch
 from shared.contract import checks, execution
 from shared.infrastructure import streams
 from shared.runtime import api
@@ -118,7 +118,7 @@ def validate(request: execution.Streamed) -> None:
                         raise errors.InvalidInput(f"a path to list cannot start with {path[0]!r}")
         case execution.GetFiles():
             hostapi.validate_root(request.root)
-        case execution.ReadFile() | execution.WriteFile():
+        case execution.ReadFile() | execution.WriteFile() | execution.WatchDir():
             checks.path(request.path)
         case execution.ShellFollow():
             checks.job_id(request.job_id)
@@ -174,6 +174,18 @@ class StreamedOps:
                     ),
                 )  # no timeout: it ends with the job, or when the caller goes away or stops it
                 work = functools.partial(self._follow, request, process)
+            case execution.WatchDir():
+                process = await self.runtime.exec(
+                    request.sandbox_id,
+                    scripts.argv(
+                        watch.STREAM,
+                        request.path,
+                        watch.depth(request.recursive),
+                        watch.RECORD,
+                        watch.INTERVAL,
+                    ),
+                )  # no timeout: it ends when the caller goes away or stops it, or the directory goes
+                work = functools.partial(self._watch, request, process)
             case execution.WriteFile():
                 process = await self._script(request, WRITE_FILE, request.path)
                 inputs = await self.nc.subscribe(self.nc.new_inbox())
@@ -494,6 +506,38 @@ class StreamedOps:
         )
         await sender.end(msgspec.json.encode(end))
         return end
+
+    async def _watch(self, request: execution.WatchDir, process: api.Exec, sender) -> hostapi.End:
+        """Listings as they come, compared with the one before; each batch of changes one
+        stdout frame (nothing while nothing changes: heartbeats keep the stream alive),
+        the first an empty one once the first listing is taken."""
+        beats = asyncio.create_task(self._beat(sender, process))
+        encoder = msgspec.json.Encoder()
+        pending, before = b"", None
+        try:
+            async for stream, data in process.chunks():
+                if stream != "stdout":
+                    continue  # (its messages go to /dev/null; a replaced find's are dropped)
+                pending += data
+                listings, pending = watch.split(pending)
+                if len(pending) > watch.LISTING_BYTES:
+                    await _kill(process)
+                    raise errors.LimitExceeded(
+                        f"a listing of {request.path} is larger than {watch.LISTING_BYTES} bytes: "
+                        "watch a smaller directory"
+                    )
+                for listing in listings:
+                    if before is None:  # the first: an empty batch says the watch has begun
+                        await sender.send(hostapi.STDOUT, b"[]")
+                    elif found := watch.changes(before, listing):
+                        await sender.send(hostapi.STDOUT, encoder.encode(found))
+                    before = listing
+        except errors.SandboxError:
+            await _kill(process)
+            raise
+        finally:
+            beats.cancel()
+        return await self._ended(request, process, sender, b"")
 
     @staticmethod
     async def _ended(request: execution.Streamed, process: api.Exec, sender, complaint: bytes) -> hostapi.End:

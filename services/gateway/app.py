@@ -234,6 +234,7 @@ def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.
             max_lifetime=max_lifetime,
             forget=where.forget,
             secret=e2b_envd.secret_of(gateway.api_key),
+            executor=executor,
         )
         in_sandbox = e2b_envd.Envd(
             session_states, host, plane.secret, lambda s: s is not None and s.status == "active"

@@ -8,6 +8,7 @@ reach another session's sandbox.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 import msgspec
@@ -20,6 +21,8 @@ EditCommand = Literal["view", "create", "str_replace", "insert"]
 FileAction = Literal["stat", "list", "mkdir", "move", "remove"]
 EntryKind = Literal["file", "dir", "symlink", "other", "missing"]
 JobSignal = Literal["TERM", "KILL", "INT", "HUP"]
+WatchAction = Literal["create", "poll", "remove"]
+ChangeKind = Literal["create", "write", "remove", "rename", "chmod"]
 
 #: Defaults an operator can change through the executor's settings.
 DEFAULT_TIMEOUT = 120.0
@@ -178,6 +181,45 @@ class Files(Request, frozen=True, kw_only=True, tag="files"):
     depth: int = 1
 
 
+class Watch(Request, frozen=True, kw_only=True, tag="watch"):
+    """A polling watcher of a directory, kept in the sandbox (``/.sbx/watch/ID``: the last
+    listing it saw), so any executor serves it: ``create`` one on ``path`` (its id in the
+    reply's ``watcher_id``), ``poll`` it for the ``changes`` since the last poll (or its
+    creation), ``remove`` it. A watcher runs nothing between polls: it is two listings
+    compared (see ``services/executor/watch.py``); it goes with the sandbox."""
+
+    action: WatchAction
+    path: str = ""
+    """``create``: the directory (an absolute path in the sandbox)."""
+    recursive: bool = False
+    watcher_id: str = ""
+    """``poll``, ``remove``: the watcher (32 lower-case hex)."""
+
+
+class WatchDir(Streamed, frozen=True, kw_only=True, tag="watch_dir"):
+    """Stream the changes under the directory ``path`` (``recursive``: at every depth) as
+    they are seen (the sandbox lists it twice a second; each batch of changes is one
+    stdout frame, a JSON list of :class:`Change`; the first, empty, once the watch has
+    begun), until the caller stops it, the
+    directory goes (exit code 44) or the sandbox does."""
+
+    path: str
+    recursive: bool = False
+
+
+class Change(msgspec.Struct, frozen=True, kw_only=True):
+    """One change seen in a watched directory: ``name`` is relative to it."""
+
+    kind: ChangeKind
+    name: str
+
+
+class SandboxUsage(Request, frozen=True, kw_only=True, tag="usage"):
+    """What the session's sandbox uses now (CPU over a short window, memory, disk, and
+    its limits), read by the runtime from the kernel's accounting, never from inside the
+    sandbox. A read: not audited. A paused sandbox answers without being resumed."""
+
+
 class ReadFile(Streamed, frozen=True, kw_only=True, tag="read_file"):
     """Stream the bytes of the file at ``path`` (an absolute path in the sandbox) on the
     stdout channel; the end's exit code says why there are none (see ``files``)."""
@@ -207,6 +249,9 @@ AnyRequest = (
     | PutFiles
     | GetFiles
     | Files
+    | SandboxUsage
+    | Watch
+    | WatchDir
     | ReadFile
     | WriteFile
 )
@@ -225,6 +270,9 @@ REQUEST_TYPES = (
     PutFiles,
     GetFiles,
     Files,
+    SandboxUsage,
+    Watch,
+    WatchDir,
     ReadFile,
     WriteFile,
 )
@@ -262,6 +310,26 @@ class Entry(msgspec.Struct, frozen=True, kw_only=True):
     """A symlink's target, as written in the link."""
 
 
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """What a running sandbox uses, read by its runtime where the kernel counts it (the
+    sandbox's cgroup, its own filesystem), never from inside the sandbox."""
+
+    at: datetime
+    cpus: float
+    """Its CPU limit in cores."""
+    cpu_seconds: float
+    """CPU time its processes used since it started."""
+    cpu_percent: float
+    """CPU time used over the sampling window, in percent of its limit (0-100)."""
+    memory_bytes: int
+    """Memory charged to it now, page cache included."""
+    memory_cache_bytes: int
+    memory_limit: int
+    disk_bytes: int
+    """Bytes used on its own filesystem (0 when it has none: ``disk_limit`` 0)."""
+    disk_limit: int
+
+
 class Reply(msgspec.Struct, frozen=True, kw_only=True):
     ok: bool
     error: commands.ErrorInfo | None = None
@@ -281,11 +349,17 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True):
     created: bool | None = None
     """``files`` mkdir: whether the directory was made (false: it was one already)."""
     exists: bool | None = None
+    """``files``: false when the path (a move's source) does not exist; nothing was done."""
     pid: int | None = None
     """``shell_async``: the job's process group id in the sandbox."""
     jobs: list[JobInfo] | None = None
     """``shell_jobs``: the running jobs."""
-    """``files``: false when the path (a move's source) does not exist; nothing was done."""
+    usage: Usage | None = None
+    """``usage``: what the sandbox uses now."""
+    changes: list[Change] | None = None
+    """``watch`` poll: the changes since the last poll."""
+    watcher_id: str | None = None
+    """``watch`` create: the new watcher's id."""
 
 
 class Prepare(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,7 @@ from typing import Literal
 import msgspec
 
 from sbx_api import errors
+from shared.contract import execution
 
 SandboxStatus = Literal["created", "running", "paused", "stopped"]
 """``paused``: running, with every process frozen (see :meth:`Runtime.pause`)."""
@@ -131,6 +132,11 @@ class SnapshotInfo(msgspec.Struct, frozen=True, kw_only=True):
     frozen_seconds: float
     """How long the sandbox's processes were frozen while its files were copied (0 for a
     stopped sandbox)."""
+
+
+Usage = execution.Usage
+USAGE_WINDOW = 0.2
+"""Seconds between the two readings of CPU time a usage figure is taken over."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +311,11 @@ class Runtime(abc.ABC):
     def snapshot_bytes(self) -> int:
         """Bytes the snapshot store holds on disk (every layer once)."""
         return 0
+
+    async def usage(self, sandbox_id: str, *, window: float = USAGE_WINDOW) -> Usage:
+        """What the running sandbox uses now: CPU (over ``window`` seconds), memory and
+        disk, with its limits. NotRunning if it does not run (or is paused)."""
+        raise errors.NotBuiltYet(f"resource usage is not read by the {self.name} runtime yet")
 
     tenant_caches: bool = False
     """Whether :meth:`attach_cache` works here."""

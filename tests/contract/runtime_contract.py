@@ -217,6 +217,30 @@ class RuntimeContract:
         await runtime.delete(spec.sandbox_id)
         assert await runtime.get(spec.sandbox_id) is None
 
+    # ---- resource usage -----------------------------------------------------------------
+
+    async def test_usage_is_read_or_refused_plainly(self, runtime, running):
+        """A backend reads a sandbox's CPU, memory and disk use with its limits, or says it
+        does not with the product's "not built" error (501)."""
+        try:
+            idle = await runtime.usage(running, window=0.01)
+        except errors.NotBuiltYet as exc:
+            assert f"not read by the {runtime.name} runtime" in str(exc)
+            return
+        limits = api.Limits()
+        assert (idle.cpus, idle.memory_limit) == (limits.cpus, limits.memory_bytes)
+        assert 0 < idle.memory_bytes <= idle.memory_limit
+        assert 0 <= idle.memory_cache_bytes <= idle.memory_bytes
+        await runtime.run(running, ["sh", "-c", "(while :; do :; done) >/dev/null 2>&1 </dev/null &"])
+        busy = await runtime.usage(running, window=1.0)
+        assert 0 < busy.cpu_percent <= 100 and busy.cpu_seconds > idle.cpu_seconds
+        assert busy.at > idle.at
+        with pytest.raises(errors.NotFound):
+            await runtime.usage(new_id())
+        await runtime.stop(running)
+        with pytest.raises(errors.NotRunning):
+            await runtime.usage(running)
+
 
 async def _ticks(runtime: api.Runtime, sandbox_id: str) -> list[tuple[int, float]]:
     _, out, _ = await runtime.run(sandbox_id, ["cat", "/workspace/ticks"])

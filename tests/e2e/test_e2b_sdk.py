@@ -7,10 +7,13 @@ what the SDK asked for."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -18,7 +21,11 @@ import pytest
 
 from tests.e2e.stacks import running_stack, sbx
 
+if sdk_dir := os.environ.get("SBX_E2B_SDK_DIR"):  # scripts/e2b-newest: another SDK, first
+    sys.path.insert(0, sdk_dir)
 e2b = pytest.importorskip("e2b")
+if (wanted := os.environ.get("SBX_E2B_SDK_VERSION")) and importlib.metadata.version("e2b") != wanted:
+    raise RuntimeError(f"e2b {wanted} was asked for, {importlib.metadata.version('e2b')} is imported")
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime"),
@@ -117,11 +124,12 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     assert httpx.get(f"{url}/e2b/envd/health", headers=other_port).status_code == 501
     with pytest.raises(Exception, match="PTY sessions are not served by this stack"):
         again.pty.create(e2b.PtySize(rows=24, cols=80))
-    with pytest.raises(e2b.SandboxException):  # (the SDK itself asks for envd 0.1.5 first)
-        again.get_metrics()
-    answer = httpx.get(f"{url}/e2b/sandboxes/{sid}/metrics", headers={"X-API-KEY": ORG_KEYS["acme"]})
-    assert answer.status_code == 501 and "not implemented" in answer.json()["message"]
-    assert answer.json()["code"] == 501
+    sleeper = again.commands.run("sleep 60", background=True)
+    with pytest.raises(e2b.SandboxException, match=f"process {sleeper.pid} has no PTY to resize"):
+        again.pty.resize(sleeper.pid, e2b.PtySize(rows=30, cols=100))  # process.Process/Update
+    with pytest.raises(e2b.SandboxException, match="no running process"):
+        again.pty.resize(999_999, e2b.PtySize(rows=30, cols=100))
+    sleeper.kill()
 
     for made in (sandbox, other, restored, *forks):
         assert made.kill() is True
@@ -139,6 +147,119 @@ def test_lifecycle_through_the_sync_sdk(sdk_env):
     created = history[0]
     assert created["metadata"] == {"suite": "e2b", "run": "1"} and created["env"] == {"GREETING": "hi"}
     assert created["meta"]["org_id"] == "acme" and created["end_at"]
+
+
+def test_metrics_through_the_sdk(sdk_env):
+    """One reading taken now by the runtime (the sandbox's cgroup and filesystem): CPU of a
+    busy loop, a file written, a paused sandbox read without resuming it; a range that
+    ended earlier has none (no history is kept)."""
+    state, url, _ = sdk_env
+    from e2b import Sandbox, SandboxState
+
+    sandbox = Sandbox.create(timeout=300)
+    (idle,) = sandbox.get_metrics()
+    assert idle.cpu_count >= 1 and 0 < idle.mem_used <= idle.mem_total and idle.mem_cache <= idle.mem_used
+    assert 0 < idle.disk_used < idle.disk_total
+    assert abs((idle.timestamp - datetime.now(UTC)).total_seconds()) < 60
+    sandbox.commands.run("dd if=/dev/zero of=/workspace/blob bs=1M count=32 conv=fsync 2>/dev/null")
+    sandbox.commands.run("while :; do :; done", background=True)
+    (busy,) = Sandbox.get_metrics(sandbox.sandbox_id)
+    assert busy.cpu_used_pct > 0 and busy.disk_used - idle.disk_used >= 32 * 1024**2
+    assert Sandbox.get_metrics(sandbox.sandbox_id, end=datetime.now(UTC) - timedelta(hours=1)) == []
+
+    assert sandbox.pause() is True
+    (paused,) = sandbox.get_metrics()
+    assert paused.cpu_used_pct == 0 and paused.mem_used > 0
+    assert sandbox.get_info().state == SandboxState.PAUSED  # read, not resumed
+    ask = {"X-API-KEY": ORG_KEYS["acme"]}
+    for bad in ({"start": "soon"}, {"end": "-5"}):
+        answer = httpx.get(f"{url}/e2b/sandboxes/{sandbox.sandbox_id}/metrics", headers=ask, params=bad)
+        assert answer.status_code == 400 and set(answer.json()) == {"code", "message"}
+    assert sandbox.kill() is True
+    with pytest.raises(e2b.NotFoundException):
+        Sandbox.get_metrics(sandbox.sandbox_id)
+    assert not [e for e in timeline(state, sandbox.sandbox_id) if e.get("tool") == "usage"]  # a read
+
+
+def test_watching_a_directory_through_the_sync_sdk(sdk_env):
+    """The sync SDK's watch_dir is the polling watcher: the changes since the last poll,
+    kept in the sandbox between polls."""
+    from e2b import FilesystemEventType as Kind
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create()
+    files = sandbox.files
+    files.make_dir("watched/sub")
+    files.write("watched/old", "o")
+    files.write("watched/kept", "k")
+    handle = files.watch_dir("watched", recursive=True)
+    files.write("watched/sub/new.txt", "n")
+    files.write("watched/kept", "more")
+    files.rename("watched/old", "watched/renamed")
+    sandbox.commands.run("chmod 600 /workspace/watched/kept")
+
+    def seen(events) -> set[tuple[str, Kind]]:
+        return {(e.name, e.type) for e in events}
+
+    assert seen(handle.get_new_events()) == {
+        ("sub/new.txt", Kind.CREATE),
+        ("kept", Kind.WRITE),
+        ("kept", Kind.CHMOD),
+        ("old", Kind.RENAME),
+        ("renamed", Kind.CREATE),
+    }
+    assert handle.get_new_events() == []  # only what changed since the last poll
+    files.remove("watched/renamed")
+    assert seen(handle.get_new_events()) == {("renamed", Kind.REMOVE)}
+    flat = files.watch_dir("watched")  # not recursive: the directory's own entries
+    files.write("watched/sub/deeper", "d")
+    files.write("watched/top", "t")
+    assert seen(flat.get_new_events()) == {("top", Kind.CREATE)}
+    handle.stop()
+    flat.stop()
+    with pytest.raises(e2b.SandboxException, match="already stopped"):
+        handle.get_new_events()
+    with pytest.raises(e2b.NotFoundException):
+        files.watch_dir("no-such-dir")
+    assert sandbox.kill() is True
+
+
+async def test_watching_a_directory_through_the_async_sdk(sdk_env):
+    """The async SDK's watch_dir is WatchDir: events streamed as the sandbox sees them,
+    until the handle stops (the process in the sandbox ends with the stream)."""
+    import asyncio
+
+    from e2b import AsyncSandbox
+    from e2b import FilesystemEventType as Kind
+
+    sandbox = await AsyncSandbox.create()
+    await sandbox.files.make_dir("/tmp/w")
+    events: list[tuple[str, Kind]] = []
+    got = asyncio.Event()
+
+    def on_event(event) -> None:
+        events.append((event.name, event.type))
+        if ("d/b", Kind.REMOVE) in events:
+            got.set()
+
+    handle = await sandbox.files.watch_dir("/tmp/w", on_event, recursive=True)
+    await sandbox.files.write("/tmp/w/a", "1")
+    await sandbox.commands.run("mkdir /tmp/w/d && echo 2 > /tmp/w/d/b")
+    await sandbox.commands.run("sleep 1; rm /tmp/w/d/b")
+    await asyncio.wait_for(got.wait(), 60)
+    # (a listing taken between a file's creation and its first bytes adds a write: not asserted)
+    assert [e for e in events if e[1] != Kind.WRITE] == [
+        ("a", Kind.CREATE),
+        ("d", Kind.CREATE),
+        ("d/b", Kind.CREATE),
+        ("d/b", Kind.REMOVE),
+    ]
+    await handle.stop()
+    watchers = await sandbox.commands.run("ps -eo args | grep -c '[f]ind /tmp/w' || true")
+    assert watchers.stdout.strip() == "0"
+    with pytest.raises(e2b.NotFoundException):
+        await sandbox.files.watch_dir("/tmp/none", on_event)
+    await sandbox.kill()
 
 
 def test_files_through_the_sync_sdk(sdk_env):

@@ -102,3 +102,34 @@ def _cpu_ticks(pid: int) -> int:
     except OSError:  # (gone)
         return 0
     return int(fields[11]) + int(fields[12])
+
+
+async def test_usage_reads_the_sandbox_filesystem_and_a_paused_sandbox(tmp_path):
+    """Disk use is its own filesystem's (statfs of the runtime's detached mount): a file
+    written inside shows; a paused sandbox is read without being resumed (its memory kept,
+    no CPU)."""
+    from shared.runtime import api
+    from shared.runtime.local import disk
+
+    if problem := disk.Disk.unavailable():
+        pytest.skip(problem)
+    rt = local.LocalRuntime(tmp_path / "state")
+    limits = api.Limits(disk_bytes=128 * 1024**2, disk_inodes=4096)
+    await rt.create(api.SandboxSpec(sandbox_id="measured", limits=limits))
+    await rt.start("measured")
+    try:
+        before = await rt.usage("measured", window=0)
+        assert 0 < before.disk_bytes < before.disk_limit <= limits.disk_bytes
+        result, _, _ = await rt.run(
+            "measured", ["dd", "if=/dev/zero", "of=/workspace/blob", "bs=1M", "count=16", "conv=fsync"]
+        )
+        assert result.exit_code == 0
+        after = await rt.usage("measured", window=0)
+        assert after.disk_bytes - before.disk_bytes >= 16 * 1024**2
+        if rt.pausable:
+            await rt.pause("measured")
+            paused = await rt.usage("measured", window=0.2)
+            assert paused.cpu_percent == 0 and paused.memory_bytes > 0
+            assert (await rt.get("measured")).status == "paused"
+    finally:
+        await rt.delete("measured")

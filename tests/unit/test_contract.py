@@ -403,6 +403,13 @@ EXEC_FACTORIES: dict[type, Any] = {
     execution.Files: lambda: execution.Files(
         **REQUEST_BASE, action="move", path="/tmp/a", destination="/workspace/b", depth=2
     ),
+    execution.SandboxUsage: lambda: execution.SandboxUsage(**REQUEST_BASE),
+    execution.Watch: lambda: execution.Watch(
+        **REQUEST_BASE, action="create", path="/workspace", recursive=True
+    ),
+    execution.WatchDir: lambda: execution.WatchDir(
+        **REQUEST_BASE, inbox="_INBOX.g", stop="sbx.exec.stop.x.s", path="/workspace/src", recursive=True
+    ),
     execution.ReadFile: lambda: execution.ReadFile(
         **REQUEST_BASE, inbox="_INBOX.d", stop="sbx.exec.stop.x.v", path="/etc/hostname"
     ),
@@ -693,6 +700,9 @@ def test_request_ops_are_stable() -> None:
         execution.ShellJobs: "shell_jobs",
         execution.ShellFollow: "shell_follow",
         execution.Files: "files",
+        execution.SandboxUsage: "usage",
+        execution.Watch: "watch",
+        execution.WatchDir: "watch_dir",
         execution.ReadFile: "read_file",
         execution.WriteFile: "write_file",
     }

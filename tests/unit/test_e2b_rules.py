@@ -73,3 +73,28 @@ def test_pages_cover_every_session_once(count: int, limit: int, descending: bool
             break
         cursor = rules.decode_cursor(token)
     assert sorted(seen) == sorted(s.session_id for s in everyone) and len(seen) == count
+
+
+def test_a_metrics_range_gets_the_reading_taken_now_only_if_it_covers_now() -> None:
+    unix = str(int(T0.timestamp()))
+    assert rules.parse_unix(unix, "start") == T0 and rules.parse_unix(None, "end") is None
+    for bad in ("-1", "1.5", "soon", "9" * 13):
+        with pytest.raises(errors.InvalidInput, match="end must be a Unix time"):
+            rules.parse_unix(bad, "end")
+    hour = timedelta(hours=1)
+    assert rules.now_in(T0, None, None) and rules.now_in(T0, T0 - hour, T0)
+    assert not rules.now_in(T0, T0 - 2 * hour, T0 - hour)  # ended an hour ago: nothing kept
+    assert not rules.now_in(T0, T0 + hour, None)  # starts later
+
+
+def test_a_usage_reading_is_e2bs_metric() -> None:
+    from shared.contract import execution
+
+    usage = execution.Usage(
+        at=T0, cpus=0.5, cpu_seconds=3.0, cpu_percent=42.5, memory_bytes=300, memory_cache_bytes=100,
+        memory_limit=1000, disk_bytes=7, disk_limit=70,
+    )  # fmt: skip
+    metric = rules.metric(usage)
+    assert (metric.cpuCount, metric.cpuUsedPct, metric.timestampUnix) == (1, 42.5, int(T0.timestamp()))
+    assert (metric.memUsed, metric.memCache, metric.memTotal) == (300, 100, 1000)
+    assert (metric.diskUsed, metric.diskTotal) == (7, 70)

@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from sbx_api import errors
 from services.gateway import auth
 from services.gateway.e2b import envd, rules, wire
-from shared.contract import commands, ids, states
+from shared.contract import commands, execution, ids, states
 from shared.infrastructure import projector, rpc
 
 log = structlog.get_logger(__name__)
@@ -30,6 +30,7 @@ log = structlog.get_logger(__name__)
 PREFIX = "/e2b"
 MAX_BODY = 64 * 1024
 BUDGET = rpc.PROVISION_TIMEOUT
+METRICS_BUDGET = 10.0
 _encoder = msgspec.json.Encoder()
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -67,7 +68,10 @@ class ControlPlane:
         forget: Callable[[str], None] | None = None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         secret: bytes = b"",
+        executor: rpc.ExecClient | None = None,
     ) -> None:
+        self.executor = executor
+        """Reads a sandbox's resource use (``metrics``); None: metrics are not served."""
         self.secret = secret
         """Signs each sandbox's envd access token (``envd.access_token``)."""
         self.client = client
@@ -309,8 +313,29 @@ class ControlPlane:
         return answer(None, 204)
 
     async def metrics(self, request: Request) -> Response:
-        await self.session(request)
-        raise errors.NotBuiltYet("sandbox metrics are not implemented by this server yet (docs/e2b.md)")
+        """One reading taken now (no history is kept): CPU over a short window, memory and
+        disk as the runtime reads them from the kernel. An empty list when the range asked
+        for ends before now or the sandbox does not run (stopped: no processes to measure)."""
+        session = await self.session(request)
+        if self.executor is None:
+            raise errors.NotBuiltYet("sandbox metrics are not served by this gateway (docs/e2b.md)")
+        now = self.clock()
+        start, end = (rules.parse_unix(request.query_params.get(k), k) for k in ("start", "end"))
+        sandbox = await self.sandbox_of(session)
+        running = sandbox is not None and sandbox.status in ("running", "paused")
+        if sandbox is None or not running or not rules.now_in(now, start, end):
+            return answer([])
+        reply = await self.executor.run(
+            execution.SandboxUsage(
+                session_id=session.session_id,
+                sandbox_id=sandbox.sandbox_id,
+                actor=commands.Actor(via="e2b", org_id=self.org(request)),
+                correlation_id=ids.new_id(),
+            ),
+            budget=METRICS_BUDGET,
+        )
+        assert reply.usage is not None
+        return answer([rules.metric(reply.usage)])
 
     # ---- snapshots and forks ---------------------------------------------------
 

@@ -28,7 +28,7 @@ STREAM_INPUT = "/process.Process/StreamInput"
 NOT_BUILT = (
     "this envd method is not served by this stack: see docs/e2b.md for what is (process "
     "Start/Connect/List/SendInput/StreamInput/CloseStdin/SendSignal, filesystem Stat/ListDir/MakeDir/Move/"
-    "Remove, /files, /health)"
+    "Remove/WatchDir/CreateWatcher/GetWatcherEvents/RemoveWatcher, /files, /health)"
 )
 Unary = Callable[[states.SessionState, bytes], Awaitable[Any]]
 Streaming = Callable[[states.SessionState, bytes], Awaitable[AsyncGenerator[bytes, None]]]
@@ -70,6 +70,9 @@ class Envd:
             fs + "MakeDir": self.filesystem.make_dir,
             fs + "Move": self.filesystem.move,
             fs + "Remove": self.filesystem.remove,
+            fs + "CreateWatcher": self.filesystem.create_watcher,
+            fs + "GetWatcherEvents": self.filesystem.get_watcher_events,
+            fs + "RemoveWatcher": self.filesystem.remove_watcher,
         }
         pr = "/process.Process/"
         self.unary.update(
@@ -78,11 +81,13 @@ class Envd:
                 pr + "SendInput": self.processes.send_input,
                 pr + "CloseStdin": self.processes.close_stdin,
                 pr + "SendSignal": self.processes.send_signal,
+                pr + "Update": self.processes.update,
             }
         )
         self.streaming: dict[str, Streaming] = {
             pr + "Start": self.processes.start,
             pr + "Connect": self.processes.connect,
+            fs + "WatchDir": self.filesystem.watch_dir,
         }
 
     async def session(self, scope: Scope) -> states.SessionState:

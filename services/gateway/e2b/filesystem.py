@@ -1,8 +1,9 @@
 """envd's filesystem: ``filesystem.Filesystem`` Stat, ListDir, MakeDir, Move, Remove (each
-one executor ``files`` operation) and ``GET``/``POST /files`` (a file's bytes streamed
-from the executor's ``read_file``, or into its ``write_file``: octet-stream, gzip or
-multipart bodies, one file or many). Paths are only text here (see :mod:`.entries`);
-nothing of a file is held beyond one chunk."""
+one executor ``files`` operation), WatchDir (the streamed ``watch_dir``), the polling
+watcher (CreateWatcher, GetWatcherEvents, RemoveWatcher: ``watch``) and ``GET``/``POST
+/files`` (a file's bytes streamed from the executor's ``read_file``, or into its
+``write_file``: octet-stream, gzip or multipart bodies, one file or many). Paths are only
+text here (see :mod:`.entries`); nothing of a file is held beyond one chunk."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ log = structlog.get_logger(__name__)
 FILES = "/files"
 MAX_PARTS = 1000
 """Most files one multipart upload writes."""
-MISSING, IS_DIR = 44, 46
+MISSING, NOT_DIR, IS_DIR = 44, 45, 46
 """The executor's exit codes for a path that does not exist, or is a directory."""
 Frames = AsyncGenerator[tuple[bytes, bytes], None]
 
@@ -47,6 +48,46 @@ class ListDirRequest(msgspec.Struct, frozen=True):
 class MoveRequest(msgspec.Struct, frozen=True):
     source: str = ""
     destination: str = ""
+
+
+class WatchRequest(msgspec.Struct, frozen=True):
+    """``WatchDirRequest`` and ``CreateWatcherRequest`` (``include_entry`` and
+    ``allow_network_mounts`` are not sent by an SDK told envd 0.5.7)."""
+
+    path: str = ""
+    recursive: bool = False
+
+
+class WatcherRequest(msgspec.Struct, frozen=True):
+    watcher_id: str = msgspec.field(default="", name="watcherId")
+
+
+EVENT_TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "rename": "EVENT_TYPE_RENAME",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+_changes = msgspec.json.Decoder(list[execution.Change])
+
+
+def event_of(change: execution.Change) -> dict[str, str]:
+    """A change as envd's ``FilesystemEvent``."""
+    return {"name": change.name, "type": EVENT_TYPES[change.kind]}
+
+
+def _watch_failed(channel: bytes, data: bytes, path: str) -> connect.ConnectError:
+    """Why a watch ended: its directory went (or was never one), or the executor's error."""
+    if channel == hostapi.ERROR:
+        failed = msgspec.json.decode(data, type=streams.ErrorBody)
+        return connect.ConnectError("internal", failed.message)
+    end = msgspec.json.decode(data, type=hostapi.End)
+    if end.exit_code == NOT_DIR:
+        return connect.ConnectError("invalid_argument", f"{path} is not a directory")
+    if end.exit_code == MISSING:
+        return connect.ConnectError("not_found", f"{path} does not exist (any more)")
+    return connect.ConnectError("aborted", f"the watch of {path} ended ({end.message or end.exit_code})")
 
 
 class FilesError(Exception):
@@ -107,6 +148,69 @@ class Filesystem:
             await self._files(session, lambda **f: execution.Files(action="remove", path=path, **f)), path
         )
         return {}
+
+    # ---- watching ------------------------------------------------------------------------------
+
+    async def create_watcher(self, session: states.SessionState, raw: bytes) -> dict[str, Any]:
+        asked = connect.decode(raw, WatchRequest)
+        path = entries.resolve(asked.path)
+        reply = await self._files(
+            session,
+            lambda **f: execution.Watch(action="create", path=path, recursive=asked.recursive, **f),
+        )
+        return {"watcherId": reply.watcher_id}
+
+    async def get_watcher_events(self, session: states.SessionState, raw: bytes) -> dict[str, Any]:
+        watcher = connect.decode(raw, WatcherRequest).watcher_id
+        reply = await self._files(
+            session, lambda **f: execution.Watch(action="poll", watcher_id=watcher, **f)
+        )
+        return {"events": [event_of(change) for change in reply.changes or []]}
+
+    async def remove_watcher(self, session: states.SessionState, raw: bytes) -> dict[str, Any]:
+        watcher = connect.decode(raw, WatcherRequest).watcher_id
+        await self._files(session, lambda **f: execution.Watch(action="remove", watcher_id=watcher, **f))
+        return {}
+
+    async def watch_dir(self, session: states.SessionState, raw: bytes) -> AsyncGenerator[bytes, None]:
+        """The executor's ``watch_dir``: ``start`` once its first listing is taken (a change
+        made after the SDK has the start is seen), then each change as a ``filesystem``
+        event; the watch ends when the client goes away."""
+        asked = connect.decode(raw, WatchRequest)
+        path = entries.resolve(asked.path)
+        frames, _ = await calls.stream(
+            self.host,
+            session,
+            lambda **f: execution.WatchDir(path=path, recursive=asked.recursive, **f),
+        )
+        try:
+            async for channel, data in frames:
+                if channel == hostapi.STDOUT:
+                    break
+                if channel in (hostapi.END, hostapi.ERROR):
+                    raise _watch_failed(channel, data, path)
+            else:
+                raise connect.ConnectError("unavailable", "the watch ended before it began")
+        except BaseException:
+            await frames.aclose()
+            raise
+        return self._watch_events(frames, path)
+
+    @staticmethod
+    async def _watch_events(frames: Frames, path: str) -> AsyncGenerator[bytes, None]:
+        try:
+            yield connect.message({"start": {}})
+            async for channel, data in frames:
+                if channel == hostapi.STDOUT:
+                    for change in _changes.decode(data):
+                        yield connect.message({"filesystem": event_of(change)})
+                elif channel == hostapi.KEEPALIVE:
+                    yield connect.message({"keepalive": {}})
+                elif channel in (hostapi.END, hostapi.ERROR):
+                    yield connect.end_stream(_watch_failed(channel, data, path))
+                    return
+        finally:
+            await frames.aclose()
 
     @staticmethod
     def _found(reply: execution.Reply, path: str) -> list[execution.Entry]:

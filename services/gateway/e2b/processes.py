@@ -45,7 +45,7 @@ class Selector(msgspec.Struct, frozen=True):
 
 
 class Selected(msgspec.Struct, frozen=True):
-    """Connect, CloseStdin and the fields they share with SendInput and SendSignal."""
+    """Connect, CloseStdin, Update and the fields they share with SendInput and SendSignal."""
 
     process: Selector = Selector()
 
@@ -299,6 +299,16 @@ class Processes:
     async def running(self, session: states.SessionState) -> list[execution.JobInfo]:
         reply = await calls.call(self.host, session, lambda **f: execution.ShellJobs(**f))
         return reply.jobs or []
+
+    async def update(self, session: states.SessionState, raw: bytes) -> dict[str, object]:
+        """``Update`` resizes a process's PTY; no process here has one (PTY sessions are
+        not served), so a running one is ``failed_precondition``, a missing one ``not_found``."""
+        job = await self.find(session, connect.decode(raw, Selected).process)
+        raise connect.ConnectError(
+            "failed_precondition",
+            f"process {job.pid} has no PTY to resize: "
+            "PTY sessions are not served by this stack (docs/e2b.md)",
+        )
 
     async def find(self, session: states.SessionState, selector: Selector) -> execution.JobInfo:
         """The running job a selector names (by pid, or by the tag it was started with)."""

@@ -5,15 +5,16 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 import urllib.parse
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 
 from sbx_api import errors
 from services.gateway.e2b import wire
-from shared.contract import states
+from shared.contract import execution, states
 
 MAX_TIMEOUT = 24 * 3600
 """Longest ``timeout`` taken (E2B's own ceiling); the stack's ``SBX_MAX_LIFETIME`` still
@@ -129,3 +130,37 @@ def page(
 
 def matches(session: states.SessionState, metadata: dict[str, str]) -> bool:
     return all(session.metadata.get(k) == v for k, v in metadata.items())
+
+
+METRICS_SLACK = timedelta(seconds=60)
+"""How far a metrics range may end before now (or start after it) and still get the
+reading taken now: the SDK sends whole seconds, and clocks differ."""
+
+
+def parse_unix(raw: str | None, name: str) -> datetime | None:
+    """A ``start``/``end`` query value: Unix seconds."""
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 12:
+        raise errors.InvalidInput(f"{name} must be a Unix time in seconds")
+    return datetime.fromtimestamp(int(raw), UTC)
+
+
+def now_in(now: datetime, start: datetime | None, end: datetime | None) -> bool:
+    """Whether a metrics range (either end open) includes now, give or take the slack."""
+    return (start is None or start <= now + METRICS_SLACK) and (end is None or end >= now - METRICS_SLACK)
+
+
+def metric(usage: execution.Usage) -> wire.Metric:
+    """A usage reading as E2B's metric: ``cpuCount`` whole cores (a fractional limit rounded up)."""
+    return wire.Metric(
+        timestamp=usage.at,
+        timestampUnix=int(usage.at.timestamp()),
+        cpuCount=max(1, math.ceil(usage.cpus)),
+        cpuUsedPct=usage.cpu_percent,
+        memUsed=usage.memory_bytes,
+        memTotal=usage.memory_limit,
+        memCache=usage.memory_cache_bytes,
+        diskUsed=usage.disk_bytes,
+        diskTotal=usage.disk_limit,
+    )

@@ -102,3 +102,17 @@ class SnapshotInfo(msgspec.Struct, frozen=True):
 class ForkResult(msgspec.Struct, frozen=True, omit_defaults=True):
     sandbox: Sandbox | None = None
     error: Error | None = None
+
+
+class Metric(msgspec.Struct, frozen=True):
+    """One ``GET /sandboxes/{id}/metrics`` entry (``SandboxMetric``): a reading taken now."""
+
+    timestamp: datetime
+    timestampUnix: int
+    cpuCount: int
+    cpuUsedPct: float
+    memUsed: int
+    memTotal: int
+    memCache: int
+    diskUsed: int
+    diskTotal: int

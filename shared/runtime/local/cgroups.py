@@ -26,6 +26,9 @@ ROOT = Path("/sys/fs/cgroup")
 PARENT = "sbx"
 V1_CONTROLLERS = ("memory", "cpu", "pids")
 V1_FREEZER = "freezer"
+V1_CPUACCT = "cpuacct"
+"""v1's CPU time accounting, where it is a mount of its own (when it is mounted with
+``cpu``, the cpu group already counts): what :meth:`Cgroups.usage` reads."""
 CPU_PERIOD_US = 100_000
 FREEZE_RETRY = 0.1
 """A freeze not settled after this long is thawed for a moment and tried again."""
@@ -60,10 +63,21 @@ class Cgroups:
             return (self.root / V1_FREEZER / "cgroup.procs").exists()
         return (self.root / "cgroup.controllers").exists()  # every v2 group has cgroup.freeze (5.2+)
 
+    @functools.cached_property
+    def separate_cpuacct(self) -> bool:
+        """v1: whether ``cpuacct`` is a hierarchy apart from ``cpu`` (a group joins it too,
+        so its CPU time is counted); False where they are mounted together, or on v2."""
+        if self.version != 1 or not (self.root / V1_CPUACCT / "cpuacct.usage").exists():
+            return False
+        return (self.root / V1_CPUACCT).resolve() != (self.root / "cpu").resolve()
+
     def dirs(self, name: str) -> list[Path]:
-        """The group's directories: memory, cpu, pids (v1), then the freezer's if any."""
+        """The group's directories: memory, cpu, pids (v1), then the freezer's and the
+        separate cpuacct's if any."""
         if self.version == 1:
             controllers = (*V1_CONTROLLERS, V1_FREEZER) if self.can_freeze else V1_CONTROLLERS
+            if self.separate_cpuacct:
+                controllers = (*controllers, V1_CPUACCT)
             return [self.root / c / PARENT / name for c in controllers]
         return [self.root / PARENT / name]
 
@@ -100,9 +114,40 @@ class Cgroups:
         return [str(d / "cgroup.procs") for d in self.dirs(name)]
 
     def join(self, name: str, pid: int) -> None:
-        """Move ``pid`` into the group (call in a child before exec, with its own pid)."""
+        """Move ``pid`` into the group (call in a child before exec, with its own pid). A
+        group made before this version counted CPU time has no cpuacct directory: the
+        process is accounted as its sandbox's other processes are, not at all."""
         for d in self.dirs(name):
-            _write(d / "cgroup.procs", str(pid))
+            try:
+                _write(d / "cgroup.procs", str(pid))
+            except FileNotFoundError:
+                if d.parent.parent.name != V1_CPUACCT:
+                    raise
+
+    def usage(self, name: str) -> Usage:
+        """What the group uses now, as the kernel counts it (files of the host's cgroup
+        tree, which nothing in a sandbox can write). Raises NotFound if the group is gone."""
+        try:
+            if self.version == 1:
+                mem, cpu = self.dirs(name)[:2]
+                acct = self.root / V1_CPUACCT / PARENT / name if self.separate_cpuacct else cpu
+                cpu_ns = int((acct / "cpuacct.usage").read_text())
+                stat = _stat(mem / "memory.stat")
+                return Usage(
+                    cpu_ns=cpu_ns,
+                    memory=int((mem / "memory.usage_in_bytes").read_text()),
+                    cache=stat.get("total_cache", stat.get("cache", 0)),
+                )
+            (d,) = self.dirs(name)
+            return Usage(
+                cpu_ns=_stat(d / "cpu.stat").get("usage_usec", 0) * 1000,
+                memory=int((d / "memory.current").read_text()),
+                cache=_stat(d / "memory.stat").get("file", 0),
+            )
+        except FileNotFoundError:
+            raise errors.NotFound(f"cgroup {name} does not exist (the sandbox is not running)") from None
+        except (OSError, ValueError) as exc:
+            raise errors.InfrastructureError(f"cannot read the use of cgroup {name}: {exc}") from exc
 
     def pids(self, name: str) -> list[int]:
         try:
@@ -226,6 +271,28 @@ class Cgroups:
                    "THAWED" if self.version == 1 else "0")  # fmt: skip
         except OSError as exc:
             raise errors.InfrastructureError(f"cannot thaw cgroup {name}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Usage:
+    """A group's use at one moment (:meth:`Cgroups.usage`)."""
+
+    cpu_ns: int
+    """CPU time its processes used, all of them since the group was made."""
+    memory: int
+    """Bytes of memory charged to it now, page cache included."""
+    cache: int
+    """Of which page cache."""
+
+
+def _stat(path: Path) -> dict[str, int]:
+    """A ``key value`` file (memory.stat, cpu.stat) as numbers; other lines skipped."""
+    out: dict[str, int] = {}
+    for line in path.read_text().splitlines()[:200]:
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            out[key] = int(value)
+    return out
 
 
 def _write(path: Path, value: str) -> None:

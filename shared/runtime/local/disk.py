@@ -125,6 +125,20 @@ class Disk:
             handle.close()
 
     @staticmethod
+    def used(directory: Path) -> tuple[int, int]:
+        """Bytes used on the sandbox's own filesystem and its size, as its superblock
+        says (statfs of the detached mount: nothing in it is resolved by path); (0, 0)
+        when it has none."""
+        if not (directory / IMAGE).exists():
+            return 0, 0
+        handle = Disk.open(directory)
+        try:
+            st = os.fstatvfs(handle.fd) if handle.fd >= 0 else os.statvfs(handle.path)
+        finally:
+            handle.close()
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize
+
+    @staticmethod
     def unmount(directory: Path) -> None:
         """Detach the sandbox's filesystem from the host's mount table if an earlier
         version mounted it there (its processes are gone: nothing holds it)."""

@@ -816,6 +816,34 @@ class LocalRuntime(api.Runtime):
     async def paused(self, sandbox_id: str) -> bool:
         return self._frozen(self._dir(sandbox_id))
 
+    async def usage(self, sandbox_id: str, *, window: float = api.USAGE_WINDOW) -> api.Usage:
+        """Its cgroup's CPU time (read twice, ``window`` apart) and memory, and its own
+        filesystem's use; a paused sandbox answers too (its memory is kept, CPU 0)."""
+        d = self._dir(sandbox_id)
+        info = self._info(d)
+        if info is None:
+            raise errors.NotFound(f"sandbox {sandbox_id!r} does not exist")
+        if info.status not in ("running", "paused"):
+            raise api.SandboxNotRunning(f"sandbox {sandbox_id!r} is {info.status}, not running")
+        name, limits = self._cgroup(sandbox_id), info.spec.limits
+        first, started = await asyncio.to_thread(self.cgroups.usage, name), time.monotonic()
+        await asyncio.sleep(max(0.0, min(window, 5.0)))
+        last, elapsed = await asyncio.to_thread(self.cgroups.usage, name), time.monotonic() - started
+        disk_used, disk_size = await asyncio.to_thread(disk.Disk.used, d)
+        spent = max(0, last.cpu_ns - first.cpu_ns) / 1e9
+        percent = 100.0 * spent / (elapsed * limits.cpus) if elapsed > 0 and limits.cpus > 0 else 0.0
+        return api.Usage(
+            at=datetime.now(UTC),
+            cpus=limits.cpus,
+            cpu_seconds=last.cpu_ns / 1e9,
+            cpu_percent=round(min(100.0, percent), 2),
+            memory_bytes=last.memory,
+            memory_cache_bytes=last.cache,
+            memory_limit=limits.memory_bytes,
+            disk_bytes=disk_used,
+            disk_limit=disk_size,
+        )
+
     async def stop(self, sandbox_id: str) -> api.SandboxInfo:
         """Every process killed, and nothing of the host held while stopped: its cgroup
         removed (its filesystem, mounted only in its own namespace, goes with its last
