@@ -25,6 +25,10 @@ from shared.infrastructure import aggregates, projector, service
 
 log = structlog.get_logger(__name__)
 ROUTES_EVERY = 2.0
+"""The routing map is listed at most this often, and only when nftables' generation
+changed (a route added or pruned, a reset) or sandboxes changed (a stopped one's entry to
+prune) since the last listing: an idle fleet lists it only every ROUTES_AT_LEAST."""
+ROUTES_AT_LEAST = 60.0
 START_RETRY = 10.0
 """After a proxy failed to start, full proxies take new sandboxes for this long."""
 PLAN_EVERY = 30.0
@@ -71,6 +75,8 @@ class Scaler:
         last knew (an nftables reset, entries pruned)."""
         self._start_failed_at = -START_RETRY
         self._routes_at = 0.0
+        self._routes_seen: tuple[int | None, int] | None = None
+        """(nftables' generation, ``changes``) at the last listing."""
         self.room = 0
         """Sandboxes the serving proxies could still take after the last round, less the
         requests heard since (``app``'s wake-up rule counts them down)."""
@@ -246,17 +252,23 @@ class Scaler:
         return bool(outcome.appended)
 
     async def _routes(self) -> dict[int, int]:
-        """The routing map, listed at most every ROUTES_EVERY seconds (listing spawns nft;
-        rounds can come several a second) and kept up to date with what this scaler routes
-        in between."""
-        if time.monotonic() - self._routes_at >= ROUTES_EVERY:
-            await self.fleet.ensure_network()  # an nftables reset is repaired here
-            listed = await self.fleet.routes()
-            await self.fleet.prune_routes(listed)  # entries of sandboxes that stopped
-            if listed != self._route_cache:  # changed behind our back: check every route again
-                self._verified.clear()
-            self._route_cache = listed
-            self._routes_at = time.monotonic()
+        """The routing map, listed at most every ROUTES_EVERY seconds and only when
+        something changed (listing spawns nft and reads every entry; rounds can come
+        several a second), and kept up to date with what this scaler routes in between."""
+        since = time.monotonic() - self._routes_at
+        if since < ROUTES_EVERY:
+            return self._route_cache
+        seen = (self.fleet.routes_generation(), self.changes)
+        if since < ROUTES_AT_LEAST and seen[0] is not None and seen == self._routes_seen:
+            return self._route_cache  # nothing changed: an idle fleet costs no listing
+        await self.fleet.ensure_network()  # an nftables reset is repaired here
+        listed = await self.fleet.routes()
+        await self.fleet.prune_routes(listed)  # entries of sandboxes that stopped
+        if listed != self._route_cache:  # changed behind our back: check every route again
+            self._verified.clear()
+        self._route_cache = listed
+        self._routes_at = time.monotonic()
+        self._routes_seen = seen
         return self._route_cache
 
     def _stale_routes(

@@ -29,15 +29,30 @@ class Record:
 class FakeFleet:
     def __init__(self, links: dict[str, int]) -> None:
         self.links = links  # sandbox id -> host-side interface index
+        self.generation = 0  # nftables' generation: any change to the ruleset moves it
         self.map: dict[int, int] | None = {}  # None: the table is gone
         self.routed_calls: list[set[str]] = []
+        self.listings = 0
+
+    @property
+    def map(self) -> dict[int, int] | None:
+        return self._map
+
+    @map.setter
+    def map(self, value: dict[int, int] | None) -> None:
+        self._map = value
+        self.generation += 1
 
     async def ensure_network(self) -> None:
         if self.map is None:
             self.map = {}  # the table comes back empty
 
     async def routes(self) -> dict[int, int]:
+        self.listings += 1
         return dict(self.map or {})
+
+    def routes_generation(self) -> int | None:
+        return self.generation
 
     async def prune_routes(self, routes: dict[int, int]) -> int:
         return 0
@@ -54,6 +69,7 @@ class FakeFleet:
             if self.map is not None:
                 entries = {self.links[sid]: record.port for sid, record in wanted.items()}
                 self.map.update(entries)
+                self.generation += 1
                 current.update(entries)
                 return set(wanted), attempt > 0
         raise errors.InfrastructureError("cannot route sandboxes to their proxies: no such table")
@@ -145,3 +161,37 @@ async def test_a_map_found_different_on_a_retry_makes_every_route_checked_again(
     clock[0] += 0.1
     assert await scale._route([a, b, c], records, {}) == {"sb-a", "sb-b"}
     assert fleet.map == {1: 3130, 2: 3130, 3: 3130}
+
+
+async def test_an_idle_fleet_lists_the_map_only_when_something_changed(verified):
+    """Rounds come every half second: the map is listed again (an nft process, every
+    entry read) only when nftables' generation moved or sandboxes changed, and at least
+    every ROUTES_AT_LEAST; otherwise the remembered map serves."""
+    fleet, scale, clock, a, b = verified
+    listed = fleet.listings
+    for _ in range(20):  # ten seconds of rounds, nothing changing
+        clock[0] += handlers.ROUTES_EVERY / 4
+        assert await scale._route([a, b], RECORDS, {}) == set()
+    assert fleet.listings == listed
+
+    fleet.map = {}  # another hand changes the ruleset (a reset): listed, and both routed again
+    clock[0] += handlers.ROUTES_EVERY
+    assert await scale._route([a, b], RECORDS, {}) == {"sb-a", "sb-b"}
+    assert fleet.listings == listed + 1
+
+    listed = fleet.listings
+    clock[0] += handlers.ROUTES_EVERY
+    await scale._route([a, b], RECORDS, {})  # (our own routing moved the generation)
+    assert fleet.listings == listed + 1
+    clock[0] += handlers.ROUTES_EVERY
+    await scale._route([a, b], RECORDS, {})
+    assert fleet.listings == listed + 1  # settled
+
+    scale.changes += 1  # a sandbox stopped: its entry is pruned at the next listing
+    clock[0] += handlers.ROUTES_EVERY
+    await scale._route([a], RECORDS, {})
+    assert fleet.listings == listed + 2
+
+    clock[0] += handlers.ROUTES_AT_LEAST
+    await scale._route([a], RECORDS, {})
+    assert fleet.listings == listed + 3  # the safety net

@@ -1,11 +1,12 @@
 """The few netlink requests a sandbox's veth pair needs, made from this process.
 
-``ip link add … netns PID``, ``ip addr add``, ``ip link set … up``, ``ip route add`` and
-``nft list table``, as netlink messages on an ``AF_NETLINK`` socket (no program run per sandbox, and no
-dependency: each request is a header, a fixed struct and a few attributes, answered by
-an acknowledgement). Requests inside a sandbox's network namespace go through a socket
-opened there: a thread of its own joins the namespace (``setns`` applies to the calling
-thread only), opens the socket and ends, so no other work ever runs in that namespace.
+``ip link add … netns PID``, ``ip addr add``, ``ip link set … up``, ``ip route add``,
+``nft list table`` and nftables' generation, as netlink messages on an ``AF_NETLINK``
+socket (no program run per sandbox, and no dependency: each request is a header, a
+fixed struct and a few attributes, answered by an acknowledgement). Requests inside a
+sandbox's network namespace go through a socket opened there: a thread of its own joins
+the namespace (``setns`` applies to the calling thread only), opens the socket and ends,
+so no other work ever runs in that namespace.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ T = TypeVar("T")
 
 NETLINK_ROUTE, NETLINK_NETFILTER = 0, 12
 NFT_MSG_GETTABLE = (10 << 8) | 1  # nf_tables subsystem, get table
-NFTA_TABLE_NAME, NFPROTO_INET = 1, 1
+NFT_MSG_GETGEN, NFT_MSG_NEWGEN = (10 << 8) | 16, (10 << 8) | 15  # the ruleset's generation
+NFTA_TABLE_NAME, NFPROTO_INET, NFTA_GEN_ID = 1, 1, 1
 RTM_NEWLINK, RTM_DELLINK, RTM_NEWADDR, RTM_NEWROUTE = 16, 17, 20, 24
 NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
 NLMSG_ERROR = 2
@@ -123,6 +125,36 @@ def nft_table_exists(name: str, family: int = NFPROTO_INET) -> bool:
         return True
     except FileNotFoundError:
         return False
+    finally:
+        nft.close()
+
+
+def nft_generation() -> int:
+    """nftables' generation: a number that changes with every change to the ruleset
+    (a table, a rule, a map element), whoever made it: one netlink request."""
+    nft = Rtnl(NETLINK_NETFILTER)
+    try:
+        seq = next(_sequence)
+        body = struct.pack("=BBH", socket.AF_UNSPEC, 0, 0)
+        nft.sock.send(_HEADER.pack(_HEADER.size + len(body), NFT_MSG_GETGEN, NLM_F_REQUEST, seq, 0) + body)
+        for _ in range(16):  # (the answer, perhaps after stray messages)
+            data = nft.sock.recv(65536)
+            offset = 0
+            while offset + _HEADER.size <= len(data):
+                length, mtype, _, mseq, _ = _HEADER.unpack_from(data, offset)
+                if mseq == seq and mtype == NLMSG_ERROR:
+                    (code,) = struct.unpack_from("=i", data, offset + _HEADER.size)
+                    raise OSError(-code, os.strerror(-code))
+                if mseq == seq and mtype == NFT_MSG_NEWGEN:
+                    at, end = offset + _HEADER.size + 4, offset + length  # (after the nfgenmsg)
+                    while at + 4 <= end:
+                        size, kind = struct.unpack_from("=HH", data, at)
+                        if kind == NFTA_GEN_ID and size >= 8:
+                            return int(struct.unpack_from(">I", data, at + 4)[0])
+                        at += max(size, 4) + (-size % 4)
+                    raise OSError("nftables' generation message has no id")
+                offset += max(length, _HEADER.size) + (-length % 4)
+        raise OSError("nftables did not say its generation")
     finally:
         nft.close()
 

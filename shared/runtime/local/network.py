@@ -222,6 +222,14 @@ class Network:
                     found[ifindex] = int(port)
         return found
 
+    @staticmethod
+    def generation() -> int | None:
+        """nftables' generation (changes with any change to the ruleset); None if unknown."""
+        try:
+            return netlink.nft_generation()
+        except OSError:
+            return None
+
     async def prune(self, routes: dict[int, int] | None = None) -> int:
         """Remove entries whose interface is gone (their sandbox stopped). ``routes``: the
         map just listed, if the caller has it; the removed entries leave it too."""

@@ -225,5 +225,9 @@ class LocalProxies:
     async def routes(self) -> dict[int, int]:
         return await self.runtime.network.routes()
 
+    def routes_generation(self) -> int | None:
+        """A number that changes whenever the host's nftables ruleset does (None: unknown)."""
+        return self.runtime.network.generation()
+
     async def prune_routes(self, routes: dict[int, int] | None = None) -> int:
         return await self.runtime.network.prune(routes)
