@@ -39,7 +39,10 @@ from services.gateway import console as web_console
 from services.gateway.e2b import control as e2b_control
 from services.gateway.e2b import envd as e2b_envd
 from shared.domain import listing, projections
-from shared.infrastructure import listings, metrics, projector, rpc, service, settings
+from shared.infrastructure import listings, metrics, projector, rpc, service
+from shared.infrastructure.settings import gateway as gateway_settings
+from shared.infrastructure.settings import lifecycle
+from shared.infrastructure.settings import service as service_settings
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +55,7 @@ CORS_HEADERS = (
 
 
 def build_app(
-    gateway: settings.GatewaySettings,
+    gateway: gateway_settings.GatewaySettings,
     ctx: service.Context,
     api: rest.SessionsAPI,
     mcp_app: StarletteWithLifespan,
@@ -194,7 +197,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
+def make_setup(gateway: gateway_settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = rpc.SessionClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
@@ -286,7 +289,7 @@ def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.
     return setup
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    gateway = settings.GatewaySettings.from_env(env)
-    lifetime = settings.LifecycleSettings.from_env(env).max_lifetime
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    gateway = gateway_settings.GatewaySettings.from_env(env)
+    lifetime = lifecycle.LifecycleSettings.from_env(env).max_lifetime
     return gateway.base, make_setup(gateway, max_lifetime=lifetime)
