@@ -72,35 +72,10 @@ def build_app(
         body = schemas.Health(status=ctx.status, instance=ctx.settings.instance, version=service.VERSION)
         return rest.json_response(body, 200 if ctx.status == "ok" else 503)
 
-    routes: list[BaseRoute] = [
-        Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
-    ]
-
-    if copies is not None:
-        routes += [
-            Route(op.path, copies.endpoint(op), methods=[op.method], name=op.operation_id)
-            for op in snapshots.OPERATIONS
-        ]
-
     history = timeline.TimelineAPI(ctx.store, ctx.topology)
-    routes += [
-        Route(op.path, rest.guarded(getattr(history, op.handler_name), op.operation_id), methods=[op.method])
-        for op in timeline.OPERATIONS
-    ]
-    if host is not None:
-        routes += [
-            Route(
-                op.path, host.endpoint(getattr(host, op.handler_name), op.operation_id), methods=[op.method]
-            )
-            for op in hostapi.OPERATIONS
-        ]
-        files = archive.ArchiveAPI(host)
-        routes += [
-            Route(
-                op.path, host.endpoint(getattr(files, op.handler_name), op.operation_id), methods=[op.method]
-            )
-            for op in archive.OPERATIONS
-        ]
+    files = archive.ArchiveAPI(host) if host is not None else None
+    apis: list[rest.API | None] = [api, copies, history, host, files]  # (in the order they match)
+    routes: list[BaseRoute] = [route for each in apis if each is not None for route in each.routes()]
 
     async def metrics_endpoint(_: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
