@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from shared.contract import codec, commands, execution, ids, states, subjects
 from shared.infrastructure import bus as shared_bus
-from shared.infrastructure import settings
+from shared.infrastructure.settings import bus as bus_config
 
 BARE_BWRAP = [
     "--unshare-all", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
@@ -318,7 +318,7 @@ class PoolWatch:
 
     async def __aenter__(self) -> PoolWatch:
         info = json.loads((self.state / "stack.json").read_text())
-        bus_settings = settings.BusSettings(
+        bus_settings = bus_config.BusSettings(
             nats_url=info["nats_url"],
             namespace=info["namespace"],
             nats_token=(self.state / "nats-token").read_text().strip(),
@@ -469,7 +469,7 @@ async def main(
                 results["MCP shell `true` (live session)"] = (shell_s, elapsed / 3)
 
             info = json.loads((state / "stack.json").read_text())
-            bus_settings = settings.BusSettings(
+            bus_settings = bus_config.BusSettings(
                 nats_url=info["nats_url"],
                 namespace=info["namespace"],
                 nats_token=(state / "nats-token").read_text().strip(),

@@ -32,7 +32,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared.runtime import api
-from shared.runtime.local import disk, mounts, userns
+from shared.runtime.local import disk, mounts, sandboxdirs, userns
 from shared.runtime.local import runtime as local
 
 MARKS = (10, 100, 200, 300, 400, 500, 1000, 2000, 5000, 10000)
@@ -86,7 +86,7 @@ def cpu_seconds(rt: local.LocalRuntime, ids: list[str]) -> float:
     """User + system CPU of every process of the sandboxes (their cgroups' members)."""
     ticks = 0
     for i in ids:
-        for pid in rt.cgroups.pids(rt._cgroup(i)):
+        for pid in rt.cgroups.pids(sandboxdirs.cgroup_name(i)):
             try:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             except OSError:
@@ -96,7 +96,7 @@ def cpu_seconds(rt: local.LocalRuntime, ids: list[str]) -> float:
 
 
 def memory(rt: local.LocalRuntime, sandbox_id: str) -> int:
-    for d in rt.cgroups.dirs(rt._cgroup(sandbox_id)):
+    for d in rt.cgroups.dirs(sandboxdirs.cgroup_name(sandbox_id)):
         for name in ("memory.usage_in_bytes", "memory.current"):
             if (d / name).exists():
                 return int((d / name).read_text())
@@ -210,7 +210,7 @@ async def main(count: int, egress: str, idle_seconds: float, disk_bytes: int) ->
             + ", ".join(f"{n} live {t * 1000:.0f} ms" for n, t in listing.items())
         )
         ifindexes = {i for i in (rt.egress_link(s) for s in ids) if i is not None}
-        tokens = {rt._dir(s).name for s in ids}
+        tokens = {rt.dirs.dir(s).name for s in ids}
 
         await asyncio.sleep(2)
         cpu0, wall0 = cpu_seconds(rt, ids), time.perf_counter()

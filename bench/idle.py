@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared.runtime import api
 from shared.runtime.local import runtime as local
+from shared.runtime.local import sandboxdirs
 
 
 def mem_available() -> int:
@@ -32,7 +33,7 @@ def mem_available() -> int:
 
 
 def usage(rt: local.LocalRuntime, sandbox_id: str) -> int:
-    d = rt.cgroups.dirs(rt._cgroup(sandbox_id))[0]
+    d = rt.cgroups.dirs(sandboxdirs.cgroup_name(sandbox_id))[0]
     for name in ("memory.usage_in_bytes", "memory.current"):
         f = d / name
         if f.exists():

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from shared.contract import codec, ids, states, subjects
-from shared.infrastructure import bus, settings
+from shared.infrastructure import bus
+from shared.infrastructure.settings import bus as bus_settings
 
 KEY = "bench-key-0123456789abcdef"
 NAMESPACE = "benchlists"
@@ -113,7 +114,7 @@ def report(size: int, samples: dict[str, list[float]]) -> None:
 async def run(sizes: list[int], rounds: int, code: Path) -> None:
     with common.nats_server() as url:
         topology = subjects.Topology(NAMESPACE)
-        nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=NAMESPACE), "bench")
+        nc = await bus.connect(bus_settings.BusSettings(nats_url=url, namespace=NAMESPACE), "bench")
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         port = common.free_port()

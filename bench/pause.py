@@ -39,6 +39,7 @@ from shared.contract import commands, ids
 from shared.infrastructure import rpc
 from shared.runtime import api
 from shared.runtime.local import runtime as local
+from shared.runtime.local import sandboxdirs
 
 HOLDER = (
     "import time; b = bytearray({mib} * 1024 * 1024); b[::4096] = b'x' * len(b[::4096]); time.sleep(86400)"
@@ -59,7 +60,7 @@ async def runtime_part(rounds: int, mib: int) -> None:
                 "bench-pause",
                 ["sh", "-c", f"(python3 -c '{holder}' &) ; (while :; do sleep 0.01; done &) >/dev/null 2>&1"],
             )
-            processes = len(rt.cgroups.pids(rt._cgroup("bench-pause")))
+            processes = len(rt.cgroups.pids(sandboxdirs.cgroup_name("bench-pause")))
             pauses: list[float] = []
             resumes: list[float] = []
             trips: list[float] = []

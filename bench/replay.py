@@ -32,7 +32,8 @@ from nats.js import api
 from bench import common
 from shared.contract import codec, events, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import bus, eventstore, projector, replay, settings
+from shared.infrastructure import bus, eventstore, projector, replay
+from shared.infrastructure.settings import bus as bus_settings
 
 CYCLE = (
     events.SessionCreated,
@@ -129,7 +130,7 @@ def line(label: str, report: replay.Report) -> str:
 async def one_size(n_events: int, tail: int, full_max: int) -> None:
     with common.nats_server() as url:
         topology = subjects.Topology("bench")
-        nc = await bus.connect(settings.BusSettings(nats_url=url, namespace="bench"), "bench")
+        nc = await bus.connect(bus_settings.BusSettings(nats_url=url, namespace="bench"), "bench")
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         append_s = await append_all(js, topology, n_events)

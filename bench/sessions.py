@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import common
 from shared.contract import codec, commands, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import bus, eventstore, health, projector, settings
+from shared.infrastructure import bus, eventstore, health, projector
+from shared.infrastructure.settings import bus as bus_settings
 
 KEY = "bench-key-0123456789abcdef"
 
@@ -66,7 +67,7 @@ async def main(n: int, concurrency: int) -> None:
             for m in ("scheduler", "gateway")
         ]
         try:
-            nc = await bus.connect(settings.BusSettings(nats_url=url, namespace=namespace), "bench")
+            nc = await bus.connect(bus_settings.BusSettings(nats_url=url, namespace=namespace), "bench")
             topology = subjects.Topology(namespace)
             js = nc.jetstream()
             while True:  # wait for both services

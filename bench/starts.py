@@ -26,7 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from shared.contract import ids
-from shared.infrastructure import settings
+from shared.infrastructure.settings import proxies as proxies_settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime import api, backends
 from shared.runtime.local import proxies
 
@@ -52,10 +53,12 @@ async def one(runtime: api.Runtime, limits: api.Limits, steps: dict[str, list[fl
 
 async def main(n: int, parallel: list[int]) -> None:
     state = Path(tempfile.mkdtemp(prefix="sbx-starts-"))
-    defaults = settings.RuntimeSettings.from_env({})
+    defaults = runtime_settings.RuntimeSettings.from_env({})
     limits = api.Limits(disk_bytes=defaults.disk_bytes, disk_inodes=defaults.disk_inodes)
     runtime = backends.open_runtime("local", state, egress=EGRESS)
-    await proxies.ensure_ca(state / "proxy" / "ca", str(settings.DEFAULT_PROXY_BIN))  # (sandboxes trust it)
+    await proxies.ensure_ca(
+        state / "proxy" / "ca", str(proxies_settings.DEFAULT_PROXY_BIN)
+    )  # (sandboxes trust it)
     try:
         await one(runtime, limits, {"create": [], "start": [], "delete": []})  # the image, once
         print(f"local runtime, default image, disk {defaults.disk_bytes // 1024**3} GiB, proxy egress; "

@@ -27,7 +27,10 @@ from bench import common
 from services.reaper import handlers as reaper_handlers
 from shared.contract import codec, events, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import bus, eventstore, projector, replay, service, settings
+from shared.infrastructure import bus, eventstore, projector, replay, service
+from shared.infrastructure.settings import bus as bus_settings
+from shared.infrastructure.settings import lifecycle
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime.local import runtime as local
 
 
@@ -67,7 +70,7 @@ async def publish_history(js, topology: subjects.Topology, n: int) -> None:
 async def main(n: int) -> None:
     with common.nats_server() as url, tempfile.TemporaryDirectory() as tmp:
         topology = subjects.Topology("bench")
-        nc = await bus.connect(settings.BusSettings(nats_url=url, namespace="bench"), "bench")
+        nc = await bus.connect(bus_settings.BusSettings(nats_url=url, namespace="bench"), "bench")
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         start = time.perf_counter()
@@ -75,8 +78,9 @@ async def main(n: int) -> None:
         await replay.rebuild(js, topology)
         prepared = time.perf_counter() - start
         store = eventstore.EventStore(js, topology)
+        base = service_settings.ServiceSettings(service="reaper", instance="bench")
         ctx = service.Context(
-            settings.ServiceSettings(service="reaper", instance="bench"), None, nc, js, topology, store,  # type: ignore[arg-type]
+            base, None, nc, js, topology, store,  # type: ignore[arg-type]
             started_at=datetime.now(UTC),
         )  # fmt: skip
         reaper = reaper_handlers.Reaper(
@@ -84,7 +88,7 @@ async def main(n: int) -> None:
             local.LocalRuntime(Path(tmp)),
             await projector.ProjectionStore.open(js, projections.SESSIONS, store),
             await projector.ProjectionStore.open(js, projections.SANDBOXES, store),
-            settings.LifecycleSettings(max_stopped=10 * n),
+            lifecycle.LifecycleSettings(max_stopped=10 * n),
         )
         print(f"\nreaper sweep: {n} sessions and {n} sandboxes recorded (prepared in {prepared:.1f} s)")
         p50 = {}

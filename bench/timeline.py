@@ -27,7 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import common
 from shared.contract import codec, events, ids, subjects
-from shared.infrastructure import bus, eventstore, settings, timeline
+from shared.infrastructure import bus, eventstore, timeline
+from shared.infrastructure.settings import bus as bus_settings
 
 SESSION = "bench-timeline"
 
@@ -108,7 +109,7 @@ async def timed(label: str, call, runs: int = 5) -> None:
 async def main(records: int, noise: int) -> None:
     with common.nats_server() as url:
         topology = subjects.Topology("bench")
-        nc = await bus.connect(settings.BusSettings(nats_url=url, namespace="bench"), "bench")
+        nc = await bus.connect(bus_settings.BusSettings(nats_url=url, namespace="bench"), "bench")
         js = nc.jetstream()
         await bus.ensure_topology(js, topology)
         await append(js, topology, records, noise)

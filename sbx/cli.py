@@ -205,7 +205,7 @@ def events_export(
     """Write audit records as JSON lines, from where the last export stopped to the stream's
     end: archive them before retention removes them (SBX_AUDIT_MAX_AGE, SBX_EVENTS_MAX_BYTES)."""
     from sbx import export
-    from shared.infrastructure import settings
+    from shared.infrastructure.settings import bus
 
     kinds = export.kinds_of(kind or [], all_kinds)  # before connecting: a bad kind touches nothing
     _with_stack(
@@ -215,7 +215,7 @@ def events_export(
         since=since_seq,
         cursor=cursor,
         output=output,
-        retention=settings.RetentionSettings.from_env(os.environ),
+        retention=bus.RetentionSettings.from_env(os.environ),
     )
 
 
@@ -353,9 +353,9 @@ def image_prune(
     """Remove pulled images no sandbox uses, least recently used first, and their layers
     no other image has. An image a sandbox uses is never removed."""
     from sbx import images
-    from shared.infrastructure import settings
+    from shared.infrastructure.settings import values
 
-    keep_bytes = settings.parse_size(keep, name="--keep")
+    keep_bytes = values.parse_size(keep, name="--keep")
     images.prune(_state(state_dir), dict(os.environ), keep_bytes, as_json=json)
 
 

@@ -35,7 +35,9 @@ from shared.domain import projections
 from shared.domain import proxy as proxy_rules
 from shared.domain import sandbox as sandbox_rules
 from shared.domain import session as session_rules
-from shared.infrastructure import aggregates, eventstore, projector, settings
+from shared.infrastructure import aggregates, eventstore, projector
+from shared.infrastructure.settings import bus
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime import api, backends
 
 log = structlog.get_logger(__name__)
@@ -209,7 +211,7 @@ async def _stack_nats(state_dir: Path, env: Mapping[str, str]) -> AsyncIterator[
     server's store started on a free loopback port for the while (None if neither
     answers or there is none)."""
     info = stack.StackInfo.read(state_dir)
-    base = settings.BusSettings.from_env(env)
+    base = bus.BusSettings.from_env(env)
     namespace = info.namespace if info else base.namespace
     server: subprocess.Popen[bytes] | None = None
     nc: Client | None = None
@@ -220,9 +222,7 @@ async def _stack_nats(state_dir: Path, env: Mapping[str, str]) -> AsyncIterator[
             token = stack.nats_token(state_dir)
             server, port = await asyncio.to_thread(_spawn_nats, state_dir, token)
             url = f"nats://127.0.0.1:{port}"
-            nc = await _connect(
-                settings.BusSettings(nats_url=url, namespace=namespace, nats_token=token), server
-            )
+            nc = await _connect(bus.BusSettings(nats_url=url, namespace=namespace, nats_token=token), server)
         yield nc, namespace
     finally:
         if nc is not None:
@@ -232,7 +232,7 @@ async def _stack_nats(state_dir: Path, env: Mapping[str, str]) -> AsyncIterator[
             await asyncio.to_thread(server.wait)
 
 
-async def release_via(state: Path, bus_settings: settings.BusSettings, backend: str, *, who: str) -> Released:
+async def release_via(state: Path, bus_settings: bus.BusSettings, backend: str, *, who: str) -> Released:
     """:func:`release`, recorded through the NATS of ``bus_settings`` if it answers."""
     nc = await _connect(bus_settings, None, who)
     try:
@@ -243,7 +243,7 @@ async def release_via(state: Path, bus_settings: settings.BusSettings, backend: 
 
 
 async def _connect(
-    bus_settings: settings.BusSettings, server: subprocess.Popen[bytes] | None, who: str = "sbx-down"
+    bus_settings: bus.BusSettings, server: subprocess.Popen[bytes] | None, who: str = "sbx-down"
 ) -> Client | None:
     """Connected, or None if it does not answer (within 10 s of ``server`` starting)."""
     for _ in range(100 if server is not None else 1):
@@ -281,7 +281,7 @@ async def run(state_dir: Path, env: Mapping[str, str], *, purge: bool = False, a
         return _report(report, as_json)
     if purge:
         await asyncio.to_thread(_check_removable, state_dir)
-    backend = settings.RuntimeSettings.from_env(env).backend
+    backend = runtime_settings.RuntimeSettings.from_env(env).backend
     holder = stack.lock_holder(state_dir)
     if holder:
         report["up_pid"] = holder

@@ -23,7 +23,8 @@ from nats.aio.client import Client
 from sbx_api import errors
 from sbx_client import terminal
 from shared.contract import subjects
-from shared.infrastructure import eventstore, settings
+from shared.infrastructure import eventstore
+from shared.infrastructure.settings import bus
 
 BATCH = 1000
 """Records written between two flushes (and cursor updates)."""
@@ -108,7 +109,7 @@ async def export(
     since: int,
     cursor: Path | None,
     output: Path | None,
-    retention: settings.RetentionSettings,
+    retention: bus.RetentionSettings,
 ) -> int:
     """Write the records of ``kinds`` from where the last export stopped to the stream's
     current end; a summary line on stderr."""
@@ -149,7 +150,7 @@ def _flush(out: IO[str], cursor: Path | None, last: int, at: datetime | None) ->
         write_cursor(cursor, last, at)
 
 
-def _warn_if_expired(after: int, last_time: datetime | None, retention: settings.RetentionSettings) -> None:
+def _warn_if_expired(after: int, last_time: datetime | None, retention: bus.RetentionSettings) -> None:
     """Records older than the audit TTL are gone: if the last export is older than that,
     some written after it may have expired unexported."""
     if not after or last_time is None or not retention.audit_max_age:

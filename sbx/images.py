@@ -22,7 +22,7 @@ from sbx_api import errors
 from sbx_client import terminal
 from shared.contract import events, ids, references
 from shared.domain import describe
-from shared.infrastructure import settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime import backends
 
 DEFAULT = "default"
@@ -30,7 +30,7 @@ DEFAULT = "default"
 
 def open_local(state_dir: Path, env: dict[str, str]) -> Any:
     """The local runtime of ``state_dir`` (a ``LocalRuntime``, reached through backends)."""
-    return backends.image_runtime("local", state_dir, settings.RuntimeSettings.from_env(env))
+    return backends.image_runtime("local", state_dir, runtime_settings.RuntimeSettings.from_env(env))
 
 
 class _Bar:

@@ -21,14 +21,15 @@ from sbx_client import terminal
 from shared.contract import codec, events, ids, subjects
 from shared.domain import checkpoints, describe, projections
 from shared.domain import timeline as timeline_rules
-from shared.infrastructure import bus, eventstore, health, projector, replay, settings
+from shared.infrastructure import bus, eventstore, health, projector, replay
+from shared.infrastructure.settings import bus as bus_settings
 
 CONNECT_WAIT = 5.0
 """How long a command waits for NATS to answer before it gives up (exit 75)."""
 
 
 async def connect_bus(
-    bus_settings: settings.BusSettings, who: str = "sbx-cli", wait: float = CONNECT_WAIT
+    bus_settings: bus_settings.BusSettings, who: str = "sbx-cli", wait: float = CONNECT_WAIT
 ) -> Client:
     """Connected, or Unavailable after ``wait`` seconds: the client itself would retry a
     first connect for ever (nats-py 2.16 with unlimited reconnects), which a service
@@ -42,7 +43,7 @@ async def connect_bus(
         ) from None
 
 
-async def connect(bus_settings: settings.BusSettings) -> tuple[Client, subjects.Topology]:
+async def connect(bus_settings: bus_settings.BusSettings) -> tuple[Client, subjects.Topology]:
     return await connect_bus(bus_settings), subjects.Topology(bus_settings.namespace)
 
 

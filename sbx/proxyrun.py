@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from sbx_api import errors
-from shared.infrastructure import settings
+from shared.infrastructure.settings import proxies
 from shared.runtime import backends
 
 
@@ -20,7 +20,7 @@ def egress_choice(env: dict[str, str]) -> tuple[str, str | None]:
     if asked == "none":
         return "none", "SBX_SANDBOX_EGRESS=none"
     problem = backends.egress_problem(env.get("SBX_RUNTIME", "local"))
-    binary = settings.ProxySettings.from_env(env).binary
+    binary = proxies.ProxySettings.from_env(env).binary
     if problem is None and not Path(binary).exists():
         problem = f"{binary} is missing (run scripts/setup)"
     if problem is not None:
@@ -33,7 +33,7 @@ def egress_choice(env: dict[str, str]) -> tuple[str, str | None]:
 def check_config(env: dict[str, str]) -> tuple[str, ...]:
     """Stop start-up on a bad SBX_PROXY_CONFIG, with the proxy's own message; the
     environment variables its secrets come from (only the proxies get them)."""
-    proxy = settings.ProxySettings.from_env(env)
+    proxy = proxies.ProxySettings.from_env(env)
     if not proxy.config:
         return ()
     result = subprocess.run(

@@ -21,7 +21,7 @@ from sbx_api import errors
 from sbx_client.local import API_KEY_FILE, STACK_FILE
 from sbx_client.local import DEFAULT_STATE_DIR as DEFAULT_STATE_DIR  # where the client looks too
 from sbx_client.local import state_dir as state_dir
-from shared.infrastructure import settings
+from shared.infrastructure.settings import bus
 
 SERVICES = ("gateway", "scheduler", "pool_manager", "executor", "reaper", "proxy_scaler")
 
@@ -111,10 +111,10 @@ def lock(state: Path, role: str = "up") -> IO[str]:
     return lock
 
 
-def bus_settings(directory: Path, env: Mapping[str, str]) -> settings.BusSettings:
+def bus_settings(directory: Path, env: Mapping[str, str]) -> bus.BusSettings:
     """How to reach the stack's NATS, or ConfigError saying how to get one running."""
     if env.get("NATS_URL"):
-        return settings.BusSettings.from_env(env)
+        return bus.BusSettings.from_env(env)
     info = StackInfo.read(directory)
     if info is None:
         raise errors.ConfigError(
@@ -122,11 +122,11 @@ def bus_settings(directory: Path, env: Mapping[str, str]) -> settings.BusSetting
             "pass --state-dir, or set NATS_URL)"
         )
     token = nats_token(directory) if info.embedded_nats else env.get("NATS_TOKEN")
-    return settings.BusSettings(
+    return bus.BusSettings(
         nats_url=info.nats_url,
         namespace=info.namespace,
         nats_token=token,
-        retention=settings.RetentionSettings.from_env(env),
+        retention=bus.RetentionSettings.from_env(env),
     )
 
 

@@ -14,7 +14,10 @@ from pathlib import Path
 from sbx import down, natsd, observe, proxyrun, stack, supervisor
 from sbx_api import errors
 from shared.contract import subjects
-from shared.infrastructure import bus, health, processenv, settings
+from shared.infrastructure import bus, health, processenv
+from shared.infrastructure.settings import audit, lifecycle, proxies, runtime, service
+from shared.infrastructure.settings import bus as bus_config
+from shared.infrastructure.settings import gateway as gateway_settings
 from shared.runtime import backends
 
 GATEWAY_READY_TIMEOUT = 60.0
@@ -49,7 +52,7 @@ def _gateway_port(host: str, port: int) -> int:
 
 
 async def _wait_for_nats(
-    bus_settings: settings.BusSettings, child: supervisor.Child | None, log_path: Path | None
+    bus_settings: bus_config.BusSettings, child: supervisor.Child | None, log_path: Path | None
 ) -> None:
     deadline = asyncio.get_running_loop().time() + 15
     while True:
@@ -69,7 +72,7 @@ async def _wait_for_nats(
         return
 
 
-async def _wait_for_gateway(bus_settings: settings.BusSettings, gateway: supervisor.Child) -> str:
+async def _wait_for_gateway(bus_settings: bus_config.BusSettings, gateway: supervisor.Child) -> str:
     topology = subjects.Topology(bus_settings.namespace)
     nc = await bus.connect(bus_settings, "sbx-up")
     try:
@@ -85,10 +88,10 @@ async def _wait_for_gateway(bus_settings: settings.BusSettings, gateway: supervi
         await nc.close()
 
 
-async def _release(state: Path, bus_settings: settings.BusSettings, env: dict[str, str]) -> down.Released:
+async def _release(state: Path, bus_settings: bus_config.BusSettings, env: dict[str, str]) -> down.Released:
     """Stop this state dir's sandboxes and proxies (``sbx.down``), recording it through the
     stack's NATS if it answers."""
-    backend = settings.RuntimeSettings.from_env(env).backend
+    backend = runtime.RuntimeSettings.from_env(env).backend
     return await down.release_via(state, bus_settings, backend, who="sbx-up")
 
 
@@ -105,28 +108,28 @@ class _Egress:
 async def _egress(state: Path, env: dict[str, str]) -> tuple[dict[str, str], _Egress]:
     """Check the settings every service reads (a bad value stops here, before anything
     starts) and choose the sandboxes' egress; with proxy egress, make the CA first."""
-    settings.LifecycleSettings.from_env(env)
-    settings.AuditRateSettings.from_env(env)
-    settings.BusSettings.from_env(env)
+    lifecycle.LifecycleSettings.from_env(env)
+    audit.AuditRateSettings.from_env(env)
+    bus_config.BusSettings.from_env(env)
     mode, why = proxyrun.egress_choice(env)
     why_none = why or ""
     env = {**env, "SBX_SANDBOX_EGRESS": mode}
-    runtime_settings = settings.RuntimeSettings.from_env(env)
+    runtime_settings = runtime.RuntimeSettings.from_env(env)
     if mode != "proxy":
         return env, _Egress(mode, why_none, (), "")
     proxy_env = proxyrun.check_config(env)
     # Before any sandbox starts: they all trust it.
     await backends.ensure_proxy_ca(
-        runtime_settings.backend, state, settings.ProxySettings.from_env(env).binary
+        runtime_settings.backend, state, proxies.ProxySettings.from_env(env).binary
     )
     return env, _Egress(mode, why_none, proxy_env, backends.sandbox_proxy_url(runtime_settings.backend))
 
 
 async def _start_nats(
     options: Options, state: Path, env: dict[str, str], sup: supervisor.Supervisor
-) -> tuple[settings.BusSettings, supervisor.Child | None]:
+) -> tuple[bus_config.BusSettings, supervisor.Child | None]:
     """The NATS server of this stack (none with ``NATS_URL``), up and answering."""
-    base = settings.BusSettings.from_env(env)
+    base = bus_config.BusSettings.from_env(env)
     if env.get("NATS_URL"):
         await _wait_for_nats(base, None, None)
         return base, None
@@ -158,7 +161,7 @@ async def _start_services(
     state: Path,
     env: dict[str, str],
     sup: supervisor.Supervisor,
-    bus_settings: settings.BusSettings,
+    bus_settings: bus_config.BusSettings,
     key: str,
     proxy_env: tuple[str, ...],
 ) -> supervisor.Child:
@@ -202,7 +205,7 @@ async def _start_services(
 def _banner(
     state: Path,
     env: dict[str, str],
-    bus_settings: settings.BusSettings,
+    bus_settings: bus_config.BusSettings,
     gateway_url: str,
     embedded: bool,
     egress: _Egress,
@@ -235,12 +238,12 @@ async def run(options: Options, env: dict[str, str]) -> int:
         loop.add_signal_handler(sig, stop.set)
     lock = stack.lock(state)  # noqa: F841  (held until this process ends)
     key, generated = stack.api_key(state, env)
-    settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": key})  # a bad key stops here
+    gateway_settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": key})  # a bad key stops here
     env, egress = await _egress(state, env)
-    drain = settings.ServiceSettings.from_env("sbx", env).drain_timeout
+    drain = service.ServiceSettings.from_env("sbx", env).drain_timeout
     sup = supervisor.Supervisor(stop_timeout=drain + 5)
     nats_child: supervisor.Child | None = None
-    bus_settings: settings.BusSettings | None = None
+    bus_settings: bus_config.BusSettings | None = None
 
     def publish(phase: str, gateway_url: str | None = None) -> None:
         assert bus_settings is not None

@@ -26,7 +26,9 @@ from nats.aio.client import Client
 
 from sbx import natsd
 from shared.contract import codec, commands, ids, subjects
-from shared.infrastructure import bus, service, settings
+from shared.infrastructure import bus, service
+from shared.infrastructure.settings import bus as bus_settings
+from shared.infrastructure.settings import service as service_config
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "test-key-0123456789abcdef"
@@ -159,11 +161,11 @@ class NatsCluster:
 
 def service_settings(
     server_url: str, namespace: str, name: str, **overrides: Any
-) -> settings.ServiceSettings:
-    base = settings.ServiceSettings(
+) -> service_config.ServiceSettings:
+    base = service_config.ServiceSettings(
         service=name,
         instance=f"{name}-{ids.new_id()[:8]}",
-        bus=settings.BusSettings(nats_url=server_url, namespace=namespace, request_timeout=5.0),
+        bus=bus_settings.BusSettings(nats_url=server_url, namespace=namespace, request_timeout=5.0),
         health_interval=0.2,
         drain_timeout=2.0,
     )
@@ -174,7 +176,7 @@ def service_settings(
 class Running:
     """A service running in this process's event loop."""
 
-    settings: settings.ServiceSettings
+    settings: service_config.ServiceSettings
     task: asyncio.Task[int]
     stop_event: asyncio.Event
 
@@ -238,7 +240,7 @@ async def wait_for_health(
 
 async def connect(server_url: str, namespace: str) -> tuple[Client, subjects.Topology]:
     topology = subjects.Topology(namespace)
-    nc = await bus.connect(settings.BusSettings(nats_url=server_url, namespace=namespace), "test")
+    nc = await bus.connect(bus_settings.BusSettings(nats_url=server_url, namespace=namespace), "test")
     await bus.ensure_topology(nc.jetstream(), topology)
     return nc, topology
 

@@ -20,7 +20,9 @@ import pytest
 import yaml
 
 from services.gateway import origins
-from shared.infrastructure import settings
+from shared.infrastructure.settings import bus, kubernetes, lifecycle, proxies, runtime
+from shared.infrastructure.settings import gateway as gateway_settings
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime.kubernetes import manifests, names
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,7 +193,7 @@ def test_the_rendered_kustomization_is_valid(directory: Path):
             (container,) = pod_spec(doc)["containers"]
             assert container["envFrom"] == [{"configMapRef": {"name": settings_map["metadata"]["name"]}}]
     env = settings_map["data"]
-    kube = settings.KubernetesSettings.from_env(env)
+    kube = kubernetes.KubernetesSettings.from_env(env)
     if directory.name == "kind":
         assert all(ref.endswith(":dev") for _, ref in kube.images)
         assert kube.strong_runtime_class == ""
@@ -248,15 +250,15 @@ def test_the_shared_settings_are_accepted_by_the_services():
     )
     assert env["SBX_RUNTIME"] == "kubernetes" and env["SBX_SANDBOX_EGRESS"] == "proxy"
     assert env["NATS_URL"] == "nats://nats.sbx-system.svc:4222"
-    settings.ServiceSettings.from_env("test", env)
-    settings.RuntimeSettings.from_env(env)
-    settings.LifecycleSettings.from_env(env)
-    settings.ProxySettings.from_env(env)
-    kube = settings.KubernetesSettings.from_env(env)
+    service_settings.ServiceSettings.from_env("test", env)
+    runtime.RuntimeSettings.from_env(env)
+    lifecycle.LifecycleSettings.from_env(env)
+    proxies.ProxySettings.from_env(env)
+    kube = kubernetes.KubernetesSettings.from_env(env)
     assert kube.namespace == "sbx-sandboxes" and kube.proxy_service == "sbx-system/sbx-proxy"
     assert "SANDBOX_API_KEY" not in env, "the key comes from a Secret, for the gateway only"
     # The gateway answers to its Service's names, pod addresses (probes) and port-forwards.
-    gateway = settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": "k" * 32})
+    gateway = gateway_settings.GatewaySettings.from_env({**env, "SANDBOX_API_KEY": "k" * 32})
     allowed = origins.Allowed.build("0.0.0.0", gateway.allowed_hosts)
     for host in ("gateway.sbx-system.svc:8080", "gateway:8080", "10.244.0.7:8080", "127.0.0.1:8080"):
         assert allowed.refusal([host], []) is None, host
@@ -312,7 +314,7 @@ def test_the_seccomp_profile_is_installed_where_the_runtime_setting_points():
     script = "\n".join(pod_spec(installer)["containers"][0]["command"])
     assert "/host/seccomp/sbx" in script
     value = "localhost/sbx/sbx-sandbox.json"
-    kube = settings.KubernetesSettings.from_env({"SBX_K8S_SECCOMP": value})
+    kube = kubernetes.KubernetesSettings.from_env({"SBX_K8S_SECCOMP": value})
     assert kube.seccomp_profile == value
     assert (DEPLOY / "seccomp" / "README.md").read_text().count("kubernetes/base/seccomp/sbx-sandbox.json")
 
@@ -481,9 +483,7 @@ def test_nats_is_a_three_node_cluster_and_the_services_make_three_copies():
     settings_env = (KUBE / "base" / "settings.env").read_text().splitlines()
     assert "SBX_NATS_REPLICAS=3" in settings_env
     assert (
-        settings.BusSettings.from_env(
-            dict(line.split("=", 1) for line in settings_env if "=" in line)
-        ).replicas
+        bus.BusSettings.from_env(dict(line.split("=", 1) for line in settings_env if "=" in line)).replicas
         == 3
     )
     budget = find("PodDisruptionBudget", "nats", "sbx-system")
@@ -494,7 +494,7 @@ def test_nats_is_a_three_node_cluster_and_the_services_make_three_copies():
 
 
 def test_the_proxy_matches_what_sandbox_pods_and_their_policies_expect():
-    kube = settings.KubernetesSettings()
+    kube = kubernetes.KubernetesSettings()
     namespace, name = kube.proxy_namespace, kube.proxy_name
     key, value = names.PROXY_POD_LABEL
     proxy = find("Deployment", name, namespace)
@@ -531,7 +531,7 @@ def test_the_proxy_matches_what_sandbox_pods_and_their_policies_expect():
 
 
 def test_the_runtime_classes_the_settings_name_exist():
-    kube = settings.KubernetesSettings()
+    kube = kubernetes.KubernetesSettings()
     classes = {d["metadata"]["name"]: d for d in objects() if d["kind"] == "RuntimeClass"}
     assert classes[kube.runtime_class]["handler"] == "runsc"
     assert classes[kube.strong_runtime_class]["handler"] == "kata"
@@ -543,7 +543,7 @@ def test_sandbox_pods_fit_the_sandbox_namespace_pod_security_level():
     baseline = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD"}
     baseline |= {"NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
     assert set(manifests.ROOT_CAPABILITIES) <= baseline
-    assert settings.KubernetesSettings().namespace == "sbx-sandboxes"
+    assert kubernetes.KubernetesSettings().namespace == "sbx-sandboxes"
 
 
 # ---- (5) network policies ---------------------------------------------------------------------
@@ -588,7 +588,7 @@ def test_the_proxy_takes_connections_from_sandboxes_only_and_reaches_only_public
     assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "sbx-sandboxes"}
     sandbox_labels = names.labels("any-sandbox", {})
     assert selects(peer["podSelector"], sandbox_labels)
-    assert [p["port"] for p in rule["ports"]] == [settings.KubernetesSettings().proxy_port]
+    assert [p["port"] for p in rule["ports"]] == [kubernetes.KubernetesSettings().proxy_port]
     (egress,) = by_name["proxy-egress"]["spec"]["egress"]
     assert sorted(p["port"] for p in egress["ports"]) == [80, 443]
     v4 = next(peer["ipBlock"] for peer in egress["to"] if peer["ipBlock"]["cidr"] == "0.0.0.0/0")

@@ -6,7 +6,10 @@ from collections.abc import Mapping
 
 from services.executor import caches, handlers, shells
 from shared.domain import projections
-from shared.infrastructure import auditrate, projector, rpc, service, settings
+from shared.infrastructure import auditrate, projector, rpc, service
+from shared.infrastructure.settings import audit
+from shared.infrastructure.settings import runtime as runtime_settings
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime import backends
 
 #: Requests served concurrently per instance: long shell calls wait, they do not block others.
@@ -14,8 +17,8 @@ MAX_WORKERS = 256
 
 
 def make_setup(
-    runtime_settings: settings.RuntimeSettings,
-    audit_rate: settings.AuditRateSettings | None = None,
+    runtime_settings: runtime_settings.RuntimeSettings,
+    audit_rate: audit.AuditRateSettings | None = None,
 ) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         runtime = backends.open_runtime(
@@ -29,7 +32,7 @@ def make_setup(
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         tenant_caches = caches.TenantCaches(ctx, runtime, sessions, sandboxes)
         rate = auditrate.AuditRate(
-            await ctx.key_value(ctx.topology.audit_rate_bucket), audit_rate or settings.AuditRateSettings()
+            await ctx.key_value(ctx.topology.audit_rate_bucket), audit_rate or audit.AuditRateSettings()
         )
         executor = handlers.Executor(
             ctx, runtime, sandboxes, runtime_settings.output_limit, activity_kv, servers, tenant_caches, rate
@@ -50,7 +53,7 @@ def make_setup(
     return setup
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("executor", env), make_setup(
-        settings.RuntimeSettings.from_env(env), settings.AuditRateSettings.from_env(env)
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    return service_settings.ServiceSettings.from_env("executor", env), make_setup(
+        runtime_settings.RuntimeSettings.from_env(env), audit.AuditRateSettings.from_env(env)
     )

@@ -39,7 +39,10 @@ from services.gateway import console as web_console
 from services.gateway.e2b import control as e2b_control
 from services.gateway.e2b import envd as e2b_envd
 from shared.domain import listing, projections
-from shared.infrastructure import listings, metrics, projector, rpc, service, settings
+from shared.infrastructure import listings, metrics, projector, rpc, service
+from shared.infrastructure.settings import gateway as gateway_settings
+from shared.infrastructure.settings import lifecycle
+from shared.infrastructure.settings import service as service_settings
 
 log = structlog.get_logger(__name__)
 
@@ -52,7 +55,7 @@ CORS_HEADERS = (
 
 
 def build_app(
-    gateway: settings.GatewaySettings,
+    gateway: gateway_settings.GatewaySettings,
     ctx: service.Context,
     api: rest.SessionsAPI,
     mcp_app: StarletteWithLifespan,
@@ -69,35 +72,10 @@ def build_app(
         body = schemas.Health(status=ctx.status, instance=ctx.settings.instance, version=service.VERSION)
         return rest.json_response(body, 200 if ctx.status == "ok" else 503)
 
-    routes: list[BaseRoute] = [
-        Route(op.path, api.endpoint(op), methods=[op.method], name=op.operation_id) for op in rest.OPERATIONS
-    ]
-
-    if copies is not None:
-        routes += [
-            Route(op.path, copies.endpoint(op), methods=[op.method], name=op.operation_id)
-            for op in snapshots.OPERATIONS
-        ]
-
     history = timeline.TimelineAPI(ctx.store, ctx.topology)
-    routes += [
-        Route(op.path, rest.guarded(getattr(history, op.handler_name), op.operation_id), methods=[op.method])
-        for op in timeline.OPERATIONS
-    ]
-    if host is not None:
-        routes += [
-            Route(
-                op.path, host.endpoint(getattr(host, op.handler_name), op.operation_id), methods=[op.method]
-            )
-            for op in hostapi.OPERATIONS
-        ]
-        files = archive.ArchiveAPI(host)
-        routes += [
-            Route(
-                op.path, host.endpoint(getattr(files, op.handler_name), op.operation_id), methods=[op.method]
-            )
-            for op in archive.OPERATIONS
-        ]
+    files = archive.ArchiveAPI(host) if host is not None else None
+    apis: list[rest.API | None] = [api, copies, history, host, files]  # (in the order they match)
+    routes: list[BaseRoute] = [route for each in apis if each is not None for route in each.routes()]
 
     async def metrics_endpoint(_: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -194,7 +172,7 @@ class _Server(uvicorn.Server):
         yield
 
 
-def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
+def make_setup(gateway: gateway_settings.GatewaySettings, *, max_lifetime: float = 3600.0) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         session_states = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         client = rpc.SessionClient(ctx.nc, ctx.topology, ctx.settings.bus.request_timeout)
@@ -287,7 +265,7 @@ def make_setup(gateway: settings.GatewaySettings, *, max_lifetime: float = 3600.
     return setup
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    gateway = settings.GatewaySettings.from_env(env)
-    lifetime = settings.LifecycleSettings.from_env(env).max_lifetime
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    gateway = gateway_settings.GatewaySettings.from_env(env)
+    lifetime = lifecycle.LifecycleSettings.from_env(env).max_lifetime
     return gateway.base, make_setup(gateway, max_lifetime=lifetime)

@@ -23,6 +23,7 @@ import msgspec
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from sbx_api import errors
 from sbx_api import hostapi as contract
@@ -140,6 +141,9 @@ class Broken(Exception):
 class ArchiveAPI:
     def __init__(self, host: hostapi.HostAPI) -> None:
         self.host = host
+
+    def routes(self) -> list[BaseRoute]:
+        return rest.routes(self, OPERATIONS, failed=hostapi.FAILED)
 
     async def get(self, request: Request) -> Response:
         who = self.host.who(request)

@@ -26,6 +26,7 @@ import structlog
 from nats.aio.client import Client
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 from starlette.types import Receive, Scope, Send
 
 from sbx_api import errors, hostapi
@@ -34,6 +35,9 @@ from shared.contract import checks, commands, execution, ids, subjects
 from shared.infrastructure import rpc, streams
 
 log = structlog.get_logger(__name__)
+
+FAILED = "hostapi.failed"
+"""What a 5xx answer of the host API (and of the archive beside it) is logged as."""
 
 _Body = TypeVar("_Body", bound=msgspec.Struct)
 T = TypeVar("T")
@@ -486,18 +490,8 @@ class HostAPI:
             raise
         return _prepend(held, events)
 
-    def endpoint(
-        self, handler: Callable[[Request], Awaitable[Response]], name: str
-    ) -> Callable[[Request], Awaitable[Response]]:
-        async def endpoint(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except errors.SandboxError as exc:
-                if exc.status >= 500:
-                    log.warning("hostapi.failed", operation=name, code=exc.code, error=exc.message)
-                return rest.problem(exc)
-
-        return endpoint
+    def routes(self) -> list[BaseRoute]:
+        return rest.routes(self, OPERATIONS, failed=FAILED)
 
 
 class _Upload:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import structlog
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 
 from sbx_api import errors
 from services.gateway import cursors, schemas
@@ -31,6 +32,27 @@ CURSOR_SCHEMA: dict[str, Any] = {"type": "string", "minLength": 1, "maxLength": 
 _encoder = msgspec.json.Encoder()
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class API(Protocol):
+    """One of the gateway's HTTP APIs: its operations (a table of :class:`Operation`, also
+    what OpenAPI is generated from), each answered by the method the operation names."""
+
+    def routes(self) -> list[BaseRoute]: ...
+
+
+def routes(api: object, operations: Sequence[Operation], *, failed: str = "rest.failed") -> list[BaseRoute]:
+    """A route per operation of ``api``'s table, to its handler (``handler_name``) with its
+    errors answered as problem documents (5xx also logged as ``failed``)."""
+    return [
+        Route(
+            op.path,
+            guarded(getattr(api, op.handler_name), op.operation_id, failed=failed),
+            methods=[op.method],
+            name=op.operation_id,
+        )
+        for op in operations
+    ]
 
 
 def list_limit(raw: str | None) -> int:
@@ -400,19 +422,19 @@ class SessionsAPI:
         self.forget_placement(command.session_id)
         return json_response(None, 204)
 
-    def endpoint(self, operation: Operation) -> Handler:
-        return guarded(getattr(self, operation.handler_name), operation.operation_id)
+    def routes(self) -> list[BaseRoute]:
+        return routes(self, OPERATIONS)
 
 
-def guarded(handler: Handler, name: str) -> Handler:
-    """The handler, its errors answered as problem documents (5xx also logged)."""
+def guarded(handler: Handler, name: str, *, failed: str = "rest.failed") -> Handler:
+    """The handler, its errors answered as problem documents (5xx also logged as ``failed``)."""
 
     async def endpoint(request: Request) -> Response:
         try:
             return await handler(request)
         except errors.SandboxError as exc:
             if exc.status >= 500:
-                log.warning("rest.failed", operation=name, code=exc.code, error=exc.message)
+                log.warning(failed, operation=name, code=exc.code, error=exc.message)
             return problem(exc)
 
     return endpoint

@@ -22,6 +22,7 @@ from typing import Annotated, Any, ClassVar
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from sbx_api import errors
 from sbx_api.wire import ForkFailure, Forks, Snapshot, SnapshotList
@@ -426,5 +427,5 @@ class SnapshotsAPI:
         assert state is not None
         return rest.json_response(schemas.session_of(state))
 
-    def endpoint(self, operation: rest.Operation) -> rest.Handler:
-        return rest.guarded(getattr(self, operation.handler_name), operation.operation_id)
+    def routes(self) -> list[BaseRoute]:
+        return rest.routes(self, OPERATIONS)

@@ -18,6 +18,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import BaseRoute
 
 from sbx_api import errors
 from sbx_api import hostapi as contract
@@ -134,6 +135,9 @@ def parse(request: Request) -> Query:
 class TimelineAPI:
     def __init__(self, store: eventstore.EventStore, topology: subjects.Topology) -> None:
         self.reader = reading.TimelineReader(store, topology)
+
+    def routes(self) -> list[BaseRoute]:
+        return rest.routes(self, OPERATIONS)
 
     async def timeline(self, request: Request) -> Response:
         query = parse(request)

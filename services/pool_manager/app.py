@@ -10,16 +10,20 @@ from shared.contract import states
 from shared.domain import pools as pool_specs
 from shared.domain import poolsizing, projections
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import projector, rpc, service, settings
+from shared.infrastructure import projector, rpc, service
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
+from shared.infrastructure.settings import runtime as runtime_settings
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime import api, backends
 
 MAX_WORKERS = 32
 
 
 def make_setup(
-    runtime_settings: settings.RuntimeSettings, lifecycle: settings.LifecycleSettings | None = None
+    runtime_settings: runtime_settings.RuntimeSettings,
+    lifecycle: lifecycle_settings.LifecycleSettings | None = None,
 ) -> service.Setup:
-    lifecycle = lifecycle or settings.LifecycleSettings(pool_min_idle=0)
+    lifecycle = lifecycle or lifecycle_settings.LifecycleSettings(pool_min_idle=0)
 
     async def setup(ctx: service.Context) -> service.Workload:
         runtime = backends.open_runtime(
@@ -99,7 +103,7 @@ def make_setup(
     return setup
 
 
-def sizing(lifecycle: settings.LifecycleSettings) -> poolsizing.Sizing:
+def sizing(lifecycle: lifecycle_settings.LifecycleSettings) -> poolsizing.Sizing:
     return poolsizing.Sizing(
         enabled=lifecycle.pool_autosize,
         max_idle=lifecycle.pool_max_idle,
@@ -108,7 +112,7 @@ def sizing(lifecycle: settings.LifecycleSettings) -> poolsizing.Sizing:
     )
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("pool-manager", env), make_setup(
-        settings.RuntimeSettings.from_env(env), settings.LifecycleSettings.from_env(env)
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    return service_settings.ServiceSettings.from_env("pool-manager", env), make_setup(
+        runtime_settings.RuntimeSettings.from_env(env), lifecycle_settings.LifecycleSettings.from_env(env)
     )

@@ -17,7 +17,10 @@ from services.proxy_scaler import egresslog, fleetmetrics, handlers, logic
 from shared.contract import states
 from shared.domain import projections
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import leases, metrics, projector, service, settings
+from shared.infrastructure import leases, metrics, projector, service
+from shared.infrastructure.settings import proxies as proxies_settings
+from shared.infrastructure.settings import runtime as runtime_settings
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -29,7 +32,7 @@ MIN_GAP = 0.1
 
 # Long on purpose: wiring, each step building what the next one needs.
 def make_setup(
-    runtime_settings: settings.RuntimeSettings, proxy_settings: settings.ProxySettings
+    runtime_settings: runtime_settings.RuntimeSettings, proxy_settings: proxies_settings.ProxySettings
 ) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         if runtime_settings.egress != "proxy":
@@ -163,7 +166,7 @@ async def _unregister(exported: fleetmetrics.FleetMetrics) -> None:
         metrics.REGISTRY.unregister(exported)
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("proxy-scaler", env), make_setup(
-        settings.RuntimeSettings.from_env(env), settings.ProxySettings.from_env(env)
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    return service_settings.ServiceSettings.from_env("proxy-scaler", env), make_setup(
+        runtime_settings.RuntimeSettings.from_env(env), proxies_settings.ProxySettings.from_env(env)
     )

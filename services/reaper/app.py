@@ -8,7 +8,10 @@ import structlog
 
 from services.reaper import handlers
 from shared.domain import projections
-from shared.infrastructure import leases, projector, service, settings
+from shared.infrastructure import leases, projector, service
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
+from shared.infrastructure.settings import runtime as runtime_settings
+from shared.infrastructure.settings import service as service_settings
 from shared.runtime import backends
 
 log = structlog.get_logger(__name__)
@@ -16,8 +19,8 @@ LEASE_KEY = "reaper"
 
 
 def make_setup(
-    runtime_settings: settings.RuntimeSettings,
-    lifecycle: settings.LifecycleSettings,
+    runtime_settings: runtime_settings.RuntimeSettings,
+    lifecycle: lifecycle_settings.LifecycleSettings,
     grace: float = handlers.GRACE_SECONDS,
 ) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
@@ -57,7 +60,7 @@ def make_setup(
     return setup
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("reaper", env), make_setup(
-        settings.RuntimeSettings.from_env(env), settings.LifecycleSettings.from_env(env)
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    return service_settings.ServiceSettings.from_env("reaper", env), make_setup(
+        runtime_settings.RuntimeSettings.from_env(env), lifecycle_settings.LifecycleSettings.from_env(env)
     )

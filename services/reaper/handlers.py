@@ -15,7 +15,8 @@ from sbx_api import errors
 from services.reaper import logic
 from shared.contract import commands, events, ids, provisioning, states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import activity, aggregates, metrics, projector, retention, rpc, service, settings
+from shared.infrastructure import activity, aggregates, metrics, projector, retention, rpc, service
+from shared.infrastructure.settings import lifecycle
 from shared.runtime import api
 
 log = structlog.get_logger(__name__)
@@ -38,7 +39,7 @@ class Reaper:
         runtime: api.Runtime,
         sessions: projector.ProjectionStore[states.SessionState],
         sandboxes: projector.ProjectionStore[states.SandboxState],
-        rules: settings.LifecycleSettings,
+        rules: lifecycle.LifecycleSettings,
         grace: float = GRACE_SECONDS,
         snapshots: projector.ProjectionStore[states.SnapshotState] | None = None,
     ) -> None:

@@ -13,7 +13,7 @@ from typing import Literal
 
 from shared.contract import states
 from shared.domain import sandbox as sandbox_rules
-from shared.infrastructure import settings
+from shared.infrastructure.settings import lifecycle
 
 
 @dataclass(frozen=True)
@@ -36,19 +36,19 @@ def session_start(session: states.SessionState, sandbox: states.SandboxState) ->
     return max(times) if times else sandbox.created_at
 
 
-def pauses(rules: settings.LifecycleSettings, pausable: bool) -> bool:
+def pauses(rules: lifecycle.LifecycleSettings, pausable: bool) -> bool:
     """Whether idle sandboxes are paused before they are stopped: where the runtime can
     pause, with a pause timeout shorter than the idle (stop) timeout."""
     return pausable and 0 < rules.pause_timeout < rules.idle_timeout
 
 
-def hibernates(rules: settings.LifecycleSettings) -> bool:
+def hibernates(rules: lifecycle.LifecycleSettings) -> bool:
     """Whether idle sandboxes are hibernated (stopped, the session left active) before the
     session is stopped: with a hibernate timeout shorter than the idle (stop) timeout."""
     return 0 < rules.hibernate_timeout < rules.idle_timeout
 
 
-def first_idle_step(rules: settings.LifecycleSettings, pausable: bool) -> float:
+def first_idle_step(rules: lifecycle.LifecycleSettings, pausable: bool) -> float:
     """Seconds without a call after which the idle rules first act (pause, hibernate, stop)."""
     steps = [rules.idle_timeout]
     if pauses(rules, pausable):
@@ -59,7 +59,7 @@ def first_idle_step(rules: settings.LifecycleSettings, pausable: bool) -> float:
 
 
 def needs_activity(session: states.SessionState, sandbox: states.SandboxState, now: datetime,
-                   rules: settings.LifecycleSettings, pausable: bool = False) -> bool:  # fmt: skip
+                   rules: lifecycle.LifecycleSettings, pausable: bool = False) -> bool:  # fmt: skip
     """Whether an idle rule could fire without looking up the last tool call."""
     quiet_since = max(session_start(session, sandbox), session.updated_at)
     return now - quiet_since >= timedelta(seconds=first_idle_step(rules, pausable))
@@ -70,7 +70,7 @@ def decide_reaps(
     sandboxes: Mapping[str, states.SandboxState],
     last_activity: Mapping[str, datetime],
     now: datetime,
-    rules: settings.LifecycleSettings,
+    rules: lifecycle.LifecycleSettings,
     *,
     pausable: bool = False,
 ) -> list[Reap]:
@@ -107,7 +107,7 @@ def _lifetime_rule(
     sandbox: states.SandboxState,
     last_call: datetime | None,
     now: datetime,
-    rules: settings.LifecycleSettings,
+    rules: lifecycle.LifecycleSettings,
     pausable: bool,
 ) -> Reap | None:
     start = session_start(session, sandbox)

@@ -7,13 +7,15 @@ from collections.abc import Mapping
 
 from services.scheduler import handlers
 from shared.domain import pools, projections
-from shared.infrastructure import eventstore, projector, rpc, service, settings, warmpool
+from shared.infrastructure import eventstore, projector, rpc, service, warmpool
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
+from shared.infrastructure.settings import service as service_settings
 
 #: Commands handled concurrently per instance (bounded: back-pressure).
 MAX_WORKERS = 64
 
 
-def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.Setup:
+def make_setup(lifecycle: lifecycle_settings.LifecycleSettings | None = None) -> service.Setup:
     async def setup(ctx: service.Context) -> service.Workload:
         sessions = await projector.ProjectionStore.open(ctx.js, projections.SESSIONS, ctx.store)
         sandboxes = await projector.ProjectionStore.open(ctx.js, projections.SANDBOXES, ctx.store)
@@ -44,7 +46,7 @@ def make_setup(lifecycle: settings.LifecycleSettings | None = None) -> service.S
 setup = make_setup()
 
 
-def build(env: Mapping[str, str]) -> tuple[settings.ServiceSettings, service.Setup]:
-    return settings.ServiceSettings.from_env("scheduler", env), make_setup(
-        settings.LifecycleSettings.from_env(env)
+def build(env: Mapping[str, str]) -> tuple[service_settings.ServiceSettings, service.Setup]:
+    return service_settings.ServiceSettings.from_env("scheduler", env), make_setup(
+        lifecycle_settings.LifecycleSettings.from_env(env)
     )

@@ -12,7 +12,8 @@ from nats.js.kv import KeyValue
 from sbx_api import errors
 from shared.contract import codec, ids
 from shared.domain import audit
-from shared.infrastructure import bounded, eventstore, settings
+from shared.infrastructure import bounded, eventstore
+from shared.infrastructure.settings import audit as audit_settings
 
 ROUNDS = 20
 """Charges of one session racing each other: each CAS loser reads again, this many times."""
@@ -21,7 +22,7 @@ REMEMBERED = 10_000
 
 
 class AuditRate:
-    def __init__(self, kv: KeyValue, limits: settings.AuditRateSettings) -> None:
+    def __init__(self, kv: KeyValue, limits: audit_settings.AuditRateSettings) -> None:
         self.kv = kv
         self.limits = limits
         self._written: bounded.Bounded[str, tuple[audit.Level, int]] = bounded.Bounded(REMEMBERED)

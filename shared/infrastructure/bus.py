@@ -19,14 +19,15 @@ from nats.js.client import JetStreamContext
 
 from sbx_api import errors
 from shared.contract import subjects
-from shared.infrastructure import eventstore, jetstream, settings
+from shared.infrastructure import eventstore, jetstream
+from shared.infrastructure.settings import bus as bus_settings
 
 log = structlog.get_logger(__name__)
 
 STREAM_NAME_IN_USE = 10058
 
 
-async def connect(bus: settings.BusSettings, name: str, *, connect_timeout: float = 5.0) -> Client:
+async def connect(bus: bus_settings.BusSettings, name: str, *, connect_timeout: float = 5.0) -> Client:
     """Connect with unlimited reconnects; raise Unavailable if the first connect fails."""
 
     async def on_error(exc: Exception) -> None:

@@ -23,7 +23,8 @@ from nats.js.client import JetStreamContext
 
 from sbx_api import errors
 from shared.contract import codec, events, subjects
-from shared.infrastructure import settings, tracing
+from shared.infrastructure import tracing
+from shared.infrastructure.settings import bus
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -122,7 +123,7 @@ class EventStore:
         js: JetStreamContext,
         topology: subjects.Topology,
         *,
-        audit_ttl: float = settings.RetentionSettings.audit_max_age,
+        audit_ttl: float = bus.RetentionSettings.audit_max_age,
     ) -> None:
         """``audit_ttl``: seconds an audit record lives (``SBX_AUDIT_MAX_AGE``; 0: no TTL)."""
         self._js = js

@@ -46,9 +46,10 @@ from shared.infrastructure import (
     projector,
     responders,
     rpc,
-    settings,
     tracing,
 )
+from shared.infrastructure.settings import bus as bus_config
+from shared.infrastructure.settings import service as service_config
 
 log = structlog.get_logger(__name__)
 
@@ -68,7 +69,7 @@ def now() -> datetime:
 class Context:
     """What a service's wiring gets from the runner."""
 
-    settings: settings.ServiceSettings
+    settings: service_config.ServiceSettings
     nc: Client
     js: JetStreamContext
     topology: subjects.Topology
@@ -152,7 +153,7 @@ class Workload:
 Setup = Callable[[Context], Awaitable[Workload]]
 
 
-async def _connect_with_retry(bus_settings: settings.BusSettings, name: str) -> Client:
+async def _connect_with_retry(bus_settings: bus_config.BusSettings, name: str) -> Client:
     deadline = asyncio.get_running_loop().time() + STARTUP_TIMEOUT
     delay = 0.1
     while True:
@@ -191,7 +192,7 @@ async def _record_start(
 # Long on purpose: a service's whole life in order (connect, join, serve, drain, leave);
 # its steps share what the ``finally`` cleans up.
 async def run(  # noqa: C901
-    service_settings: settings.ServiceSettings, setup: Setup, *, stop: asyncio.Event | None = None
+    service_settings: service_config.ServiceSettings, setup: Setup, *, stop: asyncio.Event | None = None
 ) -> int:
     """Run one service instance until signalled (or ``stop`` is set); return the exit code.
 
@@ -294,7 +295,7 @@ async def run(  # noqa: C901
     return exit_code
 
 
-Build = Callable[[Mapping[str, str]], tuple[settings.ServiceSettings, Setup]]
+Build = Callable[[Mapping[str, str]], tuple[service_config.ServiceSettings, Setup]]
 
 
 def main(service: str, build: Build) -> None:

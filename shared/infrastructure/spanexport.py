@@ -24,7 +24,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from shared.infrastructure import settings
+from shared.infrastructure.settings import traces as traces_settings
 
 log = structlog.get_logger(__name__)
 
@@ -44,7 +44,7 @@ class Batches(SpanProcessor):
     by one thread, every ``delay`` seconds or as soon as ``max_batch`` are waiting. Nothing
     runs in a forked child: the thread is the parent's, and a child's spans are not queued."""
 
-    def __init__(self, exporter: SpanExporter, traces: settings.TraceSettings) -> None:
+    def __init__(self, exporter: SpanExporter, traces: traces_settings.TraceSettings) -> None:
         self._exporter = exporter
         self._delay, self._batch = traces.delay, traces.max_batch
         self._queue: collections.deque[ReadableSpan] = collections.deque(maxlen=traces.max_queue)

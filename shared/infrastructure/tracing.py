@@ -8,7 +8,7 @@ ride in the NATS headers of every request (:mod:`shared.infrastructure.beats` in
 :mod:`shared.infrastructure.responders` extracts), every appended event and every
 warm-pool offer.
 
-Off unless configured (:class:`shared.infrastructure.settings.TraceSettings`): then no SDK
+Off unless configured (:class:`shared.infrastructure.settings.traces.TraceSettings`): then no SDK
 is imported, no header is added, and every helper here returns at its first line (the
 API's no-op tracer is not even asked). :func:`configure` installs an SDK tracer provider
 with batched export at a service's start; tests :func:`install` their own.
@@ -33,7 +33,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.util import types as otel_types
 
 from sbx_api import errors
-from shared.infrastructure import settings
+from shared.infrastructure.settings import service as service_settings
 
 Attributes = dict[str, otel_types.AttributeValue]
 
@@ -153,7 +153,7 @@ def uninstall() -> None:
     _tracer = None
 
 
-def configure(service: settings.ServiceSettings, version: str) -> None:
+def configure(service: service_settings.ServiceSettings, version: str) -> None:
     """At a service's start: an SDK tracer provider exporting in batches where
     ``service.traces`` says, or nothing at all (no SDK imported) when it says nothing."""
     global _provider

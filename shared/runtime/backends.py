@@ -11,7 +11,7 @@ from sbx_api import errors
 from shared.runtime import api
 
 if TYPE_CHECKING:
-    from shared.infrastructure.settings import RuntimeSettings
+    from shared.infrastructure.settings.runtime import RuntimeSettings
     from shared.runtime.kubernetes.proxies import KubernetesProxies
     from shared.runtime.local.proxies import LocalProxies
     from shared.runtime.local.runtime import LocalRuntime
@@ -36,7 +36,7 @@ def open_runtime(
     ``tune_host``: the local runtime turns on cgroup2's ``favordynmods`` where it is off
     (the pool-manager asks, ``SBX_CGROUP_FAVOR_DYNMODS``; see ``cgroups.dynmods_remount``)."""
     if name == "kubernetes":
-        from shared.infrastructure.settings import KubernetesSettings
+        from shared.infrastructure.settings.kubernetes import KubernetesSettings
         from shared.runtime.kubernetes import runtime as kube
 
         return kube.KubernetesRuntime(
@@ -153,12 +153,12 @@ async def release_host(name: str, state_dir: Path) -> int:
         return 0
     import asyncio
 
-    from shared.infrastructure import settings
+    from shared.infrastructure.settings import proxies as proxies_settings
     from shared.runtime.local import proxies, runtime
 
     rt = runtime.LocalRuntime(state_dir)
     await asyncio.to_thread(rt.caches.detach_all)
-    fleet = proxies.LocalProxies(state_dir, rt, binary=str(settings.DEFAULT_PROXY_BIN))
+    fleet = proxies.LocalProxies(state_dir, rt, binary=str(proxies_settings.DEFAULT_PROXY_BIN))
     stopped = len(fleet.records())
     await fleet.stop_all()
     if rt.network.unavailable() is None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from shared.runtime import backends
-from shared.runtime.local import mounts, network
+from shared.runtime.local import mounts, network, sandboxdirs
 from shared.runtime.local import runtime as local
 from tests import support
 from tests.e2e.agent import Agent
@@ -68,7 +68,7 @@ def leftovers(state: Path, links: set[int] = frozenset()) -> dict[str, list[str]
     cgroups = [
         str(d)
         for sandbox in (runtime_sandboxes(state) if rt else ())
-        for d in rt.cgroups.dirs(rt._cgroup(sandbox))
+        for d in rt.cgroups.dirs(sandboxdirs.cgroup_name(sandbox))
         if d.exists()
     ]
     found = {

@@ -11,13 +11,13 @@ from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
 from shared.contract import events, execution, subjects
 from shared.domain import audit
-from shared.infrastructure import settings
+from shared.infrastructure.settings import audit as audit_settings
 from tests import support
 from tests.integration.test_executor import RUNTIME, Client
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
 ALLOWANCE = 64 * 1024
-LIMITS = settings.AuditRateSettings(bytes_per_window=ALLOWANCE, window=86400)
+LIMITS = audit_settings.AuditRateSettings(bytes_per_window=ALLOWANCE, window=86400)
 """Refills less than a byte a second: nothing refills during the test."""
 
 

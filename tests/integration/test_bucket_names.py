@@ -12,7 +12,7 @@ from nats.js import api
 
 from shared.contract import subjects
 from shared.infrastructure import bus as shared_bus
-from shared.infrastructure import settings
+from shared.infrastructure.settings import bus as bus_settings
 
 
 async def test_buckets_have_their_plural_names(bus):
@@ -33,7 +33,9 @@ async def test_buckets_have_their_plural_names(bus):
 
 async def test_an_old_state_dir_is_moved_to_the_new_names(nats_server, namespace):
     topology = subjects.Topology(namespace)
-    nc = await shared_bus.connect(settings.BusSettings(nats_url=nats_server.url, namespace=namespace), "test")
+    nc = await shared_bus.connect(
+        bus_settings.BusSettings(nats_url=nats_server.url, namespace=namespace), "test"
+    )
     js = nc.jetstream()
     try:
         old = await js.create_key_value(api.KeyValueConfig(bucket=topology.legacy_bucket(subjects.SANDBOX)))

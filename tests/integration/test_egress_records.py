@@ -11,8 +11,9 @@ import asyncio
 import pytest
 
 from shared.contract import subjects
-from shared.infrastructure import eventstore, settings
+from shared.infrastructure import eventstore
 from shared.infrastructure import timeline as reading
+from shared.infrastructure.settings import proxies
 from shared.runtime.local import network
 from tests.integration.test_proxy_fleet import ensure
 from tests.integration.test_proxy_metrics import fleet, in_sandbox
@@ -21,7 +22,7 @@ pytestmark = [
     pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
-        not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
+        not proxies.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
     ),
     pytest.mark.slow,
 ]

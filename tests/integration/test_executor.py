@@ -12,11 +12,11 @@ from services.executor import app as executor_app
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
 from shared.contract import codec, commands, execution, ids, provisioning, subjects
-from shared.infrastructure import settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from tests import support
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
-RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
+RUNTIME = runtime_settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
 
 
 @pytest.fixture

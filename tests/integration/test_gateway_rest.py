@@ -10,7 +10,7 @@ from sbx_api import hostapi
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
 from shared.contract import ids, references, subjects
-from shared.infrastructure import settings
+from shared.infrastructure.settings import gateway as gateway_settings
 from tests import support
 
 AUTH = {"Authorization": f"Bearer {support.API_KEY}"}
@@ -21,7 +21,7 @@ ALLOWED_ORIGIN = "https://console.example"
 async def api(nats_server, namespace):
     scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup)
     base = support.service_settings(nats_server.url, namespace, "gateway")
-    gw_settings = settings.GatewaySettings(
+    gw_settings = gateway_settings.GatewaySettings(
         base=base, api_key=support.API_KEY, host="127.0.0.1", port=0, cors_origins=(ALLOWED_ORIGIN,)
     )
     gateway = await support.start_in_process(
@@ -213,7 +213,7 @@ async def test_openapi_is_generated_from_the_types(api):
 
 async def test_no_scheduler_means_503_not_a_hang(nats_server, namespace):
     base = support.service_settings(nats_server.url, namespace, "gateway")
-    gw = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
+    gw = gateway_settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
     gateway = await support.start_in_process(
         nats_server.url, namespace, "gateway", gateway_app.make_setup(gw), instance=base.instance
     )

@@ -121,7 +121,7 @@ async def test_every_process_is_filtered_and_root_keeps_only_a_few_capabilities(
         assert int(bnd, 16) == mask, path
         assert int(eff, 16) & ~mask == 0, path
     code, out, _ = await sh(rt, sid, "ulimit -n; ulimit -Hn; wc -c < /proc/1/environ")
-    assert out.split() == [str(rt._nofile(api.SandboxSpec(sandbox_id="x")))] * 2 + ["0"]
+    assert out.split() == [str(rt.nofile(api.SandboxSpec(sandbox_id="x")))] * 2 + ["0"]
 
 
 async def test_toolchains_still_work_under_the_filter(rt, tmp_path):
@@ -161,7 +161,7 @@ def _with_wheel(rt, sid, tmp_path) -> None:
     from tests.proxy import harness
 
     name, data = harness.demo_wheel()
-    (rt._dir(sid) / "workspace" / name).write_bytes(data)
+    (rt.dirs.dir(sid) / "workspace" / name).write_bytes(data)
 
 
 def test_the_filter_denies_what_the_checklist_names():

@@ -123,7 +123,7 @@ token_env = "SBX_TEST_TOKEN"
         listen_host=network.PROXY_ADDRESS,
         port=port,
     )
-    rt.proxy_ca = proxy.ca_cert
+    rt.egress_links.proxy_ca = proxy.ca_cert
     rt.test_proxy_port = port
     servers = HostServers()
     rt.test_git_port = git_server.port

@@ -12,6 +12,7 @@ import pytest
 
 from shared.runtime import api
 from shared.runtime.local import runtime as local
+from shared.runtime.local import sandboxdirs
 
 pytestmark = [
     pytest.mark.needs_root("the local runtime's cgroup limits need root"),
@@ -107,10 +108,10 @@ async def test_pids_limit_contains_a_fork_bomb(rt):
     sid = await sandbox(rt, limits=api.Limits(pids=64))
     bomb = await rt.exec(sid, ["sh", "-c", "b() { b | b & }; b"])
     await asyncio.sleep(1.0)
-    assert 0 < len(rt.cgroups.pids(rt._cgroup(sid))) <= 64
+    assert 0 < len(rt.cgroups.pids(sandboxdirs.cgroup_name(sid))) <= 64
     await bomb.kill()
     await rt.stop(sid)  # stopping kills everything left in the group
-    assert rt.cgroups.pids(rt._cgroup(sid)) == []
+    assert rt.cgroups.pids(sandboxdirs.cgroup_name(sid)) == []
     await rt.start(sid)
     code, out, _ = await sh(rt, sid, "echo ok")
     assert out == "ok\n"
@@ -118,7 +119,7 @@ async def test_pids_limit_contains_a_fork_bomb(rt):
 
 async def test_cpu_limit_is_applied(rt):
     sid = await sandbox(rt, limits=api.Limits(cpus=0.5))
-    name = rt._cgroup(sid)
+    name = sandboxdirs.cgroup_name(sid)
     quota = (
         (rt.cgroups.dirs(name)[1] / "cpu.cfs_quota_us").read_text().strip()
         if rt.cgroups.version == 1

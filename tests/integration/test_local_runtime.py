@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from shared.runtime.local import runtime as local
+from shared.runtime.local import sandboxdirs
 from tests.contract.runtime_contract import RuntimeContract
 
 pytestmark = pytest.mark.needs_root("the local runtime's cgroup limits need root")
@@ -63,7 +64,7 @@ async def test_a_paused_sandbox_is_frozen_by_its_cgroup_and_uses_no_cpu(tmp_path
     await rt.start("frozen")
     try:
         await rt.run("frozen", ["sh", "-c", "(while :; do :; done) >/dev/null 2>&1 </dev/null &"])
-        name = rt._cgroup("frozen")
+        name = sandboxdirs.cgroup_name("frozen")
         busy = 0
         while not busy:  # the loop: the one process that keeps using CPU time
             await asyncio.sleep(0.05)
@@ -90,7 +91,7 @@ async def test_a_paused_sandbox_is_frozen_by_its_cgroup_and_uses_no_cpu(tmp_path
         assert Path(f"/proc/{busy}").exists()
     finally:
         await rt.delete("frozen")
-    assert not any(d.exists() for d in rt.cgroups.dirs(rt._cgroup("frozen")))
+    assert not any(d.exists() for d in rt.cgroups.dirs(sandboxdirs.cgroup_name("frozen")))
 
 
 def _cpu_ticks(pid: int) -> int:

@@ -325,14 +325,14 @@ async def test_a_pause_or_resume_waits_for_a_snapshots_frozen_instant(rt):
     """A snapshot's frozen instant holds the sandbox's freezer: a resume (or a pause) that
     comes meanwhile waits for it, so the snapshot never thaws what a pause just froze."""
     await started(rt, "held")
-    d = rt._dir("held")
+    d = rt.dirs.dir("held")
     await rt.pause("held")
-    with rt._freezer(d):  # as a snapshot's instant does
+    with rt.freezer.lock(d):  # as a snapshot's instant does
         resuming = asyncio.create_task(rt.resume("held"))
         await asyncio.sleep(0.2)
         assert not resuming.done() and (await rt.get("held")).status == "paused"
     assert (await resuming).status == "running"
-    with rt._freezer(d):
+    with rt.freezer.lock(d):
         pausing = asyncio.create_task(rt.pause("held"))
         await asyncio.sleep(0.2)
         assert not pausing.done() and (await rt.get("held")).status == "running"

@@ -17,7 +17,9 @@ from datetime import UTC, datetime
 import pytest
 
 from shared.contract import events, ids, subjects
-from shared.infrastructure import bus, eventstore, service, settings
+from shared.infrastructure import bus, eventstore, service
+from shared.infrastructure.settings import bus as bus_settings
+from shared.infrastructure.settings import service as service_settings
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -27,7 +29,7 @@ pytestmark = pytest.mark.slow
 async def cluster(tmp_path):
     nodes = support.NatsCluster(tmp_path / "cluster")
     nodes.start()
-    nc = await bus.connect(settings.BusSettings(nats_url=nodes.url), "test")
+    nc = await bus.connect(bus_settings.BusSettings(nats_url=nodes.url), "test")
     try:
         await nodes.ready(nc)
         yield nodes, nc
@@ -175,7 +177,7 @@ async def test_services_starting_during_an_election_wait_it_out(cluster, namespa
 
         return wrapped
 
-    running: dict[str, tuple[settings.ServiceSettings, asyncio.Event, asyncio.Task[int]]] = {}
+    running: dict[str, tuple[service_settings.ServiceSettings, asyncio.Event, asyncio.Task[int]]] = {}
     try:
         for module in SIX:
             service_settings, setup = importlib.import_module(f"services.{module}.app").build(env)

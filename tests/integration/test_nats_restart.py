@@ -9,7 +9,8 @@ import pytest
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
 from shared.contract import subjects
-from shared.infrastructure import replay, settings
+from shared.infrastructure import replay
+from shared.infrastructure.settings import gateway as gateway_settings
 from tests import support
 
 pytestmark = pytest.mark.slow
@@ -22,7 +23,7 @@ async def test_state_survives_a_nats_restart(tmp_path, namespace):
     try:
         scheduler = await support.start_in_process(server.url, namespace, "scheduler", scheduler_app.setup)
         base = support.service_settings(server.url, namespace, "gateway")
-        gw = settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
+        gw = gateway_settings.GatewaySettings(base=base, api_key=support.API_KEY, host="127.0.0.1", port=0)
         gateway = await support.start_in_process(
             server.url, namespace, "gateway", gateway_app.make_setup(gw), instance=base.instance
         )

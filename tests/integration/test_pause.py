@@ -14,12 +14,13 @@ import pytest
 from sbx_api import errors
 from shared.contract import codec, commands, execution, ids, states, subjects
 from shared.domain import projections
-from shared.infrastructure import eventstore, projector, replay, settings
+from shared.infrastructure import eventstore, projector, replay
+from shared.infrastructure.settings import lifecycle
 from tests import support
 from tests.integration.test_reaper import Harness, harness, later  # noqa: F401 (the fixture)
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
-PAUSING = settings.LifecycleSettings(
+PAUSING = lifecycle.LifecycleSettings(
     pool_min_idle=0, max_lifetime=3600, idle_timeout=600, pause_timeout=300, stopped_retention=86400
 )
 
@@ -178,7 +179,7 @@ async def test_a_sandbox_frozen_but_never_recorded_paused_is_thawed_by_the_next_
     assert not (await replay.verify(h.nc.jetstream(), h.topology)).differences
 
 
-HIBERNATING = settings.LifecycleSettings(
+HIBERNATING = lifecycle.LifecycleSettings(
     pool_min_idle=0,
     max_lifetime=3600,
     idle_timeout=600,

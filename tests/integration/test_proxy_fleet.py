@@ -16,7 +16,10 @@ from services.proxy_scaler import app as scaler_app
 from services.scheduler import app as scheduler_app
 from shared.contract import commands, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import eventstore, projector, settings
+from shared.infrastructure import eventstore, projector
+from shared.infrastructure.settings import lifecycle
+from shared.infrastructure.settings import proxies as proxies_settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime.local import network, proxies
 from shared.runtime.local import runtime as local
 from tests import support
@@ -25,13 +28,13 @@ pytestmark = [
     pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
-        not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
+        not proxies_settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
     ),
     pytest.mark.slow,
 ]
-RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2, egress="proxy")
-LIFECYCLE = settings.LifecycleSettings(pool_min_idle=0, max_running=20)
-FLEET = settings.ProxySettings(sandboxes_per_proxy=2, drain=0.5, keep_warm=0)
+RUNTIME = runtime_settings.RuntimeSettings(memory_bytes=256 * 1024**2, egress="proxy")
+LIFECYCLE = lifecycle.LifecycleSettings(pool_min_idle=0, max_running=20)
+FLEET = proxies_settings.ProxySettings(sandboxes_per_proxy=2, drain=0.5, keep_warm=0)
 
 
 @pytest.fixture

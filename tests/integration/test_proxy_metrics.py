@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from shared.infrastructure import settings
+from shared.infrastructure.settings import proxies as proxies_settings
 from shared.runtime.local import network
 from tests.integration.test_proxy_fleet import FLEET, LIFECYCLE, RUNTIME, ensure
 from tests.proxy import harness
@@ -25,7 +25,7 @@ pytestmark = [
     pytest.mark.needs_root("veth pairs and nftables need root"),
     pytest.mark.skipif(network.Network().unavailable() is not None, reason="ip/nft missing"),
     pytest.mark.skipif(
-        not settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
+        not proxies_settings.DEFAULT_PROXY_BIN.exists(), reason="proxy/.venv missing: run scripts/setup"
     ),
     pytest.mark.slow,
 ]

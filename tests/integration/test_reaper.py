@@ -15,14 +15,16 @@ from services.reaper import handlers as reaper_handlers
 from services.scheduler import app as scheduler_app
 from shared.contract import codec, commands, execution, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import eventstore, projector, settings
+from shared.infrastructure import eventstore, projector
+from shared.infrastructure.settings import lifecycle
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime import api
 from shared.runtime.local import runtime as local
 from tests import support
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
-RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
-RULES = settings.LifecycleSettings(
+RUNTIME = runtime_settings.RuntimeSettings(memory_bytes=256 * 1024**2)
+RULES = lifecycle.LifecycleSettings(
     pool_min_idle=0,
     max_lifetime=3600,
     idle_timeout=600,

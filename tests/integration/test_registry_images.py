@@ -129,7 +129,7 @@ async def test_a_second_sandbox_shares_the_layers_and_a_read_only_root_stays_rea
     assert sorted(p.name for p in (rt.images.pulled.root / "layers").iterdir()) == before
     # No copy per sandbox: each one's own directory holds kilobytes, the layers are shared.
     for sid in ("s1", "s2"):
-        used = subprocess.run(["du", "-sk", str(rt._dir(sid))], capture_output=True, text=True).stdout
+        used = subprocess.run(["du", "-sk", str(rt.dirs.dir(sid))], capture_output=True, text=True).stdout
         assert int(used.split()[0]) < 200, used
     code, out = await sh(
         rt, "s2", "id -u; echo $HOME; touch /etc/x 2>&1; echo ok > /workspace/f && cat /workspace/f"

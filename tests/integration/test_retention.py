@@ -18,7 +18,8 @@ from nats.js import api
 from sbx_api import errors
 from shared.contract import events, ids, subjects
 from shared.domain import audit, projections
-from shared.infrastructure import auditrate, bus, eventstore, projector, replay, retention, settings
+from shared.infrastructure import auditrate, bus, eventstore, projector, replay, retention
+from shared.infrastructure.settings import audit as audit_settings
 from tests import support
 from tests.integration.test_cli import environment
 
@@ -126,7 +127,7 @@ async def test_one_sessions_allowance_is_shared_by_every_executor(bus):
     allowance; another session has its own."""
     nc, topology = bus
     js = nc.jetstream()
-    limits = settings.AuditRateSettings(bytes_per_window=10_000, window=100)  # 100 bytes a second
+    limits = audit_settings.AuditRateSettings(bytes_per_window=10_000, window=100)  # 100 bytes a second
     kv = await js.key_value(topology.audit_rate_bucket)
     first, second = auditrate.AuditRate(kv, limits), auditrate.AuditRate(kv, limits)
     results = await asyncio.gather(

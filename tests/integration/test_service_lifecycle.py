@@ -13,11 +13,11 @@ async def test_a_service_joins_reports_and_leaves_and_can_come_back(nats_server,
     """The proxy-scaler with sandbox egress off: nothing to scale, so only its lifecycle runs
     (and its health says why)."""
     from services.proxy_scaler import app as scaler_app
-    from shared.infrastructure import settings
+    from shared.infrastructure.settings import proxies, runtime
 
     nc, topology = bus
     name = "proxy-scaler"
-    setup = scaler_app.make_setup(settings.RuntimeSettings(egress="none"), settings.ProxySettings())
+    setup = scaler_app.make_setup(runtime.RuntimeSettings(egress="none"), proxies.ProxySettings())
     running = await support.start_in_process(
         nats_server.url, namespace, name, setup, instance=f"{name}-fixed"
     )

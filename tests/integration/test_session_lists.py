@@ -11,7 +11,7 @@ import pytest
 
 from services.gateway import app as gateway_app
 from services.scheduler import app as scheduler_app
-from shared.infrastructure import settings
+from shared.infrastructure.settings import gateway as gateway_settings
 from tests import support
 
 AUTH = {"Authorization": f"Bearer {support.API_KEY}"}
@@ -24,7 +24,7 @@ GLOBEX = {"Authorization": f"Bearer {GLOBEX_KEY}"}
 async def api(nats_server, namespace):
     scheduler = await support.start_in_process(nats_server.url, namespace, "scheduler", scheduler_app.setup)
     base = support.service_settings(nats_server.url, namespace, "gateway")
-    gw_settings = settings.GatewaySettings(
+    gw_settings = gateway_settings.GatewaySettings(
         base=base,
         api_key=support.API_KEY,
         host="127.0.0.1",

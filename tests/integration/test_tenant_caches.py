@@ -12,7 +12,7 @@ import pytest
 from sbx_api import errors
 from shared.contract import ids
 from shared.runtime import api
-from shared.runtime.local import caches, mounts
+from shared.runtime.local import caches, mounts, sandboxdirs
 from shared.runtime.local import runtime as local
 
 pytestmark = pytest.mark.needs_root("the local runtime and mounts need root")
@@ -86,18 +86,18 @@ async def test_a_stopped_sandbox_holds_no_mount_or_cgroup_and_starts_as_it_was(r
     await runtime.create(api.SandboxSpec(sandbox_id="acme-stop", limits=limits))
     sandbox = (await runtime.start("acme-stop")).sandbox_id
     # Its filesystem is mounted in its own namespace, never in the host's mount table.
-    assert not os.path.ismount(runtime._dir(sandbox) / "rw")
-    assert not caches.mounted_under(Path(os.path.realpath(runtime._dir(sandbox))))
+    assert not os.path.ismount(runtime.dirs.dir(sandbox) / "rw")
+    assert not caches.mounted_under(Path(os.path.realpath(runtime.dirs.dir(sandbox))))
     assert await sh(runtime, sandbox, "df -k /workspace | tail -1 | awk '{print ($2 < 70000)}'") == (0, "1\n")
     assert await runtime.attach_cache(sandbox, ACME) is True
     assert await sh(runtime, sandbox, f"echo kept > /workspace/f && echo w > {caches.CACHE_DIR}/w") == (0, "")
-    sandbox_dir = runtime._dir(sandbox)
+    sandbox_dir = runtime.dirs.dir(sandbox)
     await runtime.stop(sandbox)
 
     state = Path(os.path.realpath(tmp_path / "state"))
     assert not caches.mounted_under(Path(os.path.realpath(sandbox_dir)))
     assert not caches.mounted_under(state / "cache-slots")
-    assert not any(d.exists() for d in runtime.cgroups.dirs(runtime._cgroup(sandbox)))
+    assert not any(d.exists() for d in runtime.cgroups.dirs(sandboxdirs.cgroup_name(sandbox)))
     assert (await runtime.get(sandbox)).status == "stopped"
 
     await runtime.start(sandbox)

@@ -23,11 +23,13 @@ from services.executor import app as executor_app
 from services.gateway import app as gateway_app
 from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
-from shared.infrastructure import settings, spanexport, tracing
+from shared.infrastructure import spanexport, tracing
+from shared.infrastructure.settings import gateway as gateway_settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from tests import support
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
-RUNTIME = settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
+RUNTIME = runtime_settings.RuntimeSettings(memory_bytes=512 * 1024**2, output_limit=4096)
 SECRET = "do-not-trace-this-4f1c"
 
 
@@ -57,7 +59,7 @@ async def gateway_url(exporter, nats_server, namespace, tmp_path):
         ),
     ]
     base = support.service_settings(nats_server.url, namespace, "gateway", state_dir=state)
-    gateway = settings.GatewaySettings(
+    gateway = gateway_settings.GatewaySettings(
         # Claimed on the first tool call, not on connecting: then that call's trace holds it all.
         base=base,
         api_key=support.API_KEY,

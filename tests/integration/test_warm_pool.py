@@ -13,12 +13,14 @@ from services.pool_manager import app as pool_app
 from services.scheduler import app as scheduler_app
 from shared.contract import commands, events, ids, subjects
 from shared.domain import pools, projections
-from shared.infrastructure import eventstore, projector, settings
+from shared.infrastructure import eventstore, projector
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
+from shared.infrastructure.settings import runtime as runtime_settings
 from tests import support
 
 pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
-RUNTIME = settings.RuntimeSettings(memory_bytes=256 * 1024**2)
-LIFECYCLE = settings.LifecycleSettings(pool_min_idle=2, max_running=6)
+RUNTIME = runtime_settings.RuntimeSettings(memory_bytes=256 * 1024**2)
+LIFECYCLE = lifecycle_settings.LifecycleSettings(pool_min_idle=2, max_running=6)
 
 
 async def sandboxes(nc, topology):

@@ -6,7 +6,7 @@ import kmock
 import pytest
 from kubernetes_asyncio import client
 
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime.kubernetes import runtime as kube
 from tests.kubernetes.emulator import ClusterEmulator
 

@@ -534,7 +534,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         """The local directory standing for a workspace claim's volume (its local sandbox's)."""
         from shared.runtime.local import disk
 
-        d = self._runtime._dir(claim)
+        d = self._runtime.dirs.dir(claim)
         return disk.Disk.root(d) if d.exists() else None
 
     @staticmethod

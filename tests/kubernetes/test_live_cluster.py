@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime.kubernetes import runtime as kube
 from tests.contract.runtime_contract import RuntimeContract
 

@@ -20,7 +20,9 @@ from services.proxy_scaler import app as scaler_app
 from services.scheduler import app as scheduler_app
 from shared.contract import commands, ids, subjects
 from shared.domain import projections
-from shared.infrastructure import eventstore, projector, settings
+from shared.infrastructure import eventstore, projector
+from shared.infrastructure.settings import kubernetes, lifecycle, proxies
+from shared.infrastructure.settings import runtime as runtime_settings
 from shared.runtime.kubernetes import runtime as kube
 from tests import support
 from tests.kubernetes import test_rbac
@@ -29,9 +31,9 @@ from tests.kubernetes.test_services_on_kubernetes import kubeconfig
 
 pytestmark = [needs_root, pytest.mark.slow]
 PROXY_YAML = Path(__file__).resolve().parents[2] / "deploy" / "kubernetes" / "base" / "proxy.yaml"
-RUNTIME = settings.RuntimeSettings(backend="kubernetes", memory_bytes=256 * 1024**2, egress="proxy")
-LIFECYCLE = settings.LifecycleSettings(pool_min_idle=0, max_running=20)
-FLEET = settings.ProxySettings(sandboxes_per_proxy=2, drain=0.5, keep_warm=0)
+RUNTIME = runtime_settings.RuntimeSettings(backend="kubernetes", memory_bytes=256 * 1024**2, egress="proxy")
+LIFECYCLE = lifecycle.LifecycleSettings(pool_min_idle=0, max_running=20)
+FLEET = proxies.ProxySettings(sandboxes_per_proxy=2, drain=0.5, keep_warm=0)
 CA = "-----BEGIN CERTIFICATE-----\nMIIBtestproxyca\n-----END CERTIFICATE-----\n"
 
 
@@ -69,7 +71,7 @@ async def fleet(cluster, nats_server, namespace, tmp_path, monkeypatch):
     nc, topology = await support.connect(nats_server.url, namespace)
     store = eventstore.EventStore(nc.jetstream(), topology)
     rt = kube.KubernetesRuntime(
-        settings.KubernetesSettings.from_env({}), configuration=configuration(cluster)
+        kubernetes.KubernetesSettings.from_env({}), configuration=configuration(cluster)
     )
     world = {
         "cluster": cluster, "nc": nc, "topology": topology, "rt": rt,

@@ -29,10 +29,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
-from shared.infrastructure import settings
+from shared.infrastructure.settings import proxies
 
 ROOT = Path(__file__).resolve().parents[2]
-SBX_PROXY = settings.DEFAULT_PROXY_BIN
+SBX_PROXY = proxies.DEFAULT_PROXY_BIN
 NAMES = [
     "github.com", "api.github.com", "gitlab.example", "evil.example", "github.com.evil.net",
     "evilgithub.com", "other.example", "private.example",

@@ -6,7 +6,8 @@ import pytest
 
 from sbx_api import errors
 from shared.domain import audit
-from shared.infrastructure import settings
+from shared.infrastructure.settings import audit as audit_settings
+from shared.infrastructure.settings import bus
 
 ALLOWANCE, WINDOW = 10_000, 100.0  # drains 100 bytes a second
 
@@ -73,12 +74,12 @@ def test_past_ninety_percent_the_oldest_share_above_eighty_goes():
 
 
 def test_retention_and_rate_settings_have_defaults_and_refuse_nonsense():
-    retention = settings.RetentionSettings.from_env({})
+    retention = bus.RetentionSettings.from_env({})
     assert retention.audit_max_age == 30 * 86400 and retention.events_max_bytes == 8 * 1024**3
-    assert settings.BusSettings.from_env({"SBX_AUDIT_MAX_AGE": "7d"}).retention.audit_max_age == 7 * 86400
-    rate = settings.AuditRateSettings.from_env({"SBX_AUDIT_RATE": "1m", "SBX_AUDIT_RATE_WINDOW": "1h"})
+    assert bus.BusSettings.from_env({"SBX_AUDIT_MAX_AGE": "7d"}).retention.audit_max_age == 7 * 86400
+    rate = audit_settings.AuditRateSettings.from_env({"SBX_AUDIT_RATE": "1m", "SBX_AUDIT_RATE_WINDOW": "1h"})
     assert (rate.bytes_per_window, rate.window) == (1024**2, 3600)
-    assert settings.AuditRateSettings.from_env({"SBX_AUDIT_RATE": "0"}).bytes_per_window == 0
+    assert audit_settings.AuditRateSettings.from_env({"SBX_AUDIT_RATE": "0"}).bytes_per_window == 0
     for env in (
         {"SBX_AUDIT_RATE": "1k"},
         {"SBX_AUDIT_RATE_WINDOW": "2d"},
@@ -86,5 +87,5 @@ def test_retention_and_rate_settings_have_defaults_and_refuse_nonsense():
         {"SBX_AUDIT_MAX_AGE": "soon"},
     ):
         with pytest.raises(errors.ConfigError):
-            settings.BusSettings.from_env(env)
-            settings.AuditRateSettings.from_env(env)
+            bus.BusSettings.from_env(env)
+            audit_settings.AuditRateSettings.from_env(env)

@@ -17,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from sbx_api import errors
 from services.gateway.auth import BearerAuth, KeyCheck
-from shared.infrastructure import settings
+from shared.infrastructure.settings import gateway
 
 KEY = "Zk3vQ9-Lp_2mX8.tR~5+wY/7nB"
 CHECK = KeyCheck(KEY)
@@ -82,14 +82,14 @@ SETTINGS_KEYS = st.text(
 
 @pytest.mark.parametrize("key", ["s3cret!s3cret!s3cret", "abcdefgh=ijklmnopq", "0123456789abcdef,"])
 def test_every_key_settings_accept_is_usable(key: str) -> None:
-    assert settings.GatewaySettings.from_env({"SANDBOX_API_KEY": key}).api_key == key
+    assert gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": key}).api_key == key
     assert KeyCheck(key).accepts(_h(f"Bearer {key}")), f"gateway would start with {key!r} but reject it"
 
 
 @given(SETTINGS_KEYS)
 def test_settings_and_key_check_agree(key: str) -> None:
     try:
-        settings.GatewaySettings.from_env({"SANDBOX_API_KEY": key})
+        gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": key})
     except errors.ConfigError:
         return
     assert KeyCheck(key).accepts(_h(f"Bearer {key}"))
@@ -229,7 +229,7 @@ def test_the_org_keys_file_is_checked_line_by_line(tmp_path) -> None:
     good = tmp_path / "keys"
     good.write_text(f"# org keys\nacme {ACME_KEY}\n\nglobex globex-key-0123456789abc  # the other\n")
     env = {"SANDBOX_API_KEY": KEY, "SBX_ORG_KEYS": str(good)}
-    assert settings.GatewaySettings.from_env(env).org_keys == (
+    assert gateway.GatewaySettings.from_env(env).org_keys == (
         ("acme", ACME_KEY),
         ("globex", "globex-key-0123456789abc"),
     )
@@ -242,6 +242,6 @@ def test_the_org_keys_file_is_checked_line_by_line(tmp_path) -> None:
     ]:
         good.write_text(text)
         with pytest.raises(errors.ConfigError, match=why):
-            settings.GatewaySettings.from_env(env)
+            gateway.GatewaySettings.from_env(env)
     with pytest.raises(errors.ConfigError, match="cannot read"):
-        settings.GatewaySettings.from_env({**env, "SBX_ORG_KEYS": str(tmp_path / "missing")})
+        gateway.GatewaySettings.from_env({**env, "SBX_ORG_KEYS": str(tmp_path / "missing")})

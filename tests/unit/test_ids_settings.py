@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from sbx_api import errors
 from shared.contract import ids
-from shared.infrastructure import settings
+from shared.infrastructure.settings import bus as bus_settings
+from shared.infrastructure.settings import gateway, service, values
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
 
 KEY = "k3y-0123456789abcdef"  # 20 characters
 
@@ -130,7 +132,7 @@ def test_attribution_rejected(value: object) -> None:
     ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
-    assert settings.parse_duration(text) == pytest.approx(seconds)
+    assert values.parse_duration(text) == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize(
@@ -138,20 +140,20 @@ def test_parse_duration(text: str, seconds: float) -> None:
 )
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(errors.ConfigError):
-        settings.parse_duration(text, name="SBX_X")
+        values.parse_duration(text, name="SBX_X")
 
 
 def test_parse_duration_error_names_the_variable() -> None:
     with pytest.raises(errors.ConfigError, match="SBX_DRAIN_TIMEOUT"):
-        settings.parse_duration("soon", name="SBX_DRAIN_TIMEOUT")
+        values.parse_duration("soon", name="SBX_DRAIN_TIMEOUT")
 
 
 # ---- bus / service settings ---------------------------------------------------------------
 
 
 def test_bus_defaults_and_overrides() -> None:
-    assert settings.BusSettings.from_env({}) == settings.BusSettings()
-    bus = settings.BusSettings.from_env(
+    assert bus_settings.BusSettings.from_env({}) == bus_settings.BusSettings()
+    bus = bus_settings.BusSettings.from_env(
         {"SBX_NAMESPACE": "t_1", "NATS_URL": "nats://n:4222", "SBX_REQUEST_TIMEOUT": "250ms"}
     )
     assert (bus.namespace, bus.nats_url, bus.request_timeout) == ("t_1", "nats://n:4222", 0.25)
@@ -160,20 +162,20 @@ def test_bus_defaults_and_overrides() -> None:
 @pytest.mark.parametrize("namespace", ["Bad", "a.b", "", "a" * 33, "1abc", "a-b", "a>", "sbx\n"])
 def test_bus_rejects_bad_namespace(namespace: str) -> None:
     with pytest.raises(errors.ConfigError, match="SBX_NAMESPACE"):
-        settings.BusSettings.from_env({"SBX_NAMESPACE": namespace})
+        bus_settings.BusSettings.from_env({"SBX_NAMESPACE": namespace})
 
 
 def test_bus_accepts_32_char_namespace() -> None:
-    assert settings.BusSettings.from_env({"SBX_NAMESPACE": "a" * 32}).namespace == "a" * 32
+    assert bus_settings.BusSettings.from_env({"SBX_NAMESPACE": "a" * 32}).namespace == "a" * 32
 
 
 def test_bus_request_timeout_minimum() -> None:
     with pytest.raises(errors.ConfigError, match="SBX_REQUEST_TIMEOUT"):
-        settings.BusSettings.from_env({"SBX_REQUEST_TIMEOUT": "10ms"})
+        bus_settings.BusSettings.from_env({"SBX_REQUEST_TIMEOUT": "10ms"})
 
 
 def test_service_defaults() -> None:
-    s = settings.ServiceSettings.from_env("reaper", {})
+    s = service.ServiceSettings.from_env("reaper", {})
     assert re.fullmatch(r"reaper-[0-9a-f]{12}", s.instance)
     assert (s.log_level, s.log_format, s.health_interval, s.drain_timeout, s.faults) == (
         "info",
@@ -185,7 +187,7 @@ def test_service_defaults() -> None:
 
 
 def test_service_overrides() -> None:
-    s = settings.ServiceSettings.from_env(
+    s = service.ServiceSettings.from_env(
         "scheduler",
         {
             "SBX_INSTANCE_ID": "sched-1",
@@ -223,7 +225,7 @@ def test_service_overrides() -> None:
 )
 def test_service_rejects_bad_values(name: str, value: str) -> None:
     with pytest.raises(errors.ConfigError, match=name):
-        settings.ServiceSettings.from_env("scheduler", {name: value})
+        service.ServiceSettings.from_env("scheduler", {name: value})
 
 
 @pytest.mark.parametrize(
@@ -237,7 +239,7 @@ def test_service_rejects_bad_values(name: str, value: str) -> None:
     ],
 )
 def test_service_faults(raw: str, faults: set[str]) -> None:
-    assert settings.ServiceSettings.from_env("x", {"SBX_FAULTS": raw}).faults == frozenset(faults)
+    assert service.ServiceSettings.from_env("x", {"SBX_FAULTS": raw}).faults == frozenset(faults)
 
 
 # ---- gateway ------------------------------------------------------------------------------
@@ -257,28 +259,28 @@ def test_service_faults(raw: str, faults: set[str]) -> None:
 )
 def test_gateway_rejects_bad_key(env: dict[str, str]) -> None:
     with pytest.raises(errors.ConfigError, match="SANDBOX_API_KEY"):
-        settings.GatewaySettings.from_env(env)
+        gateway.GatewaySettings.from_env(env)
 
 
 def test_gateway_accepts_key_and_hides_it() -> None:
-    g = settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_GATEWAY_PORT": "0"})
+    g = gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_GATEWAY_PORT": "0"})
     assert g.api_key == KEY and g.port == 0 and g.host == "127.0.0.1" and g.base.service == "gateway"
     assert KEY not in repr(g) and KEY not in str(g)
-    assert settings.GatewaySettings.from_env({"SANDBOX_API_KEY": "x" * 16}).api_key == "x" * 16
+    assert gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": "x" * 16}).api_key == "x" * 16
 
 
 @pytest.mark.parametrize("port", ["65536", "-1", "http", "80a"])
 def test_gateway_rejects_bad_port(port: str) -> None:
     with pytest.raises(errors.ConfigError, match="SBX_GATEWAY_PORT"):
-        settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_GATEWAY_PORT": port})
+        gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_GATEWAY_PORT": port})
 
 
 # ---- lifecycle ----------------------------------------------------------------------------
 
 
 def test_lifecycle_defaults() -> None:
-    lifecycle = settings.LifecycleSettings.from_env({})
-    assert lifecycle == settings.LifecycleSettings()
+    lifecycle = lifecycle_settings.LifecycleSettings.from_env({})
+    assert lifecycle == lifecycle_settings.LifecycleSettings()
     assert (
         lifecycle.pool_min_idle,
         lifecycle.pool_image,
@@ -292,13 +294,13 @@ def test_lifecycle_defaults() -> None:
 
 
 def test_lifecycle_ignores_unrelated_variables() -> None:
-    assert settings.LifecycleSettings.from_env({"SBX_NAMESPACE": "x", "PATH": "/bin"}) == (
-        settings.LifecycleSettings()
+    assert lifecycle_settings.LifecycleSettings.from_env({"SBX_NAMESPACE": "x", "PATH": "/bin"}) == (
+        lifecycle_settings.LifecycleSettings()
     )
 
 
 def test_lifecycle_overrides() -> None:
-    lifecycle = settings.LifecycleSettings.from_env(
+    lifecycle = lifecycle_settings.LifecycleSettings.from_env(
         {
             "SBX_POOL_MIN_IDLE": "0",
             "SBX_POOL_IMAGE": "ghcr.io/acme/agent:2.1",
@@ -310,7 +312,7 @@ def test_lifecycle_overrides() -> None:
             "SBX_REAPER_INTERVAL": "500ms",
         }
     )
-    assert lifecycle == settings.LifecycleSettings(
+    assert lifecycle == lifecycle_settings.LifecycleSettings(
         pool_min_idle=0,
         pool_image="ghcr.io/acme/agent:2.1",
         max_running=7,
@@ -353,7 +355,7 @@ def test_lifecycle_parses(name: str, raw: str, attr: str, value: object) -> None
         env["SBX_MAX_RUNNING"] = "100"
     if name == "SBX_MAX_RUNNING":
         env["SBX_POOL_MIN_IDLE"] = "0"
-    assert getattr(settings.LifecycleSettings.from_env(env), attr) == value
+    assert getattr(lifecycle_settings.LifecycleSettings.from_env(env), attr) == value
 
 
 @pytest.mark.parametrize(
@@ -392,7 +394,7 @@ def test_lifecycle_rejects_bad_values(name: str, raw: str) -> None:
     if name == "SBX_MAX_RUNNING":
         env["SBX_POOL_MIN_IDLE"] = "0"  # the error must come from the value itself
     with pytest.raises(errors.ConfigError, match=name):
-        settings.LifecycleSettings.from_env(env)
+        lifecycle_settings.LifecycleSettings.from_env(env)
 
 
 @pytest.mark.parametrize(
@@ -403,12 +405,12 @@ def test_lifecycle_pool_cannot_exceed_max_running(min_idle: str, max_running: st
     if max_running is not None:
         env["SBX_MAX_RUNNING"] = max_running
     with pytest.raises(errors.ConfigError, match="SBX_POOL_MIN_IDLE=.* cannot exceed SBX_MAX_RUNNING"):
-        settings.LifecycleSettings.from_env(env)
+        lifecycle_settings.LifecycleSettings.from_env(env)
 
 
 @pytest.mark.parametrize(("min_idle", "max_running"), [("3", "3"), ("0", "1"), ("1", "1")])
 def test_lifecycle_pool_may_equal_max_running(min_idle: str, max_running: str) -> None:
-    lifecycle = settings.LifecycleSettings.from_env(
+    lifecycle = lifecycle_settings.LifecycleSettings.from_env(
         {"SBX_POOL_MIN_IDLE": min_idle, "SBX_MAX_RUNNING": max_running}
     )
     assert (lifecycle.pool_min_idle, lifecycle.max_running) == (int(min_idle), int(max_running))
@@ -416,29 +418,29 @@ def test_lifecycle_pool_may_equal_max_running(min_idle: str, max_running: str) -
 
 @pytest.mark.parametrize("image", ["python:3.12", "ghcr.io/org/img@sha256:" + "ab12" * 16, "default"])
 def test_lifecycle_accepts_pool_image(image: str) -> None:
-    assert settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image}).pool_image == image
+    assert lifecycle_settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image}).pool_image == image
 
 
 @pytest.mark.parametrize("image", ["a b", "$(reboot)", "", "img;rm"])
 def test_lifecycle_rejects_bad_pool_image(image: str) -> None:
     with pytest.raises(errors.ConfigError, match="SBX_POOL_IMAGE"):
-        settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image})
+        lifecycle_settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image})
 
 
 def test_lifecycle_rejects_superscript_digits() -> None:
     with pytest.raises(errors.ConfigError, match="SBX_MAX_STOPPED"):
-        settings.LifecycleSettings.from_env({"SBX_MAX_STOPPED": "²"})
+        lifecycle_settings.LifecycleSettings.from_env({"SBX_MAX_STOPPED": "²"})
 
 
 @pytest.mark.parametrize("image", ["a b", "$(reboot)", "", "img;rm"])
 def test_lifecycle_bad_pool_image_stops_start_up(image: str) -> None:
     with pytest.raises((errors.ConfigError, errors.InvalidInput)):  # ConfigError once the bug above is fixed
-        settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image})
+        lifecycle_settings.LifecycleSettings.from_env({"SBX_POOL_IMAGE": image})
 
 
 def test_pools_may_belong_to_an_organisation() -> None:
     pools = '[{"name": "acme", "org": "acme", "min_idle": 3}, {"name": "ro", "writable_root": false}]'
-    lifecycle = settings.LifecycleSettings.from_env({"SBX_POOLS": pools})
+    lifecycle = lifecycle_settings.LifecycleSettings.from_env({"SBX_POOLS": pools})
     assert lifecycle.extra_pools == (
         ("acme", "default", True, True, 3, "acme"),
         ("ro", "default", True, False, 1, None),
@@ -449,7 +451,7 @@ def test_pools_may_belong_to_an_organisation() -> None:
         '[{"name": "x", "org": 7}]',
     ):
         with pytest.raises(errors.ConfigError, match="SBX_POOLS"):
-            settings.LifecycleSettings.from_env({"SBX_POOLS": bad})
+            lifecycle_settings.LifecycleSettings.from_env({"SBX_POOLS": bad})
 
 
 @pytest.mark.parametrize(
@@ -463,35 +465,35 @@ def test_pools_may_belong_to_an_organisation() -> None:
     ],
 )
 def test_caches_are_chosen_at_creation_only_on_kubernetes_with_a_cache_class(env, expected) -> None:
-    assert settings.LifecycleSettings.from_env(env).caches_at_create is expected
+    assert lifecycle_settings.LifecycleSettings.from_env(env).caches_at_create is expected
 
 
 @pytest.mark.parametrize(("raw", "expected"), [(None, True), ("on", True), (" OFF ", False), ("off", False)])
 def test_claim_on_connect_is_on_unless_turned_off(raw, expected) -> None:
     env = {"SANDBOX_API_KEY": KEY} | ({"SBX_CLAIM_ON_CONNECT": raw} if raw is not None else {})
-    assert settings.GatewaySettings.from_env(env).claim_on_connect is expected
+    assert gateway.GatewaySettings.from_env(env).claim_on_connect is expected
     with pytest.raises(errors.ConfigError, match="SBX_CLAIM_ON_CONNECT"):
-        settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CLAIM_ON_CONNECT": "maybe"})
+        gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CLAIM_ON_CONNECT": "maybe"})
 
 
 def test_nats_replicas_are_one_to_five() -> None:
-    assert settings.BusSettings.from_env({}).replicas == 1
-    assert settings.BusSettings.from_env({"SBX_NATS_REPLICAS": "3"}).replicas == 3
+    assert bus_settings.BusSettings.from_env({}).replicas == 1
+    assert bus_settings.BusSettings.from_env({"SBX_NATS_REPLICAS": "3"}).replicas == 3
     for bad in ("0", "6", "three", "-1"):
         with pytest.raises(errors.ConfigError, match="SBX_NATS_REPLICAS"):
-            settings.BusSettings.from_env({"SBX_NATS_REPLICAS": bad})
+            bus_settings.BusSettings.from_env({"SBX_NATS_REPLICAS": bad})
 
 
 def test_cors_origins_are_exact_origins() -> None:
     env = {"SANDBOX_API_KEY": KEY, "SBX_CORS_ORIGINS": " https://app.example , http://localhost:5173/"}
-    assert settings.GatewaySettings.from_env(env).cors_origins == (
+    assert gateway.GatewaySettings.from_env(env).cors_origins == (
         "https://app.example",
         "http://localhost:5173",
     )
-    assert settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY}).cors_origins == ()
+    assert gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY}).cors_origins == ()
     for bad in ("*", "https://app.example/path", "app.example", "https://*.example"):
         with pytest.raises(errors.ConfigError, match="SBX_CORS_ORIGINS"):
-            settings.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CORS_ORIGINS": bad})
+            gateway.GatewaySettings.from_env({"SANDBOX_API_KEY": KEY, "SBX_CORS_ORIGINS": bad})
 
 
 @pytest.mark.parametrize("value", ["acme", "Ann Example", "équipe 日本", "a" * 256])

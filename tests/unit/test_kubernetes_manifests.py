@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sbx_api import errors
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, manifests, names
 

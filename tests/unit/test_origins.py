@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope, Send
 
 from sbx_api import errors
 from services.gateway import origins
-from shared.infrastructure import settings
+from shared.infrastructure.settings import gateway as gateway_settings
 
 LOOPBACK = origins.Allowed.build("127.0.0.1")
 POD = origins.Allowed.build("0.0.0.0", ("gateway.sbx-system.svc", "sbx.example.com"))
@@ -149,8 +149,8 @@ def test_listening_beyond_loopback():
 # ---- settings ------------------------------------------------------------------------
 
 
-def gateway(**env: str) -> settings.GatewaySettings:
-    return settings.GatewaySettings.from_env({"SANDBOX_API_KEY": "k" * 32, **env})
+def gateway(**env: str) -> gateway_settings.GatewaySettings:
+    return gateway_settings.GatewaySettings.from_env({"SANDBOX_API_KEY": "k" * 32, **env})
 
 
 def test_settings_take_names_addresses_origins_and_a_lone_star():

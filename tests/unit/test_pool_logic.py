@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from services.pool_manager import logic
 from shared.contract import states
 from shared.domain import pools
-from shared.infrastructure import settings
+from shared.infrastructure.settings import lifecycle as lifecycle_settings
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 DEFAULT = pools.PoolSpec()
@@ -139,13 +139,16 @@ def test_a_pools_organisation_is_part_of_its_id_and_no_organisation_keeps_old_id
 
 
 def test_configured_default_pool() -> None:
-    lifecycle = settings.LifecycleSettings(pool_min_idle=4, pool_image="python:3.12")
+    lifecycle = lifecycle_settings.LifecycleSettings(pool_min_idle=4, pool_image="python:3.12")
     assert pools.configured(lifecycle) == [pools.PoolSpec(name="default", image="python:3.12", min_idle=4)]
-    assert pools.configured(settings.LifecycleSettings()) == [pools.PoolSpec(min_idle=2)]
+    assert pools.configured(lifecycle_settings.LifecycleSettings()) == [pools.PoolSpec(min_idle=2)]
 
 
 def test_configured_no_pool_when_min_idle_is_zero() -> None:
-    assert pools.configured(settings.LifecycleSettings(pool_min_idle=0, pool_image="python:3.12")) == []
+    assert (
+        pools.configured(lifecycle_settings.LifecycleSettings(pool_min_idle=0, pool_image="python:3.12"))
+        == []
+    )
 
 
 def test_pool_manager_logic_reexports_the_shared_spec() -> None:

@@ -59,11 +59,11 @@ def test_the_demand_kept_is_bounded() -> None:
 
 def test_the_settings_are_read_and_bad_values_refused() -> None:
     from sbx_api import errors
-    from shared.infrastructure import settings
+    from shared.infrastructure.settings import lifecycle
 
-    default = settings.LifecycleSettings.from_env({})
+    default = lifecycle.LifecycleSettings.from_env({})
     assert default.pool_autosize and default.pool_max_idle == 100
-    made = settings.LifecycleSettings.from_env(
+    made = lifecycle.LifecycleSettings.from_env(
         {"SBX_POOL_AUTOSIZE": "false", "SBX_POOL_MAX_IDLE": "7", "SBX_POOL_HORIZON": "30s",
          "SBX_POOL_DEMAND_WINDOW": "1h"}
     )  # fmt: skip
@@ -72,7 +72,7 @@ def test_the_settings_are_read_and_bad_values_refused() -> None:
     )  # fmt: skip
     for bad in ({"SBX_POOL_AUTOSIZE": "maybe"}, {"SBX_POOL_MAX_IDLE": "-1"}, {"SBX_POOL_HORIZON": "0"}):
         try:
-            settings.LifecycleSettings.from_env(bad)
+            lifecycle.LifecycleSettings.from_env(bad)
         except errors.ConfigError as exc:
             assert next(iter(bad)) in exc.message
         else:

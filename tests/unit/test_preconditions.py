@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from services.reaper import logic as reaper_logic
 from shared.contract import commands, events, states
 from shared.domain import session as session_rules
-from shared.infrastructure import settings
+from shared.infrastructure.settings import lifecycle
 
 T0 = datetime(2025, 6, 1, tzinfo=UTC)
 META = events.Meta(event_id="e" * 32, time=T0, service="scheduler", instance="s1")
@@ -48,6 +48,6 @@ def test_reaps_carry_the_last_seq_they_were_decided_on() -> None:
         session_id="old", status="stopped", created_at=T0, updated_at=T0, last_seq=41
     )
     [reap] = reaper_logic.decide_reaps(
-        [stopped], {}, {}, T0 + timedelta(days=2), settings.LifecycleSettings()
+        [stopped], {}, {}, T0 + timedelta(days=2), lifecycle.LifecycleSettings()
     )
     assert (reap.reason, reap.last_seq) == ("retention", 41)

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from services.reaper import logic
 from shared.contract import states
-from shared.infrastructure import settings
+from shared.infrastructure.settings import lifecycle
 
 T0 = datetime(2025, 6, 1, 12, 0, 0, tzinfo=UTC)
 US = timedelta(microseconds=1)
 LIFETIME = 3600.0
 IDLE = 600.0
 RETENTION = 86400.0
-RULES = settings.LifecycleSettings(
+RULES = lifecycle.LifecycleSettings(
     max_lifetime=LIFETIME, idle_timeout=IDLE, stopped_retention=RETENTION, max_stopped=3
 )
 POOL = "default@0a1b2c3d"
@@ -77,7 +77,7 @@ def reaps(
     activity: dict[str, datetime] | None = None,
     *,
     now: datetime,
-    rules: settings.LifecycleSettings = RULES,
+    rules: lifecycle.LifecycleSettings = RULES,
 ) -> list[logic.Reap]:
     if sandboxes is None:  # every session's sandbox, running since it was created
         sandboxes = [
@@ -223,7 +223,7 @@ def test_active_session_without_sandbox_or_record_is_skipped() -> None:
 
 def test_deleted_sessions_are_ignored() -> None:
     gone = [session(f"d{i}", "deleted", created=0, updated=i) for i in range(10)]
-    assert reaps(gone, now=at(100 * RETENTION), rules=settings.LifecycleSettings(max_stopped=0)) == []
+    assert reaps(gone, now=at(100 * RETENTION), rules=lifecycle.LifecycleSettings(max_stopped=0)) == []
 
 
 # ---- stopped: retention and max_stopped ---------------------------------------------------
@@ -268,7 +268,7 @@ def test_max_stopped_at_the_limit_purges_nothing() -> None:
 
 def test_max_stopped_zero_purges_every_stopped_session() -> None:
     stopped = [session(f"s{i}", "stopped", created=0, updated=i) for i in range(3)]
-    rules = settings.LifecycleSettings(max_stopped=0)
+    rules = lifecycle.LifecycleSettings(max_stopped=0)
     assert [r.session_id for r in reaps(stopped, now=at(10), rules=rules)] == ["s0", "s1", "s2"]
 
 
@@ -296,7 +296,7 @@ def test_mixed_population_each_rule_once() -> None:
         session("gone", "deleted", created=0, updated=0),
     ]
     now = at(LIFETIME + IDLE)
-    rules = settings.LifecycleSettings(
+    rules = lifecycle.LifecycleSettings(
         max_lifetime=LIFETIME, idle_timeout=IDLE, stopped_retention=LIFETIME, max_stopped=5
     )
     found = reaps(sessions, activity={"busy": now, "life": now}, now=now, rules=rules)
@@ -422,7 +422,7 @@ _SECONDS = st.integers(0, 20_000)
 
 @st.composite
 def _population(draw: st.DrawFn) -> Any:
-    rules = settings.LifecycleSettings(
+    rules = lifecycle.LifecycleSettings(
         max_lifetime=draw(st.integers(1, 5000)),
         idle_timeout=draw(st.integers(1, 5000)),
         stopped_retention=draw(st.integers(1, 20_000)),
@@ -531,7 +531,7 @@ def test_pool_sandboxes_without_a_session_are_never_unowned() -> None:
 # ---- pause before stop ------------------------------------------------------------------------
 
 PAUSE = 300.0
-PAUSING = settings.LifecycleSettings(
+PAUSING = lifecycle.LifecycleSettings(
     max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=PAUSE, stopped_retention=RETENTION, max_stopped=3
 )
 
@@ -542,7 +542,7 @@ def pause_reaps(
     activity: dict[str, datetime] | None = None,
     *,
     now: datetime,
-    rules: settings.LifecycleSettings = PAUSING,
+    rules: lifecycle.LifecycleSettings = PAUSING,
     pausable: bool = True,
 ) -> list[logic.Reap]:
     return logic.decide_reaps(
@@ -582,7 +582,7 @@ def test_paused_time_counts_towards_the_lifetime() -> None:
     ("pause", "pausable"), [(0.0, True), (PAUSE, False), (IDLE, True), (IDLE + 1, True)], ids=str
 )
 def test_without_pausing_idle_sandboxes_are_stopped_as_before(pause: float, pausable: bool) -> None:
-    rules = settings.LifecycleSettings(
+    rules = lifecycle.LifecycleSettings(
         max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=pause, stopped_retention=RETENTION
     )
     s, running = session(), sandbox()
@@ -603,7 +603,7 @@ def test_activity_is_looked_up_from_the_pause_timeout_on() -> None:
 # ---- hibernate: stopped, the session left active, before the session is stopped ----------
 
 HIBERNATE = 450.0
-LONG = settings.LifecycleSettings(
+LONG = lifecycle.LifecycleSettings(
     max_lifetime=LIFETIME, idle_timeout=IDLE, pause_timeout=PAUSE, hibernate_timeout=HIBERNATE
 )
 
@@ -625,7 +625,7 @@ def test_an_idle_sandbox_is_paused_then_hibernated_then_its_session_stopped() ->
 
 @pytest.mark.parametrize("hibernate", [0.0, IDLE, IDLE + 1])
 def test_without_hibernation_idle_sandboxes_are_stopped_as_before(hibernate: float) -> None:
-    rules = settings.LifecycleSettings(max_lifetime=LIFETIME, idle_timeout=IDLE, hibernate_timeout=hibernate)
+    rules = lifecycle.LifecycleSettings(max_lifetime=LIFETIME, idle_timeout=IDLE, hibernate_timeout=hibernate)
     assert not logic.hibernates(rules)
     assert pause_reaps([session()], [sandbox()], now=at(IDLE), rules=rules, pausable=False) == [
         logic.Reap("s1", "stop", "idle")
@@ -651,7 +651,7 @@ def test_orphan_snapshots_are_old_ones_no_ready_record_names() -> None:
 def test_a_deadline_deletes_the_session_and_replaces_the_idle_rules() -> None:
     # E2B's timeout: the session lives until its deadline however idle, then is deleted.
     start = datetime(2026, 12, 5, 2, 0, tzinfo=UTC)
-    rules = settings.LifecycleSettings(idle_timeout=600, max_lifetime=3600, pause_timeout=300)
+    rules = lifecycle.LifecycleSettings(idle_timeout=600, max_lifetime=3600, pause_timeout=300)
     session = states.SessionState(
         session_id="e2b-1", status="active", created_at=start, updated_at=start, last_seq=3,
         sandbox_id="sb-1", end_at=start + timedelta(minutes=30),

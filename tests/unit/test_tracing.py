@@ -15,7 +15,9 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from sbx_api import errors
 from shared.contract import commands, execution, provisioning, states
-from shared.infrastructure import processenv, settings, spanexport, tracing
+from shared.infrastructure import processenv, spanexport, tracing
+from shared.infrastructure.settings import service
+from shared.infrastructure.settings import traces as traces_settings
 from tests import support
 
 
@@ -46,9 +48,9 @@ def exporter():
     ],
 )
 def test_traces_are_on_only_when_configured(env, exporters):
-    traces = settings.TraceSettings.from_env(env)
+    traces = traces_settings.TraceSettings.from_env(env)
     assert traces.exporters == exporters and traces.enabled == bool(exporters)
-    assert settings.ServiceSettings.from_env("scheduler", env).traces == traces
+    assert service.ServiceSettings.from_env("scheduler", env).traces == traces
 
 
 @pytest.mark.parametrize(
@@ -64,7 +66,7 @@ def test_traces_are_on_only_when_configured(env, exporters):
 )
 def test_what_cannot_be_had_stops_the_start_with_its_name(env, named):
     with pytest.raises(errors.ConfigError, match=named):
-        settings.TraceSettings.from_env(env)
+        traces_settings.TraceSettings.from_env(env)
 
 
 def test_spans_carry_ids_never_a_commands_text_or_a_files_contents():
@@ -104,9 +106,9 @@ def test_a_reply_says_its_error_code_sandbox_and_exit_code_never_its_output():
 
 
 def test_the_batch_exporters_settings_come_from_the_sdks_variables():
-    default = settings.TraceSettings.from_env({"OTEL_TRACES_EXPORTER": "otlp"})
+    default = traces_settings.TraceSettings.from_env({"OTEL_TRACES_EXPORTER": "otlp"})
     assert (default.delay, default.max_queue, default.max_batch) == (5.0, 2048, 512)
-    tuned = settings.TraceSettings.from_env(
+    tuned = traces_settings.TraceSettings.from_env(
         {
             "OTEL_BSP_SCHEDULE_DELAY": "250",
             "OTEL_BSP_MAX_QUEUE_SIZE": "100",
@@ -114,16 +116,16 @@ def test_the_batch_exporters_settings_come_from_the_sdks_variables():
         }
     )
     assert (tuned.delay, tuned.max_queue, tuned.max_batch) == (0.25, 100, 10)
-    assert settings.TraceSettings.from_env({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}).max_batch == 100
+    assert traces_settings.TraceSettings.from_env({"OTEL_BSP_MAX_QUEUE_SIZE": "100"}).max_batch == 100
     with pytest.raises(errors.ConfigError, match="OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
-        settings.TraceSettings.from_env(
+        traces_settings.TraceSettings.from_env(
             {"OTEL_BSP_MAX_QUEUE_SIZE": "10", "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "11"}
         )
 
 
 def test_ended_spans_are_exported_in_batches():
     memory = InMemorySpanExporter()
-    batches = spanexport.Batches(memory, settings.TraceSettings(delay=3600, max_queue=3, max_batch=2))
+    batches = spanexport.Batches(memory, traces_settings.TraceSettings(delay=3600, max_queue=3, max_batch=2))
     provider = spanexport.provider()
     provider.add_span_processor(batches)
     tracer = provider.get_tracer("test")
@@ -209,9 +211,11 @@ CONFIGURE = """
 import sys
 from opentelemetry import trace
 from services.gateway import app
-from shared.infrastructure import service, settings, tracing
+from shared.infrastructure import service, tracing
+from shared.infrastructure.settings import service
+from shared.infrastructure.settings import traces as traces_settings
 env = dict(a.split("=", 1) for a in sys.argv[1:])
-tracing.configure(settings.ServiceSettings.from_env("scheduler", env), "1.2")
+tracing.configure(service.ServiceSettings.from_env("scheduler", env), "1.2")
 provider = trace.get_tracer_provider()
 print(tracing.enabled(), "opentelemetry.sdk" in sys.modules, type(provider).__name__)
 if tracing.enabled():
@@ -239,8 +243,10 @@ def test_a_service_with_nothing_configured_loads_no_sdk(env, expected):
 
 FORK = """
 import os, subprocess, sys
-from shared.infrastructure import settings, tracing
-tracing.configure(settings.ServiceSettings.from_env("pool-manager", {"OTEL_TRACES_EXPORTER": "console"}), "1")
+from shared.infrastructure import tracing
+from shared.infrastructure.settings import service
+from shared.infrastructure.settings import traces as traces_settings
+tracing.configure(service.ServiceSettings.from_env("pool-manager", {"OTEL_TRACES_EXPORTER": "console"}), "1")
 with tracing.span("queued"):
     pass
 seen = set()

@@ -15,12 +15,13 @@ from starlette.types import ASGIApp
 
 from services.gateway import auth, rest, timeline
 from services.gateway.console import asgi, routes, tokens
-from shared.infrastructure import service, settings
+from shared.infrastructure import service
+from shared.infrastructure.settings import gateway as gateway_settings
 
 
 def mount(
     api_app: ASGIApp,
-    gateway: settings.GatewaySettings,
+    gateway: gateway_settings.GatewaySettings,
     ctx: service.Context,
     api: rest.SessionsAPI,
     history: timeline.TimelineAPI,

@@ -17,7 +17,7 @@ from kubernetes_asyncio.stream import WsApiClient
 from kubernetes_asyncio.stream.ws_client import get_websocket_url
 
 from sbx_api import errors
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime.kubernetes import channel
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import names, snapshots
 

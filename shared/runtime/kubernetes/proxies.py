@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from sbx_api import errors
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime.kubernetes.runtime import KubernetesRuntime
 
 

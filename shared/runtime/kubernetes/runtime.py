@@ -25,7 +25,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from sbx_api import errors
 from shared.contract import ids
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import channel, cluster, manifests, names, snapstore
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from sbx_api import errors
 from shared.contract import ids
-from shared.infrastructure.settings import KubernetesSettings
+from shared.infrastructure.settings.kubernetes import KubernetesSettings
 from shared.runtime import api
 from shared.runtime.kubernetes import cluster, names
 from shared.runtime.kubernetes import snapshots as k8s_snapshots

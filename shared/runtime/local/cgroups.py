@@ -295,6 +295,34 @@ def _stat(path: Path) -> dict[str, int]:
     return out
 
 
+class HostCgroups:
+    """This host's cgroup driver, or why there is none: a runtime without one still starts
+    (its service runs and says why), and each use that needs one raises the reason."""
+
+    def __init__(self, given: Cgroups | None = None) -> None:
+        self.driver = given
+        self.error: errors.ConfigError | None = None
+        if given is None:
+            try:
+                self.driver = Cgroups.detect()
+            except errors.ConfigError as exc:
+                self.error = exc
+
+    def get(self) -> Cgroups:
+        if self.driver is None:
+            assert self.error is not None
+            raise self.error
+        return self.driver
+
+    @property
+    def can_freeze(self) -> bool:
+        return self.driver is not None and self.driver.can_freeze
+
+    def frozen(self, name: str) -> bool:
+        """Whether the group is frozen or being frozen (False without a driver)."""
+        return self.driver is not None and self.driver.frozen(name)
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as handle:
         handle.write(value)

@@ -85,7 +85,7 @@ def _synthetic_etc(target: Path) -> None:
     (tmp / "hostname").write_text("sandbox\n")
     (tmp / "resolv.conf").write_text("# no network in this sandbox\n")
     (tmp / "nsswitch.conf").write_text("passwd: files\ngroup: files\nhosts: files dns\n")
-    # Mount points for the proxy's CA (runtime.CA_DIR): bwrap binds the files onto them,
+    # Mount points for the proxy's CA (egresslinks.CA_DIR): bwrap binds the files onto them,
     # which a read-only root (writable_root=false) could not create.
     (tmp / "sbx").mkdir()
     for name in ("proxy-ca.pem", "ca-bundle.pem"):
