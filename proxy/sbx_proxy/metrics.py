@@ -32,6 +32,8 @@ log = logging.getLogger("sbx_proxy")
 CONNECTION_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 REQUEST_LIMIT = 8192
 READ_TIMEOUT = 5.0
+MAX_WAIT = 30.0
+"""The longest ``GET /egress?wait=`` is held."""
 
 
 class Metrics:
@@ -146,23 +148,35 @@ class EgressCollector:
         )
 
 
-def _egress(log: records.EgressLog | None, target: bytes) -> tuple[bytes, bytes]:
-    """``GET /egress?ack=N``: the batch out, as JSON (see ``records.py``)."""
+async def _egress(log: records.EgressLog | None, target: bytes, arrived: asyncio.Event) -> tuple[bytes, bytes]:
+    """``GET /egress?ack=N[&wait=S]``: the batch out, as JSON (see ``records.py``). With
+    ``wait`` (seconds, at most MAX_WAIT) and nothing to hand out, the answer waits until
+    a connection is recorded or the time is up: a collector follows the proxy with one
+    request at a time instead of asking every half second."""
     if log is None:
         return b"egress records are off on this proxy\n", b"404 Not Found"
     _, _, query = target.partition(b"?")
     fields = dict(part.partition(b"=")[::2] for part in query.split(b"&") if part)
     try:
         ack = int(fields.get(b"ack", b"0"))
+        wait = min(float(fields.get(b"wait", b"0")), MAX_WAIT)
     except ValueError:
-        return b"ack must be a batch number\n", b"400 Bad Request"
-    return json.dumps(log.collect(ack).wire(), separators=(",", ":")).encode(), b"200 OK"
+        return b"ack must be a batch number and wait a number of seconds\n", b"400 Bad Request"
+    batch = log.collect(ack)
+    if wait > 0 and not batch.entries and not batch.lost:
+        arrived.clear()
+        if not log.pending:  # (one kept since the collect did not wait for the event)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await arrived.wait()
+        batch = log.collect(batch.number)  # (the empty batch needs no storing: acknowledged)
+    return json.dumps(batch.wire(), separators=(",", ":")).encode(), b"200 OK"
 
 
 async def serve(
     metrics: Metrics, path: str | Path, egress_log: records.EgressLog | None = None
 ) -> asyncio.AbstractServer:
-    """``GET /metrics`` and ``GET /egress?ack=N`` (the egress records, for the
+    """``GET /metrics`` and ``GET /egress?ack=N[&wait=S]`` (the egress records, for the
     proxy-scaler) over HTTP/1.0 on the unix socket at ``path`` (mode 0600; a stale socket
     file there is replaced, any other file is left alone and refused)."""
     path = Path(path)
@@ -170,6 +184,11 @@ async def serve(
         if not stat.S_ISSOCK(path.lstat().st_mode):
             raise FileExistsError(f"{path} exists and is not a socket")
         path.unlink()
+
+    arrived = asyncio.Event()
+    if egress_log is not None:
+        loop = asyncio.get_running_loop()
+        egress_log.listeners.append(lambda: loop.call_soon_threadsafe(arrived.set))
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -181,7 +200,7 @@ async def serve(
             if target.split(b"?")[0] == b"/metrics":
                 body, status = metrics.render(), b"200 OK"
             elif target.split(b"?")[0] == b"/egress":
-                body, status = _egress(egress_log, target)
+                body, status = await _egress(egress_log, target, arrived)
                 kind = b"application/json" if status == b"200 OK" else b"text/plain"
             else:
                 body, status = b"only GET /metrics and GET /egress here\n", b"404 Not Found"

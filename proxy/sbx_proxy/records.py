@@ -156,6 +156,8 @@ class EgressLog:
     recorded: int = 0
     """Connections recorded since start (metrics)."""
     lost_total: int = 0
+    listeners: list[Callable[[], None]] = field(default_factory=list)
+    """Called after each connection is kept (a collector waiting for records wakes)."""
 
     # ---- egress.Sink: only the close matters --------------------------------------
 
@@ -188,6 +190,8 @@ class EgressLog:
         sandbox naming thousands of hosts keeps a bounded share of the pending entries,
         so it cannot crowd the others' records out)."""
         self.recorded += 1
+        for listener in self.listeners:
+            listener()
         seen = self._per_peer.get(entry.peer, 0)
         if seen < self.per_peer and len(self.pending) < self.pending_max:
             self._per_peer[entry.peer] = seen + 1

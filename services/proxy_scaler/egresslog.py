@@ -2,10 +2,12 @@
 
 Each proxy keeps a record of every sandbox connection until it is collected
 (``proxy/sbx_proxy/records.py``). The scaler, which knows the fleet and holds the NATS
-credentials the proxies never get, reads each live proxy's batch over its private unix
-socket (``GET /egress?ack=N``) every ``INTERVAL``, turns it into ``egress.recorded``
-events on the sessions' subjects (``shared/domain/egress.py``), and acknowledges the
-batch on the next read once they are stored. A batch read twice (this service restarted
+credentials the proxies never get, follows each live proxy over its private unix socket
+with one held request at a time (``GET /egress?ack=N&wait=WAIT``: the proxy answers as
+soon as a connection is recorded, or after WAIT seconds with nothing), turns each batch
+into ``egress.recorded`` events on the sessions' subjects (``shared/domain/egress.py``),
+and acknowledges it on the next request once they are stored. An idle fleet costs one
+request per proxy every WAIT seconds, not one every half second. A batch read twice (this service restarted
 between storing and acknowledging) is stored once: event ids are derived from it.
 
 Which sandbox a connection came from is its address on the proxy link: read from the
@@ -33,7 +35,15 @@ from shared.infrastructure import projector, service
 
 log = structlog.get_logger(__name__)
 INTERVAL = 0.5
-"""Between two collections (a connection reaches the timeline within about this)."""
+"""Between two requests to a proxy that answers at once with nothing (an older proxy that
+does not hold requests), and between two rounds."""
+WAIT = 20
+"""Seconds a proxy holds a request while it has nothing to hand out."""
+FOLLOW_FOR = 60.0
+"""Seconds one round follows the fleet (the lease is renewed during it, and the round is
+cancelled if it is lost)."""
+REFRESH = 2.0
+"""How often a round looks for proxies started or gone."""
 LEASE_KEY = "proxy-scaler-egress"
 
 
@@ -61,24 +71,53 @@ class Collector:
         """Sandbox id -> its record's ``last_seq`` when its address was read."""
 
     async def round(self) -> Report:
+        """Follow every live proxy (a task each) for FOLLOW_FOR seconds."""
         report = Report()
-        records = [r for r in self.fleet.records() if self.fleet.alive(r)]
-        live = {r.proxy_id for r in records}
-        self.acked = {p: n for p, n in self.acked.items() if p in live}
-        for record in records:
-            report.proxies += 1
-            try:
-                await self._collect(record, report)
-            except FileNotFoundError:
-                report.failed += 1  # a proxy starting: its socket comes once it serves
-            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-                report.failed += 1  # it keeps its records; the next round asks again
-                log.warning("egress.collect_failed", proxy=record.proxy_id, error=str(exc)[:200])
+        loop = asyncio.get_running_loop()
+        end = loop.time() + FOLLOW_FOR
+        following: dict[str, asyncio.Task[None]] = {}
+        try:
+            while loop.time() < end:
+                records = {r.proxy_id: r for r in self.fleet.records() if self.fleet.alive(r)}
+                self.acked = {p: n for p, n in self.acked.items() if p in records}
+                for proxy_id, record in records.items():
+                    task = following.get(proxy_id)
+                    if task is None or task.done():
+                        following[proxy_id] = asyncio.create_task(self._follow(record, report, end))
+                report.proxies = len(records)
+                await asyncio.sleep(min(REFRESH, max(0.0, end - loop.time())))
+            await asyncio.gather(*following.values())
+        finally:
+            for task in following.values():
+                task.cancel()
+            await asyncio.gather(*following.values(), return_exceptions=True)
         return report
 
-    async def _collect(self, record: Any, report: Report) -> None:
-        target = f"/egress?ack={self.acked.get(record.proxy_id, 0)}"
-        data = await asyncio.to_thread(fleetmetrics.get, self.fleet.metrics_socket(record), target)
+    async def _follow(self, record: Any, report: Report, end: float) -> None:
+        """One proxy's batches until ``end``; a failure ends it (the round starts it again
+        within REFRESH if the proxy is still alive; it keeps its records meanwhile)."""
+        loop = asyncio.get_running_loop()
+        while (left := end - loop.time()) > 0:
+            asked = loop.time()
+            wait = int(min(WAIT, left))
+            try:
+                got = await self._collect(record, report, wait)
+            except FileNotFoundError:
+                report.failed += 1  # a proxy starting: its socket comes once it serves
+                return
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+                report.failed += 1
+                log.warning("egress.collect_failed", proxy=record.proxy_id, error=str(exc)[:200])
+                return
+            if not got and wait and loop.time() - asked < wait / 2:
+                await asyncio.sleep(INTERVAL)  # it did not hold the request (an older proxy)
+
+    async def _collect(self, record: Any, report: Report, wait: int = 0) -> bool:
+        """One batch from the proxy (held up to ``wait`` seconds while it has none): stored,
+        and acknowledged by the next request. Whether it held anything."""
+        target = f"/egress?ack={self.acked.get(record.proxy_id, 0)}&wait={wait}"
+        socket = self.fleet.metrics_socket(record)
+        data = await fleetmetrics.aget(socket, target, timeout=wait + fleetmetrics.TIMEOUT)
         batch = egress.decode_batch(data)
         if batch.records or batch.lost:
             await self._learn()  # (reads only sandboxes that changed: a new one may hold an old address)
@@ -88,6 +127,7 @@ class Collector:
                 report.events += 1
             report.connections += sum(r.connections for r in batch.records)
         self.acked[record.proxy_id] = batch.batch
+        return bool(batch.records or batch.lost)
 
     def _owner(self, peer: str | None) -> egress.Owner | None:
         return None if peer is None else self.owners.get(peer)

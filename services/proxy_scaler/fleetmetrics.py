@@ -14,6 +14,7 @@ run in the metrics server's thread, never on the event loop.
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,13 +43,36 @@ def get(path: Path, target: str, timeout: float = TIMEOUT, limit: int = LIMIT) -
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         sock.connect(str(path))
-        sock.sendall(f"GET {target} HTTP/1.0\r\nHost: proxy\r\n\r\n".encode())
+        sock.sendall(_request(target))
         data = bytearray()
         while len(data) <= limit and (chunk := sock.recv(65536)):
             data += chunk
+    return _body(path, target, bytes(data), limit)
+
+
+async def aget(path: Path, target: str, timeout: float = TIMEOUT, limit: int = LIMIT) -> bytes:
+    """:func:`get` on the event loop (no thread): for answers that are held (a long poll)."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_unix_connection(str(path))
+        try:
+            writer.write(_request(target))
+            await writer.drain()
+            data = await reader.read(limit + 1)
+            while len(data) <= limit and (chunk := await reader.read(limit + 1 - len(data))):
+                data += chunk
+        finally:
+            writer.close()
+    return _body(path, target, data, limit)
+
+
+def _request(target: str) -> bytes:
+    return f"GET {target} HTTP/1.0\r\nHost: proxy\r\n\r\n".encode()
+
+
+def _body(path: Path, target: str, data: bytes, limit: int) -> bytes:
     if len(data) > limit:
         raise OSError(f"{path}: answer to {target} longer than {limit} bytes")
-    head, _, body = bytes(data).partition(b"\r\n\r\n")
+    head, _, body = data.partition(b"\r\n\r\n")
     status = head.split(b" ", 2)[1:2]
     if status != [b"200"]:
         raise OSError(f"{path}: answered {head[:40]!r}")

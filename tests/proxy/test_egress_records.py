@@ -70,6 +70,11 @@ class Collector:
         )
         return json.loads(text)
 
+    def read_held(self, wait: int) -> dict:
+        return json.loads(
+            harness.scrape_unix(self.proxy.metrics_socket, f"/egress?ack={self.acked}&wait={wait}")
+        )
+
     def until(self, check, timeout: float = 10.0) -> list[dict]:
         """Records collected (and acknowledged) until ``check(all so far)`` holds."""
         seen: list[dict] = []
@@ -147,6 +152,29 @@ def test_a_batch_comes_again_until_acknowledged(proxy):
     assert after["batch"] == first["batch"] + 1 and after["records"] == []
     with pytest.raises(ConnectionError):
         harness.scrape_unix(proxy.metrics_socket, "/egress?ack=x")
+
+
+def test_a_held_request_answers_when_a_connection_is_recorded(proxy):
+    """``wait=S`` with nothing to hand out holds the request until a connection is
+    recorded (the scaler follows each proxy so, instead of asking twice a second); with
+    nothing recorded it answers an empty batch when the time is up."""
+    import threading
+
+    collector = Collector(proxy)
+    collector.until(lambda seen: False, timeout=0.2)
+    held: list[dict] = []
+    reader = threading.Thread(target=lambda: held.append(collector.read_held(8)))
+    reader.start()
+    time.sleep(1.0)  # (an answer that did not wait would have come by now, empty)
+    assert not held, "answered before anything was recorded"
+    _connect(proxy, "169.254.169.254:80")
+    reader.join(timeout=30)
+    assert held and [r["reason"] for r in held[0]["records"]] == ["metadata_address"], held
+    collector.acked = held[0]["batch"]
+    empty = collector.read_held(1)
+    assert empty["records"] == [] and empty["batch"] > held[0]["batch"]
+    with pytest.raises(ConnectionError):
+        harness.scrape_unix(proxy.metrics_socket, "/egress?ack=0&wait=soon")
 
 
 def test_many_connections_to_one_place_are_aggregated_and_counted(proxy):
