@@ -148,7 +148,9 @@ class EgressCollector:
         )
 
 
-async def _egress(log: records.EgressLog | None, target: bytes, arrived: asyncio.Event) -> tuple[bytes, bytes]:
+async def _egress(
+    log: records.EgressLog | None, target: bytes, arrived: asyncio.Event
+) -> tuple[bytes, bytes]:
     """``GET /egress?ack=N[&wait=S]``: the batch out, as JSON (see ``records.py``). With
     ``wait`` (seconds, at most MAX_WAIT) and nothing to hand out, the answer waits until
     a connection is recorded or the time is up: a collector follows the proxy with one
