@@ -164,3 +164,9 @@ def over_limit(sandboxes: Iterable[states.SandboxState], max_running: int) -> tu
     """Whether one more sandbox would exceed ``max_running`` (and how many run now)."""
     running = sum(1 for s in sandboxes if s.status in sandbox_rules.HOLDING)
     return running >= max_running, running
+
+
+def short_of_offers(idle: Mapping[str, int], waiting: Mapping[str, int]) -> set[str]:
+    """Pools with fewer offers waiting in the work queue than idle sandboxes: one was
+    lost (a crash between a sandbox's start and its offer), so theirs are offered again."""
+    return {pool for pool, count in idle.items() if waiting.get(pool, 0) < count}

@@ -5,9 +5,10 @@ followed copy of the sandboxes once the change is in the bucket), and at least e
 ``INTERVAL``, the lease holder reads the sandboxes projection, asks the pure
 ``logic.plan`` what to do, provisions what is missing (each new sandbox is recorded,
 started, then offered on the pool's work queue), removes idle sandboxes of pools whose
-spec changed (or whose snapshot is no longer kept warm, or was deleted), and re-offers
-every idle sandbox (de-duplicated by id, so an offer lost to a crash between start and
-offer is made good). The pools are the configured ones and one per snapshot kept warm
+spec changed (or whose snapshot is no longer kept warm, or was deleted), and every
+``REOFFER_EVERY`` re-offers the idle sandboxes of any pool with fewer offers waiting than
+idle sandboxes (de-duplicated by id, so an offer lost to a crash between start and offer
+is made good). The pools are the configured ones and one per snapshot kept warm
 (``snapshot.warm_set``), read again every round.
 """
 
@@ -142,8 +143,17 @@ async def refill_once(
     for sandbox_id in plan.remove:
         jobs.append(pool.retire(sandbox_id))
     if reoffer:
-        for sandbox in sandboxes:
-            if logic.idle(sandbox) and sandbox.status == "running" and sandbox.pool in by_id:
+        # Only a pool with fewer offers waiting than idle sandboxes lost one (a crash
+        # between start and offer): its idle sandboxes are offered again (duplicates are
+        # dropped by id). Others cost one count, not a message per idle sandbox.
+        offerable = [s for s in sandboxes if logic.idle(s) and s.status == "running" and s.pool in by_id]
+        waiting = await warmpool.waiting_offers(ctx.js, ctx.topology)
+        short = logic.short_of_offers(
+            collections.Counter(s.pool for s in offerable),
+            {p: waiting.get(ctx.topology.pool_offers(p), 0) for p in by_id},
+        )
+        for sandbox in offerable:
+            if sandbox.pool in short:
                 jobs.append(warmpool.offer(ctx.js, ctx.topology, sandbox.pool, sandbox.sandbox_id))
         # Pools with idle sandboxes are still in use: their offers are for those.
         in_use = set(by_id) | {s.pool for s in sandboxes if logic.idle(s) and s.pool}

@@ -183,6 +183,10 @@ class Topology:
     def pool_offers(self, pool_id: str) -> str:
         return f"{self.namespace}.pool.idle.{ids.token(pool_id)}"
 
+    def every_pool_offers(self) -> str:
+        """The subjects of every pool's offers (a filter)."""
+        return f"{self.namespace}.pool.idle.*"
+
     def claims_consumer(self, pool_id: str) -> str:
         return f"claims_{ids.token(pool_id)}"
 

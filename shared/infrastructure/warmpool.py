@@ -44,6 +44,16 @@ async def offer(js: JetStreamContext, topology: subjects.Topology, pool_id: str,
         raise eventstore.translate(exc, f"offering {sandbox_id}") from exc
 
 
+async def waiting_offers(js: JetStreamContext, topology: subjects.Topology) -> dict[str, int]:
+    """How many offers wait in the work queue, by pool subject (taken but unacknowledged
+    ones included): one request, whatever the number of offers."""
+    try:
+        info = await js.stream_info(topology.pool_stream, subjects_filter=topology.every_pool_offers())
+    except Exception as exc:
+        raise eventstore.translate(exc, "counting the pools' offers") from exc
+    return dict(info.state.subjects or {})
+
+
 async def ensure_consumer(
     js: JetStreamContext, topology: subjects.Topology, pool_id: str, *, snapshot: str | None = None
 ) -> None:

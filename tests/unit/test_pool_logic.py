@@ -521,3 +521,14 @@ def test_a_configured_pool_waits_while_a_burst_claims_it_and_catches_up_after() 
     sized = dataclasses.replace(DEFAULT, min_idle=50)
     assert logic.plan([], [sized], 100, hold={DEFAULT.pool_id}).create == {}
     assert logic.plan([], [sized], 100).create == {DEFAULT.pool_id: 50}  # caught up after
+
+
+def test_only_pools_short_of_offers_are_offered_again():
+    """Every REOFFER_EVERY the refill compares each pool's idle sandboxes with the offers
+    waiting for them: equal or more (a duplicate past the dedupe window) costs nothing;
+    fewer means one was lost, and that pool's idle sandboxes are offered again."""
+    idle = {"p1": 3, "p2": 2, "p3": 1}
+    waiting = {"p1": 3, "p2": 1, "p3": 2}
+    assert logic.short_of_offers(idle, waiting) == {"p2"}
+    assert logic.short_of_offers({"p4": 1}, {}) == {"p4"}
+    assert logic.short_of_offers({}, waiting) == set()
