@@ -27,7 +27,11 @@ from mcp.client.streamable_http import streamable_http_client
 from tests import support
 from tests.e2e.stacks import read_until, remove_sandboxes
 
-pytestmark = [pytest.mark.needs_root("the local runtime needs root"), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.needs_root("the local runtime needs root"),
+    pytest.mark.slow,
+    pytest.mark.timeout(300),  # (~30 s quiet; installs and a stack start take 4x that on a busy machine)
+]
 GUIDE = support.ROOT / "docs" / "first-hour.md"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from shared.infrastructure.settings import proxies as proxies_settings
 from shared.runtime.local import network
-from tests.integration.test_proxy_fleet import FLEET, LIFECYCLE, RUNTIME, ensure
+from tests.integration.test_proxy_fleet import FLEET, LIFECYCLE, RUNTIME, ensure, eventually
 from tests.proxy import harness
 
 pytestmark = [
@@ -88,6 +88,11 @@ async def test_a_sandbox_moves_its_proxy_counters_and_the_scaler_reexports_them(
     record = fleet["local"].records()[0]
     socket_path = fleet["local"].metrics_socket(record)
     assert "metrics.sock" in fleet["details"]["proxy_metrics"]
+
+    async def serving() -> bool:  # (a proxy opens its socket once it runs: a moment after it listens)
+        return socket_path.exists()
+
+    await eventually(serving)
     before = harness.parse_metrics(harness.scrape_unix(socket_path))
     out = await in_sandbox(
         fleet, sandbox, "curl -sS -o /dev/null -w '%{http_code}' --max-time 10 http://169.254.169.254/latest/"
