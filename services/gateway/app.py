@@ -113,9 +113,11 @@ def build_app(
     )
     app = web_console.mount(app, gateway, ctx, api, history)  # /console: its own (cookie) auth
     if e2b is not None:
-        app = e2b_control.Mount(app, *e2b)  # /e2b: E2B's control plane (X-API-KEY) and envd (its tokens)
+        # /e2b: E2B's control plane (X-API-KEY) and envd (its tokens), envd at {port}-{id}.{domain}
+        app = e2b_control.Mount(app, *e2b, domain=gateway.e2b_domain)
+    under = (gateway.e2b_domain.partition(":")[0],) if gateway.e2b_domain and e2b is not None else ()
     allowed = origins.Allowed.build(
-        gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins)
+        gateway.host, gateway.allowed_hosts, (*gateway.allowed_origins, *gateway.cors_origins), under
     )
     app = origins.Guard(app, allowed)  # Host and Origin before anything else (DNS rebinding)
     app = RequestMetrics(app)
@@ -213,6 +215,7 @@ def make_setup(gateway: gateway_settings.GatewaySettings, *, max_lifetime: float
             forget=where.forget,
             secret=e2b_envd.secret_of(gateway.api_key),
             executor=executor,
+            sandbox_domain=gateway.e2b_domain,
         )
         in_sandbox = e2b_envd.Envd(
             session_states, host, plane.secret, lambda s: s is not None and s.status == "active"

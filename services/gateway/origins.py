@@ -97,14 +97,22 @@ class Allowed:
     for any. ``addresses``: any IP address in ``Host`` too (a gateway listening beyond
     loopback, reached by its address: DNS rebinding needs a name, never an address).
     ``origins``: origins (``scheme://host:port``) a browser page may call from besides
-    loopback's and the gateway's own; ``*`` for any."""
+    loopback's and the gateway's own; ``*`` for any. ``under``: names any subdomain of which
+    a ``Host`` may carry (``SBX_E2B_DOMAIN``: ``{port}-{sandboxId}.{domain}``)."""
 
     hosts: frozenset[str] = frozenset()
     addresses: bool = False
     origins: frozenset[str] = frozenset()
+    under: frozenset[str] = frozenset()
 
     @classmethod
-    def build(cls, listen: str, hosts: tuple[str, ...] = (), origins: tuple[str, ...] = ()) -> Allowed:
+    def build(
+        cls,
+        listen: str,
+        hosts: tuple[str, ...] = (),
+        origins: tuple[str, ...] = (),
+        under: tuple[str, ...] = (),
+    ) -> Allowed:
         """For a gateway listening on ``listen`` with the operator's names and origins
         (``SBX_ALLOWED_HOSTS``, and ``SBX_ALLOWED_ORIGINS`` with ``SBX_CORS_ORIGINS``)."""
         beyond = listens_beyond_loopback(listen)
@@ -113,7 +121,7 @@ class Allowed:
         if beyond and own is not None and not _is_ip(own[0]):
             names.add(own[0])  # (listening on a name: that name is the gateway's)
         normal = {ANY if o == ANY else _joined(split_origin(o)) for o in origins}
-        return cls(frozenset(names), beyond, frozenset(normal - {""}))
+        return cls(frozenset(names), beyond, frozenset(normal - {""}), frozenset(under))
 
     def refusal(self, hosts: list[str], origins: list[str]) -> str | None:
         """Why a request with these ``Host`` and ``Origin`` header values is refused, or
@@ -138,6 +146,8 @@ class Allowed:
             return False
         name = host[0]
         if ANY in self.hosts or name in LOOPBACK_NAMES or name in self.hosts:
+            return True
+        if any(name.endswith("." + parent) for parent in self.under):
             return True
         return self.addresses and _is_ip(name)
 

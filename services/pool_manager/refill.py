@@ -149,7 +149,7 @@ async def refill_once(
         offerable = [s for s in sandboxes if logic.idle(s) and s.status == "running" and s.pool in by_id]
         waiting = await warmpool.waiting_offers(ctx.js, ctx.topology)
         short = logic.short_of_offers(
-            collections.Counter(s.pool for s in offerable),
+            collections.Counter(s.pool for s in offerable if s.pool is not None),
             {p: waiting.get(ctx.topology.pool_offers(p), 0) for p in by_id},
         )
         for sandbox in offerable:

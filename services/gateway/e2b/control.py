@@ -20,8 +20,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sbx_api import errors
-from services.gateway import auth
-from services.gateway.e2b import envd, rules, wire
+from services.gateway import auth, origins
+from services.gateway.e2b import envd, rules, signing, wire
 from shared.contract import commands, execution, ids, states
 from shared.infrastructure import projector, rpc
 
@@ -69,7 +69,10 @@ class ControlPlane:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         secret: bytes = b"",
         executor: rpc.ExecClient | None = None,
+        sandbox_domain: str = "",
     ) -> None:
+        self.sandbox_domain = sandbox_domain
+        """``SBX_E2B_DOMAIN``: the ``domain`` every answer names (empty: the request's host)."""
         self.executor = executor
         """Reads a sandbox's resource use (``metrics``); None: metrics are not served."""
         self.secret = secret
@@ -87,11 +90,11 @@ class ControlPlane:
         org: str | None = request.scope.get("sbx.org")
         return org
 
-    @staticmethod
-    def domain(request: Request) -> str:
-        """Our own host name (the Host the guard let through): where the SDK's sandbox traffic
-        goes when it has no E2B_SANDBOX_URL, never E2B's cloud."""
-        return (request.url.hostname or "localhost").lower()
+    def domain(self, request: Request) -> str:
+        """Where the SDK's sandbox traffic goes when it has no E2B_SANDBOX_URL, never E2B's
+        cloud: ``SBX_E2B_DOMAIN`` (``{port}-{id}.{domain}`` reaches this gateway), else our own
+        host name (the Host the guard let through)."""
+        return self.sandbox_domain or (request.url.hostname or "localhost").lower()
 
     @staticmethod
     def fields(request: Request, operation: str) -> dict[str, Any]:
@@ -542,18 +545,33 @@ async def envd_not_built(scope: Scope, receive: Receive, send: Send) -> None:
 
 class Mount:
     """The API app with the E2B control plane beside it under ``/e2b`` and envd (when built
-    in) under ``/e2b/envd``."""
+    in) under ``/e2b/envd``, and at every path of a host ``{port}-{sandboxId}.{domain}``
+    when ``domain`` (``SBX_E2B_DOMAIN``) is set: the sandbox named by the host."""
 
-    def __init__(self, api_app: ASGIApp, e2b_app: ASGIApp, envd_app: ASGIApp | None = None) -> None:
+    def __init__(
+        self, api_app: ASGIApp, e2b_app: ASGIApp, envd_app: ASGIApp | None = None, domain: str = ""
+    ) -> None:
         self.api_app = api_app
         self.e2b_app = e2b_app
         self.envd_app = envd_app
+        named = origins.split_host(domain) if domain else None
+        self.domain = named[0] if named is not None else ""  # (the name: any port may front it)
+
+    def routed(self, scope: Scope) -> tuple[str, str] | None:
+        if not self.domain:
+            return None
+        hosts = [v.decode("latin-1") for k, v in scope["headers"] if k == b"host"]
+        host = origins.split_host(hosts[0]) if len(hosts) == 1 else None
+        return None if host is None else signing.route(host[0], self.domain)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path == ENVD_PREFIX or path.startswith(ENVD_PREFIX + "/"):
+        route = self.routed(scope) if scope["type"] == "http" else None
+        if route is not None or path == ENVD_PREFIX or path.startswith(ENVD_PREFIX + "/"):
             if self.envd_app is None:
                 await envd_not_built(scope, receive, send)
+            elif route is not None:
+                await self.envd_app({**scope, envd.ROUTE: route}, receive, send)
             else:
                 await self.envd_app({**scope, "path": path[len(ENVD_PREFIX) :] or "/"}, receive, send)
             return

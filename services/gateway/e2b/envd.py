@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from sbx_api import errors
 from services.gateway import hostapi as host_api
-from services.gateway.e2b import connect, filesystem, processes
+from services.gateway.e2b import connect, filesystem, processes, signing
 from shared.contract import ids, states
 from shared.infrastructure import projector
 
@@ -25,6 +26,8 @@ log = structlog.get_logger(__name__)
 ENVD_PORT = "49983"
 HEALTH = "/health"
 STREAM_INPUT = "/process.Process/StreamInput"
+ROUTE = "sbx.e2b.route"
+"""Scope key: (port, sandbox id) of a request routed by its host (:func:`signing.route`)."""
 NOT_BUILT = (
     "this envd method is not served by this stack: see docs/e2b.md for what is (process "
     "Start/Connect/List/SendInput/StreamInput/CloseStdin/SendSignal, filesystem Stat/ListDir/MakeDir/Move/"
@@ -56,7 +59,9 @@ class Envd:
         host: host_api.HostAPI,
         secret: bytes,
         visible: Callable[[states.SessionState | None], bool],
+        clock: Callable[[], float] = time.time,
     ) -> None:
+        self.clock = clock
         self.sessions = sessions_store
         self.host = host
         self.secret = secret
@@ -90,34 +95,46 @@ class Envd:
             fs + "WatchDir": self.filesystem.watch_dir,
         }
 
-    async def session(self, scope: Scope) -> states.SessionState:
+    async def session(self, scope: Scope, fields: dict[str, str] | None) -> states.SessionState:
+        """The sandbox a call is for (its host's ``{port}-{id}`` label, else ``E2b-Sandbox-Id``
+        and ``E2b-Sandbox-Port``) when the call proves it may: ``X-Access-Token``, or for
+        ``/files`` (``fields``: its query) a signed URL's signature."""
         headers = {k.decode("latin-1"): v for k, v in scope["headers"]}
-        port = headers.get("e2b-sandbox-port", b"").decode("latin-1")
+        named = headers.get("e2b-sandbox-id", b"").decode("latin-1")
+        port, raw_sid = scope.get(ROUTE) or (headers.get("e2b-sandbox-port", b"").decode("latin-1"), named)
         if port != ENVD_PORT:
             raise connect.ConnectError(
                 "unimplemented", f"only envd (port {ENVD_PORT}) is reachable here, not port {port[:8]}"
             )
+        if ROUTE in scope and named and named != raw_sid:
+            raise connect.ConnectError(
+                "invalid_argument", "E2b-Sandbox-Id names another sandbox than the host"
+            )
         try:
-            sid = ids.validate_session_id(headers.get("e2b-sandbox-id", b"").decode("ascii"))
-        except (errors.InvalidInput, UnicodeDecodeError):
+            sid = ids.validate_session_id(raw_sid)
+        except errors.InvalidInput:
             raise connect.ConnectError("not_found", "no such sandbox") from None
         state = await self.sessions.get(sid)
-        given = headers.get("x-access-token", b"")
-        expected = access_token(self.secret, state).encode() if state is not None else b"\0"
-        # (compared even for a missing sandbox: the answer takes as long either way)
-        if not hmac.compare_digest(given, expected) or not self.visible(state):
+        token = access_token(self.secret, state) if state is not None else "\0"
+        given = headers.get("x-access-token")
+        if given is None and fields is not None:  # (a signed URL: envd's rule)
+            signing.check(fields, scope["method"], token, self.clock())
+        elif not hmac.compare_digest(given or b"", token.encode()):
+            # (compared even for a missing sandbox: the answer takes as long either way)
             raise connect.ConnectError("unauthenticated", "missing or wrong X-Access-Token for this sandbox")
-        assert state is not None
+        if state is None or not self.visible(state):
+            raise connect.ConnectError("unauthenticated", "missing or wrong X-Access-Token for this sandbox")
         return state
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         try:
-            session = await self.session(scope)
+            fields = signing.query(scope.get("query_string", b"")) if path == filesystem.FILES else None
+            session = await self.session(scope, fields)
             if path == HEALTH and method in ("GET", "HEAD"):
                 await connect.respond(send, 204, b"")
-            elif path == filesystem.FILES:
-                await self.filesystem.serve(session, scope, receive, send)
+            elif fields is not None:
+                await self.filesystem.serve(session, fields, scope, receive, send)
             elif method == "POST" and path in self.unary:
                 await connect.unary(send, await self.unary[path](session, await connect.body(receive)))
             elif method == "POST" and path == STREAM_INPUT:

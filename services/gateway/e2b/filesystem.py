@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import urllib.parse
 import zlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
@@ -220,8 +219,10 @@ class Filesystem:
 
     # ---- GET/POST /files -------------------------------------------------------------------------
 
-    async def serve(self, session: states.SessionState, scope: Scope, receive: Receive, send: Send) -> None:
-        query = dict(urllib.parse.parse_qsl(scope.get("query_string", b"").decode("utf-8", "replace")))
+    async def serve(
+        self, session: states.SessionState, query: dict[str, str], scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """``/files`` with its query (:func:`signing.query`): GET reads, POST writes."""
         started = False
 
         async def sending(message: Any) -> None:

@@ -61,6 +61,13 @@ class GatewaySettings:
     ``cors_origins`` (``SBX_ALLOWED_ORIGINS``, comma-separated, ``*`` for any): a request
     with any other ``Origin`` is refused (403), as the MCP spec requires. Requests without
     ``Origin`` (every client but a browser) are not affected."""
+    e2b_domain: str = ""
+    """The E2B SDK's sandbox domain (``SBX_E2B_DOMAIN``, a host name with an optional port,
+    e.g. ``sbx.example.com``): E2B answers name it, so an SDK without ``E2B_SANDBOX_URL``
+    sends a sandbox's traffic (and builds its signed file URLs) to
+    ``https://49983-{sandboxId}.{domain}``, which wildcard DNS and TLS in front of the gateway
+    bring here; the gateway routes such a host to that sandbox's envd. Empty (the default):
+    answers name the host the request came to, and only ``E2B_SANDBOX_URL`` reaches envd."""
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> GatewaySettings:
@@ -88,7 +95,22 @@ class GatewaySettings:
             cors_origins=_origins(env.get("SBX_CORS_ORIGINS", "")),
             allowed_hosts=_hosts(env.get("SBX_ALLOWED_HOSTS", "")),
             allowed_origins=_origins(env.get("SBX_ALLOWED_ORIGINS", ""), name="SBX_ALLOWED_ORIGINS"),
+            e2b_domain=_e2b_domain(env.get("SBX_E2B_DOMAIN", "")),
         )
+
+
+def _e2b_domain(text: str) -> str:
+    """``SBX_E2B_DOMAIN``: a host name (at least two labels) with an optional port."""
+    domain = text.strip().lower().removesuffix(".")
+    name, _, port = domain.partition(":")
+    if domain and (
+        not _HOST_NAME.fullmatch(name) or "." not in name or (port and not re.fullmatch(r"[0-9]{1,5}", port))
+    ):
+        raise errors.ConfigError(
+            f"SBX_E2B_DOMAIN: {domain!r:.80} is not a host name with an optional port, like "
+            "sbx.example.com (its subdomains {port}-{sandboxId}.sbx.example.com must reach the gateway)"
+        )
+    return domain
 
 
 _ORIGIN = re.compile(r"https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?")
