@@ -156,7 +156,7 @@ class EgressLog:
     recorded: int = 0
     """Connections recorded since start (metrics)."""
     lost_total: int = 0
-    listeners: list[Callable[[], None]] = field(default_factory=list)
+    listeners: list[Callable[[], object]] = field(default_factory=list)
     """Called after each connection is kept (a collector waiting for records wakes)."""
 
     # ---- egress.Sink: only the close matters --------------------------------------
