@@ -219,3 +219,29 @@ async def _none(coro) -> bool:
 
 async def _empty_records(world) -> bool:
     return not [r for r in world["local"].records() if world["local"].alive(r)]
+
+
+async def test_two_stacks_starting_proxies_at_once_never_share_a_port(tmp_path):
+    """Stacks on one host share the proxy address: each start holds the host's ports lock
+    from choosing a free port until its proxy listens, so stacks starting proxies at the
+    same moment get different ports and every proxy stays up (without the lock both
+    picked the lowest free port, and one stack took the other's proxy for its own)."""
+    fleets = []
+    for name in ("one", "two"):
+        state = tmp_path / name
+        rt = local.LocalRuntime(state, egress="proxy")
+        fleet = proxies.LocalProxies(state, rt, binary=FLEET.binary)
+        await fleet.ensure_ca()
+        fleets.append(fleet)
+    try:
+        started = await asyncio.gather(
+            *(fleet.start(f"px-{n}{i}") for n, fleet in enumerate(fleets) for i in range(2))
+        )
+        ports = [record.port for record in started]
+        assert len(set(ports)) == len(ports), ports
+        await asyncio.sleep(1.0)  # (a proxy whose port was taken exits at once)
+        for fleet in fleets:
+            assert all(fleet.alive(record) for record in fleet.records()), fleet.records()
+    finally:
+        for fleet in fleets:
+            await fleet.stop_all()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -29,6 +30,11 @@ from shared.runtime.local import network
 from shared.runtime.local.runtime import LocalRuntime
 
 START_TIMEOUT = 30.0
+PORTS_LOCK = Path("/run/sbx-proxy-ports.lock")
+"""Held from choosing a free port until the proxy listens on it, by every stack on the
+host (proxies of all stacks share the proxy address): without it two stacks starting
+proxies at once could pick the same port, and one would take the other's proxy,
+answering on that port, for its own (it then exits: its port is taken)."""
 
 
 @dataclass(frozen=True)
@@ -129,8 +135,12 @@ class LocalProxies:
         if not Path(self.binary).exists():
             raise errors.ConfigError(f"{self.binary} is missing: run scripts/setup (it installs proxy/.venv)")
         await self.runtime.network.ensure_host()  # the proxy address must exist before binding it
-        port = self._free_port()
         env = await self._proxy_env()
+        async with _ports_locked(self.dir):
+            return await self._start(proxy_id, env)
+
+    async def _start(self, proxy_id: str, env: dict[str, str]) -> Record:
+        port = self._free_port()
         log = os.open(self.dir / f"{port}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -160,6 +170,8 @@ class LocalProxies:
         return record
 
     async def _until_listening(self, proc: asyncio.subprocess.Process, port: int) -> None:
+        """Until something answers on the port (ours: the ports lock is held, so no other
+        proxy took it since it was found free), or the process ended."""
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if proc.returncode is not None:
@@ -231,3 +243,29 @@ class LocalProxies:
 
     async def prune_routes(self, routes: dict[int, int] | None = None) -> int:
         return await self.runtime.network.prune(routes)
+
+
+@contextlib.asynccontextmanager
+async def _ports_locked(fallback_dir: Path):
+    """:data:`PORTS_LOCK` held (an exclusive ``flock``, polled so that a cancelled start
+    never leaves it taken); in ``fallback_dir`` where /run is not writable."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(PORTS_LOCK, flags, 0o600)
+    except OSError:
+        fd = os.open(fallback_dir / "ports.lock", flags, 0o600)
+    try:
+        deadline = time.monotonic() + START_TIMEOUT * 2
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise errors.InfrastructureError(
+                        f"another proxy start held {PORTS_LOCK} for {START_TIMEOUT * 2:g}s"
+                    ) from None
+                await asyncio.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
