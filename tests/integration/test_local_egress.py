@@ -206,20 +206,27 @@ async def test_direct_egress_that_bypasses_the_proxy_fails(world, sandboxes):
     await asyncio.sleep(0.5)
     assert servers.heard == [], "nothing from the sandbox reached host services"
 
-    # Control: without the firewall the same attempt does reach the host, so the test above
-    # measured the firewall, not a missing route. The next start puts the table back.
+    # Control: with a rule accepting exactly that attempt ahead of the firewall's, the same
+    # attempt does reach the host, so the test above measured the firewall, not a missing
+    # route. (A rule, not the table deleted: any stack's proxy-scaler on the host puts a
+    # deleted table back within a round.)
+    import re
     import subprocess
 
-    subprocess.run(["nft", "delete", "table", "inet", network.TABLE], check=True)
+    rule = ["inet", network.TABLE, "input", "ip", "daddr", host_ip, "tcp", "dport", str(servers.tcp_port)]
+    added = subprocess.run(
+        ["nft", "-e", "-a", "insert", "rule", *rule, "accept"], check=True, capture_output=True, text=True
+    )
+    handle = re.search(r"# handle (\d+)", added.stdout)
+    assert handle, added.stdout
     try:
         await sh(rt, box, f"curl -sS --noproxy '*' --max-time 3 http://{host_ip}:{servers.tcp_port}/")
         await asyncio.sleep(0.3)
         assert any(h.startswith("tcp") for h in servers.heard), "control: reachable without the firewall"
     finally:
-        await rt.network.ensure_host()
-    assert (
-        subprocess.run(["nft", "list", "table", "inet", network.TABLE], capture_output=True).returncode == 0
-    )
+        subprocess.run(
+            ["nft", "delete", "rule", "inet", network.TABLE, "input", "handle", handle.group(1)], check=True
+        )
     servers.heard.clear()
 
 
