@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
+import os
+import sys
 
 from e2b import AsyncSandbox, Sandbox, SandboxQuery, SandboxState
 
@@ -55,4 +57,9 @@ async def run_async() -> None:
 
 
 asyncio.run(run_async())
-print("async")
+print("async", flush=True)
+# Every check above passed. e2b 2.50's clients leave threads that crashed the interpreter's
+# finalisation once in CI (Fatal Python error: PyGILState_Release, exit -6, after
+# "async"): this process ends here, without finalisation; the checks are what is tested.
+sys.stderr.flush()
+os._exit(0)

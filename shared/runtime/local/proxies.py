@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -246,7 +247,7 @@ class LocalProxies:
 
 
 @contextlib.asynccontextmanager
-async def _ports_locked(fallback_dir: Path):
+async def _ports_locked(fallback_dir: Path) -> AsyncIterator[None]:
     """:data:`PORTS_LOCK` held (an exclusive ``flock``, polled so that a cancelled start
     never leaves it taken); in ``fallback_dir`` where /run is not writable."""
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
