@@ -1,7 +1,9 @@
-"""Entering a running sandbox from the host: what runs between fork and exec of
-``runtime.exec``, in place of ``nsenter``.
+"""Entering a running sandbox from the host: what runs between fork and exec of a
+command of ``runtime.exec``, in place of ``nsenter``. It runs in a child of the spawner
+(``spawnd.py``), a small process of the executor's, never in a fork of the executor.
 
-The child joins the sandbox's cgroup and its namespaces (the user namespace last),
+The child refuses an entry whose namespaces are the host's (its pid not a sandbox's
+init), joins the sandbox's cgroup and its namespaces (the user namespace last),
 takes the init's root and working directory, drops every
 capability a coding sandbox does not need from its bounding set (which setns into a
 user namespace resets to full), becomes the sandbox user, lowers its file limit, sets
@@ -10,25 +12,27 @@ the filter can refuse ``setns`` and ``chroot`` to what runs inside. It then fork
 more, because joining a pid namespace only places one's children in it: the first
 child stays outside, invisible to the sandbox, and mirrors the second's exit status;
 both are in one process group, so killing the group kills both. Neither outlives the
-executor: the first child gets SIGKILL when the executor dies, the second SIGTERM when the
-first does (``PR_SET_PDEATHSIG``), so a command whose caller is gone does not keep running
-and holding the session's lock (what a command starts in the background is not affected:
-the signal is not inherited).
+executor: the first child gets SIGKILL when the spawner dies (which dies with the
+executor), the second SIGTERM when the first does (``PR_SET_PDEATHSIG``), so a command
+whose caller is gone does not keep running and holding the session's lock (what a
+command starts in the background is not affected: the signal is not inherited).
 
-Only ctypes calls to libc and ``os`` calls without locks run here (the parent may have
-threads); everything that needs memory is prepared before the fork by ``prepare``.
+Only ctypes calls to libc and ``os`` calls without locks run here; everything that needs
+memory is prepared before the fork by ``prepare``. The module imports little (no
+dataclasses, no typing): the spawner that imports it forks for every command, and a fork
+costs what the address space holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import resource
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 NAMESPACES = ("mnt", "uts", "ipc", "net", "pid", "cgroup", "user")
 """The user namespace last: host root may join the others, which bwrap's outer user
@@ -45,15 +49,25 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-@dataclass(frozen=True)
+HOST_ONLY = ("user", "mnt", "pid")
+"""Namespaces a sandbox's init never shares with the host: an entry into any of the
+host's own is refused."""
+
+
 class Entry:
-    pid: int
-    """The sandbox init's host pid."""
-    uid: int
-    keep_caps: frozenset[int]
-    """Capabilities left in the bounding set (root sandboxes; a non-root user has none)."""
-    nofile: int
-    bpf: bytes
+    """Where and how a command enters: the sandbox init's host ``pid``, the ``uid`` it
+    runs as, the capabilities left in its bounding set (``keep_caps``: root sandboxes; a
+    non-root user has none), its file limit and its seccomp filter (``bpf``)."""
+
+    __slots__ = ("bpf", "keep_caps", "nofile", "pid", "uid")
+
+    def __init__(self, pid: int, uid: int, keep_caps: frozenset[int], nofile: int, bpf: bytes) -> None:
+        self.pid, self.uid, self.keep_caps, self.nofile, self.bpf = pid, uid, keep_caps, nofile, bpf
+
+    def __repr__(self) -> str:
+        return (
+            f"Entry(pid={self.pid}, uid={self.uid}, keep_caps={sorted(self.keep_caps)}, nofile={self.nofile})"
+        )
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -78,7 +92,8 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     root, cwd = f"/proc/{entry.pid}/root".encode(), f"/proc/{entry.pid}/cwd".encode()
     drop = [cap for cap in range(_last_cap() + 1) if cap not in entry.keep_caps]
     uid = entry.uid
-    executor = os.getpid()
+    parent = os.getpid()
+    host = {ns: os.stat(f"/proc/self/ns/{ns}").st_ino for ns in HOST_ONLY}
 
     def check(result: int, what: str) -> None:
         if result != 0:
@@ -87,8 +102,13 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
 
     def child() -> None:
         _keep = (buffer, fprog)  # alive until the filter is loaded
-        before()
         fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
+        for fd, ns in zip(fds, NAMESPACES, strict=True):
+            if host.get(ns) == os.fstat(fd).st_ino:
+                raise PermissionError(
+                    errno.EPERM, f"pid {entry.pid} is not a sandbox's init: its {ns} namespace is the host's"
+                )
+        before()
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         cwd_fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         for fd, ns in zip(fds, NAMESPACES, strict=True):
@@ -106,7 +126,7 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-        if os.getppid() != executor:  # it died before the line above
+        if os.getppid() != parent:  # it died before the line above
             libc._exit(137)
         pid = libc.fork()
         if pid < 0:

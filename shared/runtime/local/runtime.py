@@ -11,7 +11,8 @@ and start time of the sandbox's init while it runs), ``workspace/`` (``/workspac
 The sandbox is started detached (``setsid --fork``): it is not a child of the
 service that created it and survives that service; any process holding the same
 state directory finds it again. Commands run inside by entering the sandbox's cgroup
-and namespaces with its capabilities, limits and seccomp filter (``enter.py``).
+and namespaces with its capabilities, limits and seccomp filter (``enter.py``), started
+by a small process of the runtime's own (``spawnd.py``) rather than a fork of the service.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from shared.runtime.local import (
     records,
     seccomp,
     snapstore,
+    spawner,
     userns,
 )
 from shared.runtime.local.registries import RegistryConfig
@@ -178,6 +180,15 @@ class LocalRuntime(api.Runtime):
             except errors.ConfigError as exc:  # reported on use, so the service still runs and says why
                 self._cgroups_error = exc
         self.pausable = self._cgroups is not None and self._cgroups.can_freeze
+        self.spawner = spawner.Spawner(
+            self._cgroups.root if self._cgroups is not None else cgroups.ROOT,
+            frozenset(bwrap.ROOT_CAPS.values()),
+        )
+        """Starts the commands of ``exec`` (a small process: see ``spawnd.py``)."""
+
+    async def close(self) -> None:
+        """Stop the spawner (commands it started end; sandboxes are not touched)."""
+        self.spawner.close()
 
     def _nofile(self, spec: api.SandboxSpec) -> int:
         return bwrap.nofile(spec.limits.pids, self._file_max)
@@ -1018,7 +1029,6 @@ class LocalRuntime(api.Runtime):
             **self._env(info.spec, pin),
             **(env or {}),
         }
-        name, cg = self._cgroup(sandbox_id), self.cgroups
         entry = enter.Entry(
             pid=running.pid,
             uid=uid,
@@ -1026,17 +1036,10 @@ class LocalRuntime(api.Runtime):
             nofile=self._nofile(info.spec),
             bpf=seccomp.compile_bpf(),
         )
+        procs = [group / "cgroup.procs" for group in self.cgroups.dirs(self._cgroup(sandbox_id))]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *enter.argv(argv, cwd),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=full_env,
-                start_new_session=True,
-                preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
-            )
-        except (subprocess.SubprocessError, OSError) as exc:
+            proc = await self.spawner.spawn(enter.argv(argv, cwd), full_env, entry, procs)
+        except OSError as exc:
             # Entering failed: the sandbox stopped or was deleted since it was looked up
             # (its init, cgroup or namespaces are gone), or the host refused.
             if self._running(d) is None:
@@ -1044,7 +1047,9 @@ class LocalRuntime(api.Runtime):
                 raise api.SandboxNotRunning(
                     f"sandbox {sandbox_id!r} is {now.status if now else 'deleted'}, not running"
                 ) from None
-            raise errors.InfrastructureError(f"cannot enter sandbox {sandbox_id!r}: {exc}") from exc
+            raise errors.InfrastructureError(
+                f"cannot enter sandbox {sandbox_id!r}: {exc.strerror or exc}"
+            ) from exc
         return execs.LocalExec(proc, timeout, stdin, keep_stdin_open)
 
 
