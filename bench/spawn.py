@@ -55,7 +55,11 @@ async def worker(calls: int) -> dict[str, float]:
             for _ in range(20):
                 await rt.run("bench-spawn", ["true"])
             walls: list[float] = []
-            me, children, spawner = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), _spawner_cpu(rt)
+            me, children, spawner = (
+                _cpu(resource.RUSAGE_SELF),
+                _cpu(resource.RUSAGE_CHILDREN),
+                _spawner_cpu(rt),
+            )
             for _ in range(calls):
                 t0 = time.perf_counter()
                 result, _, _ = await rt.run("bench-spawn", ["true"])
@@ -87,7 +91,9 @@ def run_worker(tree: Path, calls: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--base", type=Path, help="a checkout of the other version")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
@@ -97,7 +103,11 @@ def main() -> None:
         sys.path.insert(0, str(args.worker))
         print(json.dumps(asyncio.run(worker(args.calls))))
         return
-    trees = {"before (--base)": args.base.resolve(), "after (this tree)": HERE} if args.base else {"this tree": HERE}
+    trees = (
+        {"before (--base)": args.base.resolve(), "after (this tree)": HERE}
+        if args.base
+        else {"this tree": HERE}
+    )
     results: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     for _ in range(args.rounds):
         for name, tree in trees.items():
@@ -106,7 +116,9 @@ def main() -> None:
           f"median of rounds, {os.cpu_count()} cores\n")  # fmt: skip
     keys = ("executor_ms", "children_ms", "total_ms", "wall_p50_ms", "rss_mib")
     print(f"{'':20}" + "".join(f"{k:>14}" for k in keys))
-    medians = {name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items()}
+    medians = {
+        name: {k: statistics.median(r[k] for r in rows) for k in keys} for name, rows in results.items()
+    }
     for name, row in medians.items():
         print(f"{name:20}" + "".join(f"{row[k]:14.3f}" for k in keys))
     if args.base:
