@@ -109,6 +109,10 @@ async def test_a_request_with_a_bad_entry_is_refused(rt):
     sneaky = [procs[0].parent / ".." / ".." / "cgroup.procs"]
     assert "not a cgroup.procs under" in await attempt(good, sneaky)
     assert "not a cgroup.procs under" in await attempt(good, [procs[0].parent / "tasks"])
+    with pytest.raises(OSError, match="argv must hold strings without NUL"):
+        await rt.spawner.spawn(["/bin/sh", "-c", "touch /tmp/entered\0"], env, enter.Entry(**good), procs)
+    with pytest.raises(OSError, match="env must hold strings without NUL"):
+        await rt.spawner.spawn(["/bin/true"], {"A": "b\0c"}, enter.Entry(**good), procs)
     assert rt.spawner.started == 1, "a refused request does not end the spawner"
     code, out, _ = await sh(rt, sid, "ls /tmp/entered 2>&1 || echo nothing")
     assert out.strip().endswith("nothing"), "nothing that was refused ran"

@@ -101,12 +101,16 @@ class _Link:
             caps = ",".join(str(c) for c in sorted(keep_caps))
             # From this (the loop's) thread: the spawner's PR_SET_PDEATHSIG follows the
             # thread that started it.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(PROGRAM), str(os.getpid()), str(theirs.fileno()),
-                 str(cgroup_root), caps],
-                pass_fds=(theirs.fileno(),), env={}, cwd="/", start_new_session=True,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            )  # fmt: skip
+            try:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", str(PROGRAM), str(os.getpid()), str(theirs.fileno()),
+                     str(cgroup_root), caps],
+                    pass_fds=(theirs.fileno(),), env={}, cwd="/", start_new_session=True,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                )  # fmt: skip
+            except BaseException:
+                ours.close()
+                raise
         ours.setblocking(False)
         self.sock = ours
         self.alive = True
@@ -118,15 +122,24 @@ class _Link:
         self._kills: set[asyncio.Task[None]] = set()
         self.loop.add_reader(ours.fileno(), self._readable)
 
-    async def spawn(self, request: dict[str, Any], stdio: Sequence[int]) -> Process:
-        """The started command; OSError if it could not start. A caller that stops
+    async def spawn(self, request: dict[str, Any], stdio: list[int]) -> Process:
+        """The started command; OSError if it could not start. ``stdio`` (the command's
+        ends of its pipes) is closed here once sent, or on failure. A caller that stops
         waiting leaves nothing running: a start answered after that is killed."""
         self.next_id += 1
         ident = self.next_id
+        frame = spawnd.encode({"op": "spawn", "id": ident, **request})
+        if len(frame) > spawnd.HEADER.size + spawnd.MAX_FRAME:
+            _close(stdio)
+            raise OSError(errno.E2BIG, f"the command line and environment are over {spawnd.MAX_FRAME} bytes")
         started: asyncio.Future[Process] = self.loop.create_future()
         self.starting[ident] = started
+        # Shielded: a frame cut short would end the spawner (and every command it runs),
+        # and the descriptors must stay open until they are sent.
+        sending = self.loop.create_task(self._send(frame, stdio))
+        sending.add_done_callback(lambda _: _close(stdio))
         try:
-            await self._send(spawnd.encode({"op": "spawn", "id": ident, **request}), stdio)
+            await asyncio.shield(sending)
             return await started
         except asyncio.CancelledError:
             if started.done() and not started.cancelled() and started.exception() is None:
@@ -232,6 +245,12 @@ class _Link:
             log.warning("spawner.lost", pid=self.proc.pid, why=why, commands_ended=ended)
 
 
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
@@ -284,12 +303,8 @@ class Spawner:
         try:
             process = await link.spawn(request, [pipes[0][0], pipes[1][1], pipes[2][1]])
         except BaseException:
-            for fd in ours:
-                os.close(fd)
+            _close(ours)
             raise
-        finally:
-            for fd in (pipes[0][0], pipes[1][1], pipes[2][1]):
-                os.close(fd)
         try:
             await process.connect(ours)
         except BaseException:
