@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.infrastructure import processes
 from shared.runtime import api
 from shared.runtime.local import bwrap, enter, seccomp
 from tests.integration import test_local_isolation as isolation
@@ -85,7 +86,14 @@ async def test_a_request_with_a_bad_entry_is_refused(rt):
     sid = await sandbox(rt)
     info = rt._running(rt._dir(sid))
     procs = [d / "cgroup.procs" for d in rt.cgroups.dirs(rt._cgroup(sid))]
-    good = dict(pid=info.pid, uid=0, keep_caps=frozenset(), nofile=1024, bpf=seccomp.compile_bpf())
+    good = dict(
+        pid=info.pid,
+        starttime=info.starttime,
+        uid=0,
+        keep_caps=frozenset(),
+        nofile=1024,
+        bpf=seccomp.compile_bpf(),
+    )
     env = {"PATH": bwrap.PATH}
 
     async def attempt(entry: dict, files: list[Path] = procs) -> str:
@@ -93,10 +101,16 @@ async def test_a_request_with_a_bad_entry_is_refused(rt):
             await rt.spawner.spawn(["/bin/sh", "-c", "touch /tmp/entered"], env, enter.Entry(**entry), files)
         return str(refused.value)
 
-    # Host processes: this test's, its parent's and (once it runs) the spawner's own.
+    # Host processes (with their true start times): this test's, its parent's and (once it
+    # runs) the spawner's own.
     for host in (os.getpid(), os.getppid()):
-        assert "not a sandbox's init" in await attempt({**good, "pid": host})
-    assert "not a sandbox's init" in await attempt({**good, "pid": rt.spawner.pid})
+        refused = await attempt({**good, "pid": host, "starttime": processes.start_time(host)})
+        assert "not a sandbox's init" in refused
+    spawner = rt.spawner.pid
+    refused = await attempt({**good, "pid": spawner, "starttime": processes.start_time(spawner)})
+    assert "not a sandbox's init" in refused
+    # The init's pid with another start time: a pid reused since the sandbox was looked up.
+    assert "has ended" in await attempt({**good, "starttime": info.starttime + 1})
     assert "pid must be" in await attempt({**good, "pid": 1})  # the host's init
     assert "seccomp filter" in await attempt({**good, "bpf": b""})
     assert "seccomp filter" in await attempt({**good, "bpf": b"\0" * 12})
@@ -178,6 +192,10 @@ async def test_a_command_that_ends_at_once_and_a_caller_that_goes_away(rt):
     sid = await sandbox(rt)
     results = await asyncio.gather(*(rt.run(sid, ["sh", "-c", f"exit {n}"]) for n in range(20)))
     assert [r.exit_code for r, _, _ in results] == list(range(20))
+    short = await rt.exec(sid, ["sleep", "0.3"])  # a waiter that gives up, then one that does not
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(short.wait(), 0.01)
+    assert (await short.wait()).exit_code == 0
     starting = asyncio.create_task(rt.exec(sid, ["sleep", "302"]))
     while not rt.spawner._link.starting:  # until its request is on its way
         await asyncio.sleep(0)

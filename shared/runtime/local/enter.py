@@ -2,9 +2,10 @@
 command of ``runtime.exec``, in place of ``nsenter``. It runs in a child of the spawner
 (``spawnd.py``), a small process of the executor's, never in a fork of the executor.
 
-The child refuses an entry whose namespaces are the host's (its pid not a sandbox's
-init), joins the sandbox's cgroup and its namespaces (the user namespace last),
-takes the init's root and working directory, drops every
+The child opens the init's namespaces, root and working directory, and refuses an entry
+whose pid is no longer the sandbox's init (its start time, read after those opens) or
+whose namespaces are the host's. It joins the sandbox's cgroup and its namespaces (the
+user namespace last), takes the init's root and working directory, drops every
 capability a coding sandbox does not need from its bounding set (which setns into a
 user namespace resets to full), becomes the sandbox user, lowers its file limit, sets
 no-new-privileges and loads the sandbox's seccomp filter, all after the entry so that
@@ -55,14 +56,18 @@ host's own is refused."""
 
 
 class Entry:
-    """Where and how a command enters: the sandbox init's host ``pid``, the ``uid`` it
-    runs as, the capabilities left in its bounding set (``keep_caps``: root sandboxes; a
+    """Where and how a command enters: the sandbox init's host ``pid`` and its start time
+    (``starttime``, clock ticks after boot: a reused pid is refused), the ``uid`` it runs
+    as, the capabilities left in its bounding set (``keep_caps``: root sandboxes; a
     non-root user has none), its file limit and its seccomp filter (``bpf``)."""
 
-    __slots__ = ("bpf", "keep_caps", "nofile", "pid", "uid")
+    __slots__ = ("bpf", "keep_caps", "nofile", "pid", "starttime", "uid")
 
-    def __init__(self, pid: int, uid: int, keep_caps: frozenset[int], nofile: int, bpf: bytes) -> None:
-        self.pid, self.uid, self.keep_caps, self.nofile, self.bpf = pid, uid, keep_caps, nofile, bpf
+    def __init__(
+        self, pid: int, starttime: int, uid: int, keep_caps: frozenset[int], nofile: int, bpf: bytes
+    ) -> None:
+        self.pid, self.starttime, self.uid = pid, starttime, uid
+        self.keep_caps, self.nofile, self.bpf = keep_caps, nofile, bpf
 
     def __repr__(self) -> str:
         return (
@@ -89,6 +94,7 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     buffer = ctypes.create_string_buffer(entry.bpf, len(entry.bpf))
     fprog = _SockFprog(len(entry.bpf) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     paths = [f"/proc/{entry.pid}/ns/{ns}".encode() for ns in NAMESPACES]
+    stat = f"/proc/{entry.pid}/stat".encode()
     root, cwd = f"/proc/{entry.pid}/root".encode(), f"/proc/{entry.pid}/cwd".encode()
     drop = [cap for cap in range(_last_cap() + 1) if cap not in entry.keep_caps]
     uid = entry.uid
@@ -103,14 +109,10 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     def child() -> None:
         _keep = (buffer, fprog)  # alive until the filter is loaded
         fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
-        for fd, ns in zip(fds, NAMESPACES, strict=True):
-            if host.get(ns) == os.fstat(fd).st_ino:
-                raise PermissionError(
-                    errno.EPERM, f"pid {entry.pid} is not a sandbox's init: its {ns} namespace is the host's"
-                )
-        before()
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         cwd_fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _check_init(entry, stat, fds, host)
+        before()
         for fd, ns in zip(fds, NAMESPACES, strict=True):
             check(libc.setns(fd, 0), f"setns({ns})")
         os.fchdir(root_fd)
@@ -140,6 +142,30 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
             libc._exit(143)
 
     return child
+
+
+def _check_init(entry: Entry, stat: bytes, fds: list[int], host: dict[str, int]) -> None:
+    """That what was opened by ``entry.pid`` is its sandbox's init's: the pid was not
+    reused since (the start time, read after the opens) and is not a host process."""
+    if _start_time(stat) != entry.starttime:
+        raise ProcessLookupError(errno.ESRCH, f"the sandbox's init (pid {entry.pid}) has ended")
+    for fd, ns in zip(fds, NAMESPACES, strict=True):
+        if host.get(ns) == os.fstat(fd).st_ino:
+            raise PermissionError(
+                errno.EPERM, f"pid {entry.pid} is not a sandbox's init: its {ns} namespace is the host's"
+            )
+
+
+def _start_time(stat: bytes) -> int:
+    """Field 22 of ``/proc/<pid>/stat`` (its start time), -1 if the process is gone."""
+    try:
+        fd = os.open(stat, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    try:
+        return int(os.read(fd, 4096).rsplit(b")", 1)[1].split()[19])
+    finally:
+        os.close(fd)
 
 
 def _mirror(libc: ctypes.CDLL, pid: int) -> None:

@@ -1031,6 +1031,7 @@ class LocalRuntime(api.Runtime):
         }
         entry = enter.Entry(
             pid=running.pid,
+            starttime=running.starttime,
             uid=uid,
             keep_caps=frozenset(bwrap.ROOT_CAPS.values()) if info.spec.run_as_root else frozenset(),
             nofile=self._nofile(info.spec),

@@ -149,6 +149,7 @@ class Command:
             raise Refused(f"caps must be a subset of {sorted(allowed_caps)}")
         self.entry = enter.Entry(
             pid=_int(request, "pid", 2, (1 << 22)),
+            starttime=_int(request, "starttime", 0, (1 << 63) - 1),
             uid=_int(request, "uid", 0, (1 << 32) - 2),
             keep_caps=frozenset(caps),
             nofile=_int(request, "nofile", 1, MAX_NOFILE),

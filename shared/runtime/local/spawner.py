@@ -73,11 +73,11 @@ class Process:
         """The spawner reaped it (a wait status) or is gone (``-SIGKILL``)."""
         if self.returncode is None:
             self.returncode = os.waitstatus_to_exitcode(status) if status >= 0 else status
-            self._ended.set_result(None)
+            self._ended.set_result(None)  # (never cancelled: waiters are shielded)
 
     async def wait(self) -> int:
         """Its exit status, once it ended (its pipes may stay open: see ``LocalExec``)."""
-        await self._ended
+        await asyncio.shield(self._ended)  # a waiter that gives up does not cancel the end
         assert self.returncode is not None
         return self.returncode
 
@@ -293,6 +293,7 @@ class Spawner:
             "path": env.get("PATH", os.defpath).split(os.pathsep),
             "cgroups": [str(p) for p in cgroup_files],
             "pid": entry.pid,
+            "starttime": entry.starttime,
             "uid": entry.uid,
             "caps": sorted(entry.keep_caps),
             "nofile": entry.nofile,
