@@ -74,8 +74,9 @@ def _cpu_of(pid: int) -> tuple[str, float] | None:
     args = [a.decode(errors="replace") for a in cmdline if a]
     if "-m" in args[:-1]:
         name = args[args.index("-m") + 1].removeprefix("services.")
-    elif args and Path(args[0]).name.startswith("python") and len(args) > 1:
-        name = Path(args[1]).name  # a script: the proxy's sbx-proxy, say
+    elif args and Path(args[0]).name.startswith("python") and any(not a.startswith("-") for a in args[1:]):
+        # a script, after the interpreter's options: the proxy's sbx-proxy, the spawner's spawnd.py
+        name = Path(next(a for a in args[1:] if not a.startswith("-"))).name
     else:
         name = Path(args[0]).name if args else "?"
     return name, ticks / CLOCK_TICKS

@@ -1,11 +1,12 @@
 """The OpenTelemetry SDK's side of tracing, made safe for a process that forks: a tracer
 provider and a batch exporter that do nothing in a forked child.
 
-The local runtime enters its sandboxes with a ``preexec_fn`` (``enter.prepare``), which runs
-Python between fork and exec, after the ``os.register_at_fork`` hooks. The SDK's
-``BatchSpanProcessor`` starts its export thread again there, and a process with a second
-thread may not join a user namespace (the user namespace's holder once made it there too:
-every sandbox start failed with "Exception occurred in preexec_fn"). Its ``TracerProvider``
+The local runtime forks the service to run Python in the child (``nsmount``: a mount
+into a sandbox; until the spawner, ``spawnd.py``, took it over, every command's entry
+too), after the ``os.register_at_fork`` hooks. The SDK's ``BatchSpanProcessor`` starts
+its export thread again there, and a process with a second thread may not join a user
+namespace (the user namespace's holder once made it there too: every sandbox start
+failed with "Exception occurred in preexec_fn"). Its ``TracerProvider``
 detects its resource again there (with a thread pool). A child that execs at once needs
 neither: :func:`provider` skips the detection and :class:`Batches` is the batch exporter,
 without a fork hook (a child never exports what its parent queued). Imported only when tracing is configured

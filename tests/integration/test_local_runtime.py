@@ -30,23 +30,23 @@ async def test_a_sandbox_stopped_while_a_command_enters_it_is_not_running_not_a_
     """Entering runs after the sandbox was looked up; if it stopped or was deleted in
     between (a delete racing a run), the caller gets NotRunning, never a server error."""
     from shared.runtime import api
-    from shared.runtime.local import runtime as local_runtime
 
     rt = local.LocalRuntime(tmp_path / "state")
     await rt.create(api.SandboxSpec(sandbox_id="racy"))
     await rt.start("racy")
-    real = local_runtime.asyncio.create_subprocess_exec
+    real = rt.spawner.spawn
 
     async def stopped_meanwhile(*args, **kwargs):
         await rt.stop("racy")  # as a delete would, between the lookup and the entering
-        import subprocess
+        return await real(*args, **kwargs)  # the spawner finds no init (or not a sandbox's)
 
-        raise subprocess.SubprocessError("Exception occurred in preexec_fn.")
-
-    monkeypatch.setattr(local_runtime.asyncio, "create_subprocess_exec", stopped_meanwhile)
+    monkeypatch.setattr(rt.spawner, "spawn", stopped_meanwhile)
     with pytest.raises(api.SandboxNotRunning, match="is stopped, not running"):
         await rt.exec("racy", ["true"])
-    monkeypatch.setattr(local_runtime.asyncio, "create_subprocess_exec", real)
+    monkeypatch.undo()
+    await rt.start("racy")  # and the same spawner enters it again
+    result, out, _ = await rt.run("racy", ["echo", "back"])
+    assert (result.exit_code, out) == (0, b"back\n")
     await rt.delete("racy")
 
 

@@ -1,8 +1,11 @@
-"""Entering a running sandbox from the host: what runs between fork and exec of
-``runtime.exec``, in place of ``nsenter``.
+"""Entering a running sandbox from the host: what runs between fork and exec of a
+command of ``runtime.exec``, in place of ``nsenter``. It runs in a child of the spawner
+(``spawnd.py``), a small process of the executor's, never in a fork of the executor.
 
-The child joins the sandbox's cgroup and its namespaces (the user namespace last),
-takes the init's root and working directory, drops every
+The child opens the init's namespaces, root and working directory, and refuses an entry
+whose pid is no longer the sandbox's init (its start time, read after those opens) or
+whose namespaces are the host's. It joins the sandbox's cgroup and its namespaces (the
+user namespace last), takes the init's root and working directory, drops every
 capability a coding sandbox does not need from its bounding set (which setns into a
 user namespace resets to full), becomes the sandbox user, lowers its file limit, sets
 no-new-privileges and loads the sandbox's seccomp filter, all after the entry so that
@@ -10,25 +13,27 @@ the filter can refuse ``setns`` and ``chroot`` to what runs inside. It then fork
 more, because joining a pid namespace only places one's children in it: the first
 child stays outside, invisible to the sandbox, and mirrors the second's exit status;
 both are in one process group, so killing the group kills both. Neither outlives the
-executor: the first child gets SIGKILL when the executor dies, the second SIGTERM when the
-first does (``PR_SET_PDEATHSIG``), so a command whose caller is gone does not keep running
-and holding the session's lock (what a command starts in the background is not affected:
-the signal is not inherited).
+executor: the first child gets SIGKILL when the spawner dies (which dies with the
+executor), the second SIGTERM when the first does (``PR_SET_PDEATHSIG``), so a command
+whose caller is gone does not keep running and holding the session's lock (what a
+command starts in the background is not affected: the signal is not inherited).
 
-Only ctypes calls to libc and ``os`` calls without locks run here (the parent may have
-threads); everything that needs memory is prepared before the fork by ``prepare``.
+Only ctypes calls to libc and ``os`` calls without locks run here; everything that needs
+memory is prepared before the fork by ``prepare``. The module imports little (no
+dataclasses, no typing): the spawner that imports it forks for every command, and a fork
+costs what the address space holds.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import os
 import resource
 import signal
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 NAMESPACES = ("mnt", "uts", "ipc", "net", "pid", "cgroup", "user")
 """The user namespace last: host root may join the others, which bwrap's outer user
@@ -45,15 +50,29 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-@dataclass(frozen=True)
+HOST_ONLY = ("user", "mnt", "pid")
+"""Namespaces a sandbox's init never shares with the host: an entry into any of the
+host's own is refused."""
+
+
 class Entry:
-    pid: int
-    """The sandbox init's host pid."""
-    uid: int
-    keep_caps: frozenset[int]
-    """Capabilities left in the bounding set (root sandboxes; a non-root user has none)."""
-    nofile: int
-    bpf: bytes
+    """Where and how a command enters: the sandbox init's host ``pid`` and its start time
+    (``starttime``, clock ticks after boot: a reused pid is refused), the ``uid`` it runs
+    as, the capabilities left in its bounding set (``keep_caps``: root sandboxes; a
+    non-root user has none), its file limit and its seccomp filter (``bpf``)."""
+
+    __slots__ = ("bpf", "keep_caps", "nofile", "pid", "starttime", "uid")
+
+    def __init__(
+        self, pid: int, starttime: int, uid: int, keep_caps: frozenset[int], nofile: int, bpf: bytes
+    ) -> None:
+        self.pid, self.starttime, self.uid = pid, starttime, uid
+        self.keep_caps, self.nofile, self.bpf = keep_caps, nofile, bpf
+
+    def __repr__(self) -> str:
+        return (
+            f"Entry(pid={self.pid}, uid={self.uid}, keep_caps={sorted(self.keep_caps)}, nofile={self.nofile})"
+        )
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -75,10 +94,12 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
     buffer = ctypes.create_string_buffer(entry.bpf, len(entry.bpf))
     fprog = _SockFprog(len(entry.bpf) // 8, ctypes.cast(buffer, ctypes.c_void_p))
     paths = [f"/proc/{entry.pid}/ns/{ns}".encode() for ns in NAMESPACES]
+    stat = f"/proc/{entry.pid}/stat".encode()
     root, cwd = f"/proc/{entry.pid}/root".encode(), f"/proc/{entry.pid}/cwd".encode()
     drop = [cap for cap in range(_last_cap() + 1) if cap not in entry.keep_caps]
     uid = entry.uid
-    executor = os.getpid()
+    parent = os.getpid()
+    host = {ns: os.stat(f"/proc/self/ns/{ns}").st_ino for ns in HOST_ONLY}
 
     def check(result: int, what: str) -> None:
         if result != 0:
@@ -87,10 +108,11 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
 
     def child() -> None:
         _keep = (buffer, fprog)  # alive until the filter is loaded
-        before()
         fds = [os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in paths]
         root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         cwd_fd = os.open(cwd, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        _check_init(entry, stat, fds, host)
+        before()
         for fd, ns in zip(fds, NAMESPACES, strict=True):
             check(libc.setns(fd, 0), f"setns({ns})")
         os.fchdir(root_fd)
@@ -106,7 +128,7 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
         check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
         check(libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0), "seccomp")
         check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
-        if os.getppid() != executor:  # it died before the line above
+        if os.getppid() != parent:  # it died before the line above
             libc._exit(137)
         pid = libc.fork()
         if pid < 0:
@@ -120,6 +142,30 @@ def prepare(entry: Entry, before: Callable[[], None]) -> Callable[[], None]:
             libc._exit(143)
 
     return child
+
+
+def _check_init(entry: Entry, stat: bytes, fds: list[int], host: dict[str, int]) -> None:
+    """That what was opened by ``entry.pid`` is its sandbox's init's: the pid was not
+    reused since (the start time, read after the opens) and is not a host process."""
+    if _start_time(stat) != entry.starttime:
+        raise ProcessLookupError(errno.ESRCH, f"the sandbox's init (pid {entry.pid}) has ended")
+    for fd, ns in zip(fds, NAMESPACES, strict=True):
+        if host.get(ns) == os.fstat(fd).st_ino:
+            raise PermissionError(
+                errno.EPERM, f"pid {entry.pid} is not a sandbox's init: its {ns} namespace is the host's"
+            )
+
+
+def _start_time(stat: bytes) -> int:
+    """Field 22 of ``/proc/<pid>/stat`` (its start time), -1 if the process is gone."""
+    try:
+        fd = os.open(stat, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return -1
+    try:
+        return int(os.read(fd, 4096).rsplit(b")", 1)[1].split()[19])
+    finally:
+        os.close(fd)
 
 
 def _mirror(libc: ctypes.CDLL, pid: int) -> None:

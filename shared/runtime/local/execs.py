@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
 import time
 from collections.abc import AsyncIterator
 
 from sbx_api import errors
 from shared.runtime import api
+from shared.runtime.local import spawner
 
 READ_CHUNK = 64 * 1024
 QUEUE_CHUNKS = 64
@@ -21,7 +20,7 @@ QUEUE_CHUNKS = 64
 class LocalExec(api.Exec):
     def __init__(
         self,
-        proc: asyncio.subprocess.Process,
+        proc: spawner.Process,
         timeout: float | None,
         stdin: bytes | None,
         keep_stdin_open: bool = False,
@@ -100,13 +99,8 @@ class LocalExec(api.Exec):
         return await self.exited()  # returncode is set by now: no polling
 
     async def exited(self) -> api.ExecResult:
-        # Not proc.wait(): asyncio wakes its waiters only once the pipes are closed too,
-        # which processes left behind may never do. The exit itself sets returncode.
-        delay = 0.005
-        while self.proc.returncode is None:
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
-        code = self.proc.returncode
+        # The exit alone (the spawner reaped it): processes left behind may keep the pipes open.
+        code = await self.proc.wait()
         if self._deadline:
             self._deadline.cancel()
         if code < 0:
@@ -120,12 +114,7 @@ class LocalExec(api.Exec):
     def detach(self) -> None:
         for reader in self._readers:
             reader.cancel()
-        transport = getattr(self.proc, "_transport", None)
-        for fd in (1, 2):
-            pipe = transport.get_pipe_transport(fd) if transport is not None else None
-            if pipe is not None:
-                pipe.close()
+        self.proc.close_output()
 
     async def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        await self.proc.kill()

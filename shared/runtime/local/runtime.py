@@ -11,7 +11,8 @@ and start time of the sandbox's init while it runs), ``workspace/`` (``/workspac
 The sandbox is started detached (``setsid --fork``): it is not a child of the
 service that created it and survives that service; any process holding the same
 state directory finds it again. Commands run inside by entering the sandbox's cgroup
-and namespaces with its capabilities, limits and seccomp filter (``enter.py``).
+and namespaces with its capabilities, limits and seccomp filter (``enter.py``), started
+by a small process of the runtime's own (``spawnd.py``) rather than a fork of the service.
 
 :class:`LocalRuntime` is the ``api.Runtime`` facade: it makes, starts, stops and enters
 sandboxes itself and hands the rest to what holds it: the sandboxes' directories and
@@ -62,6 +63,7 @@ from shared.runtime.local import (
     seccomp,
     snapshots,
     snapstore,
+    spawner,
     userns,
 )
 from shared.runtime.local.registries import RegistryConfig
@@ -181,6 +183,15 @@ class LocalRuntime(api.Runtime):
         self.sh = shutil.which("sh") or "/bin/sh"
         self.unshare = shutil.which("unshare") or "/usr/bin/unshare"
         self.mount = shutil.which("mount") or "/usr/bin/mount"
+        self.spawner = spawner.Spawner(
+            self.host_cgroups.driver.root if self.host_cgroups.driver is not None else cgroups.ROOT,
+            frozenset(bwrap.ROOT_CAPS.values()),
+        )
+        """Starts the commands of ``exec`` (a small process: see ``spawnd.py``)."""
+
+    async def close(self) -> None:
+        """Stop the spawner (commands it started end; sandboxes are not touched)."""
+        self.spawner.close()
 
     def nofile(self, spec: api.SandboxSpec) -> int:
         """The open-file limit of every process of a sandbox of ``spec``."""
@@ -532,25 +543,23 @@ class LocalRuntime(api.Runtime):
             **self.plans.env(pin),
             **(env or {}),
         }
-        name, cg = sandboxdirs.cgroup_name(sandbox_id), self.cgroups
         entry = enter.Entry(
             pid=running.pid,
+            starttime=running.starttime,
             uid=uid,
             keep_caps=frozenset(bwrap.ROOT_CAPS.values()) if info.spec.run_as_root else frozenset(),
             nofile=self.nofile(info.spec),
             bpf=seccomp.compile_bpf(),
         )
+        # (a sandbox made before its groups joined a separate cpuacct hierarchy has none there)
+        procs = [
+            group / "cgroup.procs"
+            for group in self.cgroups.dirs(sandboxdirs.cgroup_name(sandbox_id))
+            if group.parent.parent.name != cgroups.V1_CPUACCT or group.is_dir()
+        ]
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *enter.argv(argv, cwd),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env=full_env,
-                start_new_session=True,
-                preexec_fn=enter.prepare(entry, lambda: cg.join(name, os.getpid())),
-            )
-        except (subprocess.SubprocessError, OSError) as exc:
+            proc = await self.spawner.spawn(enter.argv(argv, cwd), full_env, entry, procs)
+        except OSError as exc:
             # Entering failed: the sandbox stopped or was deleted since it was looked up
             # (its init, cgroup or namespaces are gone), or the host refused.
             if self.dirs.running(d) is None:
@@ -558,7 +567,9 @@ class LocalRuntime(api.Runtime):
                 raise api.SandboxNotRunning(
                     f"sandbox {sandbox_id!r} is {now.status if now else 'deleted'}, not running"
                 ) from None
-            raise errors.InfrastructureError(f"cannot enter sandbox {sandbox_id!r}: {exc}") from exc
+            raise errors.InfrastructureError(
+                f"cannot enter sandbox {sandbox_id!r}: {exc.strerror or exc}"
+            ) from exc
         return execs.LocalExec(proc, timeout, stdin, keep_stdin_open)
 
 
