@@ -17,7 +17,7 @@ import pytest
 
 from shared.infrastructure import processes
 from shared.runtime import api
-from shared.runtime.local import bwrap, enter, seccomp
+from shared.runtime.local import bwrap, enter, sandboxdirs, seccomp
 from tests.integration import test_local_isolation as isolation
 
 rt, sandbox, sh = isolation.rt, isolation.sandbox, isolation.sh  # the runtime fixture and helpers
@@ -84,8 +84,8 @@ async def test_a_sandbox_cannot_see_or_reach_the_spawner(rt, root):
 
 async def test_a_request_with_a_bad_entry_is_refused(rt):
     sid = await sandbox(rt)
-    info = rt._running(rt._dir(sid))
-    procs = [d / "cgroup.procs" for d in rt.cgroups.dirs(rt._cgroup(sid))]
+    info = rt.dirs.running(rt.dirs.dir(sid))
+    procs = [d / "cgroup.procs" for d in rt.cgroups.dirs(sandboxdirs.cgroup_name(sid))]
     good = dict(
         pid=info.pid,
         starttime=info.starttime,
