@@ -75,3 +75,16 @@ def test_compose_runs_nats_and_every_service():
     )
     dockerfile = (ROOT / compose["x-service"]["build"]["dockerfile"]).read_text()
     assert "COPY services" in dockerfile and "USER 10001" in dockerfile
+
+
+def test_no_tracked_symlink_leaves_the_checkout():
+    """A symlink committed by accident (a worktree's link to another checkout's environment)
+    breaks a fresh clone: every tracked symlink is relative and resolves inside the repo."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-s", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+    ).stdout.decode()
+    links = [entry.split("\t", 1)[1] for entry in listing.split("\0") if entry.startswith("120000 ")]
+    for name in links:
+        target = (ROOT / name).readlink()
+        assert not target.is_absolute(), f"{name} -> {target}"
+        assert (ROOT / name).parent.joinpath(target).resolve().is_relative_to(ROOT), name
