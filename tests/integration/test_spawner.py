@@ -6,7 +6,10 @@ that crashed is replaced."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,7 +20,7 @@ import pytest
 
 from shared.infrastructure import processes
 from shared.runtime import api
-from shared.runtime.local import bwrap, enter, sandboxdirs, seccomp
+from shared.runtime.local import bwrap, enter, sandboxdirs, seccomp, spawner
 from tests.integration import test_local_isolation as isolation
 
 rt, sandbox, sh = isolation.rt, isolation.sandbox, isolation.sh  # the runtime fixture and helpers
@@ -208,3 +211,111 @@ async def test_a_command_that_ends_at_once_and_a_caller_that_goes_away(rt):
         await asyncio.sleep(0.05)
     assert not await running_inside(rt, sid, "^sleep 302")
     assert isinstance(await rt.get(sid), api.SandboxInfo)
+
+
+def children_of(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def links_of(pid: int) -> list[str]:
+    found = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            found.append(os.readlink(fd))
+    return found
+
+
+async def held_start(rt, tmp_path: Path, deadline: float):
+    """A spawner of the test's own whose cgroup root is ``tmp_path``, and a start held
+    before its exec: its cgroup file is a FIFO nobody reads, so the child blocks in its
+    open, after it opened the sandbox's namespaces (as a sandbox that stopped it there
+    would hold it). Returns the spawner, the start's task, its child's pid and what to
+    start a command with."""
+    sid = await sandbox(rt)
+    info = rt.dirs.running(rt.dirs.dir(sid))
+    entry = enter.Entry(
+        pid=info.pid, starttime=info.starttime, uid=0, keep_caps=frozenset(), nofile=1024,
+        bpf=seccomp.compile_bpf(),
+    )  # fmt: skip
+    held, plain = tmp_path / "held" / "cgroup.procs", tmp_path / "plain" / "cgroup.procs"
+    held.parent.mkdir()
+    plain.parent.mkdir()
+    os.mkfifo(held)
+    plain.touch()
+    ours = spawner.Spawner(tmp_path, frozenset(), start_deadline=deadline)
+    env = {"PATH": bwrap.PATH}
+    start = asyncio.create_task(ours.spawn(["/bin/echo", "ran"], env, entry, [held]))
+    child = None
+    until = time.monotonic() + 10
+    while time.monotonic() < until and child is None:
+        await asyncio.sleep(0.02)
+        for pid in children_of(ours.pid) if ours.pid else []:
+            if sum(link.startswith("mnt:[") for link in links_of(pid)) == 1:
+                child = pid
+    assert child is not None, "the start reached the sandbox's namespaces and blocked"
+
+    async def run(argv: list[str]) -> int:
+        return await (await ours.spawn(argv, env, entry, [plain])).wait()
+
+    return ours, start, child, run
+
+
+async def test_a_start_held_before_its_exec_holds_its_own_pipes_only_and_is_killed(rt, tmp_path):
+    """A sandbox can stop a command between its entry and its exec (it is in the sandbox's
+    pid namespace by then). What such a child holds is its own stdio and report pipe: not
+    the spawner's socket, not other commands' pipes; the spawner goes on serving, and kills
+    and refuses the start at its deadline."""
+    ours, start, child, run = await held_start(rt, tmp_path, deadline=3.0)
+    try:
+        spawner_pid = ours.pid
+        assert spawner_pid is not None
+        its_sockets = sockets_of(spawner_pid)
+        links = links_of(child)
+        assert not [link for link in links if link.startswith("socket:")], links
+        assert not its_sockets & sockets_of(child)
+        assert sum(link.startswith("pipe:") for link in links) <= 4, "its stdin, stdout, stderr and report"
+        assert await run(["/bin/true"]) == 0, "other commands start while it is held"
+        with pytest.raises(OSError) as late:
+            await start
+        assert late.value.errno == errno.ETIMEDOUT and "did not start within 3 s" in str(late.value)
+        assert await gone(child), "it was killed"
+        assert await run(["/bin/true"]) == 0 and ours.started == 1, "and the spawner is the same"
+        cmdline = Path(f"/proc/{spawner_pid}/cmdline").read_bytes()
+        assert str(ROOT).encode() not in cmdline and str(tmp_path).encode() not in cmdline, (
+            "what a command shows between fork and exec names no host path"
+        )
+    finally:
+        ours.close()
+
+
+async def test_a_caller_that_stops_waiting_for_a_held_start_has_it_killed(rt, tmp_path):
+    ours, start, child, _ = await held_start(rt, tmp_path, deadline=120.0)
+    try:
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert await gone(child), "killed long before its deadline"
+    finally:
+        ours.close()
+
+
+async def test_a_spawner_out_of_descriptors_refuses_that_command_and_goes_on(rt, tmp_path):
+    """Descriptors that do not fit (MSG_CTRUNC) fail the request they came with, not the
+    spawner and every sandbox's commands with it."""
+    ours, start, child, run = await held_start(rt, tmp_path, deadline=120.0)
+    try:
+        spawner_pid = ours.pid
+        assert spawner_pid is not None
+        limits = resource.prlimit(spawner_pid, resource.RLIMIT_NOFILE)
+        held = {int(fd.name) for fd in Path(f"/proc/{spawner_pid}/fd").iterdir()}
+        free = [fd for fd in range(max(held) + 3) if fd not in held]
+        # One free descriptor below the limit: the first of a command's three fits, not the rest.
+        resource.prlimit(spawner_pid, resource.RLIMIT_NOFILE, (free[1], limits[1]))
+        with pytest.raises(OSError) as refused:
+            await run(["/bin/true"])
+        assert refused.value.errno == errno.EMFILE and "out of descriptors" in str(refused.value)
+        resource.prlimit(spawner_pid, resource.RLIMIT_NOFILE, limits)
+        assert await run(["/bin/true"]) == 0 and ours.started == 1 and ours.pid == spawner_pid
+    finally:
+        start.cancel()
+        ours.close()

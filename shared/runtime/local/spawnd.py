@@ -7,11 +7,15 @@ filter, the fork into the pid namespace), and a fork costs what the forking proc
 maps: about 3.7 ms of CPU from a 50 MB executor, 0.5 ms from this process, which
 imports only a few standard modules (``python -I -S``: no site, no environment).
 
-It is started once per executor (``python -I -S spawnd.py PARENT FD CGROUPS CAPS``),
-owns one end of a socketpair and nothing else: no name in any filesystem or abstract
-namespace, never inherited by what it starts (close-on-exec, and the first child closes
-every descriptor). It dies with the executor (``PR_SET_PDEATHSIG``, and when its socket
-ends); what it started dies with it (``enter.py``).
+It is started once per executor (the base interpreter with ``-I -S -c BOOT``, its
+settings in the environment variable ``SBX_SPAWNER``: a command between its fork and
+its exec shows the spawner's command line to the sandbox, which should learn nothing
+from it), owns one end of a socketpair and nothing else: no name in any filesystem or
+abstract namespace, never inherited by what it starts (every child closes every
+descriptor it does not need before it does anything else, so a child that a sandbox
+stops before its exec holds only its own pipes). It dies with the executor
+(``PR_SET_PDEATHSIG``, and when its socket ends); what it started dies with it
+(``enter.py``).
 
 The protocol: frames of a 4-byte length and a ``marshal``-ed dict, both ways (the peer
 is the executor, which made the socketpair; JSON would import ``re`` and grow every fork). A ``spawn``
@@ -20,7 +24,11 @@ answered with its pid or an error; its exit status follows when it ends; ``kill`
 signals the process group of a command it started and has not reaped yet (so never a
 reused pid). Every field is checked and bounded before anything runs: a request that
 names no seccomp filter, a cgroup outside the cgroup root, a capability the sandbox
-may not keep or a process that is not a sandbox's init is refused.
+may not keep or a process that is not a sandbox's init is refused. A start not
+answered within its deadline (a child the sandbox stopped before its exec) is killed
+and answered ``ETIMEDOUT``; a request that cannot be served (its descriptors did not
+fit, an unexpected error) is answered with an error, and the spawner goes on serving
+the others.
 """
 
 from __future__ import annotations
@@ -34,17 +42,14 @@ import select
 import signal
 import socket
 import struct
-import sys
+import time
+
+from shared.runtime.local import enter
 
 TYPE_CHECKING = False  # (typing itself is not imported: it would grow every fork)
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
-
-if __name__ == "__main__":  # run as a program (-I -S): the package from its own checkout
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.normpath(os.path.join(_here, "..", "..", "..")))
-from shared.runtime.local import enter  # noqa: E402
 
 HEADER = struct.Struct("!I")
 MAX_FRAME = 8 * 1024 * 1024
@@ -55,6 +60,17 @@ MAX_NOFILE = 1 << 20
 MAX_BPF = 4096 * 8
 """The kernel's limit on a seccomp program: 4096 instructions of 8 bytes."""
 CLOSE_RANGE_CLOEXEC = 4
+START_DEADLINE = 15.0
+"""Seconds a start may take from fork to exec (milliseconds when nothing is wrong)."""
+SETTINGS = "SBX_SPAWNER"
+"""The environment variable with the spawner's settings, one per line: the executor's
+pid, the socket's descriptor, the cgroup root, the capabilities a command may keep
+(comma-separated), the start deadline and, last, the checkout that holds this package."""
+BOOT = (
+    f"import os,sys;s=os.environ.pop({SETTINGS!r}).split(chr(10));sys.path.insert(0,s[-1]);"
+    "from shared.runtime.local import spawnd;spawnd.main(s[:-1])"
+)
+"""The spawner's program, run with ``python -I -S -c``."""
 RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGCHLD, signal.SIGINT, signal.SIGTERM)
 """Dispositions this process changed (Python ignores SIGPIPE and SIGXFSZ): a command
 starts with the defaults, as it would from ``subprocess``."""
@@ -185,6 +201,9 @@ def _child(command: Command, enter_sandbox: Callable[[], None], stdio: list[int]
             signal.signal(sig, signal.SIG_DFL)
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
+        # Before anything a sandbox could stop: the spawner's socket, its other children's
+        # report pipes and other requests' pipes stay with the spawner alone.
+        _close_all_but(report)
         os.setsid()
         enter_sandbox()  # the first child stays in there: only the command returns
         if enter._libc.syscall(enter.SYS_CLOSE_RANGE, STDIO, 0xFFFFFFFF, CLOSE_RANGE_CLOEXEC) != 0:
@@ -213,22 +232,34 @@ def _child(command: Command, enter_sandbox: Callable[[], None], stdio: list[int]
         os._exit(255)
 
 
+def _close_all_but(keep: int) -> None:
+    """Close every descriptor from 3 up but ``keep`` (which is above 2)."""
+    for low, high in ((STDIO, keep - 1), (keep + 1, 0xFFFFFFFF)):
+        if low <= high and enter._libc.syscall(enter.SYS_CLOSE_RANGE, low, high, 0) != 0:
+            os.closerange(low, min(high + 1, 65536))
+
+
 # ---- the server ----------------------------------------------------------------------
 
 
 class Spawner:
     """The serving loop: requests from the socket, children's ends from SIGCHLD."""
 
-    def __init__(self, sock: socket.socket, cgroup_root: str, allowed_caps: frozenset[int]) -> None:
+    def __init__(
+        self, sock: socket.socket, cgroup_root: str, allowed_caps: frozenset[int], deadline: float
+    ) -> None:
         self.sock = sock
         self.cgroup_root = cgroup_root
         self.allowed_caps = allowed_caps
+        self.deadline = deadline
         self.buffer = bytearray()
         self.fds: collections.deque[int] = collections.deque()
         self.children: dict[int, int] = {}
         """pid → request id, from fork until reaped."""
         self.starting: dict[int, tuple[int, int, bytearray]] = {}
         """report pipe → (request id, pid, what the child wrote): not answered yet."""
+        self.due: dict[int, float] = {}
+        """report pipe → when its start is over the deadline (``time.monotonic``)."""
         self.held: dict[int, int] = {}
         """pid → wait status of a child that ended before its start was answered."""
         self.poll = select.poll()
@@ -243,7 +274,14 @@ class Spawner:
 
     def serve(self) -> None:
         while True:
-            for fd, _ in self.poll.poll():
+            wait = None
+            if self.due:
+                wait = max(0, int((min(self.due.values()) - time.monotonic()) * 1000) + 1)
+            ready = self.poll.poll(wait)
+            expired = self.expire()
+            for fd, _ in ready:
+                if fd in expired:
+                    continue
                 if fd == self.sock.fileno():
                     if not self.receive():
                         return  # the executor is gone
@@ -259,12 +297,18 @@ class Spawner:
         data, ancillary, flags, _ = self.sock.recvmsg(
             1 << 16, socket.CMSG_SPACE(4 * 64), socket.MSG_CMSG_CLOEXEC
         )
+        received: list[int] = []
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 usable = len(payload) - len(payload) % 4
-                self.fds.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
+                received.extend(struct.unpack(f"{usable // 4}i", payload[:usable]))
         if flags & socket.MSG_CTRUNC:
-            raise SystemExit("descriptors were lost in transit")
+            # Out of descriptors: one read carries one request's three (the kernel ends a
+            # read where another sender's descriptors begin); that request is refused.
+            for fd in received:
+                os.close(fd)
+            received = [-1] * STDIO
+        self.fds.extend(received)
         if not data:
             return False
         self.buffer += data
@@ -286,14 +330,19 @@ class Spawner:
             raise SystemExit("a spawn request without its three descriptors")
         stdio = [self.fds.popleft() for _ in range(STDIO)]
         try:
+            if -1 in stdio:
+                raise OSError(errno.EMFILE, "the spawner is out of descriptors; the command did not start")
             self.spawn(ident, Command(message, self.cgroup_root, self.allowed_caps), stdio)
         except Refused as exc:
             self.send({"id": ident, "errno": errno.EINVAL, "error": f"refused: {exc}"})
         except OSError as exc:
             self.send({"id": ident, "errno": exc.errno or errno.EIO, "error": str(exc)})
+        except Exception as exc:  # one request's failure, never the spawner's
+            self.send({"id": ident, "errno": errno.EIO, "error": f"the spawner failed: {exc!r}"[:1000]})
         finally:
             for fd in stdio:
-                os.close(fd)
+                if fd >= 0:
+                    os.close(fd)
 
     def spawn(self, ident: int, command: Command, stdio: list[int]) -> None:
         enter_sandbox = enter.prepare(command.entry, command.join_cgroups)  # here: it notes its parent
@@ -310,7 +359,33 @@ class Spawner:
         os.close(report_w)
         self.children[pid] = ident
         self.starting[report_r] = (ident, pid, bytearray())
+        self.due[report_r] = time.monotonic() + self.deadline
         self.poll.register(report_r, select.POLLIN)
+
+    def expire(self) -> set[int]:
+        """Kill and answer the starts over their deadline (stopped before their exec);
+        their report pipes (closed now)."""
+        now = time.monotonic()
+        expired = {fd for fd, due in self.due.items() if due <= now}
+        for fd in expired:
+            ident, pid, _ = self.forget(fd)
+            if pid not in self.held:  # (not reaped: the group's leader is ours)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+            self.held.pop(pid, None)
+            self.children.pop(pid, None)  # its end is nobody's: the start failed
+            self.send({
+                "id": ident, "errno": errno.ETIMEDOUT,
+                "error": f"the command did not start within {self.deadline:g} s; it was killed",
+            })  # fmt: skip
+        return expired
+
+    def forget(self, fd: int) -> tuple[int, int, bytearray]:
+        """Stop following a start's report pipe: what it was."""
+        self.poll.unregister(fd)
+        os.close(fd)
+        self.due.pop(fd, None)
+        return self.starting.pop(fd)
 
     def report(self, fd: int) -> None:
         ident, pid, said = self.starting[fd]
@@ -320,9 +395,7 @@ class Spawner:
             return
         if chunk:
             return
-        self.poll.unregister(fd)
-        os.close(fd)
-        del self.starting[fd]
+        self.forget(fd)
         if said:
             self.children.pop(pid, None)
             self.held.pop(pid, None)
@@ -359,17 +432,24 @@ class Spawner:
                     os.killpg(pid, sig)  # not reaped yet: the group's leader is ours, never a reused pid
 
 
-def main(argv: list[str]) -> None:
-    parent, fd, cgroup_root, caps = int(argv[0]), int(argv[1]), argv[2], argv[3]
+def settings(parent: int, fd: int, cgroup_root: str, caps: frozenset[int], deadline: float) -> str:
+    """The value of ``SETTINGS`` for a spawner (see there); ValueError for a path that
+    cannot be said on one line."""
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    if "\n" in cgroup_root or "\n" in checkout:
+        raise ValueError("a path with a line break")
+    fields = [str(parent), str(fd), cgroup_root, ",".join(map(str, sorted(caps))), str(deadline), checkout]
+    return "\n".join(fields)
+
+
+def main(fields: list[str]) -> None:
+    parent, fd, cgroup_root, caps = int(fields[0]), int(fields[1]), fields[2], fields[3]
+    deadline = float(fields[4])
     enter._libc.prctl(enter.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # it died before the line above
         os._exit(1)
     sock = socket.socket(fileno=fd)
     sock.set_inheritable(False)
     allowed = frozenset(int(c) for c in caps.split(",") if c)
-    Spawner(sock, os.path.normpath(cgroup_root), allowed).serve()
+    Spawner(sock, os.path.normpath(cgroup_root), allowed, deadline).serve()
     os._exit(0)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -3,9 +3,10 @@ the commands of ``runtime.exec`` with their pipes, and gives back each command a
 process with streams, an exit status and a kill.
 
 The spawner is the executor's child (started with ``vfork``: no fork of this large
-process) and shares with it only a socketpair. If it ends (a crash, a kill), what it
-started ends with it (``enter.py``): the commands waiting for a start fail, the running
-ones end as killed, and the next command starts a new spawner.
+process) and shares with it only a socketpair. If it ends (a crash, a kill: seen on its
+pidfd, not only when its socket ends), what it started ends with it (``enter.py``): the
+commands waiting for a start fail, the running ones end as killed, and the next command
+starts a new spawner. A caller that stops waiting for a start has it killed.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,8 @@ from shared.runtime.local import enter, spawnd
 
 log = structlog.get_logger(__name__)
 
-PROGRAM = Path(spawnd.__file__).resolve()
+INTERPRETER = os.path.realpath(sys.executable)
+"""The base interpreter (``-I -S``: the spawner needs the standard library only)."""
 LOST = "the spawner stopped; the next command starts a new one"
 
 
@@ -94,25 +96,26 @@ class Process:
 class _Link:
     """One spawner process and the socket to it."""
 
-    def __init__(self, cgroup_root: Path, keep_caps: frozenset[int]) -> None:
+    def __init__(self, cgroup_root: Path, keep_caps: frozenset[int], deadline: float) -> None:
         self.loop = asyncio.get_running_loop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         with theirs:
-            caps = ",".join(str(c) for c in sorted(keep_caps))
+            settings = spawnd.settings(os.getpid(), theirs.fileno(), str(cgroup_root), keep_caps, deadline)
             # From this (the loop's) thread: the spawner's PR_SET_PDEATHSIG follows the
             # thread that started it.
             try:
                 self.proc = subprocess.Popen(
-                    [sys.executable, "-I", "-S", str(PROGRAM), str(os.getpid()), str(theirs.fileno()),
-                     str(cgroup_root), caps],
-                    pass_fds=(theirs.fileno(),), env={}, cwd="/", start_new_session=True,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    [INTERPRETER, "-I", "-S", "-c", spawnd.BOOT],
+                    pass_fds=(theirs.fileno(),), env={spawnd.SETTINGS: settings}, cwd="/",
+                    start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 )  # fmt: skip
             except BaseException:
                 ours.close()
                 raise
         ours.setblocking(False)
         self.sock = ours
+        self.pidfd = os.pidfd_open(self.proc.pid)
+        self.loop.add_reader(self.pidfd, self._ended)
         self.alive = True
         self.buffer = bytearray()
         self.next_id = 0
@@ -142,7 +145,9 @@ class _Link:
             await asyncio.shield(sending)
             return await started
         except asyncio.CancelledError:
-            if started.done() and not started.cancelled() and started.exception() is None:
+            if not started.done() or started.cancelled():  # not answered: killed where it is
+                self._later(self.kill(ident, signal.SIGKILL))
+            elif started.exception() is None:
                 self.kill_soon(started.result())
             raise
         finally:
@@ -155,7 +160,10 @@ class _Link:
 
     def kill_soon(self, process: Process) -> None:
         """Kill a command nobody will read (its caller went away while it started)."""
-        task = self.loop.create_task(process.kill())
+        self._later(process.kill())
+
+    def _later(self, kill: Coroutine[Any, Any, None]) -> None:
+        task = self.loop.create_task(kill)
         self._kills.add(task)
         task.add_done_callback(self._kills.discard)
 
@@ -181,24 +189,32 @@ class _Link:
         finally:
             self.loop.remove_writer(self.sock.fileno())
 
-    def _readable(self) -> None:
+    def _readable(self) -> bool:
+        """Read and dispatch what the spawner said; whether there was anything."""
         try:
             data = self.sock.recv(1 << 16)
         except BlockingIOError:
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self.lost("its socket ended")
-            return
+            return False
         self.buffer += data
         try:
             messages = spawnd.decode_frames(self.buffer)
         except ValueError as exc:
             self.lost(str(exc))
-            return
+            return False
         for message in messages:
             self._dispatch(message)
+        return True
+
+    def _ended(self) -> None:
+        """Its pidfd: the spawner ended (what it said before that still counts)."""
+        while self.alive and self._readable():
+            pass
+        self.lost("it ended")
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         ident = message.get("id")
@@ -227,7 +243,10 @@ class _Link:
         self.alive = False
         with contextlib.suppress(ValueError, OSError):
             self.loop.remove_reader(self.sock.fileno())
+        with contextlib.suppress(ValueError, OSError):
+            self.loop.remove_reader(self.pidfd)
         self.sock.close()
+        os.close(self.pidfd)
         for started in self.starting.values():
             if not started.done():
                 started.set_exception(OSError(errno.EPIPE, LOST))
@@ -259,9 +278,12 @@ def _settle(future: asyncio.Future[None]) -> None:
 class Spawner:
     """The spawner of one runtime: started on first use, started again after it ended."""
 
-    def __init__(self, cgroup_root: Path, keep_caps: frozenset[int]) -> None:
+    def __init__(
+        self, cgroup_root: Path, keep_caps: frozenset[int], start_deadline: float = spawnd.START_DEADLINE
+    ) -> None:
         self.cgroup_root = cgroup_root
         self.keep_caps = keep_caps
+        self.start_deadline = start_deadline
         self._link: _Link | None = None
         self.started = 0
         """How many spawners this runtime started (more than 1: one ended and was replaced)."""
@@ -272,7 +294,7 @@ class Spawner:
             return link
         if link is not None:
             link.lost(None)  # (still alive: a runtime used from a new event loop)
-        self._link = _Link(self.cgroup_root, self.keep_caps)
+        self._link = _Link(self.cgroup_root, self.keep_caps, self.start_deadline)
         self.started += 1
         return self._link
 
